@@ -1,0 +1,26 @@
+# The two commands of the README quick start: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# torch is optional; a local CPU wheel exists on this machine family, elsewhere the torch tests skip
+	-$(BIN)/pip install -q torch==2.13.0 || echo "torch not installed: torch tests will skip"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m ringflow.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -x --durations=15
+
+clean:
+	rm -rf $(VENV) build *.egg-info

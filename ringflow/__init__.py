@@ -1,0 +1,38 @@
+"""ringflow: collective communication for distributed AI training.
+
+A real collective library (shared memory and TCP), a model of the hardware it
+runs on, and a simulator that predicts collectives and LLM-training traffic on
+clusters of thousands of GPUs. Heavy parts load lazily so `import ringflow`
+stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import (Aborted, ConfigError, InvalidArgument, InvalidUsage, ProtocolError, RemoteError,
+                     RingflowError, SystemError, Timeout, TopologyError, UnknownAlgorithm, VerificationError)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; loaded on first access
+_LAZY = {
+    "init": "ringflow.runtime",
+    "Communicator": "ringflow.runtime",
+    "Work": "ringflow.runtime",
+    "Topology": "ringflow.topology",
+    "Schedule": "ringflow.algorithms",
+}
+
+__all__ = [
+    "__version__", "init", "Communicator", "Work", "Topology", "Schedule",
+    "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm", "InvalidUsage",
+    "VerificationError", "SystemError", "ProtocolError", "RemoteError", "Timeout", "Aborted",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ringflow' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,27 @@
+"""The `ringflow` command: one module per command group, each with `register(app)`."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from .common import run_app
+
+# Each module owns its commands: hw/topo (foundation), algo (schedules), runtime (run/bench/store),
+# sim (sim/calibrate/validate), workload (traffic/train/plan).
+_MODULES = ["hw", "topo", "algo", "runtime_cmds", "sim_cmds", "workload_cmds"]
+
+
+def build_app() -> typer.Typer:
+    """Assemble the CLI from the per-area modules."""
+    app = typer.Typer(help="ringflow: collectives for distributed training, a hardware model and a cluster simulator.",
+                      no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    for name in _MODULES:
+        importlib.import_module(f"ringflow.cli.{name}").register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script."""
+    run_app(build_app(), sys.argv[1:] if argv is None else argv)

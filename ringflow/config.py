@@ -1,0 +1,136 @@
+"""Every RINGFLOW_* environment knob in one table, read in one place.
+
+Values come from, in order: an override set in code (`override()`), the
+environment, the default. The README's knob table is generated from `KNOBS`
+(`python -m ringflow.config --markdown`) and a test keeps them in sync.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .errors import ConfigError
+from .units import parse_size
+
+
+def _bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (use 0 or 1)")
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def _str(text: str) -> str:
+    return text
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One RINGFLOW_* knob: its name, default, parser and meaning."""
+
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+    area: str
+
+    @property
+    def env(self) -> str:
+        return f"RINGFLOW_{self.name}"
+
+
+KNOBS: dict[str, Knob] = {k.name: k for k in [
+    Knob("DEBUG", "", _str, "Log level: VERSION, WARN, INFO or TRACE (TRACE shows every schedule step); "
+         "messages carry a rank prefix.", "runtime"),
+    Knob("DEBUG_FILE", "", _str, "Write logs to this file instead of stderr (%h host, %p pid, %r rank).", "runtime"),
+    Knob("TIMEOUT", 300.0, _float, "Seconds any blocking call waits before raising Timeout "
+         "(per-call `timeout=` overrides).", "runtime"),
+    Knob("SOCKET_IFNAME", "", _str, "Interfaces for TCP, NCCL syntax: `eth` prefix, `^docker` excludes, "
+         "`=eth0` exact; loopback only when named.", "runtime"),
+    Knob("SHM_DISABLE", False, _bool, "1 disables the shared-memory transport (everything goes over TCP).", "runtime"),
+    Knob("BUFFSIZE", 4 * 2**20, parse_size, "Staging buffer size per peer and channel in bytes "
+         "(NCCL_BUFFSIZE, default 4 MiB).", "runtime"),
+    Knob("NCHANNELS", 0, _int, "Number of channels (parallel rings/streams); 0 = chosen per size.", "runtime"),
+    Knob("ALGO", "", _str, "Restrict algorithms: `ring`, `tree`, or per collective "
+         "`allreduce:ring;allgather:bruck`.", "algorithms"),
+    Knob("RINGS", "", _str, "Explicit ring orders (NCCL_RINGS): ranks separated by '-' or ' ', rings by '|'.", "topology"),
+    Knob("LL_THRESHOLD", 16 * 2**10, parse_size, "Messages below this size (bytes) take the low-latency "
+         "path (NCCL_LL_THRESHOLD, 16 KiB).", "runtime"),
+    Knob("SINGLE_RING_THRESHOLD", 256 * 2**10, parse_size, "Below this size (bytes) one channel is used "
+         "(NCCL_SINGLE_RING_THRESHOLD, 256 KiB).", "runtime"),
+    Knob("CHECKS_DISABLE", False, _bool, "1 skips the cross-rank argument checks (count, dtype, op).", "runtime"),
+    Knob("TRAFFIC_CLASS", -1, _int, "DSCP/TOS value set on a communicator's sockets (-1: leave unset).", "runtime"),
+    Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
+    Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
+         "(the launcher generates one).", "runtime"),
+    Knob("STORE_ADDR", "", _str, "host:port of the rendezvous store (set by `ringflow run`).", "runtime"),
+]}
+
+_overrides: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def get(name: str) -> Any:
+    """The value of knob `name` (without the RINGFLOW_ prefix)."""
+    knob = KNOBS.get(name)
+    if knob is None:
+        raise ConfigError(f"unknown knob {name!r}", f"known knobs: {', '.join(sorted(KNOBS))}")
+    with _lock:
+        if name in _overrides:
+            return _overrides[name]
+    raw = os.environ.get(knob.env)
+    if raw is None or raw == "":
+        return knob.default
+    try:
+        return knob.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{knob.env}={raw!r} is invalid: {exc}", knob.doc) from None
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Temporarily set knobs in code: `with override(ALGO="ring"): ...`."""
+    for k in values:
+        if k not in KNOBS:
+            raise ConfigError(f"unknown knob {k!r}", f"known knobs: {', '.join(sorted(KNOBS))}")
+    with _lock:
+        saved = {k: _overrides.get(k, _MISSING) for k in values}
+        _overrides.update(values)
+    try:
+        yield
+    finally:
+        with _lock:
+            for k, v in saved.items():
+                if v is _MISSING:
+                    _overrides.pop(k, None)
+                else:
+                    _overrides[k] = v
+
+
+_MISSING = object()
+
+
+def markdown_table() -> str:
+    """The README's knob table."""
+    rows = ["| knob | default | area | meaning |", "|---|---|---|---|"]
+    for k in KNOBS.values():
+        default = "" if k.default in ("", None) else str(k.default)
+        rows.append(f"| `{k.env}` | {default or '(unset)'} | {k.area} | {k.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,89 @@
+"""Typed errors of ringflow, NCCL's result classes made Pythonic.
+
+Every error says what happened and what to do about it::
+
+    RingflowError
+    ├── InvalidArgument        bad value from the caller (NCCL: ncclInvalidArgument)
+    │   ├── ConfigError        a RINGFLOW_* knob or option has a bad value
+    │   ├── TopologyError      a topology file/preset/graph is malformed
+    │   └── UnknownAlgorithm   an algorithm/collective name that does not exist
+    ├── InvalidUsage           a programming error (NCCL: ncclInvalidUsage)
+    ├── VerificationError      a schedule does not do what its collective promises
+    ├── SystemError            an OS, socket or shared-memory call failed (NCCL: ncclSystemError)
+    │   └── ProtocolError      a peer sent a malformed/truncated/out-of-sequence frame
+    ├── RemoteError            a peer died or aborted (names the rank)
+    ├── Timeout                a blocking call ran out of time (also a builtin TimeoutError)
+    └── Aborted                the communicator was aborted (by abort() or a failure)
+"""
+from __future__ import annotations
+
+import builtins
+
+
+class RingflowError(Exception):
+    """Base of every ringflow error; `hint` says what to do."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message} (fix: {hint})" if hint else message)
+
+
+class InvalidArgument(RingflowError, ValueError):
+    """A value passed by the caller is wrong (shape, dtype, rank, size, name)."""
+
+
+class ConfigError(InvalidArgument):
+    """A RINGFLOW_* environment knob or an option has a bad value."""
+
+
+class TopologyError(InvalidArgument):
+    """A topology (file, preset, graph or ring order) is malformed or inconsistent."""
+
+
+class UnknownAlgorithm(InvalidArgument):
+    """An algorithm or collective name is not known; the message lists valid ones."""
+
+
+class InvalidUsage(RingflowError):
+    """The API was used in a way that cannot work (a programming error)."""
+
+
+class VerificationError(RingflowError):
+    """A schedule fails symbolic verification; names rank, step, chunk, expected vs found."""
+
+    def __init__(self, message: str, *, rank: int | None = None, step: int | None = None,
+                 chunk: object = None, hint: str | None = None) -> None:
+        self.rank, self.step, self.chunk = rank, step, chunk
+        super().__init__(message, hint)
+
+
+class SystemError(RingflowError, OSError):  # noqa: A001 - the NCCL class name, scoped to this module
+    """An operating-system, socket or shared-memory call failed."""
+
+
+class ProtocolError(SystemError):
+    """A peer sent a frame that fails validation (magic, version, size, sequence)."""
+
+
+class RemoteError(RingflowError):
+    """A peer rank died, disconnected or aborted; `rank` names it."""
+
+    def __init__(self, message: str, rank: int | None = None, hint: str | None = None) -> None:
+        self.rank = rank
+        super().__init__(message, hint)
+
+
+class Timeout(RingflowError, builtins.TimeoutError):
+    """A blocking call did not complete within its timeout."""
+
+
+class Aborted(RingflowError):
+    """The communicator was aborted; create a new one (or shrink) to continue."""
+
+
+__all__ = [
+    "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm",
+    "InvalidUsage", "VerificationError", "SystemError", "ProtocolError", "RemoteError",
+    "Timeout", "Aborted",
+]
