@@ -132,5 +132,23 @@ def markdown_table() -> str:
     return "\n".join(rows)
 
 
+README_START, README_END = "<!-- knobs:start -->", "<!-- knobs:end -->"
+
+
+def update_readme(path: str) -> None:
+    """Rewrite the knob table between the README's knob markers."""
+    with open(path) as fh:
+        text = fh.read()
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    with open(path, "w") as fh:
+        fh.write(f"{head}{README_START}\n{markdown_table()}\n{README_END}{tail}")
+
+
 if __name__ == "__main__":
-    print(markdown_table())
+    import sys
+
+    if len(sys.argv) > 2 and sys.argv[1] == "--update-readme":
+        update_readme(sys.argv[2])
+    else:
+        print(markdown_table())
