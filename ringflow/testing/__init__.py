@@ -1,0 +1,1 @@
+"""Helpers for tests and validation runs that need real multi-host setups."""
