@@ -1,0 +1,151 @@
+"""Analytic engine: per-step latency plus bytes over the shared bottleneck of each path.
+
+Model (steps are bulk-synchronous here; the flow engine relaxes that)::
+
+    T(B) = min over protocols p of
+           base_p + sum over steps s of [ max over transfers t in s of
+                (nmsg_t * (overhead_p[class_t] + latency_t) + B * c_t / bw_fraction_p)
+              + B * max over ranks r of local_rs ]
+    c_t  = max over links l on t's (sub-)paths of busy_ls
+    busy_ls = (bytes per byte of B that step s puts on link l) / achievable capacity of l
+
+B is the call's count * itemsize.  `busy` makes transfers that share a link in the same
+step share its bandwidth; a transfer alone on its path gets bytes / bottleneck.  Everything
+except B is precomputed once per (schedule, fabric) and cached, so a size sweep is a few
+vector operations.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .fabric import Fabric, Flows, route_table
+from .params import LINK_CLASSES, SimParams
+from .transfers import TransferTable
+
+
+@dataclass
+class AnalyticModel:
+    """Precomputed per-step cost lines of one schedule on one fabric."""
+
+    table: TransferTable
+    flows: Flows
+    protocols: list[str]
+    base_us: np.ndarray           # [Pr]
+    line_step: np.ndarray         # [U] step of each unique cost line (sorted)
+    line_a: np.ndarray            # [Pr, U] fixed microseconds
+    line_c: np.ndarray            # [Pr, U] microseconds per byte of B
+    step_starts: np.ndarray       # [S'] reduceat offsets into the lines
+    steps_present: np.ndarray     # [S'] the steps those groups belong to
+    local_c: np.ndarray           # [nsteps] max local work per step, microseconds per byte of B
+    link_frac: np.ndarray         # [L] bytes per byte of B on each link
+    rank_last_step: np.ndarray    # [nranks] last step a rank takes part in (-1: none)
+
+    def step_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
+        """Duration of every step (length nsteps) for one size and protocol."""
+        out = self.local_c * count_bytes
+        if self.line_step.size:
+            v = self.line_a[proto] + self.line_c[proto] * count_bytes
+            out[self.steps_present] += np.maximum.reduceat(v, self.step_starts)
+        return out
+
+    def times_us(self, count_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time of the call, chosen protocol index) for each size in `count_bytes`."""
+        B = np.atleast_1d(np.asarray(count_bytes, dtype=np.float64))
+        local = float(self.local_c.sum())
+        best = np.full(B.size, np.inf)
+        pick = np.zeros(B.size, dtype=np.int64)
+        for p in range(len(self.protocols)):
+            tot = self.base_us[p] + local * B
+            if self.line_step.size:
+                # chunk over sizes to bound memory: U x chunk
+                step = max(1, 4_000_000 // max(1, self.line_step.size))
+                for i in range(0, B.size, step):
+                    b = B[i:i + step]
+                    v = self.line_a[p][:, None] + self.line_c[p][:, None] * b[None, :]
+                    tot[i:i + step] += np.maximum.reduceat(v, self.step_starts, axis=0).sum(axis=0)
+            better = tot < best
+            best[better] = tot[better]
+            pick[better] = p
+        return best, pick
+
+
+def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
+    """Precompute the cost lines (see module docstring)."""
+    flows = route_table(table, fab)
+    T = table.ntransfers
+    L = fab.nlinks
+    p_step = table.step[flows.f_transfer[flows.p_flow]]
+    p_bytes = flows.f_frac[flows.p_flow]
+    link_frac = np.bincount(flows.p_link, weights=p_bytes, minlength=L)
+    if T:
+        key = p_step * L + flows.p_link
+        ukey, inv = np.unique(key, return_inverse=True)
+        inv = inv.reshape(-1)
+        busy = np.bincount(inv, weights=p_bytes / fab.cap_Bpus[flows.p_link], minlength=ukey.size)
+        pair_busy = busy[inv]
+        f_c = np.maximum.reduceat(pair_busy, flows.f_pair_ptr[:-1]) if pair_busy.size else np.zeros(0)
+        t_c = np.maximum.reduceat(f_c, flows.t_flow_ptr[:-1])
+    else:
+        t_c = np.zeros(0)
+    nprot = len(params.protocols)
+    ovh = np.array([[p.msg_overhead_us.get(c, 0.0) for c in LINK_CLASSES] for p in params.protocols])
+    frac = np.array([p.bw_fraction for p in params.protocols])
+    a = table.nmsg[None, :] * (ovh[:, flows.t_class] + flows.t_lat_us[None, :])   # [Pr, T]
+    c = t_c[None, :] / frac[:, None]                                               # [Pr, T]
+    # deduplicate lines per step (identical (a, c) for all protocols)
+    if T:
+        rows = np.concatenate([table.step[None, :].astype(np.float64), np.round(a, 9), c * 0 + np.round(c, 15)])
+        urows, first = np.unique(rows, axis=1, return_index=True)
+        order = np.argsort(table.step[first], kind="stable")
+        first = first[order]
+        line_step = table.step[first]
+        line_a, line_c = a[:, first], c[:, first]
+        steps_present, starts = np.unique(line_step, return_index=True)
+    else:
+        line_step = np.zeros(0, dtype=np.int64)
+        line_a = line_c = np.zeros((nprot, 0))
+        steps_present = starts = np.zeros(0, dtype=np.int64)
+    local_c = np.zeros(max(table.nsteps, 1))
+    if table.lrank.size:
+        per = np.zeros(table.lrank.size)
+        if params.copy_GBps:
+            per += table.lcopy / (params.copy_GBps * 1e3)
+        if params.reduce_GBps:
+            per += table.lreduce / (params.reduce_GBps * 1e3)
+        np.maximum.at(local_c, table.lstep, per)
+    last = np.full(table.nranks, -1, dtype=np.int64)
+    np.maximum.at(last, table.src, table.step)
+    np.maximum.at(last, table.dst, table.step)
+    if table.lrank.size:
+        np.maximum.at(last, table.lrank, table.lstep)
+    return AnalyticModel(table, flows, [p.name for p in params.protocols],
+                         np.array([p.base_us for p in params.protocols]), line_step, line_a, line_c,
+                         starts, steps_present, local_c, link_frac, last)
+
+
+_MODELS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def model_for(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
+    """Cached `build_model` per (fabric, table)."""
+    per = _MODELS.setdefault(fab, {})
+    hit = per.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    model = build_model(table, fab, params)
+    per[id(table)] = (table, model)
+    if len(per) > 64:
+        per.pop(next(iter(per)))
+    return model
+
+
+def rank_finish_us(model: AnalyticModel, count_bytes: float, proto: int) -> np.ndarray:
+    """Per-rank finish time under the bulk-synchronous step model."""
+    base = model.base_us[proto]
+    ends = base + np.cumsum(model.step_times_us(count_bytes, proto))
+    last = model.rank_last_step
+    return np.where(last >= 0, ends[np.clip(last, 0, None)], base)

@@ -1,0 +1,173 @@
+"""The simulator's front door: a collective (or a ready schedule) on a topology -> SimResult."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..algorithms.schedule import Collective, Schedule
+from ..errors import InvalidArgument
+from . import analytic, flow
+from .fabric import Fabric, fabric_for
+from .params import SimParams, params_for
+from .results import SimResult, count_for_size, size_for_count
+from .transfers import TransferTable, coarsen, from_schedule
+
+ENGINES = ("analytic", "flow")
+
+ITEMSIZE = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8, "double": 8,
+            "int32": 4, "int64": 8, "int8": 1, "uint8": 1}
+
+
+def itemsize_of(dtype: str) -> int:
+    """Bytes per element of a dtype name."""
+    try:
+        return ITEMSIZE[str(dtype).lower()]
+    except KeyError:
+        raise InvalidArgument(f"unknown dtype {dtype!r}", f"use one of {', '.join(ITEMSIZE)}") from None
+
+
+def _engine(name: str) -> str:
+    if name not in ENGINES:
+        raise InvalidArgument(f"unknown engine {name!r}", f"use one of {', '.join(ENGINES)}")
+    return name
+
+
+def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine: str = "analytic",
+                      dtype: str = "float32", params: SimParams | Mapping[str, Any] | None = None,
+                      endpoints: Sequence[str] | None = None, protocol: str | None = None,
+                      timeline: bool = False, table: TransferTable | None = None,
+                      progress: Callable[[float], None] | None = None) -> SimResult:
+    """Simulate one call of `schedule` moving an nccl-tests `size_bytes` on `topo`."""
+    _engine(engine)
+    prm = params if isinstance(params, SimParams) else params_for(topo, params)
+    item = itemsize_of(dtype)
+    count = count_for_size(schedule.collective, schedule.nranks, size_bytes, item)
+    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:schedule.nranks]
+    if len(eps) < schedule.nranks:
+        raise InvalidArgument(f"{schedule.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
+                              f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
+    fab = fabric_for(topo, prm, eps)
+    tab = table if table is not None else from_schedule(schedule)
+    count_bytes = float(count * item)
+    notes: list[str] = []
+    # protocol: the one the analytic model finds fastest for this size (NCCL picks per call too)
+    model = analytic.model_for(tab, fab, prm)
+    times, pick = model.times_us(np.array([count_bytes]))
+    pidx = int(pick[0])
+    if protocol is not None:
+        names = [p.name for p in prm.protocols]
+        if protocol not in names:
+            raise InvalidArgument(f"protocol {protocol!r} not in {names}", "pick one of the listed protocols")
+        pidx = names.index(protocol)
+        times = np.array([_time_for_protocol(model, count_bytes, pidx)])
+    proto = prm.protocols[pidx]
+    coarse = 1
+    if engine == "analytic":
+        t_us = float(times[0])
+        finish = analytic.rank_finish_us(model, count_bytes, pidx)
+        link_bytes = model.link_frac * count_bytes
+        tl: list = []
+        if timeline:
+            ends = model.base_us[pidx] + np.cumsum(model.step_times_us(count_bytes, pidx))
+            starts = ends - model.step_times_us(count_bytes, pidx)
+            tl = _timeline(tab, starts[tab.step], ends[tab.step])
+    else:
+        ftab = coarsen(tab, prm.max_transfers)
+        coarse = ftab.coarsened
+        if coarse > 1:
+            notes.append(f"flow engine merged up to {coarse} consecutive steps per macro step "
+                         f"({tab.ntransfers} -> {ftab.ntransfers} transfers)")
+        flows = analytic.model_for(ftab, fab, prm).flows
+        out = flow.simulate(ftab, fab, flows, prm, count_bytes, proto, progress=progress)
+        t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
+        notes.extend(out.notes)
+        tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
+    return SimResult(schedule.collective, schedule.algorithm, schedule.nranks, int(size_bytes), int(count),
+                     str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
+
+
+def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:
+    return float(model.base_us[p] + model.step_times_us(count_bytes, p).sum())
+
+
+def _timeline(tab: TransferTable, t0: np.ndarray, t1: np.ndarray, limit: int = 200_000) -> list:
+    n = min(tab.ntransfers, limit)
+    return list(zip(tab.step[:n].tolist(), tab.src[:n].tolist(), tab.dst[:n].tolist(), tab.chan[:n].tolist(),
+                    np.asarray(t0[:n], dtype=float).tolist(), np.asarray(t1[:n], dtype=float).tolist()))
+
+
+# ------------------------------------------------------------------------------ collectives
+def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm: str, *,
+                 root: int = 0, nchannels: int | None = None, nsegs: int | None = None,
+                 endpoints: Sequence[str] | None = None) -> Schedule:
+    """The registry's schedule for `algorithm`, with the topology's rings and host groups."""
+    from ..algorithms import registry
+    coll = Collective.parse(collective)
+    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
+    kwargs: dict[str, Any] = {}
+    if coll.has_root:
+        kwargs["root"] = root
+    if nsegs is not None:
+        kwargs["nsegs"] = nsegs
+    if nchannels is not None:
+        kwargs["nchannels"] = nchannels
+    try:
+        kwargs["host_groups"] = topo.host_groups(eps)
+    except Exception:  # noqa: BLE001 - topologies without hosts
+        pass
+    if "ring" in algorithm:
+        try:
+            from ..topology import find_rings
+            rings = find_rings(topo, eps, nchannels)
+            kwargs["rings"] = [tuple(r.ranks) for r in rings]
+            kwargs.setdefault("nchannels", len(rings))
+        except Exception:  # noqa: BLE001 - fall back to the registry's default ring order
+            pass
+    return _cached_schedule(coll, algorithm, nranks, kwargs)
+
+
+_SCHEDULES: dict[tuple, Schedule] = {}
+
+
+def _cached_schedule(coll: Collective, algorithm: str, nranks: int, kwargs: dict[str, Any]) -> Schedule:
+    from ..algorithms import registry
+    key = (coll, algorithm, nranks, repr(sorted(kwargs.items())))
+    hit = _SCHEDULES.get(key)
+    if hit is None:
+        hit = registry.get_schedule(coll, algorithm, nranks, **kwargs)
+        if len(_SCHEDULES) > 64:
+            _SCHEDULES.pop(next(iter(_SCHEDULES)))
+        _SCHEDULES[key] = hit
+    return hit
+
+
+def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_bytes: int,
+                     dtype: str = "float32") -> str:
+    """The tuner's pick (falls back to 'ring', then the first registered algorithm)."""
+    coll = Collective.parse(collective)
+    try:
+        from ..algorithms import tuner
+        pick = tuner.choose(coll, nranks, size_bytes, topo=topo)
+        return str(getattr(pick, "algorithm", pick))
+    except Exception:  # noqa: BLE001 - tuner missing or declined
+        from ..algorithms import registry
+        algos = list(registry.algorithms_for(coll))
+        return "ring" if "ring" in algos else algos[0]
+
+
+def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algorithm: str | None = None,
+             nranks: int | None = None, engine: str = "analytic", dtype: str = "float32", root: int = 0,
+             nchannels: int | None = None, nsegs: int | None = None,
+             params: SimParams | Mapping[str, Any] | None = None, timeline: bool = False,
+             progress: Callable[[float], None] | None = None) -> SimResult:
+    """Simulate one collective call on `topo` (algorithm from the tuner when not given)."""
+    n = nranks or len(topo.endpoints())
+    algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype)
+    sched = schedule_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs)
+    return simulate_schedule(topo, sched, size_bytes, engine=engine, dtype=dtype, params=params,
+                             timeline=timeline, progress=progress)
+
+
+__all__ = ["simulate", "simulate_schedule", "schedule_for", "choose_algorithm", "itemsize_of",
+           "size_for_count", "ENGINES", "Fabric"]

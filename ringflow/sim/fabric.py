@@ -1,0 +1,191 @@
+"""The topology as the engines see it: numbered links, rank placement and routed paths.
+
+`Fabric` numbers every directed edge of the topology graph (link id), keeps per-link
+arrays (achievable capacity in bytes/us, line rate, latency, type, tier) and resolves the
+path of a (sender rank, receiver rank, channel) into sub-flows: one or more link lists
+with the share of the message each carries (see SimParams.routing_*).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import TopologyError
+from .params import SimParams
+
+
+def _val(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+@dataclass
+class PairRoute:
+    """How one (src, dst, channel) message travels: sub-paths, their shares, fixed costs."""
+
+    paths: list[np.ndarray]   # link ids per sub-path
+    weights: np.ndarray       # share of the bytes per sub-path (sums to 1)
+    latency_us: float         # sum of link latencies along the (first) path
+    link_class: str           # "nvlink" | "pci" | "net" | "host"
+
+
+class Fabric:
+    """Links and routes of a topology for a given rank placement and parameters."""
+
+    def __init__(self, topo: Any, params: SimParams, endpoints: Sequence[str] | None = None) -> None:
+        self.topo = topo
+        self.params = params
+        self.endpoints = list(endpoints) if endpoints is not None else list(topo.endpoints())
+        if not self.endpoints:
+            raise TopologyError(f"topology {getattr(topo, 'name', '?')!r} has no endpoints (GPUs or PROCs)",
+                                "add GPU or PROC nodes, or pick another preset")
+        g = topo.graph
+        edges = list(g.edges(data=True))
+        self.edge_index: dict[tuple[str, str], int] = {(u, v): i for i, (u, v, _) in enumerate(edges)}
+        self.edges = [(u, v) for u, v, _ in edges]
+        self.link_type = [_val(d.get("type", "")) for _, _, d in edges]
+        self.link_tier = [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges]
+        self.line_Bpus = np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges])
+        eff = np.array([params.link_efficiency.get(t, 1.0) for t in self.link_type])
+        self.cap_Bpus = self.line_Bpus * eff
+        if np.any(self.cap_Bpus <= 0):
+            bad = [self.edges[i] for i in np.flatnonzero(self.cap_Bpus <= 0)[:3]]
+            raise TopologyError(f"links without bandwidth: {bad}", "every edge needs bw_GBps > 0")
+        self.lat_us = np.array([float(d.get("latency_us", 0.0)) for _, _, d in edges])
+        self.nlinks = len(edges)
+        self._routes: dict[tuple[int, int, int], PairRoute] = {}
+        self._hosts = [topo.host_of(e) for e in self.endpoints]
+
+    @property
+    def nranks(self) -> int:
+        return len(self.endpoints)
+
+    def host(self, rank: int) -> int:
+        """Host index of a rank."""
+        return self._hosts[rank]
+
+    def _link_ids(self, path: list[str]) -> np.ndarray:
+        try:
+            return np.array([self.edge_index[(a, b)] for a, b in zip(path[:-1], path[1:])], dtype=np.int64)
+        except KeyError as exc:
+            raise TopologyError(f"path {path} uses a missing edge {exc}", "check the topology's links") from None
+
+    def _classify(self, ids: np.ndarray) -> str:
+        types = {self.link_type[i] for i in ids}
+        if types & {"ib", "ethernet"}:
+            return "net"
+        if types & {"shm", "loopback"}:
+            return "host"
+        if "nvlink" in types:
+            return "nvlink"
+        return "pci"
+
+    def route(self, src: int, dst: int, chan: int = 0) -> PairRoute:
+        """The route of a message from rank `src` to rank `dst` on channel `chan` (cached)."""
+        mode = self.params.routing_intra if self._hosts[src] == self._hosts[dst] else self.params.routing_inter
+        key = (src, dst, chan if mode == "ecmp" else 0)
+        hit = self._routes.get(key)
+        if hit is not None:
+            return hit
+        a, b = self.endpoints[src], self.endpoints[dst]
+        if a == b:
+            raise TopologyError(f"ranks {src} and {dst} sit on the same endpoint {a}",
+                                "give each rank its own GPU / PROC")
+        if mode == "fixed":
+            paths = [self.topo.path(a, b)]
+        else:
+            paths = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]
+        ids = [self._link_ids(p) for p in paths]
+        if mode == "ecmp" and len(ids) > 1:
+            pick = (src * 1_000_003 + dst * 7919 + chan * 104_729) % len(ids)
+            ids = [ids[pick]]
+        if len(ids) == 1:
+            w = np.ones(1)
+        else:  # spray in proportion to each path's bottleneck capacity
+            bott = np.array([self.cap_Bpus[i].min() for i in ids])
+            w = bott / bott.sum()
+        route = PairRoute(ids, w, float(self.lat_us[ids[0]].sum()), self._classify(ids[0]))
+        self._routes[key] = route
+        return route
+
+
+_FABRICS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def fabric_for(topo: Any, params: SimParams, endpoints: Sequence[str] | None = None) -> Fabric:
+    """A cached Fabric per (topology object, parameters, placement)."""
+    key = (repr(params.to_dict()), tuple(endpoints) if endpoints is not None else None)
+    try:
+        per = _FABRICS.setdefault(topo, {})
+    except TypeError:  # unhashable / no weakref: no caching
+        return Fabric(topo, params, endpoints)
+    fab = per.get(key)
+    if fab is None:
+        fab = per[key] = Fabric(topo, params, endpoints)
+    return fab
+
+
+def ragged(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated ranges [starts[i], starts[i] + counts[i]) and the owner i of each element."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+    if total == 0:
+        return np.zeros(0, dtype=np.int64), owner
+    offs = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(np.asarray(starts, dtype=np.int64), counts) + offs, owner
+
+
+@dataclass
+class Flows:
+    """A transfer table routed on a fabric: sub-flows and their link incidence."""
+
+    t_lat_us: np.ndarray     # [T] path latency per transfer
+    t_class: np.ndarray      # [T] index into params.LINK_CLASSES
+    t_flow_ptr: np.ndarray   # [T+1] CSR: flows of each transfer
+    f_transfer: np.ndarray   # [F] owning transfer (sorted)
+    f_frac: np.ndarray       # [F] bytes / count_bytes carried by the sub-flow
+    f_pair_ptr: np.ndarray   # [F+1] CSR: incidence pairs of each flow
+    p_flow: np.ndarray       # [P] flow of each (flow, link) pair (sorted)
+    p_link: np.ndarray       # [P] link id
+
+
+def route_table(table: Any, fab: Fabric) -> Flows:
+    """Resolve every transfer of `table` into sub-flows on `fab` (routes cached per pair)."""
+    from .params import LINK_CLASSES
+    if table.nranks > fab.nranks:
+        raise TopologyError(f"the schedule has {table.nranks} ranks but the topology places only "
+                            f"{fab.nranks} endpoints", "use a bigger topology (--nodes) or fewer ranks")
+    key = (table.src * (table.nranks + 1) + table.dst) * (int(table.chan.max(initial=0)) + 1) + table.chan
+    ukey, uinv = np.unique(key, return_inverse=True)
+    uinv = uinv.reshape(-1)
+    first = np.zeros(ukey.size, dtype=np.int64)
+    first[uinv[::-1]] = np.arange(key.size - 1, -1, -1)
+    u_nsub, u_lat, u_cls = [], [], []
+    sub_w: list[float] = []
+    sub_len: list[int] = []
+    sub_links: list[np.ndarray] = []
+    for t in first:
+        r = fab.route(int(table.src[t]), int(table.dst[t]), int(table.chan[t]))
+        u_nsub.append(len(r.paths))
+        u_lat.append(r.latency_us)
+        u_cls.append(LINK_CLASSES.index(r.link_class))
+        sub_w.extend(r.weights.tolist())
+        sub_len.extend(len(p) for p in r.paths)
+        sub_links.extend(r.paths)
+    u_nsub_a = np.asarray(u_nsub, dtype=np.int64)
+    u_sub_start = np.cumsum(u_nsub_a) - u_nsub_a
+    sub_len_a = np.asarray(sub_len, dtype=np.int64)
+    sub_link_start = np.cumsum(sub_len_a) - sub_len_a
+    sub_links_a = np.concatenate(sub_links) if sub_links else np.zeros(0, dtype=np.int64)
+    sub_w_a = np.asarray(sub_w)
+    t_nsub = u_nsub_a[uinv]
+    f_sub, f_transfer = ragged(u_sub_start[uinv], t_nsub)
+    t_flow_ptr = np.concatenate([[0], np.cumsum(t_nsub)])
+    f_len = sub_len_a[f_sub]
+    pidx, p_flow = ragged(sub_link_start[f_sub], f_len)
+    return Flows(np.asarray(u_lat)[uinv], np.asarray(u_cls, dtype=np.int64)[uinv], t_flow_ptr, f_transfer,
+                 table.frac[f_transfer] * sub_w_a[f_sub], np.concatenate([[0], np.cumsum(f_len)]),
+                 p_flow, sub_links_a[pidx])

@@ -1,0 +1,169 @@
+"""Named non-physics parameters of the simulator, each with its source.
+
+Physics (link bandwidth per direction, link latency, who is wired to whom) lives in the
+topology.  What is *not* physics lives here: how much of a link's bandwidth software
+actually gets, what each message costs on top of the wire, which protocols exist, how
+fast a rank copies and reduces memory, and how traffic is routed across equal-cost paths.
+
+Every default below cites where it comes from.  A topology overrides any of them with a
+``meta["sim"]`` dict using the same field names, e.g.::
+
+    meta:
+      sim:
+        link_efficiency: {shm: 1.0}
+        msg_overhead_us: {host: 18.5}
+        reduce_GBps: 3.2
+
+`params_for(topo)` merges defaults, the topology's ``meta["sim"]`` and explicit overrides.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+# --- link classes -------------------------------------------------------------------------
+# The per-message overhead depends on the kind of path a message takes (NCCL's "hw" axis:
+# NVLink, PCI, network) plus, for ringflow's own CPU runtime, "host" (shm / loopback TCP).
+LINK_CLASSES = ("nvlink", "pci", "net", "host")
+
+# Achievable fraction of a link's per-direction line rate, by LinkType value.
+# - nvlink 0.822: NCCL's effective NVLink4 bandwidth is ~370 GB/s of the 450 GB/s line rate
+#   ("with the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s"),
+#   S. Jeaugey (NVIDIA), https://github.com/NVIDIA/nccl-tests/issues/212 ; 370/450 = 0.822.
+# - ib / ethernet 0.94: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA),
+#   https://github.com/NVIDIA/nccl-tests/issues/290 ; 47/50 = 0.94 (RoCE assumed alike).
+# - pcie 0.672: seed 002's measured GPU0->GPU1 PCIe Gen3 x16 copy, 10.59 GB/s of the
+#   15.754 GB/s the seed derives for Gen3 x16 (10.59/15.754 = 0.672).
+# - qpi 1.0: the socket link is never the bottleneck of the seed's cross-socket figure
+#   (9.15 GB/s < the PCIe legs); the PCIe efficiency applies on those paths.
+# - shm / loopback 1.0: host-cpu topologies carry *measured* effective rates (calibrate).
+DEFAULT_LINK_EFFICIENCY: dict[str, float] = {
+    "nvlink": 0.822, "ib": 0.94, "ethernet": 0.94, "pcie": 0.672, "qpi": 1.0,
+    "shm": 1.0, "loopback": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A wire protocol: the share of bandwidth it delivers and its fixed costs (microseconds)."""
+
+    name: str
+    bw_fraction: float
+    base_us: float                      # once per collective call
+    msg_overhead_us: dict[str, float]   # per message (one schedule transfer), by link class
+
+
+# NCCL's ring protocols, from NVIDIA/nccl src/graph/tuning.cc (commit 01afd20a, NCCL 2.8):
+#   baseLat Ring {LL 3.6, LL128 10.0, Simple 8.4} us; hwLat Ring NVLink {.47, 1.9, 3.4},
+#   PCI {1.0, 2.5, 5.7}, NET {2.7, 4.0, 9.6} us per step; bus bandwidth x 1/4 for LL
+#   (ring all-reduce) and x 0.92 for LL128 ("120.0/128.0").  Simple gets the full
+#   achievable bandwidth (the link efficiencies above were measured with Simple).
+#   "host" (ringflow's CPU runtime) has no NCCL figure: 0 until `ringflow calibrate` measures it.
+NCCL_PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("simple", 1.0, 8.4, {"nvlink": 3.4, "pci": 5.7, "net": 9.6, "host": 0.0}),
+    Protocol("ll128", 0.92, 10.0, {"nvlink": 1.9, "pci": 2.5, "net": 4.0, "host": 0.0}),
+    Protocol("ll", 0.25, 3.6, {"nvlink": 0.47, "pci": 1.0, "net": 2.7, "host": 0.0}),
+)
+
+ROUTING_MODES = ("fixed", "ecmp", "spray")
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """All tunable, non-physics simulator parameters (see module docstring for sources)."""
+
+    link_efficiency: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_LINK_EFFICIENCY))
+    protocols: tuple[Protocol, ...] = NCCL_PROTOCOLS
+    # Local memory work of a rank (GB/s of bytes touched).  None = free: on GPUs NCCL fuses the
+    # reduction into the copy kernel, so it costs no extra time beyond the transfer.  ringflow's
+    # CPU runtime reduces with numpy after receiving: `ringflow calibrate` measures both.
+    copy_GBps: float | None = None
+    reduce_GBps: float | None = None
+    # Routing across equal-cost paths: "spray" splits a message evenly over all of them (NVLink
+    # striping over NVSwitch planes; IB adaptive routing), "ecmp" hashes (src, dst, channel) to
+    # one path, "fixed" always takes topo.path().  Intra-host and inter-host separately.
+    routing_intra: str = "spray"
+    routing_inter: str = "ecmp"
+    # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
+    # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
+    # without contention, an approximation of the timeline with it (docs/simulator.md).
+    max_transfers: int = 400_000
+
+    def __post_init__(self) -> None:
+        for k, v in self.link_efficiency.items():
+            if not 0 < float(v) <= 1.0:
+                raise ConfigError(f"sim link_efficiency[{k!r}]={v} is outside (0, 1]",
+                                  "give the achievable fraction of the line rate, e.g. 0.82")
+        for mode in (self.routing_intra, self.routing_inter):
+            if mode not in ROUTING_MODES:
+                raise ConfigError(f"sim routing {mode!r} is unknown", f"use one of {ROUTING_MODES}")
+        if not self.protocols:
+            raise ConfigError("sim protocols list is empty", "give at least one protocol")
+        for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps")):
+            if rate is not None and rate <= 0:
+                raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")
+
+    def protocol(self, name: str) -> Protocol:
+        """The protocol called `name`."""
+        for p in self.protocols:
+            if p.name == name:
+                return p
+        raise ConfigError(f"unknown protocol {name!r}", f"known: {[p.name for p in self.protocols]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A YAML/JSON-ready dict (the form `meta['sim']` takes)."""
+        d = dataclasses.asdict(self)
+        d["protocols"] = [dataclasses.asdict(p) for p in self.protocols]
+        return d
+
+
+def _protocol_from(d: Mapping[str, Any]) -> Protocol:
+    try:
+        return Protocol(str(d["name"]), float(d["bw_fraction"]), float(d.get("base_us", 0.0)),
+                        {str(k): float(v) for k, v in dict(d.get("msg_overhead_us", {})).items()})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"bad sim protocol entry {dict(d)!r}: {exc}",
+                          "each protocol needs name, bw_fraction, base_us, msg_overhead_us") from None
+
+
+def merge_params(base: SimParams, overrides: Mapping[str, Any] | None) -> SimParams:
+    """`base` with fields replaced from a meta['sim']-style dict (dicts merged key by key).
+
+    Shorthands: ``msg_overhead_us: {class: us}`` and ``base_us: us`` apply to every protocol.
+    """
+    if not overrides:
+        return base
+    known = {f.name for f in dataclasses.fields(SimParams)}
+    shorthands = {"msg_overhead_us", "base_us"}
+    info = {"calibration", "source", "notes"}   # informational entries written by `ringflow calibrate`
+    kwargs: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in info or key in shorthands:
+            continue
+        if key not in known:
+            raise ConfigError(f"unknown simulator parameter {key!r} in meta['sim']",
+                              f"known parameters: {', '.join(sorted(known | shorthands))}")
+        if key == "link_efficiency":
+            kwargs[key] = {**base.link_efficiency, **{str(k): float(v) for k, v in dict(value).items()}}
+        elif key == "protocols":
+            kwargs[key] = tuple(_protocol_from(p) for p in value)
+        else:
+            kwargs[key] = value
+    protos = kwargs.get("protocols", base.protocols)
+    if "msg_overhead_us" in overrides:
+        extra = {str(k): float(v) for k, v in dict(overrides["msg_overhead_us"]).items()}
+        protos = tuple(dataclasses.replace(p, msg_overhead_us={**p.msg_overhead_us, **extra}) for p in protos)
+    if "base_us" in overrides:
+        protos = tuple(dataclasses.replace(p, base_us=float(overrides["base_us"])) for p in protos)
+    kwargs["protocols"] = tuple(protos)
+    return dataclasses.replace(base, **kwargs)
+
+
+def params_for(topo: Any, overrides: Mapping[str, Any] | None = None) -> SimParams:
+    """Defaults, then the topology's meta['sim'], then explicit `overrides`."""
+    meta = getattr(topo, "meta", None) or {}
+    p = merge_params(SimParams(), meta.get("sim"))
+    return merge_params(p, overrides)

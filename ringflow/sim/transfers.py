@@ -1,0 +1,180 @@
+"""A schedule flattened into numpy arrays: what the simulator engines read.
+
+One row per transfer (a send matched by a receive in the same step).  Sizes are kept as
+``frac``: bytes moved per byte of the call's ``count * itemsize``, so one table serves every
+message size (the analytic engine scales it; the flow engine multiplies it out).  Local work
+(copy / reduce, including the reduction of a RECV_REDUCE) is kept per (rank, step) the same way.
+
+Bytes come from `layout.chunk_bounds`, the one chunk -> element mapping of the project, at a
+reference count large enough that rounding of uneven splits is below 1e-6 of any chunk.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..algorithms.layout import CallShape, chunk_bounds, ref_bounds
+from ..algorithms.schedule import Buffer, Collective, OpKind, Schedule
+from ..errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class TransferTable:
+    """Transfers and local work of one schedule, as parallel numpy arrays."""
+
+    collective: Collective
+    algorithm: str
+    nranks: int
+    nsteps: int
+    step: np.ndarray    # int64 [T] global step of the transfer
+    src: np.ndarray     # int64 [T] sending rank
+    dst: np.ndarray     # int64 [T] receiving rank
+    chan: np.ndarray    # int64 [T] channel
+    frac: np.ndarray    # float64 [T] bytes / (count * itemsize)
+    nmsg: np.ndarray    # int64 [T] messages merged into the row (1 unless coarsened)
+    lrank: np.ndarray   # int64 [W] local work: rank
+    lstep: np.ndarray   # int64 [W] local work: step
+    lcopy: np.ndarray   # float64 [W] bytes copied / (count * itemsize)
+    lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
+    coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
+
+    @property
+    def ntransfers(self) -> int:
+        return int(self.step.size)
+
+    def wire_bytes(self, count_bytes: float) -> float:
+        """Total bytes all transfers put on the wire for a call of `count_bytes`."""
+        return float(self.frac.sum() * count_bytes)
+
+
+def _reference_shape(schedule: Schedule) -> CallShape:
+    if schedule.collective == Collective.ALL_TO_ALLV:
+        raise InvalidArgument("all_to_allv needs its split matrix to size transfers",
+                              "simulate it with from_schedule(schedule, shape=CallShape(..., splits=...))")
+    nchunks = max((lay.nchunks for lay in schedule.layouts.values()), default=1)
+    ref = 1
+    while ref < nchunks * 10**6:
+        ref *= 2
+    return CallShape(schedule.collective, schedule.nranks, ref, itemsize=1)
+
+
+_CACHE: dict[int, tuple[weakref.ref, TransferTable]] = {}
+
+
+def from_schedule(schedule: Schedule, shape: CallShape | None = None) -> TransferTable:
+    """Flatten a schedule (cached per schedule object when no explicit shape is given)."""
+    if shape is None:
+        hit = _CACHE.get(id(schedule))
+        if hit is not None and hit[0]() is schedule:
+            return hit[1]
+    table = _build(schedule, shape or _reference_shape(schedule))
+    if shape is None:
+        _CACHE[id(schedule)] = (weakref.ref(schedule), table)
+        if len(_CACHE) > 256:
+            for k in [k for k, (r, _) in _CACHE.items() if r() is None]:
+                del _CACHE[k]
+    return table
+
+
+def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
+    if shape.nranks != schedule.nranks or shape.collective != schedule.collective:
+        raise InvalidArgument(f"shape is for {shape.collective.value} on {shape.nranks} ranks, schedule "
+                              f"for {schedule.collective.value} on {schedule.nranks}",
+                              "build the CallShape from the schedule's collective and nranks")
+    denom = float(max(shape.count, 1) * shape.itemsize)
+    if shape.collective == Collective.ALL_TO_ALLV and shape.splits is not None:
+        denom = float(max(1, max(sum(r) for r in shape.splits)) * shape.itemsize)
+    item = shape.itemsize
+    t_step: list[int] = []
+    t_src: list[int] = []
+    t_dst: list[int] = []
+    t_chan: list[int] = []
+    t_len: list[int] = []
+    work: dict[tuple[int, int], list[int]] = {}
+    send, rred, copy, red = OpKind.SEND, OpKind.RECV_REDUCE, OpKind.COPY, OpKind.REDUCE
+    for r, prog in enumerate(schedule.programs):
+        bounds: dict[Buffer, tuple] = {}
+
+        def length(ref, _b=bounds, _r=r) -> int:
+            bb = _b.get(ref.buffer)
+            if bb is None:
+                bb = _b[ref.buffer] = chunk_bounds(shape, schedule, ref.buffer, _r)
+            return ref_bounds(bb, ref.index, ref.span)[1]
+
+        for s, ops in enumerate(prog):
+            for op in ops:
+                k = op.kind
+                if k is send:
+                    t_step.append(s)
+                    t_src.append(r)
+                    t_dst.append(op.peer)
+                    t_chan.append(op.channel)
+                    t_len.append(length(op.src))
+                elif k is rred:
+                    work.setdefault((r, s), [0, 0])[1] += length(op.dst)
+                elif k is copy:
+                    work.setdefault((r, s), [0, 0])[0] += length(op.dst)
+                elif k is red:
+                    work.setdefault((r, s), [0, 0])[1] += length(op.dst)
+    wk = sorted(work)
+    to_i = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
+    return TransferTable(
+        schedule.collective, schedule.algorithm, schedule.nranks, schedule.nsteps,
+        to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan),
+        np.asarray(t_len, dtype=np.float64) * item / denom, np.ones(len(t_step), dtype=np.int64),
+        to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
+        np.asarray([work[k][0] for k in wk], dtype=np.float64) * item / denom,
+        np.asarray([work[k][1] for k in wk], dtype=np.float64) * item / denom)
+
+
+def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
+    """Merge runs of consecutive steps with the same (src, dst, channel) pattern.
+
+    Each run of k identical-pattern steps is cut into groups of ``factor`` steps; a group
+    becomes one macro step whose transfers carry the summed bytes and ``nmsg`` = messages
+    merged (the engines charge per-message costs ``nmsg`` times).  Without contention the
+    result is exact; with contention, finer-grained overlap inside a group is lost.
+    """
+    T = table.ntransfers
+    if T <= max_transfers or table.nsteps <= 1:
+        return table
+    factor = int(np.ceil(T / max(1, max_transfers)))
+    order = np.lexsort((table.chan, table.dst, table.src, table.step))
+    step, src, dst, chan = table.step[order], table.src[order], table.dst[order], table.chan[order]
+    frac, nmsg = table.frac[order], table.nmsg[order]
+    # signature of each step: hash of its sorted (src, dst, chan) rows
+    bounds = np.searchsorted(step, np.arange(table.nsteps + 1))
+    key = (src * 1_000_003 + dst) * 257 + chan
+    sig = np.empty(table.nsteps, dtype=object)
+    for s in range(table.nsteps):
+        sig[s] = key[bounds[s]:bounds[s + 1]].tobytes()
+    macro = np.empty(table.nsteps, dtype=np.int64)
+    m, run_len = -1, 0
+    for s in range(table.nsteps):
+        if s > 0 and sig[s] == sig[s - 1] and run_len < factor and sig[s]:
+            run_len += 1
+        else:
+            m += 1
+            run_len = 1
+        macro[s] = m
+    new_step = macro[step]
+    # group rows by (macro step, src, dst, chan)
+    gkey = np.stack([new_step, src, dst, chan])
+    uniq, inv = np.unique(gkey, axis=1, return_inverse=True)
+    inv = inv.reshape(-1)
+    nf = np.bincount(inv, weights=frac, minlength=uniq.shape[1])
+    nm = np.bincount(inv, weights=nmsg, minlength=uniq.shape[1]).astype(np.int64)
+    # local work
+    lkey = np.stack([table.lrank, macro[table.lstep]]) if table.lrank.size else np.zeros((2, 0), np.int64)
+    if lkey.shape[1]:
+        lu, linv = np.unique(lkey, axis=1, return_inverse=True)
+        linv = linv.reshape(-1)
+        lc = np.bincount(linv, weights=table.lcopy, minlength=lu.shape[1])
+        lr = np.bincount(linv, weights=table.lreduce, minlength=lu.shape[1])
+    else:
+        lu, lc, lr = lkey, table.lcopy, table.lreduce
+    return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
+                   frac=nf, nmsg=nm, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
+                   coarsened=max(table.coarsened, factor))
