@@ -34,6 +34,8 @@ class AsyncDPResult:
 
     wall_s: float
     drain_s: float
+    steps_s_fastest: float
+    steps_s_slowest: float
     staleness_mean: float
     staleness_max: int
     replica_spread: float
@@ -96,8 +98,10 @@ def train_async_dp(comm: Any, make_model: Callable[[], Sequential], data: Datase
                f"async DP drain (rank {me})")
     box.flush()
     t_end = time.monotonic()
-    times = np.array([t_end - t0, t_end - t_train])
+    times = np.array([t_end - t0, t_end - t_train, t_train - t0])
+    fastest = times[2:3].copy()
     comm.all_reduce(times, op="max", timeout=box.timeout)
+    comm.all_reduce(fastest, op="min", timeout=box.timeout)
     hi, lo = model.params.flat.copy(), model.params.flat.copy()
     comm.all_reduce(hi, op="max", timeout=box.timeout)
     comm.all_reduce(lo, op="min", timeout=box.timeout)
@@ -106,6 +110,7 @@ def train_async_dp(comm: Any, make_model: Callable[[], Sequential], data: Datase
     comm.all_reduce(st, op="sum", timeout=box.timeout)
     comm.all_reduce(smax, op="max", timeout=box.timeout)
     out, _ = model.forward(data.x_test)
-    return AsyncDPResult(wall_s=float(times[0]), drain_s=float(times[1]), staleness_mean=float(st[0] / max(st[1], 1)),
+    return AsyncDPResult(wall_s=float(times[0]), drain_s=float(times[1]), steps_s_fastest=float(fastest[0]),
+                         steps_s_slowest=float(times[2]), staleness_mean=float(st[0] / max(st[1], 1)),
                          staleness_max=int(smax[0]), replica_spread=float((hi - lo).max()),
                          test_accuracy=accuracy(out, data.y_test), params=model.params.flat.copy())
