@@ -4,7 +4,7 @@ Model (steps are bulk-synchronous here; the flow engine relaxes that)::
 
     T(B) = min over protocols p of
            base_p + sum over steps s of [ max over transfers t in s of
-                (nmsg_t * (overhead_p[class_t] + latency_t) + B * c_t / bw_fraction_p)
+                (nmsg_t * overhead_p[class_t] + nserial_t * latency_t + B * c_t / bw_fraction_p)
               + B * max over ranks r of local_rs ]
     c_t  = max over links l on t's (sub-)paths of busy_ls
     busy_ls = (bytes per byte of B that step s puts on link l) / achievable capacity of l
@@ -94,7 +94,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     nprot = len(params.protocols)
     ovh = np.array([[p.msg_overhead_us.get(c, 0.0) for c in LINK_CLASSES] for p in params.protocols])
     frac = np.array([p.bw_fraction for p in params.protocols])
-    a = table.nmsg[None, :] * (ovh[:, flows.t_class] + flows.t_lat_us[None, :])   # [Pr, T]
+    a = table.nmsg[None, :] * ovh[:, flows.t_class] + (table.serial() * flows.t_lat_us)[None, :]  # [Pr, T]
     c = t_c[None, :] / frac[:, None]                                               # [Pr, T]
     # deduplicate lines per step (identical (a, c) for all protocols)
     if T:

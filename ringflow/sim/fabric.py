@@ -82,6 +82,26 @@ class Fabric:
             return "nvlink"
         return "pci"
 
+    def _host_types(self, src: int, dst: int) -> set[str] | None:
+        ht = self.params.host_transport
+        if ht == "auto" or self._hosts[src] != self._hosts[dst]:
+            return None
+        a, b = self.endpoints[src], self.endpoints[dst]
+        kind = lambda n: _val(self.topo.graph.nodes[n].get("kind"))  # noqa: E731
+        if kind(a) != "proc" or kind(b) != "proc":
+            return None
+        return {"loopback"} if ht == "tcp" else {"shm"}
+
+    def _typed_path(self, a: str, b: str, types: set[str]) -> list[str]:
+        import networkx as nx
+        g = self.topo.graph
+        view = nx.subgraph_view(g, filter_edge=lambda u, v: _val(g.edges[u, v].get("type")) in types)
+        try:
+            return nx.shortest_path(view, a, b)
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            raise TopologyError(f"no {'/'.join(sorted(types))} path from {a} to {b}",
+                                "the topology needs those links for this host transport") from None
+
     def route(self, src: int, dst: int, chan: int = 0) -> PairRoute:
         """The route of a message from rank `src` to rank `dst` on channel `chan` (cached)."""
         mode = self.params.routing_intra if self._hosts[src] == self._hosts[dst] else self.params.routing_inter
@@ -93,7 +113,10 @@ class Fabric:
         if a == b:
             raise TopologyError(f"ranks {src} and {dst} sit on the same endpoint {a}",
                                 "give each rank its own GPU / PROC")
-        if mode == "fixed":
+        restrict = self._host_types(src, dst)
+        if restrict is not None:
+            paths = [self._typed_path(a, b, restrict)]
+        elif mode == "fixed":
             paths = [self.topo.path(a, b)]
         else:
             paths = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]

@@ -6,7 +6,8 @@ Semantics (like the runtime, steps are *not* global barriers in time):
   takes part in during the current step has completed and its local work is done;
 - a transfer of step s from a to b starts when both a and b have entered step s (the
   sender's data is ready and the receiver is ready), then waits the per-message overhead
-  (``nmsg * overhead + (nmsg - 1) * latency`` for coarsened rows);
+  (``nmsg * overhead + (nserial - 1) * latency``: segments of one step pay the overhead each,
+  merged steps also their latencies);
 - its bytes then flow along its (sub-)paths; all flows in flight share every link by
   max-min fairness (progressive filling, vectorised with numpy);
 - it completes one path latency after its last byte left.
@@ -78,7 +79,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     """Run the flow engine for one call of `count_bytes` (= count * itemsize) bytes."""
     T, R = table.ntransfers, table.nranks
     cls_ovh = np.array([protocol.msg_overhead_us.get(c, 0.0) for c in LINK_CLASSES])
-    pre_us = table.nmsg * cls_ovh[flows.t_class] + (table.nmsg - 1) * flows.t_lat_us
+    pre_us = table.nmsg * cls_ovh[flows.t_class] + (table.serial() - 1) * flows.t_lat_us
     post_us = flows.t_lat_us.copy()
     cap = fab.cap_Bpus * protocol.bw_fraction
     f_bytes = flows.f_frac * count_bytes

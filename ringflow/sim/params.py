@@ -87,6 +87,9 @@ class SimParams:
     # one path, "fixed" always takes topo.path().  Intra-host and inter-host separately.
     routing_intra: str = "spray"
     routing_inter: str = "ecmp"
+    # Between two PROC ranks of one host (ringflow's CPU runtime): "auto" = the topology's route,
+    # "shm" = through shared memory, "tcp" = over loopback TCP (RINGFLOW_SHM_DISABLE=1).
+    host_transport: str = "auto"
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -100,6 +103,8 @@ class SimParams:
         for mode in (self.routing_intra, self.routing_inter):
             if mode not in ROUTING_MODES:
                 raise ConfigError(f"sim routing {mode!r} is unknown", f"use one of {ROUTING_MODES}")
+        if self.host_transport not in ("auto", "shm", "tcp"):
+            raise ConfigError(f"sim host_transport {self.host_transport!r} is unknown", "use auto, shm or tcp")
         if not self.protocols:
             raise ConfigError("sim protocols list is empty", "give at least one protocol")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps")):

@@ -33,12 +33,17 @@ class TransferTable:
     dst: np.ndarray     # int64 [T] receiving rank
     chan: np.ndarray    # int64 [T] channel
     frac: np.ndarray    # float64 [T] bytes / (count * itemsize)
-    nmsg: np.ndarray    # int64 [T] messages merged into the row (1 unless coarsened)
+    nmsg: np.ndarray    # int64 [T] messages in the row (segments of one step, or coarsened steps)
     lrank: np.ndarray   # int64 [W] local work: rank
     lstep: np.ndarray   # int64 [W] local work: step
     lcopy: np.ndarray   # float64 [W] bytes copied / (count * itemsize)
     lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
+    nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
+
+    def serial(self) -> np.ndarray:
+        """Latencies paid in sequence per row (1 unless steps were coarsened)."""
+        return self.nserial if self.nserial is not None else np.ones(self.step.size, dtype=np.int64)
 
     @property
     def ntransfers(self) -> int:
@@ -120,10 +125,22 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
                     work.setdefault((r, s), [0, 0])[1] += length(op.dst)
     wk = sorted(work)
     to_i = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
+    step, src, dst, chan = to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan)
+    frac = np.asarray(t_len, dtype=np.float64) * item / denom
+    nmsg = np.ones(step.size, dtype=np.int64)
+    if step.size:
+        # several messages of one step between the same pair on the same channel (segments) travel
+        # back to back on one connection: one row, bytes added, nmsg = messages
+        g = np.stack([step, src, dst, chan])
+        uniq, inv = np.unique(g, axis=1, return_inverse=True)
+        if uniq.shape[1] < step.size:
+            inv = inv.reshape(-1)
+            frac = np.bincount(inv, weights=frac, minlength=uniq.shape[1])
+            nmsg = np.bincount(inv, minlength=uniq.shape[1]).astype(np.int64)
+            step, src, dst, chan = uniq
     return TransferTable(
         schedule.collective, schedule.algorithm, schedule.nranks, schedule.nsteps,
-        to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan),
-        np.asarray(t_len, dtype=np.float64) * item / denom, np.ones(len(t_step), dtype=np.int64),
+        step, src, dst, chan, frac, nmsg,
         to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
         np.asarray([work[k][0] for k in wk], dtype=np.float64) * item / denom,
         np.asarray([work[k][1] for k in wk], dtype=np.float64) * item / denom)
@@ -166,6 +183,7 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
     inv = inv.reshape(-1)
     nf = np.bincount(inv, weights=frac, minlength=uniq.shape[1])
     nm = np.bincount(inv, weights=nmsg, minlength=uniq.shape[1]).astype(np.int64)
+    ns = np.bincount(inv, weights=table.serial()[order], minlength=uniq.shape[1]).astype(np.int64)
     # local work
     lkey = np.stack([table.lrank, macro[table.lstep]]) if table.lrank.size else np.zeros((2, 0), np.int64)
     if lkey.shape[1]:
@@ -176,5 +194,5 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
     else:
         lu, lc, lr = lkey, table.lcopy, table.lreduce
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
-                   frac=nf, nmsg=nm, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
+                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
                    coarsened=max(table.coarsened, factor))
