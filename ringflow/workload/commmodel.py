@@ -1,0 +1,216 @@
+"""Communication time of one collective on a group of GPUs: ONE small interface, several engines.
+
+``CommModel.time_s(collective, nbytes, group, topo)`` is all the step-time model and the planner call.
+
+- `AlphaBetaModel` (default, closed form): a ring over the group, NCCL style, costed as
+  ``base_us + steps x hop_us + factor x nbytes / B`` where ``factor`` is the ring's bytes per rank
+  (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n, all-to-all (n-1)/n, send/recv 1) and ``B`` the
+  ring's bandwidth per rank: NVLink egress of a GPU inside one server; across servers
+  ``min(B_nvlink, k x B_nic)`` with ``k`` group members per server (NCCL runs one channel per NIC, each
+  crossing the server boundary once) and ``B_nic`` the routed GPU->GPU bottleneck between servers (NIC or
+  fabric). Link efficiencies and NCCL's per-call / per-hop latencies come from `ringflow.sim.params`
+  (one place for those figures). ``nbytes`` is the buffer size (the full tensor for all-reduce, all-gather's
+  output, reduce-scatter's input, all-to-all's send buffer, the message for send/recv).
+- `SimModel`: the simulator's analytic engine when `ringflow.sim` provides one (same call shape).
+
+Groups are homogeneous in a Megatron mapping, so results are cached by the group's *shape* (size, servers
+spanned, members per server, rail of its first member).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from ..errors import InvalidArgument
+
+_RING_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+_RING_STEPS = {
+    "all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1, "reduce_scatter": lambda n: n - 1,
+    "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1, "reduce": lambda n: n - 1,
+    "sendrecv": lambda n: 1,
+}
+
+
+class CommModel(Protocol):
+    """Anything that times a collective on a group of topology endpoints."""
+
+    name: str
+
+    def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
+        """Seconds for `collective` over `group` (topology node ids) moving a buffer of `nbytes`."""
+        ...
+
+
+def _norm(collective: str) -> str:
+    key = str(getattr(collective, "value", collective)).lower().replace("-", "_")
+    key = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+           "alltoall": "all_to_all", "p2p": "sendrecv", "send": "sendrecv"}.get(key, key)
+    if key not in _RING_FACTOR:
+        raise InvalidArgument(f"collective {collective!r} has no cost model",
+                              f"use one of {', '.join(_RING_FACTOR)}")
+    return key
+
+
+@dataclass(frozen=True)
+class GroupLinks:
+    """What the ring of a group runs on: per-rank bandwidths (GB/s, efficiency applied) and hop latencies."""
+
+    n: int
+    servers: int
+    per_server: int
+    nvlink_GBps: float
+    nic_GBps: float
+    intra_hop_us: float
+    inter_hop_us: float
+
+    @property
+    def ring_GBps(self) -> float:
+        """Per-rank bandwidth of a ring over the whole group."""
+        if self.servers == 1:
+            return self.nvlink_GBps
+        inter = self.per_server * self.nic_GBps
+        return min(self.nvlink_GBps, inter) if self.per_server > 1 else self.nic_GBps
+
+
+class AlphaBetaModel:
+    """Closed-form ring cost from the topology's link bandwidths (see module docstring)."""
+
+    name = "alpha-beta"
+
+    def __init__(self, sim_overrides: dict[str, Any] | None = None) -> None:
+        self._overrides = sim_overrides
+        self._cache: dict[tuple, GroupLinks] = {}
+
+    def links(self, group: Sequence[str], topo: Any) -> GroupLinks:
+        """Bandwidths and latencies of the ring over `group` (cached by group shape)."""
+        hosts = [topo.host_of(g) for g in group]
+        count = Counter(hosts)
+        first = group[0]
+        idx = topo.graph.nodes[first].get("index", 0)
+        key = (id(topo), len(group), len(count), max(count.values()), idx,
+               tuple(sorted(topo.graph.nodes[g].get("index", 0) for g in group if topo.host_of(g) == hosts[0])))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        from ..sim.params import params_for
+        params = params_for(topo, self._overrides)
+        simple = params.protocol("simple")
+        eff = params.link_efficiency
+        nv_GBps, intra_hop = float("inf"), 0.0
+        same = [g for g in group if topo.host_of(g) == hosts[0]]
+        if len(same) > 1:
+            nv_GBps, intra_hop = self._intra(topo, same, eff, simple)
+        nic_GBps, inter_hop = float("inf"), 0.0
+        other = [g for g in group if topo.host_of(g) != hosts[0]]
+        if other:
+            peer = next((g for g in other if topo.graph.nodes[g].get("index") == idx), other[0])
+            nic_GBps, inter_hop = self._path_bw(topo, first, peer, eff, simple)
+        gl = GroupLinks(len(group), len(count), max(count.values()), nv_GBps, nic_GBps, intra_hop, inter_hop)
+        self._cache[key] = gl
+        return gl
+
+    @staticmethod
+    def _path_bw(topo: Any, a: str, b: str, eff: dict[str, float], simple: Any) -> tuple[float, float]:
+        edges = topo.path_edges(topo.path(a, b))
+        data = [topo.graph.edges[e] for e in edges]
+        tiers = {d["tier"] for d in data}
+        cls = "net" if "nic" in tiers else ("nvlink" if tiers <= {"nvlink"} else "pci")
+
+        def eff_of(d: dict) -> float:
+            kind = str(getattr(d["type"], "value", d["type"]))
+            # GPUDirect RDMA: the PCIe legs of a GPU->NIC path are not the CPU-staged copies that the
+            # sim's PCIe efficiency (seed 002's memcpy measurement) describes; only the network derates.
+            if cls == "net" and kind == "pcie":
+                return 1.0
+            return eff.get(kind, 1.0)
+
+        bw = min(d["bw_GBps"] * eff_of(d) for d in data)
+        lat = sum(d["latency_us"] for d in data)
+        return bw, lat + simple.msg_overhead_us.get(cls, 0.0)
+
+    def _intra(self, topo: Any, same: list[str], eff: dict[str, float], simple: Any) -> tuple[float, float]:
+        g = same[0]
+        nv = [d for _, _, d in topo.graph.out_edges(g, data=True) if d.get("tier") == "nvlink"]
+        bw_pair, hop = self._path_bw(topo, g, same[1], eff, simple)
+        if not nv:
+            return bw_pair, hop
+        egress = sum(d["bw_GBps"] for d in nv) * eff.get("nvlink", 1.0)
+        switched = any(topo.graph.nodes[v].get("kind") == "nvswitch" or
+                       str(topo.graph.nodes[v].get("kind")) == "NodeKind.NVSWITCH"
+                       for _, v in topo.graph.out_edges(g))
+        if switched:
+            return egress, hop
+        # point-to-point NVLink mesh (DGX-1): the rings found on it carry what they carry
+        try:
+            from ..topology import find_rings
+            rings = find_rings(topo, same)
+            return max(sum(r.bottleneck_GBps for r in rings) * eff.get("nvlink", 1.0), bw_pair), hop
+        except Exception:  # ring search unavailable: one ring on the pair bottleneck
+            return bw_pair, hop
+
+    def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
+        """Seconds for one collective call (see module docstring)."""
+        c = _norm(collective)
+        n = len(group)
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        gl = self.links(group, topo)
+        from ..sim.params import params_for
+        base_us = params_for(topo, self._overrides).protocol("simple").base_us
+        steps = _RING_STEPS[c](n)
+        if gl.servers == 1:
+            hops_us = steps * gl.intra_hop_us
+        else:
+            hops_us = steps * max(gl.intra_hop_us, gl.inter_hop_us)
+        if c == "all_to_all" and gl.servers > 1:
+            # each rank sends (n-k)/n of its buffer across servers over its own NIC, (k-1)/n over NVLink
+            k = gl.per_server
+            t_bw = max((k - 1) / n * nbytes / (gl.nvlink_GBps * 1e9) if k > 1 else 0.0,
+                       (n - k) / n * nbytes / (gl.nic_GBps * 1e9))
+        elif c == "sendrecv":
+            t_bw = nbytes / ((gl.nvlink_GBps if gl.servers == 1 else gl.nic_GBps) * 1e9)
+        else:
+            t_bw = _RING_FACTOR[c](n) * nbytes / (gl.ring_GBps * 1e9)
+        return (base_us + hops_us) * 1e-6 + t_bw
+
+
+class SimModel:
+    """The simulator's analytic engine behind the same interface (used when ringflow.sim provides it)."""
+
+    name = "sim-analytic"
+
+    def __init__(self) -> None:
+        from ..sim import analytic  # noqa: F401  (raises ImportError when not there)
+        self._analytic = analytic
+        self._fallback = AlphaBetaModel()
+
+    def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
+        """Seconds from ringflow.sim.analytic (falls back to alpha-beta if it cannot cost this call)."""
+        fn = getattr(self._analytic, "collective_time_s", None)
+        if fn is None:
+            return self._fallback.time_s(collective, nbytes, group, topo)
+        return float(fn(_norm(collective), nbytes, list(group), topo))
+
+
+def default_comm_model(kind: str = "auto") -> CommModel:
+    """'alpha-beta', 'sim' or 'auto' (the simulator's analytic engine when available, else alpha-beta)."""
+    if kind in ("alpha-beta", "alphabeta"):
+        return AlphaBetaModel()
+    if kind in ("sim", "auto"):
+        try:
+            return SimModel()
+        except ImportError:
+            if kind == "sim":
+                raise InvalidArgument("ringflow.sim has no analytic engine in this build",
+                                      "use --comm alpha-beta") from None
+            return AlphaBetaModel()
+    raise InvalidArgument(f"unknown comm model {kind!r}", "use auto, alpha-beta or sim")

@@ -1,0 +1,142 @@
+"""Compute time: FLOPs per micro-batch over peak x a shape-dependent efficiency, plus memory-bound work.
+
+Model (all constants below are settable through `EfficiencyModel`):
+
+    t_gemm = FLOPs_gemm / (peak x eff_max x d / (d + d_half) x n / (n + n_half))
+    t_mem  = c x activation_bytes / (hbm_GBps x mem_eff)
+
+- ``d`` = hidden / tp, the per-GPU GEMM width: narrow GEMMs (small models, wide TP) reach a smaller fraction
+  of the tensor-core peak (tile quantisation, wave quantisation, launch overhead);
+- ``n`` = tokens per micro-batch per GPU (b x s / cp), the GEMM's other dimension;
+- memory-bound kernels (norms, activation functions, dropout, softmax, residual adds) move the activation
+  tensors a layer stores: in the forward pass each is written and read (c = 2), in the backward pass read,
+  and its gradient written and read (c = 4). Their byte count is `memory.activation_bytes_per_layer` with
+  recompute "none", so the 5as/h softmax term of non-FlashAttention models costs time here too.
+- FP8 doubles the GEMM peak but real GEMMs reach ``fp8_gemm_factor`` of that doubling (quantisation, scaling
+  and the BF16 parts that remain).
+
+eff_max, d_half and n_half are fitted to Narayanan et al. 2021, Table 1 (Megatron-LM on A100s), see
+`validation.py`; mem_eff is the fraction of HBM bandwidth elementwise kernels reach.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument
+from .layout import Layout
+from .memory import activation_bytes_per_layer
+from .models import ModelSpec
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Peak dense tensor FLOP/s, HBM bandwidth and capacity of one GPU model."""
+
+    name: str
+    bf16_flops: float
+    fp8_flops: float
+    hbm_GBps: float
+    memory_bytes: float
+
+
+# Dense (no sparsity) peaks from NVIDIA's datasheets:
+# - A100 SXM4 80GB: 312 TFLOP/s BF16, 2,039 GB/s HBM2e, 80 GB (NVIDIA A100 datasheet, 2021); no FP8.
+# - H100 SXM5: 989.4 TFLOP/s BF16, 1,978.9 FP8 (datasheet's 1,979 / 3,958 "with sparsity" halved),
+#   3.35 TB/s HBM3, 80 GB (NVIDIA H100 datasheet).
+# - H200 SXM: same tensor cores as H100, 4.8 TB/s HBM3e, 141 GB (NVIDIA H200 datasheet).
+# - B200 (HGX): 2.25 PFLOP/s BF16 and 4.5 FP8 dense, 8 TB/s, 180 GB (NVIDIA HGX B200 datasheet, sparse / 2).
+# - GB200 (per GPU of NVL72): 2.5 PFLOP/s BF16, 5 FP8 dense, 8 TB/s, 186 GB (GB200 NVL72 datasheet / 72 / 2).
+# - V100 SXM2 32GB: 125 TFLOP/s FP16 tensor, 900 GB/s, 32 GB (NVIDIA V100 datasheet); no BF16/FP8 (FP16 used).
+# - P100 SXM2: 21.2 TFLOP/s FP16, 732 GB/s, 16 GB (NVIDIA P100 datasheet).
+GPUS: dict[str, GpuSpec] = {g.name: g for g in [
+    GpuSpec("A100", 312e12, 312e12, 2039.0, 80e9),
+    GpuSpec("H100", 989.4e12, 1978.9e12, 3350.0, 80e9),
+    GpuSpec("H200", 989.4e12, 1978.9e12, 4800.0, 141e9),
+    GpuSpec("B200", 2250e12, 4500e12, 8000.0, 180e9),
+    GpuSpec("GB200", 2500e12, 5000e12, 8000.0, 186e9),
+    GpuSpec("V100", 125e12, 125e12, 900.0, 32e9),
+    GpuSpec("P100", 21.2e12, 21.2e12, 732.0, 16e9),
+]}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """Look a GPU model up by name ('H100', 'NVIDIA H100 80GB HBM3', 'a100' ...)."""
+    key = str(name).upper()
+    for n in sorted(GPUS, key=len, reverse=True):  # 'GB200' before 'B200'
+        if n in key:
+            return GPUS[n]
+    raise InvalidArgument(f"unknown GPU model {name!r}", f"known: {', '.join(GPUS)}")
+
+
+def gpu_of_topology(topo: object) -> GpuSpec:
+    """The GPU model of a topology's first endpoint (node attribute 'model')."""
+    graph = getattr(topo, "graph")
+    ep = topo.endpoints()[0]  # type: ignore[attr-defined]
+    model = graph.nodes[ep].get("model") or getattr(topo, "meta", {}).get("gpu") or getattr(topo, "name", "")
+    return gpu_spec(str(model))
+
+
+@dataclass(frozen=True)
+class EfficiencyModel:
+    """Shape-dependent efficiency of GEMMs and memory-bound kernels (see module docstring)."""
+
+    eff_max: float = 0.75      # fitted to Narayanan et al. 2021 Table 1 (validation.py)
+    d_half: float = 100.0      # GEMM width (hidden / tp) at which efficiency is half of eff_max; fitted
+    n_half: float = 64.0       # tokens per micro-batch at which efficiency halves; fitted
+    mem_eff: float = 0.8       # fraction of HBM bandwidth that elementwise kernels reach (assumption)
+    fp8_gemm_factor: float = 0.7  # fraction of FP8's 2x peak that real GEMMs reach (assumption)
+
+    def gemm_efficiency(self, d: float, n: float) -> float:
+        """Fraction of peak a GEMM of width d with n rows reaches."""
+        return self.eff_max * d / (d + self.d_half) * n / (n + self.n_half)
+
+
+@dataclass(frozen=True)
+class MicrobatchTimes:
+    """Seconds one GPU spends on one micro-batch of its pipeline stage (chunk = all its layers)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    model_flops: float      # forward + backward FLOPs of the micro-batch on this GPU (MFU numerator)
+    hardware_flops: float   # + recomputation (HFU numerator)
+
+    @property
+    def total_s(self) -> float:
+        """Forward + backward + recompute."""
+        return self.forward_s + self.backward_s + self.recompute_s
+
+
+def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
+                     eff: EfficiencyModel | None = None, stage: str = "middle") -> MicrobatchTimes:
+    """Compute time of one micro-batch on one GPU of a stage ('first', 'middle', 'last' adds the logits)."""
+    e = eff or EfficiencyModel()
+    t, cp = layout.tp, layout.cp
+    s_local = layout.seq_len / cp
+    tokens = layout.micro_batch * s_local
+    layers = model.layers / layout.pp
+    peak = gpu.bf16_flops
+    gemm_scale = 1.0
+    if layout.precision == "fp8":
+        gemm_scale = gpu.fp8_flops / gpu.bf16_flops * e.fp8_gemm_factor
+    eff_g = e.gemm_efficiency(model.hidden / t, tokens) * gemm_scale
+    matmul = tokens * model.layer_matmul_flops_per_token() / t * layers
+    attn = tokens * model.layer_attention_flops_per_token(layout.seq_len) / t * layers
+    logits = tokens * model.logit_flops_per_token() / t if stage == "last" or layout.pp == 1 else 0.0
+    fwd_flops = matmul + attn + logits
+    act = activation_bytes_per_layer(model, layout, "none") * layers
+    mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
+    t_fwd = fwd_flops / (peak * eff_g) + 2 * act / mem_Bps
+    t_bwd = 2 * fwd_flops / (peak * eff_g) + 4 * act / mem_Bps
+    if layout.recompute == "full":
+        rec_flops = matmul + attn
+        t_rec = (matmul + attn) / (peak * eff_g) + 2 * act / mem_Bps
+    elif layout.recompute == "selective":
+        rec_flops = attn
+        score = 0.0 if layout.flash_attention else \
+            (activation_bytes_per_layer(model, layout.with_(flash_attention=False), "none")
+             - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * layers
+        t_rec = attn / (peak * eff_g) + 2 * score / mem_Bps
+    else:
+        rec_flops, t_rec = 0.0, 0.0
+    return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops)
