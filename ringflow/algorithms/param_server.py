@@ -1,0 +1,69 @@
+"""Parameter-server all-reduce, as in the seed's "CPU / GPU0 / all GPUs as parameter server".
+
+``param_server``: every worker pushes its whole gradient to one server rank (``root``,
+default 0), the server sums all n contributions in rank order and pushes the sum back.
+2 steps; the server sends and receives (n-1) S bytes, so it is the bottleneck.
+
+``sharded_ps``: the server role is spread over all ranks: rank j serves block j of the
+buffer (workers push block j to rank j, which sums in rank order, then every server pushes
+its block to everyone). 2 steps, (n-1)/n S bytes each way per rank: the same traffic as a
+ring all-reduce in 2 steps instead of 2(n-1), at the cost of n-1 concurrent peers per rank
+(NCCL/TensorRT-LLM call this pattern "two-shot").
+"""
+from __future__ import annotations
+
+from .schedule import Buffer, Collective, Schedule
+from ._common import blk, need_root, new_builder, std_layouts
+
+IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
+
+
+def build_param_server(collective: Collective | str, nranks: int, *, root: int | None = None, nsegs: int = 1,
+                       **_: object) -> Schedule:
+    """Reduce to one server (root, default 0) in rank order, then broadcast from it."""
+    c = Collective.parse(collective)
+    n = nranks
+    server = need_root(root, n, default=0)
+    lay = std_layouts(c, n, 1, nsegs, scratch=(IN, n) if n > 1 else None)
+    b = new_builder(c, n, "param_server", lay, None, server=server, nsegs=nsegs)
+    li, lo = lay[IN], lay[OUT]
+    if n == 1:
+        b.copy(0, 0, blk(OUT, lo, 0), blk(IN, li, 0))
+        return b.build()
+    ls = lay[SCR]
+    for w in range(n):
+        if w != server:
+            b.transfer(0, w, server, blk(IN, li, 0), blk(SCR, ls, 0, copy=w))
+    b.copy(server, 0, blk(SCR, ls, 0, copy=server), blk(IN, li, 0))
+    b.copy(server, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=0))
+    for q in range(1, n):
+        b.reduce(server, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=q))
+    for i in range(1, n):
+        b.transfer(1, server, (server + i) % n, blk(OUT, lo, 0), blk(OUT, lo, 0))
+    return b.build()
+
+
+def build_sharded(collective: Collective | str, nranks: int, *, nsegs: int = 1, **_: object) -> Schedule:
+    """Sharded servers: rank j reduces block j (rank order) and pushes it to everyone."""
+    c = Collective.parse(collective)
+    n = nranks
+    lay = std_layouts(c, n, n, nsegs, scratch=(IN, n) if n > 1 else None)
+    b = new_builder(c, n, "sharded_ps", lay, None, nsegs=nsegs)
+    li, lo = lay[IN], lay[OUT]
+    if n == 1:
+        b.copy(0, 0, blk(OUT, lo, 0), blk(IN, li, 0))
+        return b.build()
+    ls = lay[SCR]
+    for r in range(n):
+        for i in range(1, n):
+            j = (r + i) % n
+            b.transfer(0, r, j, blk(IN, li, j), blk(SCR, ls, j, copy=r))
+    for j in range(n):
+        b.copy(j, 0, blk(SCR, ls, j, copy=j), blk(IN, li, j))
+        b.copy(j, 0, blk(OUT, lo, j), blk(SCR, ls, j, copy=0))
+        for q in range(1, n):
+            b.reduce(j, 0, blk(OUT, lo, j), blk(SCR, ls, j, copy=q))
+    for r in range(n):
+        for i in range(1, n):
+            b.transfer(1, r, (r + i) % n, blk(OUT, lo, r), blk(OUT, lo, r))
+    return b.build()
