@@ -1,0 +1,23 @@
+"""The hardware catalog: link technologies and devices with their figures and bandwidth arithmetic.
+
+Every bandwidth is stored per direction (GB/s = 1e9 B/s); bidirectional figures are derived. Every
+figure cites its source next to it.
+"""
+from __future__ import annotations
+
+from .catalog import catalog_rows
+from .cpu_links import SOCKET_LINKS, SocketLink, socket_link
+from .gpus import GPU_MODELS, GpuModel, gpu_model
+from .latency import HOST_LOOPBACK_GBPS_DEFAULT, HOST_SHM_GBPS_DEFAULT, LATENCY_US
+from .network import NET_LINKS, NetLink, ib_for_gbps, net_link
+from .nvlink import (NVLINK_C2C_GBPS_PER_DIR, NVLINK_GENERATIONS, NVSWITCH_GENERATIONS, NvlinkGen, NvswitchGen,
+                     nvlink_gen)
+from .pcie import LANE_WIDTHS, PCIE_GENERATIONS, PcieGen, pcie_arithmetic, pcie_gen, pcie_GBps
+
+__all__ = [
+    "catalog_rows", "SOCKET_LINKS", "SocketLink", "socket_link", "GPU_MODELS", "GpuModel", "gpu_model",
+    "LATENCY_US", "HOST_SHM_GBPS_DEFAULT", "HOST_LOOPBACK_GBPS_DEFAULT", "NET_LINKS", "NetLink", "net_link",
+    "ib_for_gbps", "NVLINK_C2C_GBPS_PER_DIR", "NVLINK_GENERATIONS", "NVSWITCH_GENERATIONS", "NvlinkGen",
+    "NvswitchGen", "nvlink_gen", "LANE_WIDTHS", "PCIE_GENERATIONS", "PcieGen", "pcie_arithmetic", "pcie_gen",
+    "pcie_GBps",
+]

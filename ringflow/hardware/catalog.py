@@ -1,0 +1,42 @@
+"""The whole hardware catalog as rows (for `ringflow hw list`), each with its source."""
+from __future__ import annotations
+
+from .cpu_links import SOCKET_LINKS
+from .gpus import GPU_MODELS
+from .network import NET_LINKS
+from .nvlink import NVLINK_GENERATIONS, NVSWITCH_GENERATIONS
+from .pcie import PCIE_GENERATIONS
+
+
+def catalog_rows() -> list[dict]:
+    """Every catalog entry as a flat dict: kind, name, per-direction and bidirectional GB/s, details, source."""
+    rows: list[dict] = []
+    for g in PCIE_GENERATIONS.values():
+        rows.append({"kind": "pcie", "name": f"PCIe Gen{g.gen} x16", "per_dir_GBps": round(g.throughput_GBps(16), 4),
+                     "bidir_GBps": round(g.bidirectional_GBps(16), 4),
+                     "detail": f"{float(g.rate_GTps):g} GT/s, {g.encoding}, x1 = {g.throughput_GBps(1) * 1000:.1f} MB/s",
+                     "source": g.source})
+    for n in NVLINK_GENERATIONS.values():
+        rows.append({"kind": "nvlink", "name": f"NVLink{n.gen} ({n.gpu})", "per_dir_GBps": n.link_GBps,
+                     "bidir_GBps": n.link_bidir_GBps,
+                     "detail": f"per link; {n.links_per_gpu} links/GPU = {n.gpu_bidir_GBps:g} GB/s bidir",
+                     "source": n.source})
+    for s in NVSWITCH_GENERATIONS.values():
+        rows.append({"kind": "nvswitch", "name": f"NVSwitch gen{s.gen} ({s.system})", "per_dir_GBps": s.gpu_GBps,
+                     "bidir_GBps": s.gpu_bidir_GBps, "detail": f"per GPU; {s.ports} NVLink{s.nvlink_gen} ports/chip",
+                     "source": s.source})
+    for q in SOCKET_LINKS.values():
+        rows.append({"kind": "socket", "name": q.name, "per_dir_GBps": q.link_GBps, "bidir_GBps": q.bidir_GBps,
+                     "detail": f"per link, {q.rate_GTps:g} GT/s", "source": q.source})
+    for e in NET_LINKS.values():
+        rows.append({"kind": e.family, "name": e.name, "per_dir_GBps": e.GBps, "bidir_GBps": e.bidir_GBps,
+                     "detail": f"{e.gbps:g} Gb/s per port, {e.lanes} lanes", "source": e.source})
+    for m in GPU_MODELS.values():
+        bf16 = "-" if m.bf16_tflops is None else f"{m.bf16_tflops:g}"
+        fp8 = "-" if m.fp8_tflops is None else f"{m.fp8_tflops:g}"
+        rows.append({"kind": "gpu", "name": m.name, "per_dir_GBps": None, "bidir_GBps": None,
+                     "detail": (f"dense TFLOP/s BF16 {bf16} FP16 {m.fp16_tflops:g} FP8 {fp8}; "
+                                f"{m.memory_GB:g} GB at {m.memory_GBps:g} GB/s; NVLink{m.nvlink_gen} x{m.nvlinks}"),
+                     "bf16_tflops": m.bf16_tflops, "fp16_tflops": m.fp16_tflops, "fp8_tflops": m.fp8_tflops,
+                     "memory_GB": m.memory_GB, "memory_GBps": m.memory_GBps, "source": m.source})
+    return rows

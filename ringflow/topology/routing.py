@@ -1,0 +1,294 @@
+"""Fixed, deterministic routing on a Topology, cached and structure-aware (fast on 1,024+ GPUs).
+
+Path selection, in order:
+1. same device: [a].
+2. same host: NVLink first — the widest path that uses only NVLink edges (direct links, NVSwitches,
+   NVLink-C2C); otherwise the widest path over PCIe / CPU / QPI (and SHM / loopback for PROCs).
+   "Widest" = maximal bottleneck bandwidth; ties go to fewer hops, then lower latency.
+   GPUs, PROCs and NICs are never transit nodes inside a host.
+3. different hosts: a -> the NIC nearest a (fewest hops, then widest; among equals the NIC on the
+   rail the other side also reaches, then the endpoint's "own" NIC with the same index) -> leaf ->
+   spine (-> core) -> leaf -> NIC nearest b -> b. The switch part is a shortest path in the switch
+   graph; `paths()` returns the whole equal-cost set (ECMP), `path()` picks one of them by a stable
+   hash of (a, b) so load spreads over spines like ECMP hashing does.
+4. anything else (hand-made graphs without NICs/switch tiers): the widest path over the whole graph.
+
+Every result is cached per (a, b); the per-host searches touch only that host's nodes, so the cost of a
+cross-host route does not grow with the cluster size (only the switch-level BFS does, cached per leaf pair).
+"""
+from __future__ import annotations
+
+import heapq
+import zlib
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import TopologyError
+from .graph import LinkType, NodeKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Topology
+
+_NO_TRANSIT = (NodeKind.GPU, NodeKind.PROC, NodeKind.NIC)
+_NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
+_EPS = 1e-9
+
+
+class Router:
+    """Routes on one Topology; built lazily by `Topology.router` and dropped on any change."""
+
+    def __init__(self, topo: "Topology") -> None:
+        self.topo = topo
+        self.g = topo.graph
+        self._cache: dict[tuple[str, str], list[str]] = {}
+        self._intra_cache: dict[tuple[str, str, bool], list[str] | None] = {}
+        self._near: dict[str, list[str]] = {}
+        self._sw_paths: dict[tuple[str, str], list[list[str]]] = {}
+        self._host_nodes: dict[int, set[str]] = {}
+        for n, d in self.g.nodes(data=True):
+            self._host_nodes.setdefault(d["host"], set()).add(n)
+
+    # ----------------------------------------------------------------- public
+    def path(self, a: str, b: str) -> list[str]:
+        """The routed path a -> b."""
+        key = (a, b)
+        p = self._cache.get(key)
+        if p is None:
+            p = self._route(a, b)
+            self._cache[key] = p
+        return list(p)
+
+    def paths(self, a: str, b: str, limit: int = 16) -> list[list[str]]:
+        """The equal-cost path set a -> b; the first entry equals path(a, b)."""
+        first = self.path(a, b)
+        ha, hb = self._host(a), self._host(b)
+        if a == b or (ha == hb and ha >= 0):
+            return [first]
+        parts = self._inter_parts(a, b)
+        if parts is None:
+            return [first]
+        p1, nets, p3 = parts
+        out = [first]
+        for net in nets:
+            cand = p1[:-1] + net + p3[1:]
+            if cand != first:
+                out.append(cand)
+            if len(out) >= limit:
+                break
+        return out
+
+    # ----------------------------------------------------------------- dispatch
+    def _host(self, n: str) -> int:
+        try:
+            return self.g.nodes[n]["host"]
+        except KeyError:
+            raise TopologyError(f"node {n!r} is not in topology {self.topo.name!r}",
+                                "use an id from topo.endpoints() / topo.graph.nodes") from None
+
+    def _route(self, a: str, b: str) -> list[str]:
+        ha, hb = self._host(a), self._host(b)
+        if a == b:
+            return [a]
+        p: list[str] | None = None
+        if ha == hb and ha >= 0:
+            p = self._intra(a, b)
+        elif ha >= 0 and hb >= 0:
+            parts = self._inter_parts(a, b)
+            if parts is not None:
+                p1, nets, p3 = parts
+                net = nets[zlib.crc32(f"{a}|{b}".encode()) % len(nets)]
+                p = p1[:-1] + net + p3[1:]
+        if p is None:
+            p = self._widest(a, b, None, lambda d: True)
+        if p is None:
+            raise TopologyError(f"no route from {a} to {b} in topology {self.topo.name!r}",
+                                "connect them (a NIC and a network switch between hosts, or a link)")
+        return p
+
+    # ----------------------------------------------------------------- inside one host
+    def _intra(self, a: str, b: str) -> list[str] | None:
+        for nv_only in (True, False):
+            key = (a, b, nv_only)
+            if key not in self._intra_cache:
+                nodes = self._host_nodes[self._host(a)]
+                ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if nv_only
+                                              else (lambda d: d["type"] not in _NET_TYPES))
+                self._intra_cache[key] = self._widest(a, b, nodes, ok)
+            if self._intra_cache[key] is not None:
+                return self._intra_cache[key]
+        return None
+
+    def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[dict], bool]) -> list[str] | None:
+        """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`."""
+        g = self.g
+        best = {a: float("inf")}
+        heap = [(-float("inf"), a)]
+        done: set[str] = set()
+        while heap:
+            negbw, u = heapq.heappop(heap)
+            if u in done:
+                continue
+            done.add(u)
+            if u == b:
+                break
+            if u != a and g.nodes[u]["kind"] in _NO_TRANSIT and nodes is not None:
+                continue
+            if u != a and nodes is None and g.nodes[u]["kind"] in (NodeKind.GPU, NodeKind.PROC):
+                continue
+            for v, d in g._succ[u].items():
+                if (nodes is not None and v not in nodes) or not ok(d):
+                    continue
+                nb = min(-negbw, d["bw_GBps"])
+                if nb > best.get(v, -1.0) + _EPS:
+                    best[v] = nb
+                    heapq.heappush(heap, (-nb, v))
+        if b not in best:
+            return None
+        floor = best[b] - _EPS
+        # phase 2: fewest hops, then least latency, over edges at least as wide as the bottleneck
+        dist = {a: (0, 0.0)}
+        pred: dict[str, str] = {}
+        heap2 = [(0, 0.0, 0, a)]
+        counter = 1
+        seen: set[str] = set()
+        while heap2:
+            hops, lat, _, u = heapq.heappop(heap2)
+            if u in seen:
+                continue
+            seen.add(u)
+            if u == b:
+                break
+            if u != a and ((nodes is not None and g.nodes[u]["kind"] in _NO_TRANSIT)
+                           or (nodes is None and g.nodes[u]["kind"] in (NodeKind.GPU, NodeKind.PROC))):
+                continue
+            for v, d in g._succ[u].items():
+                if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
+                    continue
+                cand = (hops + 1, lat + d["latency_us"])
+                if v not in dist or cand < dist[v]:
+                    dist[v] = cand
+                    pred[v] = u
+                    heapq.heappush(heap2, (cand[0], cand[1], counter, v))
+                    counter += 1
+        if b not in pred:
+            return None
+        out = [b]
+        while out[-1] != a:
+            out.append(pred[out[-1]])
+        return out[::-1]
+
+    # ----------------------------------------------------------------- across hosts
+    def near_nics(self, x: str) -> list[str]:
+        """The NICs of x's host at the smallest distance from x (fewest hops, then widest path)."""
+        if x in self._near:
+            return self._near[x]
+        d = self.g.nodes[x]
+        if d["kind"] == NodeKind.NIC:
+            self._near[x] = [x]
+            return self._near[x]
+        scored = []
+        for nic in self._host_nodes.get(d["host"], ()):
+            if self.g.nodes[nic]["kind"] != NodeKind.NIC:
+                continue
+            p = self._intra(x, nic)
+            if p is None:
+                continue
+            bw = min(self.g.edges[e]["bw_GBps"] for e in zip(p[:-1], p[1:]))
+            scored.append(((len(p), -round(bw, 6)), nic))
+        if not scored:
+            self._near[x] = []
+            return []
+        top = min(s for s, _ in scored)
+        own = d["index"]
+        cands = sorted((n for s, n in scored if s == top),
+                       key=lambda n: (self.g.nodes[n]["index"] != own, self.g.nodes[n]["index"], n))
+        self._near[x] = cands
+        return cands
+
+    def _rail(self, nic: str) -> int:
+        d = self.g.nodes[nic]
+        return int(d.get("rail", d["index"]))
+
+    def nic_pair(self, a: str, b: str) -> tuple[str, str] | None:
+        """The (source NIC, destination NIC) a cross-host route a -> b uses."""
+        ca, cb = self.near_nics(a), self.near_nics(b)
+        if not ca or not cb:
+            return None
+        ra = {self._rail(n): n for n in reversed(ca)}
+        rb = {self._rail(n): n for n in reversed(cb)}
+        common = set(ra) & set(rb)
+        if common:
+            for pref in (self._rail(cb[0]), self._rail(ca[0])):
+                if pref in common:
+                    return ra[pref], rb[pref]
+            r = min(common)
+            return ra[r], rb[r]
+        return ca[0], cb[0]
+
+    def _inter_parts(self, a: str, b: str) -> tuple[list[str], list[list[str]], list[str]] | None:
+        pair = self.nic_pair(a, b)
+        if pair is None:
+            return None
+        na, nb = pair
+        p1 = [a] if a == na else self._intra(a, na)
+        p3 = [b] if b == nb else self._intra(nb, b)
+        if p1 is None or p3 is None:
+            return None
+        nets = self._net_paths(na, nb)
+        if not nets:
+            return None
+        return p1, nets, p3
+
+    def _net_paths(self, na: str, nb: str) -> list[list[str]]:
+        g = self.g
+        if g.has_edge(na, nb):
+            return [[na, nb]]
+        la = [s for s in g._succ[na] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
+        lb = [s for s in g._pred[nb] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
+        if not la or not lb:
+            return []
+        best: list[list[str]] = []
+        for x in la:
+            for y in lb:
+                sw = self._switch_paths(x, y)
+                if sw and (not best or len(sw[0]) < len(best[0])):
+                    best = sw
+        return [[na] + sp + [nb] for sp in best]
+
+    def _switch_paths(self, x: str, y: str, limit: int = 64) -> list[list[str]]:
+        key = (x, y)
+        if key in self._sw_paths:
+            return self._sw_paths[key]
+        g = self.g
+        if x == y:
+            res = [[x]]
+        else:
+            # BFS in the switch-only graph, keeping every shortest predecessor (ECMP set)
+            level = {x: 0}
+            preds: dict[str, list[str]] = {x: []}
+            frontier = [x]
+            while frontier and y not in level:
+                nxt = []
+                for u in frontier:
+                    for v in g._succ[u]:
+                        if g.nodes[v]["kind"] != NodeKind.NET_SWITCH:
+                            continue
+                        if v not in level:
+                            level[v] = level[u] + 1
+                            preds[v] = [u]
+                            nxt.append(v)
+                        elif level[v] == level[u] + 1:
+                            preds[v].append(u)
+                frontier = nxt
+            res = []
+            if y in level:
+                stack = [[y]]
+                while stack and len(res) < limit:
+                    p = stack.pop()
+                    if p[-1] == x:
+                        res.append(p[::-1])
+                        continue
+                    for u in sorted(preds[p[-1]], reverse=True):
+                        stack.append(p + [u])
+            res.sort()
+        self._sw_paths[key] = res
+        return res

@@ -1,0 +1,419 @@
+"""Ring and tree search on a topology, NCCL style.
+
+Ring bandwidth model: a ring sends on every hop at once, so a link carried by k hops of the ring (in one
+direction) gives each of them bw/k. The bottleneck of a ring = min over directed edges of
+residual_bw(e) / load(e). Several rings (channels) are found greedily: best ring on the residual
+capacities, subtract its bandwidth x load, repeat while a new ring keeps the link class of the first
+(all-NVLink stays all-NVLink) and at least half the first ring's bandwidth — NCCL's channel search.
+
+Single host: exact branch-and-bound DFS over ring orders (exhaustive for <= 9 endpoints, budgeted and
+seeded with a greedy order beyond). Several hosts: every host is one contiguous segment of the ring, so
+the ring crosses the network exactly once per host (the minimum); each segment enters at a GPU and leaves
+from a GPU that share a nearby NIC on the same rail (same PCIe switch when the machine has one), and
+identical hosts reuse the same local order. `RINGFLOW_RINGS` overrides the search.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from .. import config
+from ..errors import TopologyError
+from .graph import LinkType, NodeKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Topology
+
+Edge = tuple[str, str]
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Ring:
+    """One ring (channel): `ranks` are positions in the endpoint list, in ring order."""
+
+    ranks: tuple[int, ...]
+    bottleneck_GBps: float
+
+    def hops(self) -> list[tuple[int, int]]:
+        """(sender, receiver) rank pairs of the ring, closing hop included."""
+        n = len(self.ranks)
+        return [(self.ranks[i], self.ranks[(i + 1) % n]) for i in range(n)] if n > 1 else []
+
+
+# ----------------------------------------------------------------------------- RINGFLOW_RINGS
+def parse_rings(text: str, n: int) -> list[tuple[int, ...]]:
+    """Parse NCCL_RINGS syntax ('0 1 2 3|3 2 1 0' or '0-1-2-3'); each ring must be a permutation of 0..n-1."""
+    if n < 1:
+        raise TopologyError(f"cannot parse rings for {n} ranks", "need at least one rank")
+    rings: list[tuple[int, ...]] = []
+    parts = [p for p in str(text).split("|")]
+    if not any(p.strip() for p in parts):
+        raise TopologyError("RINGFLOW_RINGS is empty", "write rings like '0 1 2 3|3 2 1 0' or unset it")
+    for i, part in enumerate(parts):
+        tokens = [t for t in part.replace("-", " ").replace(",", " ").split() if t]
+        if not tokens:
+            raise TopologyError(f"RINGFLOW_RINGS ring {i} is empty", "remove the stray '|' or list the ranks")
+        ranks = []
+        for t in tokens:
+            if not t.isdigit():
+                raise TopologyError(f"RINGFLOW_RINGS ring {i}: {t!r} is not a rank number",
+                                    "ranks are integers separated by '-' or ' ', rings by '|'")
+            ranks.append(int(t))
+        bad = [r for r in ranks if r >= n]
+        if bad:
+            raise TopologyError(f"RINGFLOW_RINGS ring {i}: rank {bad[0]} does not exist (there are {n} ranks, 0..{n - 1})",
+                                "use ranks 0..n-1 of this communicator")
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        missing = sorted(set(range(n)) - set(ranks))
+        if dup or missing:
+            what = []
+            if dup:
+                what.append(f"rank(s) {dup} repeated")
+            if missing:
+                what.append(f"rank(s) {missing} missing")
+            raise TopologyError(f"RINGFLOW_RINGS ring {i} is not a permutation of the {n} ranks: {'; '.join(what)}",
+                                "every ring must visit each rank exactly once")
+        rings.append(tuple(ranks))
+    return rings
+
+
+# ----------------------------------------------------------------------------- double binary tree
+def _btree(n: int, rank: int) -> tuple[int, int, int]:
+    """NCCL's ncclGetBtree: (parent, child0, child1) of `rank` in an in-order binary tree (-1 = none)."""
+    bit = 1
+    while bit < n:
+        if bit & rank:
+            break
+        bit <<= 1
+    if rank == 0:
+        return -1, -1, (bit >> 1) if n > 1 else -1
+    up = (rank ^ bit) | (bit << 1)
+    if up >= n:
+        up = rank ^ bit
+    lowbit = bit >> 1
+    down0 = -1 if lowbit == 0 else rank - lowbit
+    down1 = -1 if lowbit == 0 else rank + lowbit
+    while down1 >= n:
+        lowbit >>= 1
+        down1 = -1 if lowbit == 0 else rank + lowbit
+    return up, down0, down1
+
+
+def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
+    """Two binary trees over n ranks (parent per rank, -1 = root) whose leaves are the other's inner nodes.
+
+    Tree 0 is NCCL's in-order binary tree (odd ranks are leaves); tree 1 mirrors it (r -> n-1-r) when n is
+    even, or shifts it by one when n is odd (NCCL's ncclGetDtree), so no rank is a leaf in both trees.
+    """
+    if n < 1:
+        raise TopologyError(f"a tree needs at least one rank, got {n}", "pass n >= 1")
+    t0 = [_btree(n, r)[0] for r in range(n)]
+    t1 = []
+    for r in range(n):
+        if n % 2 == 1:
+            u = _btree(n, (r - 1 + n) % n)[0]
+            t1.append(-1 if u == -1 else (u + 1) % n)
+        else:
+            u = _btree(n, n - 1 - r)[0]
+            t1.append(-1 if u == -1 else n - 1 - u)
+    return t0, t1
+
+
+def tree_children(parent: Sequence[int]) -> list[list[int]]:
+    """Children lists from a parent array."""
+    kids: list[list[int]] = [[] for _ in parent]
+    for r, p in enumerate(parent):
+        if p >= 0:
+            kids[p].append(r)
+    return kids
+
+
+# ----------------------------------------------------------------------------- ring evaluation
+class _Hops:
+    """Cached hop edges and capacities for a set of endpoints."""
+
+    def __init__(self, topo: "Topology", eps: list[str]) -> None:
+        self.topo = topo
+        self.eps = eps
+        self._edges: dict[tuple[int, int], tuple[Edge, ...]] = {}
+
+    def edges(self, i: int, j: int) -> tuple[Edge, ...]:
+        key = (i, j)
+        e = self._edges.get(key)
+        if e is None:
+            p = self.topo.path(self.eps[i], self.eps[j])
+            e = tuple(zip(p[:-1], p[1:]))
+            self._edges[key] = e
+        return e
+
+
+def ring_loads(order: Sequence[int], hops: _Hops) -> dict[Edge, int]:
+    """How many hops of the ring cross each directed edge."""
+    load: dict[Edge, int] = {}
+    n = len(order)
+    for k in range(n):
+        for e in hops.edges(order[k], order[(k + 1) % n]):
+            load[e] = load.get(e, 0) + 1
+    return load
+
+
+def ring_bw(order: Sequence[int], hops: _Hops, cap: dict[Edge, float]) -> float:
+    """min over edges of cap/load for the ring `order` (inf for a single rank)."""
+    if len(order) < 2:
+        return math.inf
+    load = ring_loads(order, hops)
+    return min(cap[e] / k for e, k in load.items())
+
+
+def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset:
+    g = hops.topo.graph
+    return frozenset(g.edges[e]["type"] for e in ring_loads(order, hops))
+
+
+# ----------------------------------------------------------------------------- local order search
+def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
+                budget: int = 200_000) -> tuple[list[int], float]:
+    """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load."""
+    if len(nodes) == 1:
+        return [start], math.inf
+    others = [x for x in nodes if x != start and x != end]
+
+    def pair_bw(i: int, j: int) -> float:
+        return min(cap[e] for e in hops.edges(i, j))
+
+    best_order: list[int] = []
+    best = -1.0
+    # upper bound: every node sends once and receives once
+    ub = math.inf
+    for u in nodes:
+        outs = [pair_bw(u, v) for v in nodes if v != u and (end is None or (u != end and v != start))]
+        if outs:
+            ub = min(ub, max(outs))
+    load: dict[Edge, int] = {}
+    order = [start]
+    used = {start}
+    expansions = 0
+    target_len = len(nodes)
+
+    def add(i: int, j: int, cur: float) -> tuple[float, list[Edge]]:
+        m = cur
+        es = hops.edges(i, j)
+        for e in es:
+            k = load.get(e, 0) + 1
+            load[e] = k
+            m = min(m, cap[e] / k)
+        return m, list(es)
+
+    def remove(es: list[Edge]) -> None:
+        for e in es:
+            load[e] -= 1
+
+    def dfs(cur: float) -> bool:
+        nonlocal best, best_order, expansions
+        expansions += 1
+        u = order[-1]
+        if len(order) == target_len - (1 if end is not None and end != start else 0):
+            last = end if end is not None else start
+            if end is not None and end != start:
+                m, es = add(u, last, cur)
+                order.append(last)
+                if m > best + _EPS:
+                    best, best_order = m, list(order)
+                order.pop()
+                remove(es)
+            else:
+                m, es = add(u, start, cur)
+                if m > best + _EPS:
+                    best, best_order = m, list(order)
+                remove(es)
+            return best >= ub - _EPS or expansions > budget
+        cands = [v for v in others if v not in used]
+        cands.sort(key=lambda v: (-pair_bw(u, v), v))
+        for v in cands:
+            m, es = add(u, v, cur)
+            if m > best + _EPS:
+                order.append(v)
+                used.add(v)
+                stop = dfs(m)
+                order.pop()
+                used.discard(v)
+                remove(es)
+                if stop:
+                    return True
+            else:
+                remove(es)
+            if expansions > budget:
+                return True
+        return False
+
+    dfs(math.inf)
+    if not best_order:  # budget hit before any complete order: take the greedy identity-like order
+        best_order = [start] + others + ([end] if end is not None and end != start else [])
+        best = _order_bw(best_order, end is None, hops, cap)
+    return best_order, best
+
+
+def _order_bw(order: list[int], closed: bool, hops: _Hops, cap: dict[Edge, float]) -> float:
+    load: dict[Edge, int] = {}
+    pairs = list(zip(order[:-1], order[1:])) + ([(order[-1], order[0])] if closed else [])
+    for i, j in pairs:
+        for e in hops.edges(i, j):
+            load[e] = load.get(e, 0) + 1
+    return min((cap[e] / k for e, k in load.items()), default=math.inf)
+
+
+# ----------------------------------------------------------------------------- public search
+def _capacities(topo: "Topology") -> dict[Edge, float]:
+    return {(u, v): d["bw_GBps"] for u, v, d in topo.graph.edges(data=True)}
+
+
+def _subtract(order: Sequence[int], bw: float, hops: _Hops, cap: dict[Edge, float]) -> None:
+    for e, k in ring_loads(order, hops).items():
+        cap[e] = max(0.0, cap[e] - bw * k)
+
+
+def _single_host_ring(n: int, hops: _Hops, cap: dict[Edge, float]) -> tuple[list[int], float]:
+    budget = 10**7 if n <= 9 else 200_000
+    return _best_order(list(range(n)), 0, None, hops, cap, budget)
+
+
+def _host_fingerprint(topo: "Topology", eps: list[str], idx: list[int]) -> tuple:
+    g = topo.graph
+    return tuple((g.nodes[eps[i]]["index"], g.nodes[eps[i]].get("model")) for i in idx)
+
+
+def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
+                     cap: dict[Edge, float]) -> tuple[list[int], float]:
+    eps = hops.eps
+    router = topo.router
+    first = groups[0]
+    # candidate (entry, exit) pairs inside a host: share a nearby NIC rail (same PCIe switch first)
+    rails = {i: [router._rail(x) for x in router.near_nics(eps[i])] for i in first}
+    pairs = [(s, e) for s in first for e in first if s != e and set(rails[s]) & set(rails[e])]
+    if not pairs:
+        pairs = [(first[k], first[(k + 1) % len(first)]) for k in range(min(8, len(first)))] if len(first) > 1 else []
+    if len(first) == 1:
+        pairs = [(first[0], first[0])]
+    fps = [_host_fingerprint(topo, eps, g) for g in groups]
+    best_ring: list[int] = []
+    best = -1.0
+    for s, e in pairs:
+        local, _ = _best_order(first, s, None if s == e else e, hops, cap,
+                               budget=10**6 if len(first) <= 9 else 100_000)
+        pos = [first.index(x) for x in local]
+        ring: list[int] = []
+        for g, fp in zip(groups, fps):
+            if fp == fps[0] and len(g) == len(first):
+                ring.extend(g[p] for p in pos)
+            else:
+                ls, le = g[0], g[-1]
+                sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000)
+                ring.extend(sub)
+        bw = ring_bw(ring, hops, cap)
+        if bw > best + _EPS:
+            best, best_ring = bw, ring
+    return best_ring, best
+
+
+def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: int | None = None) -> list[Ring]:
+    """Best-bottleneck ring(s) over `endpoints` (default: all); several channels that together use the bandwidth.
+
+    RINGFLOW_RINGS (NCCL_RINGS syntax) overrides the search; its rings are validated and evaluated.
+    With `nchannels`, exactly that many rings are returned (found rings repeated, sharing their bandwidth).
+    """
+    eps = topo.endpoints() if endpoints is None else list(endpoints)
+    n = len(eps)
+    if n == 0:
+        raise TopologyError(f"topology {topo.name!r} has no endpoints to build rings on",
+                            "add GPU or PROC nodes, or pass endpoints=")
+    if len(set(eps)) != n:
+        raise TopologyError("find_rings: an endpoint is listed twice", "pass each GPU once")
+    for x in eps:
+        if topo.kind(x) not in (NodeKind.GPU, NodeKind.PROC):
+            raise TopologyError(f"find_rings: {x!r} is a {topo.kind(x).value}, not a GPU/PROC", "pass GPU or PROC nodes")
+    if nchannels is not None and nchannels < 1:
+        raise TopologyError(f"nchannels={nchannels} must be >= 1", "ask for at least one channel")
+    hops = _Hops(topo, eps)
+    cap = _capacities(topo)
+    text = config.get("RINGS")
+    if text:
+        orders = parse_rings(text, n)
+        return _share(orders, hops, cap, nchannels)
+    if n == 1:
+        return [Ring((0,), math.inf)] * (nchannels or 1)
+    groups = topo.host_groups(eps)
+    max_ch = nchannels if nchannels is not None else (config.get("NCHANNELS") or 32)
+    found: list[Ring] = []
+    first_classes: frozenset | None = None
+    while len(found) < max_ch:
+        if len(groups) == 1:
+            order, bw = _single_host_ring(n, hops, cap)
+        else:
+            order, bw = _multi_host_ring(topo, groups, hops, cap)
+        if not order or bw <= _EPS:
+            break
+        classes = _ring_classes(order, hops)
+        if found:
+            assert first_classes is not None
+            if bw < 0.5 * found[0].bottleneck_GBps - _EPS or not classes <= first_classes:
+                break
+        else:
+            first_classes = classes
+        found.append(Ring(tuple(order), bw))
+        _subtract(order, bw, hops, cap)
+    if not found:  # every ring has zero residual bandwidth: should not happen on a connected graph
+        raise TopologyError(f"no ring with positive bandwidth over {n} endpoints of {topo.name!r}",
+                            "check that the endpoints are connected")
+    if nchannels is not None and len(found) < nchannels:
+        return _share([r.ranks for r in found] * math.ceil(nchannels / len(found)), hops, _capacities(topo),
+                      nchannels)
+    return found
+
+
+def _share(orders: list[tuple[int, ...]], hops: _Hops, cap: dict[Edge, float],
+           nchannels: int | None) -> list[Ring]:
+    """Rings that run at the same time: each gets an equal share of the links they have in common."""
+    if nchannels is not None:
+        orders = [orders[i % len(orders)] for i in range(nchannels)]
+    if len(orders[0]) < 2:
+        return [Ring(tuple(o), math.inf) for o in orders]
+    load: dict[Edge, int] = {}
+    for o in orders:
+        for e, k in ring_loads(o, hops).items():
+            load[e] = load.get(e, 0) + k
+    per = min(cap[e] / k for e, k in load.items())
+    return [Ring(tuple(o), per) for o in orders]
+
+
+def ring_hop_types(topo: "Topology", ring: Ring, endpoints: list[str] | None = None) -> list[str]:
+    """Link types used by each hop of a ring ('nvlink', 'pcie+qpi', 'pcie+ib', ...)."""
+    eps = topo.endpoints() if endpoints is None else endpoints
+    out = []
+    for i, j in ring.hops():
+        p = topo.path(eps[i], eps[j])
+        types = []
+        for e in zip(p[:-1], p[1:]):
+            t = topo.graph.edges[e]["type"].value
+            if t not in types:
+                types.append(t)
+        out.append("+".join(types))
+    return out
+
+
+def all_nvlink(topo: "Topology", ring: Ring, endpoints: list[str] | None = None) -> bool:
+    """True when every hop of the ring travels only over NVLink."""
+    return all(t == LinkType.NVLINK.value for t in ring_hop_types(topo, ring, endpoints))
+
+
+def brute_force_best_ring(topo: "Topology", endpoints: list[str] | None = None) -> float:
+    """Exhaustive best single-ring bottleneck (for tests on <= 8 endpoints)."""
+    eps = topo.endpoints() if endpoints is None else list(endpoints)
+    hops = _Hops(topo, eps)
+    cap = _capacities(topo)
+    best = 0.0
+    for perm in itertools.permutations(range(1, len(eps))):
+        best = max(best, ring_bw((0,) + perm, hops, cap))
+    return best
