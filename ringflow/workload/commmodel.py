@@ -11,7 +11,7 @@
   fabric). Link efficiencies and NCCL's per-call / per-hop latencies come from `ringflow.sim.params`
   (one place for those figures). ``nbytes`` is the buffer size (the full tensor for all-reduce, all-gather's
   output, reduce-scatter's input, all-to-all's send buffer, the message for send/recv).
-- `SimModel`: the simulator's analytic engine when `ringflow.sim` provides one (same call shape).
+- `SimModel`: ringflow.sim's analytic engine on the tuner's algorithm (same call shape; the default).
 
 Groups are homogeneous in a Megatron mapping, so results are cached by the group's *shape* (size, servers
 spanned, members per server, rail of its first member).
@@ -89,6 +89,7 @@ class AlphaBetaModel:
     def __init__(self, sim_overrides: dict[str, Any] | None = None) -> None:
         self._overrides = sim_overrides
         self._cache: dict[tuple, GroupLinks] = {}
+        self._base_us: dict[int, float] = {}
 
     def links(self, group: Sequence[str], topo: Any) -> GroupLinks:
         """Bandwidths and latencies of the ring over `group` (cached by group shape)."""
@@ -96,8 +97,7 @@ class AlphaBetaModel:
         count = Counter(hosts)
         first = group[0]
         idx = topo.graph.nodes[first].get("index", 0)
-        key = (id(topo), len(group), len(count), max(count.values()), idx,
-               tuple(sorted(topo.graph.nodes[g].get("index", 0) for g in group if topo.host_of(g) == hosts[0])))
+        key = _shape_key(group, topo)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -164,8 +164,10 @@ class AlphaBetaModel:
         if n <= 1 or nbytes <= 0:
             return 0.0
         gl = self.links(group, topo)
-        from ..sim.params import params_for
-        base_us = params_for(topo, self._overrides).protocol("simple").base_us
+        base_us = self._base_us.get(id(topo))
+        if base_us is None:
+            from ..sim.params import params_for
+            base_us = self._base_us[id(topo)] = params_for(topo, self._overrides).protocol("simple").base_us
         steps = _RING_STEPS[c](n)
         if gl.servers == 1:
             hops_us = steps * gl.intra_hop_us
@@ -184,21 +186,50 @@ class AlphaBetaModel:
 
 
 class SimModel:
-    """The simulator's analytic engine behind the same interface (used when ringflow.sim provides it)."""
+    """The simulator's analytic engine (ringflow.sim) behind the same interface.
+
+    The tuner picks the algorithm for the call's size and group (ring, tree, hierarchical ...), the
+    registry builds its schedule with the topology's rings, and the analytic engine prices it on the
+    group's own endpoints (shared links, protocol choice). Results are cached by group shape and size.
+    """
 
     name = "sim-analytic"
 
-    def __init__(self) -> None:
-        from ..sim import analytic  # noqa: F401  (raises ImportError when not there)
-        self._analytic = analytic
-        self._fallback = AlphaBetaModel()
+    def __init__(self, engine: str = "analytic") -> None:
+        from .. import sim  # noqa: F401  (ImportError when the simulator is absent)
+        self.engine = engine
+        self._cache: dict[tuple, float] = {}
 
     def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
-        """Seconds from ringflow.sim.analytic (falls back to alpha-beta if it cannot cost this call)."""
-        fn = getattr(self._analytic, "collective_time_s", None)
-        if fn is None:
-            return self._fallback.time_s(collective, nbytes, group, topo)
-        return float(fn(_norm(collective), nbytes, list(group), topo))
+        """Seconds of one call as the simulator predicts it."""
+        from ..sim import choose_algorithm, schedule_for, simulate_schedule
+        c = _norm(collective)
+        n = len(group)
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        key = (_shape_key(group, topo), c, int(nbytes))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        size = max(int(nbytes), n * 2)
+        coll = "sendrecv" if c == "sendrecv" else c
+        algo = choose_algorithm(topo, coll, n, size, "bfloat16")
+        sched = schedule_for(topo, coll, n, algo, endpoints=list(group))
+        res = simulate_schedule(topo, sched, size, engine=self.engine, dtype="bfloat16", endpoints=list(group))
+        out = float(res.time_us) * 1e-6
+        if len(self._cache) > 100_000:
+            self._cache.clear()
+        self._cache[key] = out
+        return out
+
+
+def _shape_key(group: Sequence[str], topo: Any) -> tuple:
+    """Groups with equal keys cost the same in a homogeneous cluster (size, servers, members, rails)."""
+    hosts = [topo.host_of(g) for g in group]
+    count = Counter(hosts)
+    idx = tuple(topo.graph.nodes[g].get("index", 0) for g in group if topo.host_of(g) == hosts[0])
+    stride = tuple(sorted({(hosts[i + 1] - hosts[i]) for i in range(len(hosts) - 1)}))[:4]
+    return (id(topo), len(group), len(count), max(count.values()), idx, stride)
 
 
 def default_comm_model(kind: str = "auto") -> CommModel:

@@ -68,8 +68,28 @@ def row_layout(row: NarayananRow) -> Layout:
 
 def selene(nodes: int) -> Any:
     """Selene-like cluster: DGX A100 nodes with 8 x 200 Gb/s HDR rails."""
+    return cluster_for("dgx-a100", nodes, nic_gbps=200)
+
+
+def cluster_for(preset: str, nodes: int, nic_gbps: float | None = None, fabric: str = "rail") -> Any:
+    """`build_cluster` with 2 switch tiers when they fit, else 3 (leaf-spine-core), cached per arguments."""
+    key = (preset, nodes, nic_gbps, fabric)
+    hit = _CLUSTERS.get(key)
+    if hit is not None:
+        return hit
+    from ..errors import TopologyError
     from ..topology import build_cluster
-    return build_cluster("dgx-a100", nodes, fabric="rail", nic_gbps=200)
+    try:
+        topo = build_cluster(preset, nodes, fabric=fabric, nic_gbps=nic_gbps)
+    except TopologyError:
+        topo = build_cluster(preset, nodes, fabric=fabric, nic_gbps=nic_gbps, tiers=3)
+    if len(_CLUSTERS) > 16:
+        _CLUSTERS.pop(next(iter(_CLUSTERS)))
+    _CLUSTERS[key] = topo
+    return topo
+
+
+_CLUSTERS: dict[tuple, Any] = {}
 
 
 def predict_table1(comm: Any = None, eff: Any = None) -> list[dict[str, Any]]:
