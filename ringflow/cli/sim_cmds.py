@@ -1,8 +1,152 @@
-"""CLI commands of this area (filled in by the issue that owns it)."""
+"""`ringflow sim`, `ringflow calibrate`, `ringflow validate`: the simulator's commands."""
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import typer
+
+from ..errors import InvalidArgument
+from .common import console, print_table, write_json
+
+
+def _topology(topo: str, nodes: int, fabric: str, nic: Optional[str], oversub: float) -> Any:
+    from ..topology import build_cluster, load_topology
+    base = load_topology(topo)
+    if nodes > 1:
+        from ..units import parse_rate_gbps
+        return build_cluster(base, nodes, fabric=fabric, nic_gbps=parse_rate_gbps(nic) if nic else None,
+                             oversubscription=oversub)
+    return base
+
+
+def _parse_params(items: list[str]) -> dict[str, Any]:
+    import yaml
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidArgument(f"--param {item!r} is not key=value", "e.g. --param reduce_GBps=5")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def sim_command(
+    collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, ..."),
+    topo: str = typer.Option("detect", "--topo", help="preset name, topology file, or 'detect'"),
+    nodes: int = typer.Option(1, "--nodes", help="replicate the topology into a cluster of N servers"),
+    fabric: str = typer.Option("rail", "--fabric", help="cluster fabric: rail or fat-tree"),
+    nic: Optional[str] = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
+    oversub: float = typer.Option(1.0, "--oversub", help="leaf-spine oversubscription of the cluster fabric"),
+    algo: Optional[str] = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size)"),
+    nranks: Optional[int] = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
+    min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
+    max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),
+    factor: int = typer.Option(2, "--factor", "-f", help="size multiplier (nccl-tests -f)"),
+    engine: str = typer.Option("analytic", "--engine", help="analytic or flow"),
+    dtype: str = typer.Option("float32", "--dtype"),
+    root: int = typer.Option(0, "--root"),
+    nchannels: Optional[int] = typer.Option(None, "--nchannels", help="channels (rings) for ring algorithms"),
+    param: list[str] = typer.Option([], "--param", help="simulator parameter override key=value (repeatable)"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write rows (ringflow bench keys + algorithm)"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
+    details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
+) -> None:
+    """Predict nccl-tests style results of a collective on a modelled machine or cluster."""
+    from rich.progress import Progress
+
+    from ..algorithms.schedule import Collective
+    from ..sim.api import simulate
+    from ..sim.params import params_for
+    from ..units import format_size, parse_size, size_range
+
+    coll = Collective.parse(collective)
+    t = _topology(topo, nodes, fabric, nic, oversub)
+    prm = params_for(t, _parse_params(param))
+    sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
+    n = nranks or len(t.endpoints())
+    results = []
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"simulating {coll.value} on {n} ranks ({engine})", total=len(sizes))
+        for i, size in enumerate(sizes):
+            want_tl = bool(trace) and i == len(sizes) - 1
+            res = simulate(t, coll, size, algorithm=algo, nranks=n, engine=engine, dtype=dtype, root=root,
+                           nchannels=nchannels, params=prm, timeline=want_tl)
+            results.append(res)
+            bar.advance(task)
+    rows = [r.row() for r in results]
+    console.print(f"# {coll.value} on {getattr(t, 'name', topo)}: {n} ranks, engine {engine}, dtype {dtype}")
+    print_table(None, ["size", "count", "type", "algorithm", "proto", "time(us)", "algbw(GB/s)", "busbw(GB/s)"],
+                [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["algorithm"], r["protocol"],
+                  f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows])
+    for note in sorted({nt for r in results for nt in r.notes}):
+        console.print(f"[yellow]note:[/] {note}")
+    last = results[-1]
+    if details:
+        print_table(f"traffic per tier at {format_size(last.size_bytes)}", ["tier", "links", "busy", "bytes", "util"],
+                    [[d["tier"], d["links"], d["busy_links"], format_size(d["bytes"]), f"{d['util']:.1%}"]
+                     for d in last.tiers()])
+        print_table("busiest links", ["link", "tier", "bytes", "util"],
+                    [[d["link"], d["tier"], format_size(d["bytes"]), f"{d['util']:.1%}"] for d in last.top_links()])
+    if json_out:
+        write_json(json_out, rows)
+        console.print(f"wrote {len(rows)} rows to {json_out}")
+    if trace:
+        from ..sim.trace import write_chrome_trace
+        nev = write_chrome_trace(last, trace)
+        console.print(f"wrote {nev} trace events to {trace} (open in chrome://tracing or ui.perfetto.dev)")
+    if plot:
+        from ..sim.plot import plot_busbw
+        plot_busbw({f"{engine}": rows}, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks)")
+        console.print(f"wrote {plot}")
+
+
+def calibrate_command(
+    out: str = typer.Option("host-calibrated.yaml", "--out", "-o", help="topology file to write"),
+    nprocs: int = typer.Option(4, "--nprocs", help="PROC endpoints in the written host-cpu topology"),
+    quick: bool = typer.Option(False, "--quick", help="fewer sizes and iterations"),
+) -> None:
+    """Measure this machine's shm / TCP bandwidth and latency with the runtime; write a host-cpu topology."""
+    from ..sim.calibrate import calibrate
+    topo, report = calibrate(nprocs=nprocs, quick=quick)
+    topo.save(out)
+    print_table("calibration (measured with ringflow's runtime)", ["parameter", "value", "from"],
+                [[k, f"{v['value']:.4g}", v["from"]] for k, v in report.items()])
+    console.print(f"wrote {out}: use it with --topo {out}")
+
+
+def validate_command(
+    topo: Optional[str] = typer.Option(None, "--topo", help="calibrated topology (default: calibrate now)"),
+    ranks: str = typer.Option("2,4", "--ranks", help="rank counts"),
+    collectives: str = typer.Option("all", "--collectives", help="comma list or 'all'"),
+    min_size: str = typer.Option("64KiB", "--min"),
+    max_size: str = typer.Option("16MiB", "--max"),
+    tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
+    json_out: Optional[str] = typer.Option(None, "--json"),
+    quick: bool = typer.Option(False, "--quick"),
+) -> None:
+    """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
+    from ..sim.validate import validate
+    rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
+                        collectives=None if collectives == "all" else collectives.split(","),
+                        min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
+                        console=console)
+    from ..units import format_size
+    print_table("predicted vs measured (ringflow bench)",
+                ["transport", "n", "collective", "algorithm", "size", "measured(us)", "predicted(us)", "error", ""],
+                [[r["transport"], r["nranks"], r["collective"], r["algorithm"], format_size(r["size_bytes"]),
+                  f"{r['measured_us']:.1f}", f"{r['predicted_us']:.1f}", f"{r['error']:+.1%}",
+                  "ok" if abs(r["error"]) <= tolerance else "OFF"] for r in rows])
+    within = sum(abs(r["error"]) <= tolerance for r in rows)
+    console.print(f"{within}/{len(rows)} sizes within {tolerance:.0%}")
+    if json_out:
+        write_json(json_out, rows)
+    if not ok:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+    app.command("sim")(sim_command)
+    app.command("calibrate")(calibrate_command)
+    app.command("validate")(validate_command)

@@ -36,21 +36,30 @@ def _engine(name: str) -> str:
 def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine: str = "analytic",
                       dtype: str = "float32", params: SimParams | Mapping[str, Any] | None = None,
                       endpoints: Sequence[str] | None = None, protocol: str | None = None,
-                      timeline: bool = False, table: TransferTable | None = None,
-                      progress: Callable[[float], None] | None = None) -> SimResult:
+                      timeline: bool = False, progress: Callable[[float], None] | None = None) -> SimResult:
     """Simulate one call of `schedule` moving an nccl-tests `size_bytes` on `topo`."""
+    return simulate_table(topo, from_schedule(schedule), size_bytes, engine=engine, dtype=dtype, params=params,
+                          endpoints=endpoints, protocol=protocol, timeline=timeline, progress=progress)
+
+
+def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: str = "analytic",
+                   dtype: str = "float32", params: SimParams | Mapping[str, Any] | None = None,
+                   endpoints: Sequence[str] | None = None, protocol: str | None = None,
+                   timeline: bool = False, progress: Callable[[float], None] | None = None) -> SimResult:
+    """Simulate a transfer table (from a schedule or the fast path) for one call size."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
-    count = count_for_size(schedule.collective, schedule.nranks, size_bytes, item)
-    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:schedule.nranks]
-    if len(eps) < schedule.nranks:
-        raise InvalidArgument(f"{schedule.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
+    count = count_for_size(tab.collective, tab.nranks, size_bytes, item)
+    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:tab.nranks]
+    if len(eps) < tab.nranks:
+        raise InvalidArgument(f"{tab.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
                               f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
     fab = fabric_for(topo, prm, eps)
-    tab = table if table is not None else from_schedule(schedule)
     count_bytes = float(count * item)
     notes: list[str] = []
+    if tab.coarsened > 1:
+        notes.append(f"fast path: {tab.coarsened} identical ring steps per macro step")
     # protocol: the one the analytic model finds fastest for this size (NCCL picks per call too)
     model = analytic.model_for(tab, fab, prm)
     times, pick = model.times_us(np.array([count_bytes]))
@@ -62,20 +71,21 @@ def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine:
         pidx = names.index(protocol)
         times = np.array([_time_for_protocol(model, count_bytes, pidx)])
     proto = prm.protocols[pidx]
-    coarse = 1
+    coarse = tab.coarsened
     if engine == "analytic":
         t_us = float(times[0])
         finish = analytic.rank_finish_us(model, count_bytes, pidx)
         link_bytes = model.link_frac * count_bytes
         tl: list = []
         if timeline:
-            ends = model.base_us[pidx] + np.cumsum(model.step_times_us(count_bytes, pidx))
-            starts = ends - model.step_times_us(count_bytes, pidx)
+            dur = model.step_times_us(count_bytes, pidx)
+            ends = model.base_us[pidx] + np.cumsum(dur)
+            starts = ends - dur
             tl = _timeline(tab, starts[tab.step], ends[tab.step])
     else:
         ftab = coarsen(tab, prm.max_transfers)
         coarse = ftab.coarsened
-        if coarse > 1:
+        if ftab is not tab:
             notes.append(f"flow engine merged up to {coarse} consecutive steps per macro step "
                          f"({tab.ntransfers} -> {ftab.ntransfers} transfers)")
         flows = analytic.model_for(ftab, fab, prm).flows
@@ -83,7 +93,7 @@ def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine:
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
-    return SimResult(schedule.collective, schedule.algorithm, schedule.nranks, int(size_bytes), int(count),
+    return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
                      str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
 
 
@@ -98,6 +108,43 @@ def _timeline(tab: TransferTable, t0: np.ndarray, t1: np.ndarray, limit: int = 2
 
 
 # ------------------------------------------------------------------------------ collectives
+def _layout_args(topo: Any, coll: Collective, algorithm: str, eps: list[str],
+                 nchannels: int | None) -> dict[str, Any]:
+    from ..algorithms import registry
+    kwargs: dict[str, Any] = {}
+    info = registry.info(algorithm)
+    if algorithm == "hierarchical":
+        kwargs["host_groups"] = [list(g) for g in topo.host_groups(eps)]
+    if info.multichannel:
+        from ..topology import find_rings
+        rings = find_rings(topo, eps, nchannels)
+        kwargs["rings"] = [tuple(r.ranks) for r in rings]
+        kwargs["nchannels"] = len(rings)
+    return kwargs
+
+
+def table_for(topo: Any, collective: Collective | str, nranks: int, algorithm: str, *, root: int = 0,
+              nchannels: int | None = None, nsegs: int | None = None,
+              endpoints: Sequence[str] | None = None, max_transfers: int | None = None) -> TransferTable:
+    """The transfer table of `algorithm` on `topo`: the registry's schedule, or the fast path when huge."""
+    from ..algorithms import registry
+    from .fastpath import FASTPATH_MIN_TRANSFERS, expected_transfers, fast_table
+    coll = Collective.parse(collective)
+    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
+    kw = _layout_args(topo, coll, algorithm, eps, nchannels)
+    nch = kw.get("nchannels", 1)
+    if expected_transfers(algorithm, nranks, nch, kw.get("host_groups")) > FASTPATH_MIN_TRANSFERS:
+        fast = fast_table(coll, algorithm, nranks, rings=kw.get("rings"), groups=kw.get("host_groups"),
+                          nsegs=nsegs or 1, max_transfers=max_transfers)
+        if fast is not None:
+            return fast
+    if coll.has_root or algorithm == "param_server":
+        kw["root"] = root
+    if nsegs is not None:
+        kw["nsegs"] = nsegs
+    return from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
+
+
 def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm: str, *,
                  root: int = 0, nchannels: int | None = None, nsegs: int | None = None,
                  endpoints: Sequence[str] | None = None) -> Schedule:
@@ -105,53 +152,24 @@ def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm
     from ..algorithms import registry
     coll = Collective.parse(collective)
     eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
-    kwargs: dict[str, Any] = {}
-    if coll.has_root:
-        kwargs["root"] = root
+    kw = _layout_args(topo, coll, algorithm, eps, nchannels)
+    if coll.has_root or algorithm == "param_server":
+        kw["root"] = root
     if nsegs is not None:
-        kwargs["nsegs"] = nsegs
-    if nchannels is not None:
-        kwargs["nchannels"] = nchannels
-    try:
-        kwargs["host_groups"] = topo.host_groups(eps)
-    except Exception:  # noqa: BLE001 - topologies without hosts
-        pass
-    if "ring" in algorithm:
-        try:
-            from ..topology import find_rings
-            rings = find_rings(topo, eps, nchannels)
-            kwargs["rings"] = [tuple(r.ranks) for r in rings]
-            kwargs.setdefault("nchannels", len(rings))
-        except Exception:  # noqa: BLE001 - fall back to the registry's default ring order
-            pass
-    return _cached_schedule(coll, algorithm, nranks, kwargs)
-
-
-_SCHEDULES: dict[tuple, Schedule] = {}
-
-
-def _cached_schedule(coll: Collective, algorithm: str, nranks: int, kwargs: dict[str, Any]) -> Schedule:
-    from ..algorithms import registry
-    key = (coll, algorithm, nranks, repr(sorted(kwargs.items())))
-    hit = _SCHEDULES.get(key)
-    if hit is None:
-        hit = registry.get_schedule(coll, algorithm, nranks, **kwargs)
-        if len(_SCHEDULES) > 64:
-            _SCHEDULES.pop(next(iter(_SCHEDULES)))
-        _SCHEDULES[key] = hit
-    return hit
+        kw["nsegs"] = nsegs
+    return registry.get_schedule(coll, algorithm, nranks, **kw)
 
 
 def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_bytes: int,
                      dtype: str = "float32") -> str:
     """The tuner's pick (falls back to 'ring', then the first registered algorithm)."""
+    from ..algorithms import registry
     coll = Collective.parse(collective)
     try:
         from ..algorithms import tuner
         pick = tuner.choose(coll, nranks, size_bytes, topo=topo)
         return str(getattr(pick, "algorithm", pick))
-    except Exception:  # noqa: BLE001 - tuner missing or declined
-        from ..algorithms import registry
+    except (ImportError, AttributeError, TypeError):  # tuner not there (yet) or another signature
         algos = list(registry.algorithms_for(coll))
         return "ring" if "ring" in algos else algos[0]
 
@@ -164,10 +182,12 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     """Simulate one collective call on `topo` (algorithm from the tuner when not given)."""
     n = nranks or len(topo.endpoints())
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype)
-    sched = schedule_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs)
-    return simulate_schedule(topo, sched, size_bytes, engine=engine, dtype=dtype, params=params,
-                             timeline=timeline, progress=progress)
+    prm = params if isinstance(params, SimParams) else params_for(topo, params)
+    tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
+                    max_transfers=prm.max_transfers)
+    return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
+                          timeline=timeline, progress=progress)
 
 
-__all__ = ["simulate", "simulate_schedule", "schedule_for", "choose_algorithm", "itemsize_of",
-           "size_for_count", "ENGINES", "Fabric"]
+__all__ = ["simulate", "simulate_schedule", "simulate_table", "schedule_for", "table_for", "choose_algorithm",
+           "itemsize_of", "size_for_count", "ENGINES", "Fabric"]

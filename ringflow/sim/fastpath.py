@@ -1,0 +1,142 @@
+"""Transfer tables of ring and hierarchical all-reduce built straight from their step pattern.
+
+A flat ring all-reduce on n ranks has n * 2(n-1) transfers per channel: 16.8 M for 1,024 GPUs x 8
+channels, 134 M for 4,096 — more Python objects than a Schedule can hold in memory or build in a
+minute.  Its steps, however, all repeat one *pattern* (every position sends one block to the next),
+and the hierarchical all-reduce is three such phases.  This module writes those patterns as numpy
+arrays and merges repeated steps into macro steps (the same merge `transfers.coarsen` does), so
+the engines get a compact table in milliseconds.
+
+It reproduces the traffic of `algorithms.ring` / `algorithms.hierarchical` exactly (bytes per
+(step, sender, receiver, channel), reductions per (rank, step)); `tests/test_sim_fastpath.py`
+checks that against the registry's schedules.  `api.simulate` uses it only above
+FASTPATH_MIN_TRANSFERS; smaller calls always flatten the real schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..algorithms.schedule import Collective
+from .transfers import TransferTable
+
+FASTPATH_MIN_TRANSFERS = 300_000
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step pattern repeated `repeats` times: rows (src, dst, chan, frac, nmsg), reductions."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    chan: np.ndarray
+    frac: np.ndarray
+    nmsg: np.ndarray
+    reduce: bool          # receivers reduce what they get (scatter-reduce phases)
+    repeats: int
+
+
+def _ring_pairs(orders: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    src = np.concatenate([np.asarray(o, dtype=np.int64) for o in orders])
+    dst = np.concatenate([np.roll(np.asarray(o, dtype=np.int64), -1) for o in orders])
+    return src, dst
+
+
+def ring_allreduce_phases(nranks: int, rings: Sequence[Sequence[int]], nsegs: int = 1) -> list[Phase]:
+    """algorithms.ring all-reduce: C rings, each 2(n-1) steps of one block (1/(n C)) per position."""
+    C, n = len(rings), nranks
+    src, dst = _ring_pairs(rings)
+    chan = np.repeat(np.arange(C, dtype=np.int64), n)
+    frac = np.full(src.size, 1.0 / (n * C))
+    nmsg = np.full(src.size, nsegs, dtype=np.int64)
+    return [Phase(src, dst, chan, frac, nmsg, True, n - 1), Phase(src, dst, chan, frac, nmsg, False, n - 1)]
+
+
+def hierarchical_allreduce_phases(nranks: int, groups: Sequence[Sequence[int]], nsegs: int = 1) -> list[Phase]:
+    """algorithms.hierarchical: intra-host ring scatter-reduce, per-shard inter-host rings, all-gather."""
+    H, m = len(groups), len(groups[0])
+    phases: list[Phase] = []
+    intra_msgs = 1 if H > 1 else nsegs     # a shard of H > 1 blocks goes as one message
+    if m > 1:
+        s, d = _ring_pairs(groups)
+        z = np.zeros(s.size, dtype=np.int64)
+        f = np.full(s.size, 1.0 / m)
+        k = np.full(s.size, intra_msgs, dtype=np.int64)
+        phases.append(Phase(s, d, z, f, k, True, m - 1))
+    if H > 1:
+        orders = [[g[(l - 1) % m] for g in groups] for l in range(m)]
+        s, d = _ring_pairs(orders)
+        z = np.zeros(s.size, dtype=np.int64)
+        f = np.full(s.size, 1.0 / (m * H))
+        k = np.full(s.size, nsegs, dtype=np.int64)
+        phases += [Phase(s, d, z, f, k, True, H - 1), Phase(s, d, z, f, k, False, H - 1)]
+    if m > 1:
+        s, d = _ring_pairs(groups)
+        z = np.zeros(s.size, dtype=np.int64)
+        f = np.full(s.size, 1.0 / m)
+        k = np.full(s.size, intra_msgs, dtype=np.int64)
+        phases.append(Phase(s, d, z, f, k, False, m - 1))
+    return phases
+
+
+def table_from_phases(collective: Collective, algorithm: str, nranks: int, phases: Sequence[Phase],
+                      max_transfers: int | None = None) -> TransferTable:
+    """Lay the phases out step after step, merging up to `factor` repeats into one macro step."""
+    rows = sum(p.src.size * p.repeats for p in phases)
+    factor = 1 if not max_transfers or rows <= max_transfers else int(np.ceil(rows / max_transfers))
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("step", "src", "dst", "chan", "frac", "nmsg", "nser",
+                                                         "lrank", "lstep", "lred")}
+    step = 0
+    for p in phases:
+        left = p.repeats
+        while left > 0:
+            k = min(factor, left)
+            left -= k
+            cols["step"].append(np.full(p.src.size, step, dtype=np.int64))
+            cols["src"].append(p.src)
+            cols["dst"].append(p.dst)
+            cols["chan"].append(p.chan)
+            cols["frac"].append(p.frac * k)
+            cols["nmsg"].append(p.nmsg * k)
+            cols["nser"].append(np.full(p.src.size, k, dtype=np.int64))
+            if p.reduce:
+                red = np.bincount(p.dst, weights=p.frac * k, minlength=nranks)
+                who = np.flatnonzero(red)
+                cols["lrank"].append(who)
+                cols["lstep"].append(np.full(who.size, step, dtype=np.int64))
+                cols["lred"].append(red[who])
+            step += 1
+    cat = lambda k, dt: np.concatenate(cols[k]).astype(dt) if cols[k] else np.zeros(0, dtype=dt)  # noqa: E731
+    lred = cat("lred", np.float64)
+    return TransferTable(collective, algorithm, nranks, step, cat("step", np.int64), cat("src", np.int64),
+                         cat("dst", np.int64), cat("chan", np.int64), cat("frac", np.float64), cat("nmsg", np.int64),
+                         cat("lrank", np.int64), cat("lstep", np.int64), np.zeros(lred.size), lred,
+                         nserial=cat("nser", np.int64), coarsened=factor)
+
+
+def expected_transfers(algorithm: str, nranks: int, nchannels: int, groups: Sequence[Sequence[int]] | None) -> int:
+    """Rows the real schedule's table would have (to decide whether to take the fast path)."""
+    n = nranks
+    if algorithm == "ring":
+        return nchannels * n * 2 * (n - 1)
+    if algorithm == "hierarchical" and groups:
+        H, m = len(groups), len(groups[0])
+        return 2 * n * (m - 1) + n * 2 * (H - 1)
+    return 0
+
+
+def fast_table(collective: Collective, algorithm: str, nranks: int, *, rings: Sequence[Sequence[int]] | None = None,
+               groups: Sequence[Sequence[int]] | None = None, nsegs: int = 1,
+               max_transfers: int | None = None) -> TransferTable | None:
+    """The fast-path table for (all_reduce, ring | hierarchical), or None when not covered."""
+    if collective != Collective.ALL_REDUCE or nranks < 2:
+        return None
+    if algorithm == "ring":
+        rs = [tuple(r) for r in (rings or [tuple(range(nranks))])]
+        return table_from_phases(collective, "ring", nranks, ring_allreduce_phases(nranks, rs, nsegs), max_transfers)
+    if algorithm == "hierarchical" and groups and len({len(g) for g in groups}) == 1:
+        return table_from_phases(collective, "hierarchical", nranks,
+                                 hierarchical_allreduce_phases(nranks, groups, nsegs), max_transfers)
+    return None

@@ -1,0 +1,46 @@
+"""The fast-path tables reproduce the registry schedules' traffic exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ringflow.algorithms import hierarchical, ring
+from ringflow.algorithms.schedule import Collective
+from ringflow.sim.fastpath import fast_table
+from ringflow.sim.transfers import from_schedule
+
+
+def _canon(tab):
+    rows = np.stack([tab.step, tab.src, tab.dst, tab.chan]).T
+    order = np.lexsort(rows.T[::-1])
+    loc = {(int(r), int(s)): float(v) for r, s, v in zip(tab.lrank, tab.lstep, tab.lreduce) if v}
+    return rows[order], tab.frac[order], tab.nmsg[order], loc
+
+
+def _same(a, b):
+    ra, fa, ma, la = _canon(a)
+    rb, fb, mb, lb = _canon(b)
+    np.testing.assert_array_equal(ra, rb)
+    np.testing.assert_allclose(fa, fb, rtol=1e-5)
+    np.testing.assert_array_equal(ma, mb)
+    assert la.keys() == lb.keys()
+    for k in la:
+        assert la[k] == pytest.approx(lb[k], rel=1e-5)
+    assert a.nsteps == b.nsteps
+
+
+@pytest.mark.parametrize("n,rings", [(5, None), (6, [(0, 2, 4, 1, 3, 5), (5, 4, 3, 2, 1, 0)])])
+@pytest.mark.parametrize("nsegs", [1, 3])
+def test_ring_fast_table_matches_schedule(n, rings, nsegs):
+    sched = ring.build("all_reduce", n, rings=rings, nsegs=nsegs, nchannels=len(rings or [0]))
+    fast = fast_table(Collective.ALL_REDUCE, "ring", n, rings=rings or [tuple(range(n))], nsegs=nsegs)
+    _same(fast, from_schedule(sched))
+
+
+@pytest.mark.parametrize("H,m", [(3, 4), (4, 2), (1, 4), (4, 1)])
+@pytest.mark.parametrize("nsegs", [1, 2])
+def test_hierarchical_fast_table_matches_schedule(H, m, nsegs):
+    groups = [list(range(h * m, (h + 1) * m)) for h in range(H)]
+    sched = hierarchical.build("all_reduce", H * m, host_groups=groups, nsegs=nsegs)
+    fast = fast_table(Collective.ALL_REDUCE, "hierarchical", H * m, groups=groups, nsegs=nsegs)
+    _same(fast, from_schedule(sched))
