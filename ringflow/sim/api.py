@@ -1,6 +1,7 @@
 """The simulator's front door: a collective (or a ready schedule) on a topology -> SimResult."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -127,9 +128,27 @@ def table_for(topo: Any, collective: Collective | str, nranks: int, algorithm: s
               nchannels: int | None = None, nsegs: int | None = None,
               endpoints: Sequence[str] | None = None, max_transfers: int | None = None) -> TransferTable:
     """The transfer table of `algorithm` on `topo`: the registry's schedule, or the fast path when huge."""
+    coll = Collective.parse(collective)
+    key = (coll, algorithm, nranks, root, nchannels, nsegs, tuple(endpoints) if endpoints else None, max_transfers)
+    try:
+        per = _TABLES.setdefault(topo, {})
+    except TypeError:
+        per = {}
+    hit = per.get(key)
+    if hit is None:
+        hit = per[key] = _table_for(topo, coll, nranks, algorithm, root, nchannels, nsegs, endpoints, max_transfers)
+        if len(per) > 256:
+            per.pop(next(iter(per)))
+    return hit
+
+
+_TABLES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: int, nchannels: int | None,
+               nsegs: int | None, endpoints: Sequence[str] | None, max_transfers: int | None) -> TransferTable:
     from ..algorithms import registry
     from .fastpath import FASTPATH_MIN_TRANSFERS, expected_transfers, fast_table
-    coll = Collective.parse(collective)
     eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     nch = kw.get("nchannels", 1)

@@ -22,7 +22,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from .transfers import TransferTable
 
-FASTPATH_MIN_TRANSFERS = 300_000
+FASTPATH_MIN_TRANSFERS = 50_000
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ def table_from_phases(collective: Collective, algorithm: str, nranks: int, phase
     """Lay the phases out step after step, merging up to `factor` repeats into one macro step."""
     rows = sum(p.src.size * p.repeats for p in phases)
     factor = 1 if not max_transfers or rows <= max_transfers else int(np.ceil(rows / max_transfers))
+    while max_transfers and factor > 1 and sum(p.src.size * -(-p.repeats // factor) for p in phases) > max_transfers:
+        factor += 1
     cols: dict[str, list[np.ndarray]] = {k: [] for k in ("step", "src", "dst", "chan", "frac", "nmsg", "nser",
                                                          "lrank", "lstep", "lred")}
     step = 0
