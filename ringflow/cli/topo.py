@@ -1,8 +1,149 @@
-"""CLI commands of this area (filled in by the issue that owns it)."""
+"""`ringflow topo`: show, search rings/trees on, and detect topologies."""
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 import typer
 
+from ..errors import TopologyError
+from .common import console, print_json, print_table
+
+topo_app = typer.Typer(help="Topologies: presets, files, clusters ('128xdgx-h100'), detection, ring/tree search.",
+                       no_args_is_help=True)
+
+SPEC_HELP = "preset (dgx1-v100, dgx-h100, ...), a .yaml/.json file (e.g. from detect --dump), or '<N>x<preset>'"
+
+
+def _bw(x: float) -> Optional[float]:
+    return None if math.isinf(x) else round(x, 3)
+
+
+@topo_app.command("list")
+def list_command(json_out: bool = typer.Option(False, "--json")) -> None:
+    """List the preset machines."""
+    from ..topology import PRESETS
+    rows = [{"name": p.name, "description": p.description} for p in PRESETS.values()]
+    if json_out:
+        print_json(rows)
+        return
+    print_table("topology presets", ["name", "description"], [[r["name"], r["description"]] for r in rows],
+                justify_right=False)
+
+
+@topo_app.command("show")
+def show_command(
+    spec: str = typer.Argument(..., help=SPEC_HELP),
+    host: int = typer.Option(0, "--host", help="which server of a cluster to print"),
+    json_out: bool = typer.Option(False, "--json", help="matrix, bandwidths and the full topology as JSON"),
+) -> None:
+    """Print a matrix like `nvidia-smi topo -m` plus the bottleneck bandwidth of every pair."""
+    from ..topology import load_topology
+    from ..topology.smi_parser import render_smi, smi_table
+    t = load_topology(spec)
+    if host not in t.hosts():
+        raise TopologyError(f"host {host} is not in {t.name!r} (hosts {t.hosts()[0]}..{t.hosts()[-1]})",
+                            "pick an existing --host")
+    table = smi_table(t, host)
+    if json_out:
+        print_json({"name": t.name, "summary": t.summary(), "host": host, **table, "topology": t.to_dict()})
+        return
+    s = t.summary()
+    console.print(f"# {t.name}: {s['hosts']} host(s), {s['endpoints']} endpoints, nodes {s['nodes']}, links {s['links']}", soft_wrap=True)
+    console.print(render_smi(t, host), markup=False, highlight=False, soft_wrap=True)
+    names = table["devices"]
+    print_table("bottleneck GB/s per direction (routed path)", [""] + names,
+                [[names[i]] + ["X" if v is None else f"{v:g}" for v in row] for i, row in enumerate(table["bw_GBps"])])
+    links = []
+    for u, v, d in t.graph.edges(data=True):
+        if t.host_of(u) == host and t.host_of(v) == host and u < v:
+            links.append([t.label(u), t.label(v), d["type"].value, d["nlinks"], f"{d['bw_GBps']:g}",
+                          f"{d['latency_us']:g}"])
+    print_table("links (per direction)", ["from", "to", "type", "links", "GB/s", "latency us"], links,
+                justify_right=False)
+
+
+@topo_app.command("rings")
+def rings_command(
+    spec: str = typer.Argument(..., help=SPEC_HELP),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="comma-separated GPU numbers (nvidia-smi numbering, host 0)"),
+    nchannels: Optional[int] = typer.Option(None, "--nchannels", help="exactly this many rings"),
+    json_out: bool = typer.Option(False, "--json", help="JSON: {rings: [{ranks, bottleneck_GBps, ...}], trees: ...}"),
+) -> None:
+    """Find the rings (channels) with the best bottleneck bandwidth, and the double binary trees."""
+    from ..topology import double_binary_tree, find_rings, load_topology, ring_hop_types
+    t = load_topology(spec)
+    eps = t.endpoints()
+    if gpus:
+        try:
+            wanted = [int(x) for x in gpus.split(",") if x.strip()]
+        except ValueError:
+            raise TopologyError(f"--gpus {gpus!r} is not a comma-separated list of numbers", "e.g. --gpus 0,1,2,3") from None
+        eps = [t.find(f"GPU{g}") if t.gpus() else t.find(f"PROC{g}") for g in wanted]
+    rings = find_rings(t, eps, nchannels)
+    multi = len(t.hosts()) > 1
+    names = [(f"{t.host_of(e)}:{t.graph.nodes[e]['index']}" if multi else t.graph.nodes[e]["index"]) for e in eps]
+    out_rings = []
+    for r in rings:
+        out_rings.append({"ranks": [names[i] if not multi else i for i in r.ranks],
+                          "positions": list(r.ranks),
+                          "bottleneck_GBps": _bw(r.bottleneck_GBps),
+                          "hop_types": ring_hop_types(t, r, eps)})
+        if multi:
+            out_rings[-1]["gpus"] = [names[i] for i in r.ranks]
+    t0, t1 = double_binary_tree(len(eps))
+    total = sum(r.bottleneck_GBps for r in rings if not math.isinf(r.bottleneck_GBps))
+    result = {"topology": t.name, "endpoints": [t.label(e) for e in eps], "rings": out_rings,
+              "total_GBps": round(total, 3),
+              "trees": [{"parent": t0}, {"parent": t1}]}
+    if json_out:
+        print_json(result)
+        return
+    console.print(f"# rings on {t.name} over {len(eps)} endpoints (ranks in nvidia-smi numbering"
+                  f"{', host:gpu' if multi else ''}); bandwidth per direction", soft_wrap=True)
+    for i, r in enumerate(out_rings):
+        shown = r.get("gpus", r["ranks"])
+        order = " -> ".join(str(x) for x in list(shown) + [shown[0]]) if len(shown) <= 16 else \
+            " -> ".join(str(x) for x in shown[:8]) + f" -> ... ({len(shown)} ranks)"
+        kinds = sorted(set(r["hop_types"]))
+        console.print(f"ring {i}: {order}   bottleneck {r['bottleneck_GBps']} GB/s   hops: {', '.join(kinds)}", soft_wrap=True)
+    console.print(f"total over {len(out_rings)} ring(s): {result['total_GBps']} GB/s per direction", soft_wrap=True)
+    console.print(f"double binary tree 0 parents: {t0}", soft_wrap=True)
+    console.print(f"double binary tree 1 parents: {t1}", soft_wrap=True)
+
+
+@topo_app.command("detect")
+def detect_command(
+    nvidia_smi_text: Optional[str] = typer.Option(None, "--nvidia-smi-text", help="build from a saved `nvidia-smi topo -m`"),
+    dump: Optional[str] = typer.Option(None, "--dump", help="write the topology (YAML/JSON by extension)"),
+    json_out: bool = typer.Option(False, "--json", help="print summary and topology as JSON"),
+) -> None:
+    """Detect this machine (CPUs/NUMA and NICs from sysfs, GPUs from nvidia-smi); succeeds without GPUs."""
+    from ..topology.detect import detect_topology, load_smi_file
+    from ..topology.smi_parser import render_smi
+    text = load_smi_file(nvidia_smi_text) if nvidia_smi_text else None
+    t = detect_topology(text)
+    if dump:
+        t.save(dump)
+    info = t.meta["detected"]
+    if json_out:
+        print_json({"summary": t.summary(), "detected": info, "dump": dump, "topology": t.to_dict()})
+        return
+    console.print(f"# {t.name}: {info['note']}", soft_wrap=True)
+    print_table("CPUs / NUMA nodes", ["cpu", "numa", "cores", "cpulist"],
+                [[t.label(c), t.graph.nodes[c].get("numa"), t.graph.nodes[c].get("cores"),
+                  t.graph.nodes[c].get("cpulist", "")] for c in t.nodes(kind=None) if t.kind(c).value == "cpu"],
+                justify_right=False)
+    print_table("NICs", ["nic", "name", "Gb/s", "numa"],
+                [[t.label(n), t.graph.nodes[n].get("name", ""),
+                  f"{t.graph.nodes[n]['speed_gbps']:g}" + ("" if t.graph.nodes[n].get("speed_known", True) else " (assumed)"),
+                  t.graph.nodes[n].get("numa")] for n in t.nics()], justify_right=False)
+    if t.gpus():
+        console.print(render_smi(t), markup=False, highlight=False, soft_wrap=True)
+    if dump:
+        console.print(f"topology written to {dump} (use it with RINGFLOW_TOPO_FILE={dump} or any PRESET_OR_FILE argument)", soft_wrap=True)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `ringflow topo ...`."""
+    app.add_typer(topo_app, name="topo")

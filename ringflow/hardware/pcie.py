@@ -73,13 +73,14 @@ def pcie_arithmetic(gen: int, lanes: int) -> dict:
     total_gbps = lane_gbps * lanes
     per_dir = g.throughput_GBps(lanes)
     eff = g.efficiency
+    eff_text = {"8b/10b": "8/10", "128b/130b": "128/130"}.get(g.encoding, "242/256")
     return {
         "gen": gen, "lanes": lanes, "rate_GTps": float(g.rate_GTps), "encoding": g.encoding,
-        "efficiency": f"{eff.numerator}/{eff.denominator}", "efficiency_value": float(eff),
+        "efficiency": eff_text, "efficiency_value": float(eff),
         "lane_gbps": lane_gbps, "total_gbps": total_gbps,
         "per_direction_GBps": per_dir, "per_direction_MBps": per_dir * 1000.0,
         "bidirectional_GBps": 2 * per_dir,
-        "formula": (f"{float(g.rate_GTps):g} GT/s x {eff.numerator}/{eff.denominator} = {lane_gbps:.4f} Gb/s per lane; "
+        "formula": (f"{float(g.rate_GTps):g} GT/s x {eff_text} = {lane_gbps:.4f} Gb/s per lane; "
                     f"x{lanes} = {total_gbps:.3f} Gb/s; / 8 = {per_dir:.4f} GB/s per direction "
                     f"({2 * per_dir:.3f} GB/s both directions)"),
         "source": g.source,

@@ -1,0 +1,314 @@
+"""Read and write `nvidia-smi topo -m` matrices.
+
+Parsing rebuilds a graph that reproduces every printed class:
+- NV# between GPUs: direct NVLinks (# merged links), or an NVSwitch fabric node when a GPU's NV# sum
+  exceeds the links its NVLink generation has (DGX-2 NV6, DGX A100 NV12, DGX H100 NV18); bandwidth =
+  # x per-link GB/s of the generation (from the GPU model when given, else inferred: all-pairs NV6 -> gen2,
+  NV12 -> gen3, NV18 -> gen4; direct meshes with <= 4 links per GPU -> gen1, else gen2).
+- PIX groups share a PCIe switch; PXB groups share a top switch above leaf switches; PHB complexes share
+  a host bridge (root), NODE complexes use different roots of the same CPU; SYS crosses sockets (QPI/UPI).
+- CPU sockets come from the "NUMA Affinity" column (else from the SYS structure); NICs from the columns,
+  named by the "NIC Legend" (NIC0: mlx5_0) when present.
+Lines starting with '#' are comments (the fixtures name their sources there).
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import TopologyError
+from ..hardware import GPU_MODELS, nvlink_gen
+from .graph import NodeKind, Topology
+from .presets import HostBuilder
+
+_CLASS_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|N/A)$")
+_GEN_DEFAULTS = {1: (3, "QPI-9.6", 2, 100.0), 2: (3, "QPI-9.6", 2, 100.0), 3: (4, "xGMI-2", 4, 200.0),
+                 4: (5, "UPI-16", 4, 400.0), 5: (5, "UPI-16", 4, 400.0)}
+
+
+class SmiMatrix:
+    """The parsed table: device names, class per pair, GPU CPU/NUMA affinity, NIC legend."""
+
+    def __init__(self, devices: list[str], cells: dict[tuple[str, str], str], numa: dict[str, int | None],
+                 cpu_affinity: dict[str, str], legend: dict[str, str]) -> None:
+        self.devices = devices
+        self.cells = cells
+        self.numa = numa
+        self.cpu_affinity = cpu_affinity
+        self.legend = legend
+
+    @property
+    def gpus(self) -> list[str]:
+        """GPU column names in order."""
+        return [d for d in self.devices if d.startswith("GPU")]
+
+    @property
+    def nics(self) -> list[str]:
+        """NIC column names in order."""
+        return [d for d in self.devices if not d.startswith("GPU")]
+
+    def rel(self, a: str, b: str) -> str:
+        """Printed class between a and b (symmetric fallback)."""
+        return self.cells.get((a, b)) or self.cells.get((b, a)) or "SYS"
+
+
+def parse_smi_text(text: str) -> SmiMatrix:
+    """Parse the text of `nvidia-smi topo -m`; TopologyError names the line that is wrong."""
+    lines = [ln.rstrip("\n") for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    header_i = None
+    for i, ln in enumerate(lines):
+        toks = ln.split()
+        if toks and toks[0] == "GPU0" and not _CLASS_RE.match(toks[1] if len(toks) > 1 else ""):
+            header_i = i
+            break
+        if toks and toks[0].startswith("GPU0") and len(toks) > 1 and toks[1] != "X":
+            header_i = i
+            break
+    if header_i is None:
+        raise TopologyError("no 'nvidia-smi topo -m' header line (GPU0 GPU1 ... CPU Affinity) found",
+                            "pass the output of `nvidia-smi topo -m` as it is printed")
+    head = lines[header_i].split()
+    devices: list[str] = []
+    for t in head:
+        if t in ("CPU", "NUMA", "GPU", "Affinity", "ID") and devices:
+            break
+        devices.append(t)
+    if not devices or not devices[0].startswith("GPU"):
+        raise TopologyError(f"header line has no GPU columns: {lines[header_i]!r}", "the first column must be GPU0")
+    cells: dict[tuple[str, str], str] = {}
+    numa: dict[str, int | None] = {}
+    aff: dict[str, str] = {}
+    seen_rows: list[str] = []
+    legend: dict[str, str] = {}
+    for ln in lines[header_i + 1:]:
+        toks = ln.split()
+        m = re.match(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", ln)
+        if m:
+            legend[m.group(1)] = m.group(2)
+            continue
+        if not toks or toks[0] not in devices:
+            continue
+        row = toks[0]
+        vals = toks[1:1 + len(devices)]
+        if len(vals) < len(devices):
+            raise TopologyError(f"row {row}: {len(vals)} cells for {len(devices)} columns: {ln.strip()!r}",
+                                "pass the complete matrix")
+        for col, v in zip(devices, vals):
+            if not _CLASS_RE.match(v):
+                raise TopologyError(f"row {row}, column {col}: {v!r} is not an nvidia-smi class",
+                                    "cells are X, NV#, PIX, PXB, PHB, NODE or SYS")
+            cells[(row, col)] = "SYS" if v == "SOC" else v
+        rest = toks[1 + len(devices):]
+        if row.startswith("GPU"):
+            aff[row] = rest[0] if rest else ""
+            numa[row] = int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
+        seen_rows.append(row)
+    missing = [g for g in devices if g.startswith("GPU") and g not in seen_rows]
+    if missing:
+        raise TopologyError(f"rows missing for {', '.join(missing)}", "pass the complete matrix")
+    for (a, b), v in cells.items():
+        if a == b and v != "X":
+            raise TopologyError(f"row {a}: the diagonal must be X, found {v!r}", "pass the matrix unchanged")
+        back = cells.get((b, a))
+        if back is not None and back != v:
+            raise TopologyError(f"{a}/{b} is {v} but {b}/{a} is {back}: the matrix is not symmetric",
+                                "pass the matrix unchanged")
+    return SmiMatrix(devices, cells, numa, aff, legend)
+
+
+class _UF:
+    def __init__(self, items: list[str]) -> None:
+        self.p = {x: x for x in items}
+
+    def find(self, x: str) -> str:
+        while self.p[x] != x:
+            self.p[x] = self.p[self.p[x]]
+            x = self.p[x]
+        return x
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.p[max(ra, rb)] = min(ra, rb)
+
+    def groups(self, items: list[str]) -> list[list[str]]:
+        out: dict[str, list[str]] = {}
+        for x in items:
+            out.setdefault(self.find(x), []).append(x)
+        return list(out.values())
+
+
+def _num(name: str) -> int:
+    m = re.search(r"(\d+)$", name)
+    return int(m.group(1)) if m else 0
+
+
+def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float | None = None,
+                      name: str = "nvidia-smi", host: int = 0, topo: Topology | None = None) -> Topology:
+    """Build a Topology from `nvidia-smi topo -m` text (GPU numbering as printed)."""
+    m = parse_smi_text(text)
+    gpus, nics = m.gpus, m.nics
+    out = topo if topo is not None else Topology(name, meta={"source": "nvidia-smi topo -m"})
+    b = HostBuilder(out, host)
+    # ---- NVLink generation
+    nv = {(a, c): int(m.rel(a, c)[2:]) for a in gpus for c in gpus if a != c and m.rel(a, c).startswith("NV")}
+    per_gpu = {g: sum(k for (a, _), k in nv.items() if a == g) for g in gpus}
+    all_pairs = len(gpus) > 2 and len(nv) == len(gpus) * (len(gpus) - 1) and len(set(nv.values())) == 1
+    if gpu_model and gpu_model.upper() in GPU_MODELS:
+        gen = GPU_MODELS[gpu_model.upper()].nvlink_gen
+    elif all_pairs:
+        gen = {6: 2, 12: 3, 18: 4}.get(next(iter(nv.values())), 4)
+    else:
+        gen = 1 if max(per_gpu.values(), default=0) <= 4 and nv else 2
+    model = gpu_model or {1: "P100", 2: "V100", 3: "A100", 4: "H100", 5: "B200"}[gen] if nv else (gpu_model or "GPU")
+    pcie_gen, sock_name, sock_n, default_nic = _GEN_DEFAULTS[gen if nv else 2]
+    if gpu_model and gpu_model.upper() in GPU_MODELS:
+        pcie_gen = GPU_MODELS[gpu_model.upper()].pcie_gen
+    switched = bool(nv) and max(per_gpu.values()) > nvlink_gen(gen).links_per_gpu
+    # ---- sockets
+    devs = gpus + nics
+    uf_sock = _UF(devs)
+    for a in devs:
+        for c in devs:
+            if a < c and m.rel(a, c) not in ("SYS",) and not m.rel(a, c).startswith("NV"):
+                uf_sock.union(a, c)
+    numa_of: dict[str, int] = {}
+    for g in gpus:
+        if m.numa.get(g) is not None:
+            numa_of[g] = int(m.numa[g])  # type: ignore[arg-type]
+    groups = uf_sock.groups(devs)
+    next_sock = max(numa_of.values(), default=-1) + 1
+    for grp in groups:
+        known = sorted({numa_of[x] for x in grp if x in numa_of})
+        s = known[0] if known else None
+        if s is None:
+            # NVLink-only GPUs with no PCIe relation: look at the CPU affinity string
+            affs = sorted({m.cpu_affinity.get(x, "") for x in grp if x in m.cpu_affinity})
+            s = next_sock
+            next_sock += 1
+            del affs
+        for x in grp:
+            numa_of.setdefault(x, s)
+    sockets = sorted(set(numa_of.values()))
+    cpu_ids = {s: b.cpu(s, "CPU", 0) for s in sockets}
+    for i, s in enumerate(sockets):
+        for t in sockets[i + 1:]:
+            b.socket(cpu_ids[s], cpu_ids[t], sock_name, sock_n)
+    # ---- devices
+    ids: dict[str, str] = {}
+    for g in gpus:
+        s = numa_of[g]
+        ids[g] = b.gpu(_num(g), model, s, m.cpu_affinity.get(g, ""))
+    for n in nics:
+        s = numa_of[n]
+        real = m.legend.get(n, n)
+        idx = _num(n)
+        ids[n] = out.add_node(b.nid("nic", idx), NodeKind.NIC, host, idx, speed_gbps=float(nic_gbps or default_nic),
+                              numa=s, fabric="ib", rail=idx, name=real)
+    # ---- PCIe tree per socket
+    sw_count = 0
+    for s in sockets:
+        members = [x for x in devs if numa_of[x] == s]
+        uf_pix, uf_pxb = _UF(members), _UF(members)
+        for a in members:
+            for c in members:
+                if a < c:
+                    r = m.rel(a, c)
+                    if r == "PIX":
+                        uf_pix.union(a, c)
+                        uf_pxb.union(a, c)
+                    elif r == "PXB":
+                        uf_pxb.union(a, c)
+        complexes = uf_pxb.groups(members)
+        # PHB between complexes = same root; NODE = different roots
+        uf_root = _UF([c[0] for c in complexes])
+        for i, ca in enumerate(complexes):
+            for cb in complexes[i + 1:]:
+                if _pcie_rel(m, ca, cb) == "PHB":
+                    uf_root.union(ca[0], cb[0])
+        roots = {r: k for k, r in enumerate(sorted({uf_root.find(c[0]) for c in complexes}))}
+        for comp in complexes:
+            root = roots[uf_root.find(comp[0])]
+            pix_groups = [g for g in uf_pix.groups(comp)]
+            if len(pix_groups) == 1:
+                grp = pix_groups[0]
+                if len(grp) == 1:
+                    b.pcie(ids[grp[0]], cpu_ids[s], pcie_gen, 16, root=root)
+                    continue
+                sw = b.pcisw(sw_count)
+                sw_count += 1
+                b.pcie(cpu_ids[s], sw, pcie_gen, 16, root=root)
+                for x in grp:
+                    b.pcie(ids[x], sw, pcie_gen, 16)
+                continue
+            top = b.pcisw(sw_count)
+            sw_count += 1
+            b.pcie(cpu_ids[s], top, pcie_gen, 16, root=root)
+            for grp in pix_groups:
+                sw = b.pcisw(sw_count)
+                sw_count += 1
+                b.pcie(top, sw, pcie_gen, 16)
+                for x in grp:
+                    b.pcie(ids[x], sw, pcie_gen, 16)
+    # ---- NVLink
+    if switched:
+        fabric = b.nvsw(0, {2: 1, 3: 2, 4: 3, 5: 4}.get(gen, 3), {2: 6, 3: 6, 4: 4, 5: 18}.get(gen, 1))
+        for g in gpus:
+            k = max((kk for (a, _), kk in nv.items() if a == g), default=0)
+            if k:
+                b.nvlink(ids[g], fabric, gen, k)
+    else:
+        for (a, c), k in nv.items():
+            if a < c:
+                b.nvlink(ids[a], ids[c], gen, k)
+    out.meta.setdefault("nvlink_gen", gen)
+    return out
+
+
+def _pcie_rel(m: SmiMatrix, ca: list[str], cb: list[str]) -> str:
+    """The non-NVLink class printed between two complexes (from any GPU/NIC pair that shows one)."""
+    for a in ca:
+        for c in cb:
+            r = m.rel(a, c)
+            if not r.startswith("NV"):
+                return r
+    return "NODE"
+
+
+def render_smi(topo: Topology, host: int = 0, bandwidth: bool = False) -> str:
+    """A matrix like `nvidia-smi topo -m` for one host (GPUs then NICs, with CPU/NUMA affinity)."""
+    gpus = topo.gpus(host) or topo.nodes(NodeKind.PROC, host)
+    nics = topo.nics(host)
+    devs = gpus + nics
+    names = [topo.label(d).split("/")[-1] for d in devs]
+    w = max(6, max((len(n) for n in names), default=4) + 2)
+    lines = [" " * w + "".join(n.ljust(w) for n in names) + "CPU Affinity    NUMA Affinity"]
+    for d, n in zip(devs, names):
+        cells = "".join(topo.path_class_smi(d, e).ljust(w) for e in devs)
+        attrs = topo.graph.nodes[d]
+        extra = ""
+        if topo.kind(d) in (NodeKind.GPU, NodeKind.PROC):
+            extra = f"{attrs.get('cpu_affinity', '') or 'N/A':<16}{attrs.get('numa', 'N/A')}"
+        lines.append(n.ljust(w) + cells + extra)
+    lines += ["", "Legend:", "  X    = Self",
+              "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+              "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+              "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+              "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+              "  PIX  = Connection traversing at most a single PCIe bridge",
+              "  NV#  = Connection traversing a bonded set of # NVLinks"]
+    if nics:
+        lines += ["", "NIC Legend:", ""]
+        lines += [f"  {n}: {topo.graph.nodes[d].get('name', n)}" for d, n in zip(nics, names[len(gpus):])]
+    return "\n".join(lines) + "\n"
+
+
+def smi_table(topo: Topology, host: int = 0) -> dict:
+    """The matrix as data: devices, classes and per-direction bottleneck GB/s for every pair."""
+    devs = (topo.gpus(host) or topo.nodes(NodeKind.PROC, host)) + topo.nics(host)
+    names = [topo.label(d).split("/")[-1] for d in devs]
+    return {
+        "devices": names,
+        "classes": [[topo.path_class_smi(a, c) for c in devs] for a in devs],
+        "bw_GBps": [[None if a == c else round(topo.bottleneck_GBps(a, c), 3) for c in devs] for a in devs],
+    }
+
