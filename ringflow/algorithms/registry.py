@@ -43,7 +43,7 @@ class AlgorithmInfo:
     builder: Callable[..., Schedule]
     cost_lines: dict[Collective, str]
     closed_forms: dict[Collective, Callable[[int, int, int], ClosedForm]] = field(default_factory=dict)
-    pipelined: bool = False      # nsegs changes the number of steps (worth tuning)
+    pipelined: tuple[Collective, ...] = ()  # collectives where nsegs changes the step count (worth tuning)
     multichannel: bool = False   # accepts nchannels > 1 / rings
 
     @property
@@ -188,14 +188,15 @@ _ALGOS: list[AlgorithmInfo] = [
          C.ALL_GATHER: lambda n, s, ch: _cf(n - 1, F(n - 1, n)),
          C.BROADCAST: lambda n, s, ch: _cf(s + n - 2 if n > 1 else 0, 1 if n > 1 else 0),
          C.REDUCE: lambda n, s, ch: _cf(s + n - 2 if n > 1 else 0, 1 if n > 1 else 0)},
-        pipelined=True, multichannel=True),
+        pipelined=(C.BROADCAST, C.REDUCE), multichannel=True),
     AlgorithmInfo(
         "tree", "tree", "NCCL double binary tree, pipelined in segments (2 channels, half the data each)",
         tree.build_dbtree,
         {C.ALL_REDUCE: "steps: segs+2h-1 (h = tree height ~ log2 n); bytes per rank: <= 2S",
          C.REDUCE: "steps: segs+h-1; bytes per rank: <= S",
          C.BROADCAST: "steps: segs+h-1; bytes per rank: <= S"},
-        {c: _dbtree_cf(c) for c in (C.ALL_REDUCE, C.REDUCE, C.BROADCAST)}, pipelined=True),
+        {c: _dbtree_cf(c) for c in (C.ALL_REDUCE, C.REDUCE, C.BROADCAST)},
+        pipelined=(C.ALL_REDUCE, C.REDUCE, C.BROADCAST)),
     AlgorithmInfo(
         "binomial", "tree", "binomial tree (latency-optimal for small messages)", tree.build_binomial,
         {C.ALL_REDUCE: "steps: 2K; bytes per rank: K S",

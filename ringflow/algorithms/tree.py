@@ -1,9 +1,10 @@
 """Tree algorithms: NCCL's double binary tree (pipelined) and the binomial tree.
 
 Double binary tree ("tree"): two binary trees in which every rank is a leaf in one and an
-inner node in the other (NCCL's ncclGetDtree); each tree carries half of the data on its own
-channel and pipelines it in segments: a node at height h sends segment s up at step s+h,
-the root sends segment s down at step s+H and a node at depth d forwards it at s+H+d.
+inner node in the other (NCCL's ncclGetDtree, `ringflow.topology.double_binary_tree`);
+each tree carries half of the data on its own channel and pipelines it in segments: a node
+at height h sends segment s up at step s+h, the root sends segment s down at step s+H and a
+node at depth d forwards it at s+H+d.
 All-reduce overlaps the two phases. For rooted reduce / broadcast the trees are built over
 the n-1 other ranks and both tree roots hang under the real root.
 
@@ -16,35 +17,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
+from ..topology import double_binary_tree
 from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, wrapped
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
-
-
-def _btree(n: int, rank: int) -> int:
-    """Parent of `rank` in NCCL's binary tree over 0..n-1 (ncclGetBtree), -1 for the root 0."""
-    if rank == 0:
-        return -1
-    bit = 1
-    while bit < n and not (bit & rank):
-        bit <<= 1
-    up = (rank ^ bit) | (bit << 1)
-    return rank ^ bit if up >= n else up
-
-
-def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
-    """Parents of the two trees (NCCL's ncclGetDtree): tree 1 mirrors (odd n) or shifts (even n) tree 0."""
-    try:  # the topology package owns the canonical one when present
-        from ..topology import double_binary_tree as topo_dbt  # type: ignore[attr-defined]
-        return topo_dbt(n)
-    except ImportError:
-        pass
-    t0 = [_btree(n, r) for r in range(n)]
-    if n % 2:
-        t1 = [-1 if t0[n - 1 - r] < 0 else n - 1 - t0[n - 1 - r] for r in range(n)]
-    else:
-        t1 = [-1 if t0[(r - 1) % n] < 0 else (t0[(r - 1) % n] + 1) % n for r in range(n)]
-    return t0, t1
 
 
 def _children(parent: Sequence[int]) -> list[list[int]]:

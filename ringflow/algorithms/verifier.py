@@ -370,3 +370,46 @@ def verify(schedule: Schedule, shapes: Iterable[CallShape] = (), *, in_place: bo
                 break
     return VerifyReport(schedule.collective.value, schedule.algorithm, schedule.nranks, schedule.nsteps,
                         transfers, bool(in_place), len(shapes))
+
+
+def check_algorithm(collective: Collective | str, algorithm: str, nranks: int, *, root: int | None = None,
+                    nsegs: int = 1, nchannels: int = 1, rings: list | None = None,
+                    host_groups: list | None = None) -> dict:
+    """Build a registered schedule, verify it on uneven counts (0, 1, n-1, 7n+3, in place too) and check
+    its step and byte counts against the algorithm's closed form (VerificationError if they differ)."""
+    from fractions import Fraction
+
+    from .cost import traffic
+    from .registry import collective_bytes, get_schedule, granule, info
+    c = Collective.parse(collective)
+    if (c.has_root or c == Collective.SENDRECV) and root is None:
+        root = 0
+    s = get_schedule(c, algorithm, nranks, root=root, nsegs=nsegs, nchannels=nchannels, rings=rings,
+                     host_groups=host_groups)
+    n = nranks
+    if c == Collective.ALL_TO_ALLV:
+        shapes = [CallShape(c, n, 0, splits=tuple(tuple((3 * i + 5 * j) % 4 for j in range(n)) for i in range(n)))]
+    elif c == Collective.BARRIER:
+        shapes = [CallShape(c, n, 0)]
+    else:
+        shapes = [CallShape(c, n, k) for k in sorted({0, 1, max(n - 1, 0), 7 * n + 3})]
+    rep = verify(s, shapes)
+    a = info(algorithm)
+    out = {"collective": c.value, "algorithm": a.name, "nranks": n, "steps": rep.nsteps, "transfers": rep.transfers,
+           "in_place_checked": rep.in_place_checked, "cost_line": a.cost_lines[c]}
+    if c == Collective.ALL_TO_ALLV:
+        out.update(bytes_per_rank=traffic(s, shapes[0]).bytes_per_rank, bytes_fraction="-")
+        return out
+    count = granule(n, nsegs, nchannels) if c != Collective.BARRIER else 0
+    shape = CallShape(c, n, count)
+    tr = traffic(s, shape)
+    cf = a.closed_form(c, n, nsegs, nchannels) if (root in (None, 0)) else None
+    total = collective_bytes(c, n, count)
+    out.update(bytes_per_rank=tr.bytes_per_rank, transfer_steps=tr.steps,
+               bytes_fraction=str(Fraction(tr.bytes_per_rank, total)) if total else "0")
+    if cf is not None and (tr.steps != cf.steps or tr.bytes_per_rank != cf.bytes_fraction * total):
+        raise VerificationError(f"{_name(s)}: counts differ from the closed form: {tr.steps} transfer steps and "
+                                f"{tr.bytes_per_rank} bytes per rank, closed form {cf.steps} steps and "
+                                f"{cf.bytes_fraction * total} bytes ({a.cost_lines[c]})",
+                                hint="fix the schedule or its closed form in registry.py")
+    return out

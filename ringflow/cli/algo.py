@@ -1,8 +1,129 @@
-"""CLI commands of this area (filled in by the issue that owns it)."""
+"""`ringflow algo ...`: list, show, verify and choose collective algorithms."""
 from __future__ import annotations
+
+from typing import Optional
 
 import typer
 
+from rich.markup import escape
+
+from .common import console, print_json, print_table
+
+algo_app = typer.Typer(help="Collective algorithms as schedules: list, show, verify, choose.", no_args_is_help=True)
+
+
+def _rings(text: Optional[str], n: int) -> Optional[list[tuple[int, ...]]]:
+    if not text:
+        return None
+    from ..topology import parse_rings
+    return parse_rings(text, n)
+
+
+@algo_app.command("list")
+def list_cmd(json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
+    """Every algorithm, the collectives it implements and its closed-form cost line."""
+    from ..algorithms.registry import ALGORITHMS
+    rows = []
+    for a in ALGORITHMS.values():
+        for c, line in a.cost_lines.items():
+            rows.append({"algorithm": a.name, "family": a.family, "collective": c.value, "cost": line,
+                         "summary": a.summary})
+    if json_out:
+        print_json(rows)
+        return
+    print_table("algorithms (S = whole vector bytes, p = 2^floor(log2 n), r = n-p, K = ceil(log2 n))",
+                ["algorithm", "collective", "cost (steps; bytes per rank)"],
+                [(r["algorithm"], r["collective"], escape(r["cost"])) for r in rows], justify_right=False)
+
+
+@algo_app.command("show")
+def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
+             algorithm: str = typer.Argument(..., help="e.g. ring"),
+             nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
+             root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+             nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
+             nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+             rings: Optional[str] = typer.Option(None, "--rings", help="ring orders, NCCL_RINGS syntax"),
+             json_out: bool = typer.Option(False, "--json", help="the schedule as JSON (versioned schema)")) -> None:
+    """The per-rank, per-step table of one schedule."""
+    from ..algorithms.registry import get_schedule
+    from ..algorithms.schedule import Collective
+    c = Collective.parse(collective)
+    if c.has_root and root is None:
+        root = 0
+    s = get_schedule(c, algorithm, nranks, root=root, nsegs=nsegs, nchannels=nchannels, rings=_rings(rings, nranks))
+    if json_out:
+        print_json(s.to_json())
+    else:
+        console.print(s.table(), markup=False, highlight=False)
+
+
+@algo_app.command("verify")
+def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or 'all'"),
+               algorithm: str = typer.Argument("all", help="e.g. halving_doubling, or 'all'"),
+               nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
+               root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+               nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
+               nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+               json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
+    """Prove schedules correct symbolically (in place too) and check their counts against the closed form."""
+    from ..algorithms.registry import ALGORITHMS, algorithms_for, info
+    from ..algorithms.schedule import Collective
+    from ..algorithms.verifier import check_algorithm as verify_one
+    colls = list(Collective) if collective == "all" else [Collective.parse(collective)]
+    results = []
+    for c in colls:
+        names = algorithms_for(c) if algorithm == "all" else [info(algorithm).name]
+        for name in names:
+            if c not in ALGORITHMS[name].cost_lines:
+                info(name)
+                from ..errors import UnknownAlgorithm
+                raise UnknownAlgorithm(f"algorithm {name!r} does not implement {c.value}",
+                                       f"algorithms for {c.value}: {', '.join(algorithms_for(c))}")
+            results.append(verify_one(c, name, nranks, root=root, nsegs=nsegs, nchannels=nchannels))
+    if json_out:
+        print_json(results)
+        return
+    print_table(f"verified on {nranks} ranks: symbolic provenance, counts 0/1/n-1/7n+3, in place where allowed; "
+                "step and byte counts equal the closed form",
+                ["collective", "algorithm", "steps", "transfers", "in place", "bytes per rank"],
+                [(r["collective"], r["algorithm"], r["steps"], r["transfers"], "yes" if r["in_place_checked"] else "-",
+                  f"{r['bytes_fraction']} S") for r in results], justify_right=False)
+    for r in results:
+        console.print(f"{r['collective']} / {r['algorithm']}: {escape(r['cost_line'])}", highlight=False)
+
+
+@algo_app.command("choose")
+def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
+               size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
+               nranks: int = typer.Option(8, "-n", "--nranks", help="number of ranks"),
+               topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
+               dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
+               json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
+    """The tuner's choice and the predicted cost of every candidate."""
+    from ..algorithms.tuner import choose
+    from ..units import format_size, parse_size
+    t = None
+    if topo:
+        from ..topology import load_topology
+        t = load_topology(topo)
+        neps, hosts = len(t.endpoints()), len(t.hosts())
+        if 0 < neps < nranks and hosts == 1:
+            from ..topology import build_cluster
+            t = build_cluster(t, -(-nranks // neps))  # one host replicated (rail fabric) to fit the ranks
+    ch = choose(collective, parse_size(size), nranks, t, dtype_size)
+    if json_out:
+        print_json(ch.to_dict())
+        return
+    where = f"on {ch.topology}" if ch.topology else "on one host (default alpha/beta, no topology)"
+    console.print(f"{ch.collective} of {format_size(ch.nbytes)} on {nranks} ranks {where}: "
+                  f"[bold]{ch.algorithm}[/] (segments {ch.nsegs}, channels {ch.nchannels}), "
+                  f"predicted {ch.time_s * 1e6:.2f} us", highlight=False)
+    print_table(None, ["algorithm", "segs", "chans", "steps", "bytes/rank", "time (us)"],
+                [(c.algorithm, c.nsegs, c.nchannels, c.steps, format_size(c.bytes_per_rank), f"{c.time_s * 1e6:.2f}")
+                 for c in ch.candidates])
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add the `algo` command group to the app."""
+    app.add_typer(algo_app, name="algo")
