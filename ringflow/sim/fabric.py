@@ -28,7 +28,7 @@ class PairRoute:
     paths: list[np.ndarray]   # link ids per sub-path
     weights: np.ndarray       # share of the bytes per sub-path (sums to 1)
     latency_us: float         # sum of link latencies along the (first) path
-    link_class: str           # "nvlink" | "pci" | "net" | "host"
+    link_class: str           # one of params.LINK_CLASSES
 
 
 class Fabric:
@@ -57,6 +57,47 @@ class Fabric:
         self.nlinks = len(edges)
         self._routes: dict[tuple[int, int, int], PairRoute] = {}
         self._hosts = [topo.host_of(e) for e in self.endpoints]
+        self._ep_link: list[int] | None = None
+        self._pool_link: dict[int, int] = {}
+        self._add_cpu_links()
+
+    def _add_cpu_links(self) -> None:
+        """Virtual links for CPU-moved bytes: one per rank (its copy engine), one pool per host."""
+        eprate = self.params.endpoint_GBps
+        if not eprate:
+            return
+        transport = "tcp" if self.params.host_transport == "tcp" else "shm"
+        rate = eprate.get(transport) or next(iter(eprate.values()))
+        caps, names = [], []
+        self._ep_link = []
+        for r, e in enumerate(self.endpoints):
+            self._ep_link.append(self.nlinks + len(caps))
+            caps.append(rate * 1e3)
+            names.append(((e, e), "endpoint"))
+        if self.params.host_cores:
+            for h in sorted(set(self._hosts)):
+                self._pool_link[h] = self.nlinks + len(caps)
+                caps.append(rate * 1e3 * int(self.params.host_cores))
+                names.append(((f"cpu{h}", f"cpu{h}"), "cpu"))
+        cap = np.asarray(caps)
+        self.cap_Bpus = np.concatenate([self.cap_Bpus, cap])
+        self.line_Bpus = np.concatenate([self.line_Bpus, cap])
+        self.lat_us = np.concatenate([self.lat_us, np.zeros(cap.size)])
+        for (edge, tier) in names:
+            self.edges.append(edge)
+            self.link_type.append(tier)
+            self.link_tier.append(tier)
+        self.nlinks += cap.size
+
+    def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
+        if self._ep_link is None:
+            return ids
+        head = [self._ep_link[src]]
+        tail = [self._ep_link[dst]]
+        if self._pool_link:
+            head.append(self._pool_link[self._hosts[src]])
+            tail.insert(0, self._pool_link[self._hosts[dst]])
+        return np.concatenate([np.asarray(head, dtype=np.int64), ids, np.asarray(tail, dtype=np.int64)])
 
     @property
     def nranks(self) -> int:
@@ -76,8 +117,10 @@ class Fabric:
         types = {self.link_type[i] for i in ids}
         if types & {"ib", "ethernet"}:
             return "net"
-        if types & {"shm", "loopback"}:
-            return "host"
+        if "loopback" in types:
+            return "tcp"
+        if "shm" in types:
+            return "shm"
         if "nvlink" in types:
             return "nvlink"
         return "pci"
@@ -129,7 +172,9 @@ class Fabric:
         else:  # spray in proportion to each path's bottleneck capacity
             bott = np.array([self.cap_Bpus[i].min() for i in ids])
             w = bott / bott.sum()
-        route = PairRoute(ids, w, float(self.lat_us[ids[0]].sum()), self._classify(ids[0]))
+        cls = self._classify(ids[0])
+        ids = [self._cpu_wrap(src, dst, i) for i in ids]
+        route = PairRoute(ids, w, float(self.lat_us[ids[0]].sum()), cls)
         self._routes[key] = route
         return route
 

@@ -11,7 +11,7 @@ Every default below cites where it comes from.  A topology overrides any of them
     meta:
       sim:
         link_efficiency: {shm: 1.0}
-        msg_overhead_us: {host: 18.5}
+        msg_overhead_us: {shm: 18.5}
         reduce_GBps: 3.2
 
 `params_for(topo)` merges defaults, the topology's ``meta["sim"]`` and explicit overrides.
@@ -26,8 +26,8 @@ from ..errors import ConfigError
 
 # --- link classes -------------------------------------------------------------------------
 # The per-message overhead depends on the kind of path a message takes (NCCL's "hw" axis:
-# NVLink, PCI, network) plus, for ringflow's own CPU runtime, "host" (shm / loopback TCP).
-LINK_CLASSES = ("nvlink", "pci", "net", "host")
+# NVLink, PCI, network) plus, for ringflow's own CPU runtime, "shm" and "tcp" (loopback TCP).
+LINK_CLASSES = ("nvlink", "pci", "net", "shm", "tcp")
 
 # Achievable fraction of a link's per-direction line rate, by LinkType value.
 # - nvlink 0.822: NCCL's effective NVLink4 bandwidth is ~370 GB/s of the 450 GB/s line rate
@@ -61,11 +61,11 @@ class Protocol:
 #   PCI {1.0, 2.5, 5.7}, NET {2.7, 4.0, 9.6} us per step; bus bandwidth x 1/4 for LL
 #   (ring all-reduce) and x 0.92 for LL128 ("120.0/128.0").  Simple gets the full
 #   achievable bandwidth (the link efficiencies above were measured with Simple).
-#   "host" (ringflow's CPU runtime) has no NCCL figure: 0 until `ringflow calibrate` measures it.
+#   "shm" / "tcp" (ringflow's CPU runtime) have no NCCL figure: 0 until `ringflow calibrate` measures them.
 NCCL_PROTOCOLS: tuple[Protocol, ...] = (
-    Protocol("simple", 1.0, 8.4, {"nvlink": 3.4, "pci": 5.7, "net": 9.6, "host": 0.0}),
-    Protocol("ll128", 0.92, 10.0, {"nvlink": 1.9, "pci": 2.5, "net": 4.0, "host": 0.0}),
-    Protocol("ll", 0.25, 3.6, {"nvlink": 0.47, "pci": 1.0, "net": 2.7, "host": 0.0}),
+    Protocol("simple", 1.0, 8.4, {"nvlink": 3.4, "pci": 5.7, "net": 9.6, "shm": 0.0, "tcp": 0.0}),
+    Protocol("ll128", 0.92, 10.0, {"nvlink": 1.9, "pci": 2.5, "net": 4.0, "shm": 0.0, "tcp": 0.0}),
+    Protocol("ll", 0.25, 3.6, {"nvlink": 0.47, "pci": 1.0, "net": 2.7, "shm": 0.0, "tcp": 0.0}),
 )
 
 ROUTING_MODES = ("fixed", "ecmp", "spray")
@@ -90,6 +90,15 @@ class SimParams:
     # Between two PROC ranks of one host (ringflow's CPU runtime): "auto" = the topology's route,
     # "shm" = through shared memory, "tcp" = over loopback TCP (RINGFLOW_SHM_DISABLE=1).
     host_transport: str = "auto"
+    # ringflow's CPU runtime moves every byte with the CPU of the ranks at both ends (the sender
+    # copies into a shm slot / socket, the receiver copies or reduces out of it), one progress
+    # thread per rank.  `endpoint_GBps[transport]` is that per-rank copy engine: everything a
+    # rank sends *and* receives shares it.  `host_cores` caps a host's CPUs (a pool of
+    # host_cores x endpoint rate that every byte crosses once at each end): 4 ranks on 2 cores
+    # share 2 cores.  None = no such limit (GPUs: DMA engines and NVLink do the moving).
+    # Measured by `ringflow calibrate`; no default figure.
+    endpoint_GBps: dict[str, float] | None = None
+    host_cores: int | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -107,6 +116,11 @@ class SimParams:
             raise ConfigError(f"sim host_transport {self.host_transport!r} is unknown", "use auto, shm or tcp")
         if not self.protocols:
             raise ConfigError("sim protocols list is empty", "give at least one protocol")
+        for k, v in (self.endpoint_GBps or {}).items():
+            if not float(v) > 0:
+                raise ConfigError(f"sim endpoint_GBps[{k!r}]={v} must be > 0", "give a measured GB/s")
+        if self.host_cores is not None and int(self.host_cores) < 1:
+            raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps")):
             if rate is not None and rate <= 0:
                 raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")
