@@ -1,8 +1,75 @@
-"""CLI commands of this area (filled in by the issue that owns it)."""
+"""CLI of the runtime: `ringflow run`, `ringflow bench`, `ringflow store`."""
 from __future__ import annotations
+
+import sys
+import time
+from typing import List, Optional
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add run / bench / store to the app."""
+
+    @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def run_cmd(
+        nprocs: int = typer.Option(..., "-n", "--nprocs", help="Number of ranks to start on this host."),
+        timeout: Optional[float] = typer.Option(None, "--timeout", help="Kill the job after this many seconds "
+                                                "(exit code 124)."),
+        no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with [rank]."),
+        program: List[str] = typer.Argument(..., help="script.py [args...] (or -m module, or a command)"),
+    ) -> None:
+        """Start N local ranks with RINGFLOW_* set; stop all and exit with a failing rank's code."""
+        from ..runtime.launcher import run
+        raise typer.Exit(run(nprocs, program, timeout_s=timeout, prefix=not no_prefix))
+
+    @app.command("bench")
+    def bench_cmd(
+        collective: str = typer.Argument("all_reduce", help="all_reduce, all_gather, reduce_scatter, broadcast, "
+                                         "reduce, all_to_all, gather, scatter, or all"),
+        nprocs: int = typer.Option(2, "-n", "--nprocs", help="Ranks."),
+        min_size: str = typer.Option("8", "--min", "-b", help="Smallest message (bytes, or 1KiB ...)."),
+        max_size: str = typer.Option("64MiB", "--max", "-e", help="Largest message."),
+        factor: int = typer.Option(2, "--factor", "-f", help="Size multiplier between rows."),
+        algo: Optional[str] = typer.Option(None, "--algo", help="Force an algorithm (RINGFLOW_ALGO syntax)."),
+        dtype: str = typer.Option("float32", "--dtype", "-d", help="Element type."),
+        op: str = typer.Option("sum", "--op", "-o", help="Reduction op."),
+        iters: int = typer.Option(0, "--iters", "-n-iters", help="Timed iterations per size (0 = by size)."),
+        warmup: int = typer.Option(2, "--warmup", "-w", help="Untimed iterations per size."),
+        check: bool = typer.Option(False, "--check", "-c", help="Verify results (#wrong column)."),
+        shm_alloc: bool = typer.Option(False, "--alloc", help="Use comm.alloc() buffers."),
+        json_out: Optional[str] = typer.Option(None, "--json", help="Write rows as JSON to this file."),
+        timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
+    ) -> None:
+        """nccl-tests style benchmark on real local ranks (time, algbw, busbw, #wrong)."""
+        from ..runtime import bench
+        rows = bench.launch(collective, nprocs, min_size, max_size, factor=factor, algo=algo, dtype=dtype, op=op,
+                            iters=iters, warmup=warmup, check=check, alloc=shm_alloc, timeout_s=timeout)
+        bench.print_rows(rows)
+        if json_out:
+            from .common import write_json
+            write_json(json_out, rows)
+        if any(r["wrong"] for r in rows):
+            raise typer.Exit(1)
+
+    @app.command("store")
+    def store_cmd(
+        port: int = typer.Option(29400, "--port", "-p", help="TCP port."),
+        host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (numeric)."),
+        secret: Optional[str] = typer.Option(None, "--secret", help="Job secret (default: RINGFLOW_SECRET)."),
+    ) -> None:
+        """Serve a standalone rendezvous store (for large jobs); Ctrl-C stops it."""
+        from .. import config
+        from ..errors import ConfigError
+        from ..runtime.store import StoreServer
+        sec = secret or config.get("SECRET")
+        if not sec:
+            raise ConfigError("the store needs the job secret", "set RINGFLOW_SECRET or pass --secret")
+        server = StoreServer(host, port, sec)
+        sys.stdout.write(f"ringflow store listening on {server.address[0]}:{server.address[1]}\n")
+        sys.stdout.flush()
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            server.close()

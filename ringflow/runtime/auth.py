@@ -1,0 +1,117 @@
+"""Mutual HMAC challenge-response: every store and transport connection proves the job secret.
+
+Server -> client: ``RFAU`` + version + 32-byte nonce_s.
+Client -> server: 32-byte nonce_c + HMAC-SHA256(secret, "c" | context | nonce_s | nonce_c).
+Server -> client: 1 status byte (1 = accepted) + HMAC-SHA256(secret, "s" | context | nonce_c | nonce_s).
+The secret never crosses the wire; `context` separates the store from the transport so a proof
+for one cannot be replayed on the other.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import time
+
+from ..errors import InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
+
+log = logging.getLogger("ringflow.runtime")
+
+_HELLO = b"RFAU\x00\x01"
+_NONCE = 32
+_MAC = 32
+
+
+def new_secret() -> str:
+    """A fresh random job secret (hex)."""
+    return secrets.token_hex(32)
+
+
+def secret_bytes(secret: str | bytes) -> bytes:
+    """The secret as bytes; an empty secret is refused."""
+    if not secret:
+        raise InvalidArgument("empty job secret",
+                              "set RINGFLOW_SECRET (ringflow run sets it for you) or pass secret=")
+    return secret if isinstance(secret, bytes) else secret.encode()
+
+
+def recv_exact(sock: socket.socket, nbytes: int, deadline: float, what: str) -> bytes:
+    """Read exactly nbytes from a blocking socket before `deadline` (time.monotonic())."""
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    got = 0
+    while got < nbytes:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(f"timed out reading {what}", "the peer is slow or gone; raise the timeout")
+        sock.settimeout(left)
+        try:
+            n = sock.recv_into(view[got:], nbytes - got)
+        except socket.timeout:
+            continue
+        except OSError as exc:
+            raise SystemError(f"reading {what} failed: {exc}", "the peer closed the connection") from None
+        if n == 0:
+            raise RemoteError(f"connection closed while reading {what}", hint="the peer exited or refused us")
+        got += n
+    return bytes(buf)
+
+
+def _mac(secret: bytes, label: bytes, context: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(secret, label + b"|" + context + b"|" + a + b, hashlib.sha256).digest()
+
+
+def server_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0) -> bool:
+    """Challenge a connecting client; False (after logging the address) if it cannot prove the secret."""
+    deadline = time.monotonic() + timeout_s
+    nonce_s = os.urandom(_NONCE)
+    try:
+        sock.settimeout(timeout_s)
+        sock.sendall(_HELLO + nonce_s)
+        reply = recv_exact(sock, _NONCE + _MAC, deadline, "auth reply")
+        nonce_c, mac = reply[:_NONCE], reply[_NONCE:]
+        if not hmac.compare_digest(mac, _mac(secret, b"c", context, nonce_s, nonce_c)):
+            _refuse(sock, "wrong HMAC (not the job secret)")
+            return False
+        sock.sendall(b"\x01" + _mac(secret, b"s", context, nonce_c, nonce_s))
+        return True
+    except (OSError, Timeout, RemoteError, ProtocolError) as exc:
+        _refuse(sock, f"handshake failed: {exc}")
+        return False
+
+
+def _refuse(sock: socket.socket, why: str) -> None:
+    try:
+        addr = sock.getpeername()  # numeric address only: never resolve names
+    except OSError:
+        addr = "?"
+    log.warning("ringflow: refused connection from %s: %s", addr, why)
+    try:
+        sock.sendall(b"\x00")
+    except OSError:
+        pass
+
+
+def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0,
+                     what: str = "peer") -> None:
+    """Answer the server's challenge and check its proof; raises SystemError if refused."""
+    deadline = time.monotonic() + timeout_s
+    hello = recv_exact(sock, len(_HELLO) + _NONCE, deadline, f"auth challenge from {what}")
+    if hello[:len(_HELLO)] != _HELLO:
+        raise ProtocolError(f"{what} did not send a ringflow auth challenge", "check the address and port")
+    nonce_s = hello[len(_HELLO):]
+    nonce_c = os.urandom(_NONCE)
+    sock.sendall(nonce_c + _mac(secret, b"c", context, nonce_s, nonce_c))
+    try:
+        status = recv_exact(sock, 1, deadline, f"auth status from {what}")
+    except RemoteError:
+        status = b"\x00"
+    if status != b"\x01":
+        raise SystemError(f"{what} refused the connection: job secret does not match",
+                          "use the same RINGFLOW_SECRET on every rank and the store")
+    mac = recv_exact(sock, _MAC, deadline, f"auth proof from {what}")
+    if not hmac.compare_digest(mac, _mac(secret, b"s", context, nonce_c, nonce_s)):
+        raise SystemError(f"{what} could not prove the job secret", "you may be talking to an impostor")

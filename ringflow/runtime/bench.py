@@ -1,0 +1,219 @@
+"""`ringflow bench`: the nccl-tests table measured on real local ranks.
+
+Bus bandwidth factors are nccl-tests' (doc/PERFORMANCE.md in NVIDIA/nccl-tests):
+all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce 1;
+gather, scatter (n-1)/n. ``algbw = size / time``, ``busbw = algbw x factor``, where size is the
+nccl-tests size: the whole buffer for all_reduce / broadcast / reduce, the whole output for
+all_gather / gather, the whole input for reduce_scatter / scatter and all_to_all.
+Times are the median over iterations of the slowest rank's time (ranks are synchronised by a
+barrier before each timed iteration).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from ..units import format_size, parse_size, size_range
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
+               "scatter")
+REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw factor."""
+    if n <= 1:
+        return 1.0 if collective in ("broadcast", "reduce") else 0.0 if collective != "all_reduce" else 0.0
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+            "all_to_all": (n - 1) / n, "gather": (n - 1) / n, "scatter": (n - 1) / n,
+            "broadcast": 1.0, "reduce": 1.0}[collective]
+
+
+def default_iters(nbytes: int) -> int:
+    """Enough iterations for a stable median without running for minutes."""
+    if nbytes <= 64 * 1024:
+        return 200
+    if nbytes <= 4 * 2**20:
+        return 40
+    return 10
+
+
+def _fill(comm: Any, coll: str, nelem: int, dtype: np.dtype, alloc: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    n = comm.size
+    in_n = nelem if coll in ("all_reduce", "broadcast", "reduce", "all_to_all", "reduce_scatter", "scatter") \
+        else nelem // n
+    out_n = {"all_gather": nelem, "gather": nelem, "reduce_scatter": nelem // n, "scatter": nelem // n,
+             "all_to_all": nelem}.get(coll)
+    mk = (lambda k: comm.alloc(k, dtype)) if alloc else (lambda k: np.empty(k, dtype))
+    x = mk(in_n)
+    x[...] = ((np.arange(in_n) % 97) + comm.rank + 1).astype(dtype)
+    out = mk(out_n) if out_n is not None else None
+    return x, out
+
+
+def _expected(coll: str, n: int, rank: int, nelem: int, dtype: np.dtype, x_of) -> np.ndarray | None:
+    """Reference result for --check (None where a rank has no defined output)."""
+    xs = [x_of(r) for r in range(n)]
+    if coll == "all_reduce":
+        return sum(x.astype(np.float64) for x in xs).astype(dtype)
+    if coll == "reduce":
+        return sum(x.astype(np.float64) for x in xs).astype(dtype) if rank == 0 else None
+    if coll == "broadcast":
+        return xs[0]
+    if coll in ("all_gather", "gather"):
+        return np.concatenate(xs) if (coll == "all_gather" or rank == 0) else None
+    if coll == "reduce_scatter":
+        c = nelem // n
+        return sum(x.astype(np.float64) for x in xs).astype(dtype)[rank * c:(rank + 1) * c]
+    if coll == "scatter":
+        c = nelem // n
+        return xs[0][rank * c:(rank + 1) * c]
+    if coll == "all_to_all":
+        c = nelem // n
+        return np.concatenate([xs[r][rank * c:(rank + 1) * c] for r in range(n)])
+    return None
+
+
+def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) -> np.ndarray:
+    if coll == "all_reduce":
+        comm.all_reduce(x, op)
+        return x
+    if coll == "broadcast":
+        comm.broadcast(x, 0)
+        return x
+    if coll == "reduce":
+        comm.reduce(x, 0, op)
+        return x
+    if coll == "all_gather":
+        return comm.all_gather(x, out)
+    if coll == "gather":
+        return comm.gather(x, 0, out)
+    if coll == "reduce_scatter":
+        return comm.reduce_scatter(x, op, out)
+    if coll == "scatter":
+        return comm.scatter(x, 0, out)
+    if coll == "all_to_all":
+        return comm.all_to_all(x, out)
+    raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
+
+
+def worker(spec: dict) -> list[dict]:
+    """Body of one benchmark rank (run under `ringflow run`); rank 0 returns the rows."""
+    import ringflow
+    comm = ringflow.init()
+    n, rank = comm.size, comm.rank
+    dtype = np.dtype(spec["dtype"]) if spec["dtype"] != "bfloat16" else np.dtype("bfloat16")
+    rows = []
+    timer = np.zeros(1, np.float64)
+    for coll in spec["collectives"]:
+        for nbytes in spec["sizes"]:
+            nelem = nbytes // dtype.itemsize
+            if coll in ("all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"):
+                nelem -= nelem % n
+            if nelem == 0:
+                continue
+            op = spec["op"] if coll in REDUCTIONS else None
+            x, out = _fill(comm, coll, nelem, dtype, spec["alloc"])
+            x0 = x.copy()
+            iters = spec["iters"] or default_iters(nbytes)
+            for _ in range(spec["warmup"]):
+                x[...] = x0
+                _call(comm, coll, x, out, op or "sum")
+            times = []
+            for _ in range(iters):
+                if coll in ("all_reduce", "reduce", "broadcast"):
+                    x[...] = x0  # keep values bounded; excluded from the time
+                comm.barrier()
+                t0 = time.perf_counter()
+                _call(comm, coll, x, out, op or "sum")
+                timer[0] = time.perf_counter() - t0
+                comm.all_reduce(timer, "max")
+                times.append(float(timer[0]))
+            wrong = 0
+            if spec["check"]:
+                x[...] = x0
+                res = _call(comm, coll, x, out, op or "sum")
+                in_n = x0.size
+                exp = _expected(coll, n, rank, nelem, dtype,
+                                lambda r: ((np.arange(in_n) % 97) + r + 1).astype(dtype))
+                if exp is not None:
+                    wrong = int(np.count_nonzero(res.reshape(-1) != exp.reshape(-1)))
+                w = np.array([wrong], np.int64)
+                comm.all_reduce(w)
+                wrong = int(w[0])
+            t = float(np.median(times))
+            size = nelem * dtype.itemsize
+            algbw = size / t / 1e9 if t > 0 else 0.0
+            rows.append({"collective": coll, "nranks": n, "size_bytes": size, "count": nelem, "dtype": str(dtype),
+                         "redop": op or "none", "root": 0 if coll in ROOTED else -1, "time_us": t * 1e6,
+                         "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(coll, n), "wrong": wrong,
+                         "iters": iters, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
+                         "algorithm": spec.get("algo") or "auto"})
+    comm.destroy()
+    return rows if rank == 0 else []
+
+
+def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
+           algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
+           check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
+           extra_env: dict[str, str] | None = None) -> list[dict]:
+    """Run the benchmark on `nprocs` local ranks; the rows (as in --json)."""
+    colls = list(COLLECTIVES) if collective == "all" else [collective.replace("-", "_")]
+    for c in colls:
+        if c not in COLLECTIVES:
+            raise InvalidArgument(f"unknown collective {c!r}", f"use one of {', '.join(COLLECTIVES)} or all")
+    sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
+    spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
+            "check": check, "alloc": alloc, "algo": algo}
+    with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
+        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
+        with open(spec_path, "w") as fh:
+            json.dump(spec, fh)
+        env = dict(os.environ)
+        if algo:
+            env["RINGFLOW_ALGO"] = algo
+        env.update(extra_env or {})
+        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(nprocs), "--timeout", str(timeout_s),
+               "-m", "ringflow.runtime.bench", spec_path, out_path]
+        proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
+        if proc.returncode != 0:
+            from ..errors import SystemError
+            raise SystemError(f"benchmark ranks failed (exit code {proc.returncode})", "see the rank output above")
+        with open(out_path) as fh:
+            return json.load(fh)
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The nccl-tests table."""
+    from ..cli.common import print_table
+    by = {}
+    for r in rows:
+        by.setdefault((r["collective"], r["nranks"]), []).append(r)
+    for (coll, n), rs in by.items():
+        print_table(f"{coll}, {n} ranks", ["size", "count", "type", "redop", "root", "time (us)", "algbw (GB/s)",
+                                            "busbw (GB/s)", "#wrong"],
+                    [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["redop"], r["root"],
+                      f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}", r["wrong"]]
+                     for r in rs])
+
+
+def _main(argv: list[str]) -> None:
+    with open(argv[0]) as fh:
+        spec = json.load(fh)
+    rows = worker(spec)
+    if rows:
+        with open(argv[1], "w") as fh:
+            json.dump(rows, fh)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

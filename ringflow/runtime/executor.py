@@ -1,0 +1,311 @@
+"""Runs a Schedule between real processes: compile once per call shape, then drive transfers.
+
+`compile_plan` turns one rank's program into flat per-step lists of byte ranges (using the one
+chunk->element mapping, `layout.chunk_bounds`), cached per (schedule, shape, dtype, rank,
+in-place). `run_plan` executes it: per step, start every send and receive, progress them without
+blocking until all are done (waiting with `Waiter` when nothing moves), then run the local copies
+and reductions in listed order. Semantics follow `algorithms.schedule`: sends read values as of the
+start of the step (a send whose source a receive of the same step overwrites is snapshotted first).
+
+Cross-rank argument checks: every message carries the call signature. A schedule whose step 0
+exchanges exactly one message between every pair of ranks (e.g. the one-shot all-reduce) checks
+itself; others are preceded by a CHECK exchange of the call description. Either way every rank
+receives one message from every peer before any data moves, so disagreeing ranks all raise
+InvalidArgument and the communicator stays usable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..algorithms.layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
+from ..algorithms.schedule import Buffer, OpKind, Schedule
+from ..errors import InvalidArgument, RingflowError, Timeout
+from .transport import doorbell
+from .transport.base import Mismatch, Sink, XferOp
+from .transport.frames import Kind
+
+log_trace = os.environ.get("RINGFLOW_DEBUG", "").upper() == "TRACE"
+
+
+@dataclass(frozen=True)
+class Xfer:
+    """One send or receive of a compiled step (offsets and sizes in bytes; src_* for RECV_REDUCE)."""
+
+    kind: OpKind
+    peer: int
+    key: str
+    buf: Buffer
+    off: int
+    nbytes: int
+    src_buf: Buffer | None = None
+    src_off: int = 0
+    snapshot: bool = False
+
+
+@dataclass(frozen=True)
+class Local:
+    """One local COPY or REDUCE (offsets and sizes in elements)."""
+
+    kind: OpKind
+    dst: Buffer
+    dst_off: int
+    n: int
+    src: Buffer
+    src_off: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    xfers: tuple[Xfer, ...]
+    locals: tuple[Local, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's compiled program for one call shape."""
+
+    steps: tuple[StepPlan, ...]
+    scratch_elems: int
+    self_checking: bool
+    peers: tuple[int, ...] = field(default=())
+
+
+def _self_checking(schedule: Schedule) -> bool:
+    """True if step 0 moves exactly one channel-0 message each way between every pair of ranks."""
+    n = schedule.nranks
+    if n == 1:
+        return True
+    for r in range(n):
+        prog = schedule.steps(r)
+        if not prog:
+            return False
+        sends, recvs = [], []
+        for op in prog[0]:
+            if op.kind == OpKind.SEND:
+                sends.append((op.peer, op.channel))
+            elif op.kind.is_recv:
+                recvs.append((op.peer, op.channel))
+        want = sorted((p, 0) for p in range(n) if p != r)
+        if sorted(sends) != want or sorted(recvs) != want:
+            return False
+    return True
+
+
+_PLANS: dict[tuple, tuple[Schedule, "Plan"]] = {}
+_PLANS_MAX = 1024
+
+
+def compile_plan(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
+    """One rank's compiled program for this call shape (cached per schedule object and shape)."""
+    key = (id(schedule), shape, rank, inplace)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
+    plan = _compile(schedule, shape, rank, inplace)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = (schedule, plan)
+    return plan
+
+
+def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
+    """Flatten one rank's program into byte ranges for this call shape."""
+    isz = shape.itemsize
+    bounds = {b: chunk_bounds(shape, schedule, b, rank) for b in schedule.layouts}
+
+    def alias(b: Buffer) -> Buffer:
+        return Buffer.OUT if (inplace and b == Buffer.IN) else b
+
+    steps = []
+    peers = set()
+    for step in schedule.steps(rank):
+        xf, loc = [], []
+        recv_ranges = []
+        for op in step:
+            if op.kind.is_recv:
+                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
+                recv_ranges.append((alias(op.dst.buffer), o, o + n))
+        for op in step:
+            if op.kind == OpKind.SEND:
+                o, n = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
+                b = op.src.buffer
+                snap = any(alias(b) == rb and o < hi and lo < o + n for rb, lo, hi in recv_ranges)
+                xf.append(Xfer(OpKind.SEND, op.peer, f"c{op.channel}", b, o * isz, n * isz, snapshot=snap))
+                peers.add(op.peer)
+            elif op.kind == OpKind.RECV:
+                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
+                xf.append(Xfer(OpKind.RECV, op.peer, f"c{op.channel}", op.dst.buffer, o * isz, n * isz))
+                peers.add(op.peer)
+            elif op.kind == OpKind.RECV_REDUCE:
+                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
+                so, sn = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
+                if sn != n:
+                    raise InvalidArgument(f"schedule {schedule.algorithm}: recv_reduce sizes differ ({sn} vs {n})")
+                xf.append(Xfer(OpKind.RECV_REDUCE, op.peer, f"c{op.channel}", op.dst.buffer, o * isz, n * isz,
+                               op.src.buffer, so * isz))
+                peers.add(op.peer)
+            else:
+                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
+                so, sn = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
+                if sn != n:
+                    raise InvalidArgument(f"schedule {schedule.algorithm}: local op sizes differ ({sn} vs {n})")
+                loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
+        steps.append(StepPlan(tuple(xf), tuple(loc)))
+    scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0
+    return Plan(tuple(steps), scratch, _self_checking(schedule), tuple(sorted(peers)))
+
+
+class Waiter:
+    """Waits for progress on one lane: spin a little, then sleep on the lane's doorbell."""
+
+    def __init__(self, bell: doorbell.Doorbell, local_ranks: int, failure: Callable[[], None]) -> None:
+        self.bell = bell
+        self.spin_s = doorbell.spin_budget_s(local_ranks)
+        self.yield_ = doorbell.oversubscribed(local_ranks)
+        self.failure = failure  # raises if the communicator failed or was aborted
+
+    def wait(self, pending: list[XferOp], deadline: float, what: str) -> None:
+        """Return when some op may progress; raise on failure, abort or timeout."""
+        self.failure()
+        shm = [op for op in pending if op.is_shm]
+        if shm:
+            end = time.monotonic() + self.spin_s
+            while True:
+                for op in shm:
+                    if op.ready():
+                        return
+                if self.yield_:
+                    os.sched_yield()
+                if time.monotonic() > end:
+                    break
+        for op in shm:
+            op.set_waiting(1)
+        try:
+            for op in shm:
+                if op.ready():
+                    return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                peers = sorted({op.peer for op in pending})
+                raise Timeout(f"{what} timed out waiting for ranks {peers}",
+                              "a peer is slow, stuck or called a different collective; raise timeout= or "
+                              "RINGFLOW_TIMEOUT, or check every rank calls the same sequence")
+            fds = [fd for op in pending for fd in op.fds]
+            self.bell.sleep(min(left, doorbell.SLEEP_CAP_S if shm else 0.5), fds)
+        finally:
+            for op in shm:
+                op.set_waiting(0)
+        self.failure()
+
+
+def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str) -> None:
+    """Progress every op to completion."""
+    pending = ops
+    while pending:
+        moved = False
+        for op in pending:
+            if op.progress():
+                moved = True
+        pending = [op for op in pending if not op.done]
+        if pending and not moved:
+            waiter.wait(pending, deadline, what)
+
+
+@dataclass
+class CallContext:
+    """What a run needs besides the plan."""
+
+    transport: object
+    waiter: Waiter
+    sig: int
+    op_seq: int
+    description: str
+    deadline: float
+    nranks: int
+    rank: int
+    checks: bool
+
+
+def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
+    """Send this call's description to every peer and compare theirs (CHECK frames on channel 0)."""
+    t = ctx.transport
+    payload = np.frombuffer(ctx.description.encode(), dtype=np.uint8)
+    ops: list[XferOp] = []
+    for p in peers:
+        ops.append(t.out(p, "c0", ctx.deadline).send(payload, Kind.CHECK, ctx.sig, ctx.op_seq, 0))
+    recvs = [t.inn(p, "c0").recv(None, -1, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0) for p in peers]
+    drive(ops + recvs, ctx.waiter, ctx.deadline, "argument check")
+    _raise_mismatch(recvs, ctx)
+
+
+def _raise_mismatch(recvs: list[XferOp], ctx: CallContext) -> None:
+    bad = [op.mismatch for op in recvs if op.mismatch is not None]
+    if bad:
+        raise bad[0].error(ctx.description)
+
+
+def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable) -> None:
+    """Execute a compiled plan on flat typed arrays (IN/OUT/SCRATCH)."""
+    t = ctx.transport
+    n = ctx.nranks
+    if ctx.checks and n > 1 and not plan.self_checking:
+        check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
+    u8 = {b: a.view(np.uint8) for b, a in arrays.items()}
+    dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
+    isz = dtype.itemsize
+    for si, step in enumerate(plan.steps):
+        if step.xfers:
+            check_step = ctx.checks and si == 0 and plan.self_checking and n > 1
+            ops: list[XferOp] = []
+            recvs: list[XferOp] = []
+            for x in step.xfers:
+                if x.kind == OpKind.SEND:
+                    src = u8[x.buf][x.off:x.off + x.nbytes]
+                    if x.snapshot:
+                        src = src.copy()
+                    ops.append(t.out(x.peer, x.key, ctx.deadline).send(src, Kind.DATA, ctx.sig, ctx.op_seq, 0))
+                else:
+                    if x.kind == OpKind.RECV:
+                        sink = Sink(u8[x.buf][x.off:x.off + x.nbytes])
+                    else:
+                        a, b = x.off // isz, (x.off + x.nbytes) // isz
+                        sa = x.src_off // isz
+                        sink = Sink(u8[x.buf][x.off:x.off + x.nbytes], ufunc=ufunc,
+                                    src_t=arrays[x.src_buf][sa:sa + (b - a)], dst_t=arrays[x.buf][a:b], dtype=dtype)
+                    r = t.inn(x.peer, x.key).recv(sink, x.nbytes, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
+                    ops.append(r)
+                    recvs.append(r)
+            drive(ops, ctx.waiter, ctx.deadline, f"step {si}")
+            bad = [op.mismatch for op in recvs if op.mismatch is not None]
+            if bad:
+                if check_step:
+                    raise bad[0].error(ctx.description)
+                raise _Broken(bad[0])
+        for lo in step.locals:
+            dst = arrays[lo.dst][lo.dst_off:lo.dst_off + lo.n]
+            src = arrays[lo.src][lo.src_off:lo.src_off + lo.n]
+            if lo.kind == OpKind.COPY:
+                np.copyto(dst, src)
+            else:
+                ufunc(dst, src, out=dst)
+
+
+class _Broken(RingflowError):
+    """A mismatch found after data moved: the communicator's channels are out of step."""
+
+    def __init__(self, mismatch: Mismatch) -> None:
+        self.mismatch = mismatch
+        super().__init__(f"rank {mismatch.peer} sent {mismatch.got_nbytes} bytes where "
+                         f"{mismatch.want_nbytes} were expected")
+
+
+def describe(collective: str, count: int, dtype: np.dtype, op: str | None, root: int | None, algorithm: str) -> str:
+    """The human-readable call description exchanged by the argument check."""
+    return json.dumps({"collective": collective, "count": count, "dtype": str(dtype), "op": op, "root": root,
+                       "algorithm": algorithm})

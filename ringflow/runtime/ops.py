@@ -1,0 +1,87 @@
+"""Reduction ops and dtypes: names to NumPy ufuncs, arrays and tensors to flat NumPy views."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import InvalidArgument
+
+try:  # bfloat16 lives in ml_dtypes (a dependency); keep the import soft for odd installs
+    import ml_dtypes
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover
+    BFLOAT16 = None
+
+UFUNCS: dict[str, Callable] = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
+                               "avg": np.add}
+OP_ALIASES = {"add": "sum", "mul": "prod", "product": "prod", "minimum": "min", "maximum": "max",
+              "mean": "avg", "average": "avg", "band": None}
+SUPPORTED_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                    "float16", "bfloat16", "float32", "float64")
+
+
+def parse_op(op: Any) -> str:
+    """Normalise an op name ('sum', 'SUM', ReduceOp.SUM from torch) to one of UFUNCS."""
+    name = getattr(op, "name", None) or str(op)
+    name = name.lower().rsplit(".", 1)[-1]
+    name = OP_ALIASES.get(name, name) or name
+    if name not in UFUNCS:
+        raise InvalidArgument(f"unknown reduction op {op!r}", f"use one of {', '.join(UFUNCS)}")
+    return name
+
+
+def check_dtype(dtype: np.dtype) -> np.dtype:
+    """Accept the numeric dtypes ringflow reduces; a typed error for the rest."""
+    if dtype.name not in SUPPORTED_DTYPES:
+        raise InvalidArgument(f"dtype {dtype} is not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
+    return dtype
+
+
+def finish_avg(out: np.ndarray, nranks: int) -> None:
+    """Turn a sum into an average in place (integers: floor division)."""
+    if nranks == 1:
+        return
+    if out.dtype.kind in "iu":
+        np.floor_divide(out, out.dtype.type(nranks), out=out)
+    else:
+        np.divide(out, out.dtype.type(nranks), out=out)
+
+
+class Buf:
+    """A user buffer seen as a flat, C-contiguous NumPy array (torch tensors share memory)."""
+
+    __slots__ = ("orig", "arr", "flat", "shape")
+
+    def __init__(self, obj: Any, what: str = "buffer") -> None:
+        self.orig = obj
+        arr = as_numpy(obj, what)
+        if not arr.flags.c_contiguous:
+            raise InvalidArgument(f"{what} is not contiguous", "pass a contiguous array (np.ascontiguousarray "
+                                  "or tensor.contiguous())")
+        if not arr.flags.writeable:
+            raise InvalidArgument(f"{what} is read-only", "pass a writeable array")
+        check_dtype(arr.dtype)
+        self.arr, self.shape = arr, arr.shape
+        self.flat = arr.reshape(-1)
+
+
+def as_numpy(obj: Any, what: str = "buffer") -> np.ndarray:
+    """A NumPy view of an ndarray or a CPU torch tensor (bfloat16 through an int16 view)."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    mod = type(obj).__module__
+    if mod.startswith("torch"):
+        import torch  # lazy: only when a tensor is passed
+        t = obj
+        if t.device.type != "cpu":
+            raise InvalidArgument(f"{what} is on {t.device}", "ringflow moves CPU tensors; call .cpu() first")
+        if t.requires_grad:
+            t = t.detach()
+        if t.dtype == torch.bfloat16:
+            if BFLOAT16 is None:  # pragma: no cover
+                raise InvalidArgument("bfloat16 needs ml_dtypes", "pip install ml_dtypes")
+            return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.numpy()
+    raise InvalidArgument(f"{what} must be a numpy array or a CPU torch tensor, got {type(obj).__name__}",
+                          "convert it with np.asarray(...)")

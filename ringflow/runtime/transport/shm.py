@@ -1,0 +1,304 @@
+"""Shared-memory transport: one ring of slots per (sender, receiver, connection key).
+
+Layout of a connection segment (``/dev/shm/ringflow-<job>-<uid>-<src>-<dst>-<key>``, mode 0600,
+created by the sender, unlinked by the receiver as soon as it has mapped it, so a killed job
+leaves nothing behind)::
+
+    word 0 ready magic (written last by the creator) | 1 nslots | 2 slot_bytes
+    word 8 tail: slots consumed by the receiver     | 16 sender waiting | 24 receiver waiting
+    from byte 512: one 64-byte header per slot: flag (= slot number + 1, written after the data),
+        message seq, message nbytes, slice offset, sig, kind, op_seq, tag
+    from byte 4096: nslots data slots of slot_bytes each
+
+A message of N bytes is cut into slices of at most slot_bytes; the sender copies a slice into a
+free slot (one copy) and raises its flag; the receiver copies or reduces it straight from the
+slot into the destination (``np.add(src, slot, out=dst)``) and advances `tail`. Small messages
+ride with their flag in one slot (the LL idea). With `nslots` slots in flight, copy and reduce of
+consecutive slices overlap across the two processes.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from ...errors import ProtocolError, SystemError
+from . import doorbell
+from .base import Mismatch, Sink, XferOp
+from .frames import Kind
+
+MAGIC_WORD = 0x52464C5753484D31  # 'RFLWSHM1'
+W_MAGIC, W_NSLOTS, W_SLOTB, W_TAIL, W_SWAIT, W_RWAIT = 0, 1, 2, 8, 16, 24
+SLOT_HDR_WORD = 64
+DATA_OFF = 4096
+MAX_SLOTS = (DATA_OFF - SLOT_HDR_WORD * 8) // 64
+SHM_DIR = "/dev/shm"
+
+
+def segment_name(job: str, uid: str, src: int, dst: int, key: str) -> str:
+    """The per-job, per-communicator name of one connection segment."""
+    return f"ringflow-{job}-{uid}-{src}-{dst}-{key}"
+
+
+class _Mapped:
+    def __init__(self, mm: mmap.mmap, nslots: int, slot_bytes: int) -> None:
+        self.mm = mm
+        self.ctl = memoryview(mm).cast("B")[:DATA_OFF].cast("Q")
+        self.nslots, self.slot_bytes = nslots, slot_bytes
+        arr = np.frombuffer(mm, dtype=np.uint8)
+        self.slots = [arr[DATA_OFF + i * slot_bytes: DATA_OFF + (i + 1) * slot_bytes] for i in range(nslots)]
+
+    def close(self) -> None:
+        try:
+            self.ctl.release()
+        except Exception:  # noqa: BLE001 - exported numpy views may still exist; the GC unmaps later
+            pass
+        self.slots = []
+        try:
+            self.mm.close()
+        except BufferError:
+            pass
+
+
+def _create(name: str, nbytes: int) -> mmap.mmap:
+    path = os.path.join(SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        # a stale segment of a killed run of this job/communicator: replace it
+        os.unlink(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise SystemError(f"cannot create shared memory {path}: {exc}",
+                          "check /dev/shm space and permissions, or set RINGFLOW_SHM_DISABLE=1") from None
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    except OSError as exc:
+        os.unlink(path)
+        raise SystemError(f"cannot size shared memory {path} to {nbytes} bytes: {exc}",
+                          "containers need a larger /dev/shm (docker --shm-size), or lower RINGFLOW_BUFFSIZE") from None
+    finally:
+        os.close(fd)
+
+
+def unlink_quiet(name: str) -> None:
+    """Remove a segment name if it still exists."""
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except OSError:
+        pass
+
+
+class ShmOut:
+    """The sending side of one connection (creates the segment)."""
+
+    def __init__(self, name: str, nslots: int, slot_bytes: int, peer: int, peer_bell: bytes) -> None:
+        nslots = max(2, min(nslots, MAX_SLOTS))
+        slot_bytes = max(64, slot_bytes - slot_bytes % 64)
+        self.name, self.peer, self.peer_bell = name, peer, peer_bell
+        mm = _create(name, DATA_OFF + nslots * slot_bytes)
+        self.m = _Mapped(mm, nslots, slot_bytes)
+        c = self.m.ctl
+        c[W_NSLOTS], c[W_SLOTB] = nslots, slot_bytes
+        c[W_MAGIC] = MAGIC_WORD
+        self.head = 0
+        self.tail = 0
+        self.msg_seq = 0
+
+    def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> "ShmSend":
+        """Start sending one message."""
+        return ShmSend(self, src_u8, kind, sig, op_seq, tag)
+
+    def close(self) -> None:
+        """Unmap (and unlink, in case the receiver never opened it)."""
+        unlink_quiet(self.name)
+        self.m.close()
+
+
+class ShmSend(XferOp):
+    """One outgoing message on shared memory."""
+
+    is_shm = True
+    __slots__ = ("o", "src", "total", "off", "kind", "sig", "op_seq", "tag", "started", "peer", "done", "moved")
+
+    def __init__(self, o: ShmOut, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> None:
+        self.o, self.src, self.total = o, src_u8, int(src_u8.shape[0])
+        self.off, self.kind, self.sig, self.op_seq, self.tag = 0, int(kind), sig & 0xFFFFFFFF, op_seq, tag & 0xFFFFFFFF
+        self.started, self.done, self.peer, self.moved = False, False, o.peer, False
+
+    def progress(self) -> bool:
+        o = self.o
+        m = o.m
+        c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
+        moved = False
+        while not self.done:
+            h = o.head
+            if h - o.tail >= nslots:
+                o.tail = c[W_TAIL]
+                if h - o.tail >= nslots:
+                    return moved
+            i = h % nslots
+            off = self.off
+            n = min(sb, self.total - off)
+            if n:
+                m.slots[i][:n] = self.src[off:off + n]
+            b = SLOT_HDR_WORD + i * 8
+            c[b + 1] = o.msg_seq
+            c[b + 2] = self.total
+            c[b + 3] = off
+            c[b + 4] = self.sig
+            c[b + 5] = self.kind
+            c[b + 6] = self.op_seq
+            c[b + 7] = self.tag
+            c[b] = h + 1
+            o.head = h + 1
+            self.off = off + n
+            moved = self.moved = True
+            if self.off >= self.total:
+                self.done = True
+                o.msg_seq += 1
+            if c[W_RWAIT]:
+                doorbell.ring(o.peer_bell)
+        return moved
+
+    def ready(self) -> bool:
+        o = self.o
+        return o.head - o.m.ctl[W_TAIL] < o.m.nslots
+
+    def set_waiting(self, flag: int) -> None:
+        self.o.m.ctl[W_SWAIT] = flag
+
+
+class ShmIn:
+    """The receiving side of one connection (maps the sender's segment when it appears)."""
+
+    def __init__(self, name: str, peer: int, peer_bell: bytes) -> None:
+        self.name, self.peer, self.peer_bell = name, peer, peer_bell
+        self.m: _Mapped | None = None
+        self.head = 0
+        self.msg_seq = 0
+
+    def try_open(self) -> bool:
+        """Map the segment if the sender has created it; then unlink its name."""
+        if self.m is not None:
+            return True
+        path = os.path.join(SHM_DIR, self.name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise SystemError(f"cannot open shared memory {path}: {exc}", "check /dev/shm permissions") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < DATA_OFF:
+                return False
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        ctl = memoryview(mm).cast("B")[:DATA_OFF].cast("Q")
+        ok = ctl[W_MAGIC] == MAGIC_WORD
+        nslots, sb = int(ctl[W_NSLOTS]), int(ctl[W_SLOTB])
+        ctl.release()
+        if not ok:
+            mm.close()
+            return False
+        if not (2 <= nslots <= MAX_SLOTS) or DATA_OFF + nslots * sb != size:
+            mm.close()
+            raise ProtocolError(f"shared memory {self.name} from rank {self.peer} has a bad layout "
+                                f"({nslots} slots of {sb} bytes in {size} bytes)", "run one ringflow version")
+        self.m = _Mapped(mm, nslots, sb)
+        unlink_quiet(self.name)
+        return True
+
+    def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "ShmRecv":
+        """Start receiving one message of nbytes into sink (None: discard)."""
+        return ShmRecv(self, sink, nbytes, sig, check, op_seq, tag)
+
+    def close(self) -> None:
+        """Unmap."""
+        if self.m is not None:
+            self.m.close()
+            self.m = None
+        unlink_quiet(self.name)
+
+
+class ShmRecv(XferOp):
+    """One incoming message on shared memory."""
+
+    is_shm = True
+
+    def __init__(self, i: ShmIn, sink: Sink | None, nbytes: int, sig: int, check: bool, op_seq: int, tag: int) -> None:
+        self.i, self.sink, self.want, self.sig, self.check = i, sink, nbytes, sig & 0xFFFFFFFF, check
+        self.op_seq, self.tag = op_seq, tag & 0xFFFFFFFF
+        self.off, self.total, self.first = 0, -1, True
+        self.drain = False
+        self.done, self.peer, self.mismatch, self.moved = False, i.peer, None, False
+        self.detail = bytearray()
+
+    def progress(self) -> bool:
+        i = self.i
+        m = i.m
+        if m is None:
+            if not i.try_open():
+                return False
+            m = i.m
+        c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
+        moved = False
+        while not self.done:
+            h = i.head
+            s = h % nslots
+            b = SLOT_HDR_WORD + s * 8
+            if c[b] != h + 1:
+                return moved
+            total, off = c[b + 2], c[b + 3]
+            if self.first:
+                self._first(c, b, total)
+            if off != self.off or total != self.total or off > total:
+                raise ProtocolError(f"shared-memory slice from rank {i.peer} out of order "
+                                    f"(offset {off} of {total}, expected {self.off} of {self.total})",
+                                    "a peer process is corrupt or from another ringflow version")
+            n = min(sb, total - off)
+            if self.drain:
+                if c[b + 5] == Kind.CHECK and len(self.detail) < 4096:
+                    self.detail += m.slots[s][:n].tobytes()
+            elif n:
+                self.sink.consume(off, m.slots[s][:n])
+            self.off = off + n
+            i.head = h + 1
+            c[W_TAIL] = h + 1
+            moved = self.moved = True
+            if self.off >= total:
+                self.done = True
+                i.msg_seq += 1
+                if self.mismatch is not None:
+                    self.mismatch.detail = bytes(self.detail)
+            if c[W_SWAIT]:
+                doorbell.ring(i.peer_bell)
+        return moved
+
+    def _first(self, c: memoryview, b: int, total: int) -> None:
+        self.first = False
+        self.total = total
+        if c[b + 1] != self.i.msg_seq:
+            raise ProtocolError(f"out-of-sequence message from rank {self.i.peer} on shared memory: "
+                                f"seq {c[b + 1]}, expected {self.i.msg_seq}", "the connection cannot be trusted")
+        kind, sig = c[b + 5], c[b + 4]
+        want_kind = Kind.CHECK if self.want < 0 else Kind.DATA
+        bad = kind != want_kind or (self.check and sig != self.sig) or (self.want >= 0 and total != self.want)
+        if bad:
+            self.mismatch = Mismatch(self.i.peer, total, self.want, sig, self.sig)
+        if bad or self.sink is None:
+            self.drain = True
+
+    def ready(self) -> bool:
+        i = self.i
+        if i.m is None:
+            return i.try_open()
+        return i.m.ctl[SLOT_HDR_WORD + (i.head % i.m.nslots) * 8] == i.head + 1
+
+    def set_waiting(self, flag: int) -> None:
+        if self.i.m is not None:
+            self.i.m.ctl[W_RWAIT] = flag

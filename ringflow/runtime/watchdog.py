@@ -1,0 +1,203 @@
+"""Control connections between every pair of ranks, watched by one thread per communicator.
+
+A killed peer's control socket reaches EOF at once, so survivors learn of the death immediately
+(RemoteError naming the rank), even while they wait on shared memory. Heartbeats every
+HEARTBEAT_INTERVAL_S catch peers that vanish without EOF (a link that goes down); silence for
+HEARTBEAT_TIMEOUT_S counts as death. ABORT, BYE (clean destroy) and MISMATCH (a rank found
+disagreeing arguments) travel on the same sockets.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from typing import Callable
+
+from ..errors import ProtocolError, RemoteError, RingflowError, Timeout
+from .transport import frames
+from .transport.frames import Kind
+from .transport.tcp import read_frame
+
+log = logging.getLogger("ringflow.runtime")
+
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 6.0
+
+
+class Watchdog:
+    """Owns the control sockets of one rank of one communicator."""
+
+    def __init__(self, rank: int, on_failure: Callable[[RingflowError], None],
+                 on_mismatch: Callable[[int, str], None]) -> None:
+        self.rank = rank
+        self.on_failure, self.on_mismatch = on_failure, on_mismatch
+        self._socks: dict[int, socket.socket] = {}
+        self._locks: dict[int, threading.Lock] = {}
+        self._out_seq: dict[int, int] = {}
+        self._in_seq: dict[int, int] = {}
+        self._last: dict[int, float] = {}
+        self.departed: set[int] = set()
+        self.dead: dict[int, str] = {}
+        self._cond = threading.Condition()
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def add(self, peer: int, sock: socket.socket, dialed: bool) -> None:
+        """Register the control socket to `peer` (dialed: this rank connected and sent HELLO)."""
+        with self._cond:
+            old = self._socks.get(peer)
+            self._socks[peer] = sock
+            self._locks[peer] = threading.Lock()
+            self._out_seq[peer] = 1 if dialed else 0
+            self._in_seq[peer] = 0 if dialed else 1
+            self._last[peer] = time.monotonic()
+            self._cond.notify_all()
+        if old is not None:
+            old.close()
+        self._poke()
+
+    def wait_connected(self, peers: list[int], deadline: float) -> None:
+        """Block until a control socket to every peer exists."""
+        with self._cond:
+            while not all(p in self._socks for p in peers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [p for p in peers if p not in self._socks]
+                    raise Timeout(f"ranks {missing} did not connect within the timeout",
+                                  "those ranks did not start, or a firewall/interface blocks them "
+                                  "(RINGFLOW_SOCKET_IFNAME)")
+                self._cond.wait(min(left, 0.5))
+
+    def start(self) -> None:
+        """Start watching."""
+        self._thread = threading.Thread(target=self._loop, name="ringflow-watchdog", daemon=True)
+        self._thread.start()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._w, b"x")
+        except OSError:
+            pass
+
+    def send(self, peer: int, kind: Kind, payload: bytes = b"", **fields: int) -> bool:
+        """Send a control frame to one peer; False if it could not be sent."""
+        with self._cond:
+            sock, lock = self._socks.get(peer), self._locks.get(peer)
+        if sock is None or lock is None:
+            return False
+        try:
+            with lock:
+                seq = self._out_seq[peer]
+                self._out_seq[peer] = seq + 1
+                sock.settimeout(2.0)
+                sock.sendall(frames.pack(kind, seq, len(payload), **fields) + payload)
+            return True
+        except OSError:
+            return False
+
+    def broadcast(self, kind: Kind, payload: bytes = b"", **fields: int) -> None:
+        """Send a control frame to every connected peer (best effort)."""
+        with self._cond:
+            peers = list(self._socks)
+        for p in peers:
+            self.send(p, kind, payload, **fields)
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
+        while not self._stop:
+            with self._cond:
+                socks = dict(self._socks)
+            fd_peer = {s.fileno(): p for p, s in socks.items() if s.fileno() >= 0}
+            try:
+                ready, _, _ = select.select([self._r, *fd_peer], [], [], HEARTBEAT_INTERVAL_S / 2)
+            except (OSError, ValueError):
+                if self._stop:
+                    return
+                time.sleep(0.01)
+                continue
+            if self._stop:
+                return
+            for fd in ready:
+                if fd == self._r:
+                    try:
+                        os.read(self._r, 4096)
+                    except OSError:
+                        pass
+                    continue
+                peer = fd_peer[fd]
+                self._read(peer, socks[peer])
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + HEARTBEAT_INTERVAL_S
+                for p in list(socks):
+                    if p not in self.dead and p not in self.departed:
+                        self.send(p, Kind.HEARTBEAT)
+                        if now - self._last.get(p, now) > HEARTBEAT_TIMEOUT_S:
+                            self._dead(p, f"no heartbeat for {now - self._last[p]:.1f}s (link down or host hung)")
+
+    def _read(self, peer: int, sock: socket.socket) -> None:
+        try:
+            f, body = read_frame(sock, time.monotonic() + 2.0, f"rank {peer} (control)", self._in_seq[peer])
+        except (RemoteError, OSError, Timeout) as exc:
+            if peer in self.departed:
+                self._drop(peer)
+            else:
+                self._dead(peer, f"its connection closed ({type(exc).__name__})")
+            return
+        except ProtocolError as exc:
+            log.warning("ringflow: rank %d sent a bad control frame: %s", peer, exc)
+            self._dead(peer, f"it sent a malformed control frame: {exc.message}")
+            return
+        self._in_seq[peer] += 1
+        self._last[peer] = time.monotonic()
+        if f.kind == Kind.ABORT:
+            self._dead(peer, "it aborted its communicator", aborted=True)
+        elif f.kind == Kind.BYE:
+            self.departed.add(peer)
+        elif f.kind == Kind.MISMATCH:
+            try:
+                msg = json.loads(body).get("message", "")
+            except ValueError:
+                msg = ""
+            self.on_mismatch(f.op_seq, msg or f"rank {peer} found mismatched arguments")
+
+    def _drop(self, peer: int) -> None:
+        with self._cond:
+            s = self._socks.pop(peer, None)
+        if s is not None:
+            s.close()
+
+    def _dead(self, peer: int, why: str, aborted: bool = False) -> None:
+        if peer in self.dead:
+            return
+        self.dead[peer] = why
+        self._drop(peer)
+        log.warning("ringflow: rank %d: peer rank %d failed: %s", self.rank, peer, why)
+        self.on_failure(RemoteError(f"rank {peer} failed: {why}", rank=peer,
+                                    hint="the communicator is unusable; shrink it or create a new one"))
+
+    def close(self) -> None:
+        """Stop the thread and close every control socket."""
+        self._stop = True
+        self._poke()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        with self._cond:
+            socks = list(self._socks.values())
+            self._socks.clear()
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
