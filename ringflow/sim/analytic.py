@@ -123,7 +123,8 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     if table.lrank.size:
         np.maximum.at(last, table.lrank, table.lstep)
     return AnalyticModel(table, flows, [p.name for p in params.protocols],
-                         np.array([p.base_us for p in params.protocols]), line_step, line_a, line_c,
+                         np.array([p.base_us + params.call_overhead_per_peer_us * (table.nranks - 1)
+                                   for p in params.protocols]), line_step, line_a, line_c,
                          starts, steps_present, local_c, link_frac, last)
 
 

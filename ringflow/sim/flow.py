@@ -257,6 +257,6 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     notes = []
     if np.isnan(t_end).any():
         notes.append(f"{int(np.isnan(t_end).sum())} transfers never ran (unmatched send/receive?)")
-    return FlowOutcome(float(max(rank_finish.max(initial=0.0), now)) + float(protocol.base_us),
-                       rank_finish + protocol.base_us, link_bytes, t_start + protocol.base_us,
-                       t_end + protocol.base_us, events, solves, notes)
+    base = float(protocol.base_us) + params.call_overhead_per_peer_us * (R - 1)
+    return FlowOutcome(float(max(rank_finish.max(initial=0.0), now)) + base, rank_finish + base, link_bytes,
+                       t_start + base, t_end + base, events, solves, notes)

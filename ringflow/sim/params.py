@@ -98,6 +98,9 @@ class SimParams:
     # share 2 cores.  None = no such limit (GPUs: DMA engines and NVLink do the moving).
     # Measured by `ringflow calibrate`; no default figure.
     endpoint_GBps: dict[str, float] | None = None
+    # Fixed cost per collective call and per peer on top of the protocol's base_us: ringflow's
+    # runtime exchanges the call's description with every peer before data moves (argument check).
+    call_overhead_per_peer_us: float = 0.0
     host_cores: int | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact

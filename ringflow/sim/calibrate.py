@@ -1,0 +1,116 @@
+"""`ringflow calibrate`: measure this machine with ringflow's own runtime, write a host-cpu topology.
+
+Measurements (``_calib_worker``, real processes over the real transports, best of 3 batches):
+
+- ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-message latency
+  alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha, at 2 and at 4 ranks (the runtime's
+  argument check talks to every peer: overhead = base + per_peer x (n - 1));
+- ``oneway``: rank 0 -> rank 1 at 64 KiB .. 16 MiB -> one-way bandwidth (1 / least-squares slope);
+- ``exchange``: 0 <-> 1 at once -> per-direction bandwidth; a rank's copy engine carries both
+  directions, so endpoint_GBps = 2 x that;
+- ``exchange_reduce``: the same with reduction -> extra seconds per reduced byte -> reduce_GBps.
+
+Each transport (shm, and TCP with RINGFLOW_SHM_DISABLE=1) is measured separately.  `fit` turns
+the numbers into a topology whose SHM / LOOPBACK edges carry the one-way bandwidth and latency and
+whose ``meta["sim"]`` carries the rest; `tests/test_sim_calibrate.py` checks the round trip.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from ..errors import SystemError as RFSystemError
+
+
+def measure(nranks: int, transport: str, quick: bool = False, timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run the calibration worker on `nranks` local ranks over `transport` ('shm' or 'tcp')."""
+    from ..runtime import launcher
+    with tempfile.TemporaryDirectory(prefix="ringflow-cal-") as d:
+        out = os.path.join(d, "cal.json")
+        argv = [sys.executable, "-m", "ringflow.sim._calib_worker", out] + (["quick"] if quick else [])
+        env = {"RINGFLOW_SHM_DISABLE": "1" if transport == "tcp" else "0"}
+        code = launcher.run(nranks, argv, timeout_s=timeout_s, prefix=True, extra_env=env)
+        if code != 0 or not os.path.exists(out):
+            raise RFSystemError(f"calibration job ({nranks} ranks, {transport}) failed with exit code {code}",
+                                "run `ringflow run -n 2 ...` to check the runtime works on this machine")
+        with open(out) as fh:
+            return json.load(fh)
+
+
+def _line(points: dict[str, float]) -> tuple[float, float]:
+    """Least-squares t = a + b x over (bytes, microseconds): (a us, b us per byte)."""
+    x = np.array([float(k) for k in points])
+    y = np.array([float(v) for v in points.values()])
+    A = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    return float(a), float(max(b, 1e-12))
+
+
+def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
+        cores: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """measured[transport][nranks] = worker output -> (host-cpu Topology, report of fitted parameters)."""
+    from ..topology import Topology
+    from ..topology.presets import build_host_cpu
+    report: dict[str, dict[str, Any]] = {}
+    per: dict[str, dict[str, float]] = {}
+    for tr, by_n in measured.items():
+        ns = sorted(by_n)
+        r2 = by_n[ns[0]]["results"]
+        t1, t8 = r2["steps1"]["4"], r2["steps8"]["4"]
+        alpha = max(0.0, (t8 - t1) / 7.0)
+        over = {n: max(0.0, by_n[n]["results"]["steps1"]["4"] - alpha) for n in ns}
+        if len(ns) > 1:
+            per_peer = max(0.0, (over[ns[-1]] - over[ns[0]]) / (ns[-1] - ns[0]))
+        else:
+            per_peer = 0.0
+        base = max(0.0, over[ns[0]] - per_peer * (ns[0] - 1))
+        _, b1 = _line(r2["oneway"])
+        _, bx = _line(r2["exchange"])
+        _, bxr = _line(r2["exchange_reduce"])
+        oneway = 1e-3 / b1
+        endpoint = 2 * 1e-3 / bx
+        extra = max(bxr - bx, 1e-12)          # us per reduced byte (both sides reduce concurrently)
+        per[tr] = {"alpha_us": alpha, "base_us": base, "per_peer_us": per_peer, "oneway_GBps": oneway,
+                   "endpoint_GBps": max(endpoint, oneway), "reduce_GBps": 1e-3 / extra}
+        for k, v in per[tr].items():
+            report[f"{tr}.{k}"] = {"value": v, "from": _source(k)}
+    shm, tcp = per.get("shm"), per.get("tcp")
+    ref = shm or tcp
+    assert ref is not None
+    topo = Topology("host-cpu-calibrated", meta={"preset": "host-cpu", "calibrated": True})
+    build_host_cpu(topo, 0, nprocs,
+                   shm_GBps=(shm or ref)["oneway_GBps"], loopback_GBps=(tcp or ref)["oneway_GBps"],
+                   shm_latency_us=(shm or ref)["alpha_us"], loopback_latency_us=(tcp or ref)["alpha_us"])
+    reduce_rates = [p["reduce_GBps"] for p in per.values()]
+    topo.meta["sim"] = {
+        "endpoint_GBps": {tr: p["endpoint_GBps"] for tr, p in per.items()},
+        "host_cores": int(cores or os.cpu_count() or 1),
+        "reduce_GBps": float(np.median(reduce_rates)),
+        "protocols": [{"name": "simple", "bw_fraction": 1.0, "base_us": ref["base_us"], "msg_overhead_us": {}}],
+        "call_overhead_per_peer_us": ref["per_peer_us"],
+        "calibration": {"per_transport": per, "raw": measured},
+    }
+    # per-transport call overheads differ a little; the shm figure is used for both
+    report["host_cores"] = {"value": topo.meta["sim"]["host_cores"], "from": "os.cpu_count()"}
+    return topo, report
+
+
+def _source(key: str) -> str:
+    return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages",
+            "base_us": "t 1 step - alpha, 2 ranks",
+            "per_peer_us": "growth of the call overhead from 2 to 4 ranks",
+            "oneway_GBps": "1 / slope of one-way time vs bytes (64 KiB..)",
+            "endpoint_GBps": "2 / slope of two-way exchange time vs bytes",
+            "reduce_GBps": "1 / (slope with reduction - slope without)"}.get(key, "")
+
+
+def calibrate(nprocs: int = 4, quick: bool = False, transports: tuple[str, ...] = ("shm", "tcp"),
+              rank_counts: tuple[int, ...] = (2, 4)) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """Measure (real runtime jobs) and fit; returns (topology, report)."""
+    measured = {tr: {n: measure(n, tr, quick) for n in rank_counts} for tr in transports}
+    return fit(measured, nprocs)
