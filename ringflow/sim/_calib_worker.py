@@ -1,7 +1,7 @@
 """One rank of `ringflow calibrate`: times tiny hand-built schedules on the real runtime.
 
 Run under the launcher (`python -m ringflow.sim._calib_worker OUT.json [quick]`); rank 0 writes
-median-free steady-state times (total / iterations, like nccl-tests) as JSON.
+the times as JSON, taken the way `ringflow bench` takes them (barrier, one call, slowest rank, median).
 """
 from __future__ import annotations
 
@@ -38,28 +38,31 @@ def main() -> None:
     n = comm.size
     scheds = _schedules(n)
     sizes = [2**16, 2**20, 2**22] if quick else [2**16, 2**18, 2**20, 2**22, 2**24]
-    min_s = 0.05 if quick else 0.15
     res: dict = {"nranks": n, "results": {}}
 
+    timer = np.zeros(1)
+
     def timed(name: str, nbytes: int) -> float:
+        """Like `ringflow bench`: barrier, one call, slowest rank's time; median of the iterations."""
         count = max(1, nbytes // 4)
         x = np.ones(count, dtype=np.float32)
         y = np.zeros(count, dtype=np.float32)
         for _ in range(2):
             comm.execute(scheds[name], x, y)
-        t0 = time.perf_counter()
-        comm.execute(scheds[name], x, y)
-        probe = np.array([time.perf_counter() - t0])
-        comm.broadcast(probe, root=0)          # every rank runs the same number of iterations
-        iters = int(min(1000, max(5, min_s / max(probe[0], 1e-6))))
-        best = float("inf")
-        for _rep in range(3):                  # best of 3 batches: other load on the machine only adds time
+        times = []
+        for _ in range(iters_for(nbytes)):
             comm.barrier()
             t0 = time.perf_counter()
-            for _ in range(iters):
-                comm.execute(scheds[name], x, y)
-            best = min(best, (time.perf_counter() - t0) / iters)
-        return best
+            comm.execute(scheds[name], x, y)
+            timer[0] = time.perf_counter() - t0
+            comm.all_reduce(timer, "max")
+            times.append(float(timer[0]))
+        return float(np.median(times))
+
+    def iters_for(nbytes: int) -> int:
+        from ..runtime.bench import default_iters
+        it = default_iters(nbytes)
+        return max(5, it // 4) if quick else it
 
     for name in ("steps1", "steps8"):
         res["results"][name] = {"4": 1e6 * timed(name, 4)}

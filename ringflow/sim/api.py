@@ -179,18 +179,33 @@ def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm
     return registry.get_schedule(coll, algorithm, nranks, **kw)
 
 
+TUNER_MAX_RANKS = 64
+
+
 def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_bytes: int,
-                     dtype: str = "float32") -> str:
-    """The tuner's pick (falls back to 'ring', then the first registered algorithm)."""
-    from ..algorithms import registry
+                     dtype: str = "float32", params: SimParams | None = None) -> str:
+    """The algorithm for this call: the tuner's choice (as the runtime makes it) up to TUNER_MAX_RANKS
+    ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
+    builds every candidate schedule, which is too slow for thousands of ranks)."""
+    from ..algorithms import registry, tuner
     coll = Collective.parse(collective)
-    try:
-        from ..algorithms import tuner
-        pick = tuner.choose(coll, nranks, size_bytes, topo=topo)
-        return str(getattr(pick, "algorithm", pick))
-    except (ImportError, AttributeError, TypeError):  # tuner not there (yet) or another signature
-        algos = list(registry.algorithms_for(coll))
-        return "ring" if "ring" in algos else algos[0]
+    if nranks <= TUNER_MAX_RANKS:
+        item = itemsize_of(dtype)
+        S = registry.collective_bytes(coll, nranks, count_for_size(coll, nranks, size_bytes, item), item)
+        return str(tuner.choose(coll, S, nranks, topo=topo, dtype_size=item, root=0 if coll.has_root else None)
+                   .algorithm)
+    prm = params or params_for(topo)
+    best, best_t = "", float("inf")
+    for algo in ("ring", "hierarchical"):
+        if algo not in registry.algorithms_for(coll):
+            continue
+        try:
+            t = simulate(topo, coll, size_bytes, algorithm=algo, nranks=nranks, dtype=dtype, params=prm).time_us
+        except (InvalidArgument, ValueError):
+            continue
+        if t < best_t:
+            best, best_t = algo, t
+    return best or registry.algorithms_for(coll)[0]
 
 
 def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algorithm: str | None = None,
@@ -200,8 +215,8 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
              progress: Callable[[float], None] | None = None) -> SimResult:
     """Simulate one collective call on `topo` (algorithm from the tuner when not given)."""
     n = nranks or len(topo.endpoints())
-    algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
+    algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,

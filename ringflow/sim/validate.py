@@ -1,0 +1,81 @@
+"""`ringflow validate`: predicted versus measured `ringflow bench`, side by side, in one run.
+
+For every transport (shm; TCP only with RINGFLOW_SHM_DISABLE=1), rank count and collective, the
+real benchmark runs (`runtime.bench.launch`, the code behind `ringflow bench --json`), and the
+simulator predicts each row with *the schedule the runtime ran*: the tuner's choice for that
+call, built by the registry exactly as `Communicator._pick` does, on the calibrated host-cpu
+topology.  Error = (predicted - measured) / measured.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..algorithms.schedule import Collective
+
+TRANSPORTS = ("shm", "tcp")
+
+
+def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None) -> Any:
+    """The schedule ringflow's runtime runs for this call (its tuner + registry, same arguments)."""
+    from ..algorithms import registry, tuner
+    c = Collective.parse(collective)
+    ch = tuner.choose(c, count * itemsize, nranks, dtype_size=itemsize, root=root)
+    return registry.get_schedule(c, ch.algorithm, nranks, root=root, nsegs=ch.nsegs, nchannels=ch.nchannels,
+                                 rings=ch.rings)
+
+
+def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
+    """Predicted time for every measured bench row."""
+    from .api import itemsize_of, simulate_schedule
+    out = []
+    for r in rows:
+        coll, n = r["collective"], int(r["nranks"])
+        item = itemsize_of(r["dtype"])
+        c = Collective.parse(coll)
+        per_rank = c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER)
+        count = int(r["count"]) // n if per_rank else int(r["count"])
+        if c == Collective.ALL_TO_ALL:
+            count = int(r["count"]) // n
+        root = 0 if c.has_root else None
+        sched = runtime_schedule(coll, count, item, n, root)
+        res = simulate_schedule(topo, sched, int(r["size_bytes"]), dtype=r["dtype"],
+                                params={"host_transport": transport}, endpoints=topo.endpoints()[:n])
+        meas = float(r["time_us"])
+        out.append({"transport": transport, "nranks": n, "collective": coll, "algorithm": sched.algorithm,
+                    "size_bytes": int(r["size_bytes"]), "measured_us": meas, "predicted_us": res.time_us,
+                    "error": (res.time_us - meas) / meas if meas > 0 else 0.0})
+    return out
+
+
+def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), collectives: Sequence[str] | None = None,
+             min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
+             console: Any = None, transports: Sequence[str] = TRANSPORTS) -> tuple[list[dict], bool]:
+    """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance)."""
+    from ..runtime import bench
+    from ..topology import load_topology
+    if topo is None:
+        from .calibrate import calibrate
+        if console is not None:
+            console.print("calibrating this machine first (ringflow calibrate)...")
+        t, _ = calibrate(nprocs=max(ranks), quick=quick)
+    elif isinstance(topo, str):
+        t = load_topology(topo)
+    else:
+        t = topo
+    if len(t.endpoints()) < max(ranks):
+        from ..errors import InvalidArgument
+        raise InvalidArgument(f"topology has {len(t.endpoints())} endpoints, validation needs {max(ranks)}",
+                              "calibrate with --nprocs >= the largest rank count")
+    colls = list(collectives) if collectives else list(bench.COLLECTIVES)
+    rows: list[dict] = []
+    for tr in transports:
+        env = {"RINGFLOW_SHM_DISABLE": "1" if tr == "tcp" else "0"}
+        for n in ranks:
+            if console is not None:
+                console.print(f"measuring {n} ranks over {tr}: {', '.join(colls)} ({min_size}..{max_size})")
+            meas = []
+            for c in colls:
+                meas += bench.launch(c, n, min_size, max_size, factor=4 if quick else 2, extra_env=env)
+            rows += predict_rows(t, meas, tr)
+    ok = all(abs(r["error"]) <= tolerance for r in rows)
+    return rows, ok
