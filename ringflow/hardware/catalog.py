@@ -12,8 +12,8 @@ def catalog_rows() -> list[dict]:
     """Every catalog entry as a flat dict: kind, name, per-direction and bidirectional GB/s, details, source."""
     rows: list[dict] = []
     for g in PCIE_GENERATIONS.values():
-        rows.append({"kind": "pcie", "name": f"PCIe Gen{g.gen} x16", "per_dir_GBps": round(g.throughput_GBps(16), 4),
-                     "bidir_GBps": round(g.bidirectional_GBps(16), 4),
+        rows.append({"kind": "pcie", "name": f"PCIe Gen{g.gen} x16", "per_dir_GBps": round(g.throughput_GBps(16), 6),
+                     "bidir_GBps": round(g.bidirectional_GBps(16), 6),
                      "detail": f"{float(g.rate_GTps):g} GT/s, {g.encoding}, x1 = {g.throughput_GBps(1) * 1000:.1f} MB/s",
                      "source": g.source})
     for n in NVLINK_GENERATIONS.values():

@@ -59,7 +59,15 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
     topo = Topology(f"{nodes}x{name}-{fabric}", meta={"cluster": {
         "preset": name, "nodes": nodes, "fabric": fabric, "nic_gbps": nic_gbps, "oversubscription": oversubscription,
         "tiers": tiers, "radix": radix}})
+    down = max(1, min(radix - 1, round(radix * oversubscription / (1 + oversubscription))))
+    up = radix - down
     for h in range(nodes):
+        if h == 1 and tiers == 2:   # size check before building every server
+            per = len(topo.nics(0))
+            nleaf = (per * math.ceil(nodes / down)) if fabric == "rail" else math.ceil(per * nodes / down)
+            if math.ceil(nleaf * up / radix) > up:
+                raise TopologyError(f"{nleaf} leaves of radix {radix} do not fit a 2-tier fabric",
+                                    "use tiers=3, a larger radix, or fewer nodes")
         if isinstance(preset, str):
             if preset.partition(":")[0] not in PRESETS:
                 raise TopologyError(f"unknown topology preset {preset!r}", f"use one of {', '.join(PRESETS)}")
@@ -79,8 +87,6 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
     fam = {topo.graph.nodes[n].get("fabric", "ib") for n in nics}
     ltype = LinkType.IB if fam == {"ib"} else LinkType.ETHERNET
     sw_lat = LATENCY_US["ib_switch"] if ltype == LinkType.IB else LATENCY_US["eth_switch"]
-    down = max(1, min(radix - 1, round(radix * oversubscription / (1 + oversubscription))))
-    up = radix - down
     # ---- leaves
     per_host = max(len(topo.nics(h)) for h in range(nodes))
     leaves: list[str] = []

@@ -41,6 +41,9 @@ class Router:
         self.g = topo.graph
         self._cache: dict[tuple[str, str], list[str]] = {}
         self._intra_cache: dict[tuple[str, str, bool], list[str] | None] = {}
+        self._intra_done: set[tuple[str, bool]] = set()
+        self._rep_of: dict[int, int] = {}
+        self._fp_rep: dict[int, tuple[int, tuple]] = {}
         self._near: dict[str, list[str]] = {}
         self._sw_paths: dict[tuple[str, str], list[list[str]]] = {}
         self._host_nodes: dict[int, set[str]] = {}
@@ -105,17 +108,120 @@ class Router:
         return p
 
     # ----------------------------------------------------------------- inside one host
+    def _rep(self, host: int) -> int:
+        """A host with the same local structure whose routes can be reused (itself if none / ids not 'h<i>/...')."""
+        if host in self._rep_of:
+            return self._rep_of[host]
+        prefix = f"h{host}/"
+        nodes = self._host_nodes.get(host, set())
+        if host < 0 or not nodes or not all(n.startswith(prefix) for n in nodes):
+            self._rep_of[host] = host
+            return host
+        g = self.g
+        cut = len(prefix)
+        edges = []
+        for n in nodes:
+            for v, d in g._succ[n].items():
+                if v in nodes:
+                    edges.append((n[cut:], v[cut:], d["type"].value, round(d["bw_GBps"], 9),
+                                  round(d["latency_us"], 9), d["nlinks"]))
+        fp = (tuple(sorted((n[cut:], g.nodes[n]["kind"].value, g.nodes[n]["index"]) for n in nodes)),
+              tuple(sorted(edges)))
+        rep = self._fp_rep.setdefault(hash(fp), (host, fp))
+        self._rep_of[host] = rep[0] if rep[1] == fp else host
+        return self._rep_of[host]
+
     def _intra(self, a: str, b: str) -> list[str] | None:
+        h = self._host(a)
+        rep = self._rep(h)
+        if rep != h:
+            cut = len(f"h{h}/")
+            p = self._intra(f"h{rep}/{a[cut:]}", f"h{rep}/{b[cut:]}")
+            return None if p is None else [f"h{h}/{n[len(f'h{rep}/'):]}" for n in p]
         for nv_only in (True, False):
             key = (a, b, nv_only)
             if key not in self._intra_cache:
-                nodes = self._host_nodes[self._host(a)]
-                ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if nv_only
-                                              else (lambda d: d["type"] not in _NET_TYPES))
-                self._intra_cache[key] = self._widest(a, b, nodes, ok)
+                if (a, nv_only) in self._intra_done:
+                    self._intra_cache[key] = None
+                else:
+                    self._intra_from(a, nv_only)
+                    self._intra_cache.setdefault(key, None)
             if self._intra_cache[key] is not None:
                 return self._intra_cache[key]
         return None
+
+    def _intra_from(self, a: str, nv_only: bool) -> None:
+        """Routes from `a` to every node of its host at once (one widest search, one BFS per bottleneck value)."""
+        self._intra_done.add((a, nv_only))
+        nodes = self._host_nodes[self._host(a)]
+        ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if nv_only
+                                      else (lambda d: d["type"] not in _NET_TYPES))
+        best = self._widest_values(a, nodes, ok)
+        by_floor: dict[float, list[str]] = {}
+        for t, bw in best.items():
+            if t != a:
+                by_floor.setdefault(round(bw, 9), []).append(t)
+        for floor, targets in by_floor.items():
+            pred = self._short_tree(a, nodes, ok, floor - _EPS)
+            for t in targets:
+                if t not in pred:
+                    continue
+                out = [t]
+                while out[-1] != a:
+                    out.append(pred[out[-1]])
+                self._intra_cache[(a, t, nv_only)] = out[::-1]
+
+    def _transit_ok(self, u: str, a: str, nodes: set[str] | None) -> bool:
+        if u == a:
+            return True
+        kind = self.g.nodes[u]["kind"]
+        return kind not in (_NO_TRANSIT if nodes is not None else (NodeKind.GPU, NodeKind.PROC))
+
+    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool]) -> dict[str, float]:
+        """Max-bottleneck value from a to every reachable node (modified Dijkstra)."""
+        g = self.g
+        best = {a: float("inf")}
+        heap = [(-float("inf"), a)]
+        done: set[str] = set()
+        while heap:
+            negbw, u = heapq.heappop(heap)
+            if u in done:
+                continue
+            done.add(u)
+            if not self._transit_ok(u, a, nodes):
+                continue
+            for v, d in g._succ[u].items():
+                if (nodes is not None and v not in nodes) or not ok(d):
+                    continue
+                nb = min(-negbw, d["bw_GBps"])
+                if nb > best.get(v, -1.0) + _EPS:
+                    best[v] = nb
+                    heapq.heappush(heap, (-nb, v))
+        return best
+
+    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool], floor: float) -> dict[str, str]:
+        """Predecessors of the fewest-hops-then-least-latency tree over edges at least `floor` wide."""
+        g = self.g
+        dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
+        pred: dict[str, str] = {}
+        heap: list[tuple[int, float, str]] = [(0, 0.0, a)]
+        seen: set[str] = set()
+        while heap:
+            hops, lat, u = heapq.heappop(heap)
+            if u in seen:
+                continue
+            seen.add(u)
+            if not self._transit_ok(u, a, nodes):
+                continue
+            for v, d in g._succ[u].items():
+                if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
+                    continue
+                cand = (hops + 1, round(lat + d["latency_us"], 9))
+                if v not in dist or cand < dist[v]:
+                    dist[v] = cand
+                    pred[v] = u
+                    heapq.heappush(heap, (cand[0], cand[1], v))
+        return pred
 
     def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[dict], bool]) -> list[str] | None:
         """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`."""
@@ -147,11 +253,10 @@ class Router:
         # phase 2: fewest hops, then least latency, over edges at least as wide as the bottleneck
         dist = {a: (0, 0.0)}
         pred: dict[str, str] = {}
-        heap2 = [(0, 0.0, 0, a)]
-        counter = 1
+        heap2: list[tuple[int, float, str]] = [(0, 0.0, a)]
         seen: set[str] = set()
         while heap2:
-            hops, lat, _, u = heapq.heappop(heap2)
+            hops, lat, u = heapq.heappop(heap2)
             if u in seen:
                 continue
             seen.add(u)
@@ -163,12 +268,11 @@ class Router:
             for v, d in g._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
                     continue
-                cand = (hops + 1, lat + d["latency_us"])
+                cand = (hops + 1, round(lat + d["latency_us"], 9))
                 if v not in dist or cand < dist[v]:
                     dist[v] = cand
                     pred[v] = u
-                    heapq.heappush(heap2, (cand[0], cand[1], counter, v))
-                    counter += 1
+                    heapq.heappush(heap2, (cand[0], round(cand[1], 9), v))
         if b not in pred:
             return None
         out = [b]
@@ -182,6 +286,12 @@ class Router:
         if x in self._near:
             return self._near[x]
         d = self.g.nodes[x]
+        h = d["host"]
+        rep = self._rep(h) if h >= 0 else h
+        if rep != h:
+            cut, rcut = len(f"h{h}/"), len(f"h{rep}/")
+            self._near[x] = [f"h{h}/{n[rcut:]}" for n in self.near_nics(f"h{rep}/{x[cut:]}")]
+            return self._near[x]
         if d["kind"] == NodeKind.NIC:
             self._near[x] = [x]
             return self._near[x]

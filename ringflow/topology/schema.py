@@ -73,11 +73,13 @@ def topology_to_dict(topo: "Topology") -> dict:
         back = g.edges[v, u] if g.has_edge(v, u) else None
         if back is not None and _plain(dict(back)) == _plain(dict(d)):
             entry["bidirectional"] = True
+            entry["a"], entry["b"] = min(u, v), max(u, v)
             done.add((v, u))
         else:
             entry["bidirectional"] = False
         done.add((u, v))
         links.append(entry)
+    links.sort(key=lambda x: (x["a"], x["b"]))
     return {"schema": SCHEMA, "version": SCHEMA_VERSION, "name": topo.name, "meta": _plain(topo.meta),
             "nodes": nodes, "links": links}
 

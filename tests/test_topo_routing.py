@@ -1,0 +1,108 @@
+"""Routing: NVLink first, NIC nearest the GPU, rails, ECMP over spines, cluster builders."""
+from __future__ import annotations
+
+import pytest
+
+from ringflow.errors import TopologyError
+from ringflow.topology import LinkType, NodeKind, Topology, build_cluster, load_topology
+
+
+@pytest.fixture(scope="module")
+def h100_cluster() -> Topology:
+    return build_cluster("dgx-h100", 128, fabric="rail")
+
+
+def test_1024_gpu_rail_cluster(h100_cluster: Topology) -> None:
+    t = h100_cluster
+    assert len(t.endpoints()) == 1024 and len(t.hosts()) == 128
+    sw = t.nodes(NodeKind.NET_SWITCH)
+    tiers = {t.graph.nodes[s]["tier"] for s in sw}
+    assert tiers == {0, 1}
+    leaves = [s for s in sw if t.graph.nodes[s]["tier"] == 0]
+    assert len(leaves) == 8 * 4            # 8 rails x 128/32 servers per leaf
+    nic_edges = [d for u, v, d in t.graph.edges(data=True) if d["tier"] == "nic"]
+    assert len(nic_edges) == 2 * 1024 and all(d["bw_GBps"] == 50.0 for d in nic_edges)
+    for s in leaves:                       # every leaf serves one rail only
+        rails = {t.graph.nodes[n]["rail"] for n in t.graph._pred[s] if t.kind(n) == NodeKind.NIC}
+        assert rails == {t.graph.nodes[s]["rail"]}
+
+
+def test_cross_host_path_uses_nearest_nic_and_same_rail(h100_cluster: Topology) -> None:
+    t = h100_cluster
+    a, b = t.find("GPU3", host=0), t.find("GPU3", host=1)
+    p = t.path(a, b)
+    kinds = [t.kind(n) for n in p]
+    assert kinds[0] == NodeKind.GPU and kinds[-1] == NodeKind.GPU
+    nics = [n for n in p if t.kind(n) == NodeKind.NIC]
+    assert [t.graph.nodes[n]["index"] for n in nics] == [3, 3]
+    assert t.path_class_smi(a, nics[0]) == "PIX"
+    assert sum(1 for n in p if t.kind(n) == NodeKind.NET_SWITCH) == 1     # same rail, same leaf: no spine
+    assert t.bottleneck_GBps(a, b) == 50.0 and t.path_class_nccl(a, b) == "NET"
+    far = t.find("GPU3", host=100)                                       # other leaf of rail 3
+    ps = t.paths(a, far)
+    assert len(ps) == 16 and ps[0] == t.path(a, far)                     # ECMP over 16 spines
+    assert len({p[4] for p in ps}) == 16 and all(t.graph.nodes[p[4]]["tier"] == 1 for p in ps)
+    assert t.path(a, far) == t.path(a, far)                               # deterministic
+
+
+def test_paths_are_routed_inside_hosts_first(h100_cluster: Topology) -> None:
+    t = h100_cluster
+    a, b = t.find("GPU0", host=5), t.find("GPU6", host=5)
+    assert [t.kind(n) for n in t.path(a, b)] == [NodeKind.GPU, NodeKind.NVSWITCH, NodeKind.GPU]
+    assert t.latency_us(a, b) == pytest.approx(0.4)
+
+
+def test_fat_tree_three_tiers_and_oversubscription() -> None:
+    t = build_cluster("dgx-a100", 40, fabric="fat-tree", tiers=3, oversubscription=3.0, radix=16, nic_gbps=400)
+    sw = t.nodes(NodeKind.NET_SWITCH)
+    assert {t.graph.nodes[s]["tier"] for s in sw} == {0, 1, 2}
+    assert {t.graph.nodes[n]["speed_gbps"] for n in t.nics()} == {400.0}
+    c = t.meta["cluster"]
+    assert c["leaf_down_ports"] == 12 and c["leaf_up_ports"] == 4       # 3:1 at radix 16
+    a, b = t.find("GPU0", host=0), t.find("GPU0", host=39)
+    p = t.path(a, b)
+    tiers = [t.graph.edges[e]["tier"] for e in t.path_edges(p)]
+    assert "spine-core" in tiers and tiers.count("nic") == 2
+    with pytest.raises(TopologyError, match="tiers=3"):
+        build_cluster("dgx-h100", 600, fabric="fat-tree", tiers=2)
+
+
+def test_cluster_argument_errors() -> None:
+    with pytest.raises(TopologyError, match="fabric"):
+        build_cluster("dgx-h100", 2, fabric="torus")
+    with pytest.raises(TopologyError, match="oversubscription"):
+        build_cluster("dgx-h100", 2, oversubscription=0.5)
+    with pytest.raises(TopologyError, match="unknown topology preset"):
+        build_cluster("dgx-z9", 2)
+
+
+def test_cluster_from_topology_object_and_spec() -> None:
+    base = load_topology("dgx1-v100")
+    t = build_cluster(base, 3, fabric="fat-tree")
+    assert len(t.endpoints()) == 24 and t.hosts() == [0, 1, 2]
+    t2 = load_topology("3xdgx1-v100@fat-tree")
+    assert t2.summary()["nodes"] == t.summary()["nodes"]
+
+
+def test_unknown_nodes_and_missing_links_are_typed() -> None:
+    t = load_topology("dgx-h100")
+    with pytest.raises(TopologyError, match="not in topology"):
+        t.path("h0/gpu0", "h9/gpu0")
+    with pytest.raises(TopologyError, match="no link"):
+        t.link("h0/gpu0", "h0/gpu1")
+    lonely = Topology("two islands")
+    lonely.add_node("a", NodeKind.GPU)
+    lonely.add_node("b", NodeKind.GPU, host=1)
+    with pytest.raises(TopologyError, match="no route"):
+        lonely.path("a", "b")
+
+
+def test_invalidate_after_bandwidth_change() -> None:
+    t = load_topology("dgx-h100")
+    a, b = t.find("GPU0"), t.find("GPU1")
+    assert t.bottleneck_GBps(a, b) == 450.0
+    t.link(a, t.path(a, b)[1])["bw_GBps"] = 100.0
+    t.invalidate()
+    assert t.bottleneck_GBps(a, b) == 100.0
+    assert t.link(t.path(a, b)[1], a)["bw_GBps"] == 450.0                 # the other direction is separate
+    assert t.graph.edges[a, t.path(a, b)[1]]["type"] == LinkType.NVLINK
