@@ -99,15 +99,14 @@ def chunk_bounds(shape: CallShape, schedule: Schedule, buffer: Buffer, rank: int
 @lru_cache(maxsize=4096)
 def _chunk_bounds_cached(shape: CallShape, layout: BufferLayout, buffer: Buffer,
                          rank: int) -> tuple[tuple[int, int], ...]:
-    out: list[tuple[int, int]] = []
+    one: list[tuple[int, int]] = []
     off = 0
-    blocks = block_counts(shape, layout, buffer, rank)
-    for _copy in range(layout.copies if buffer == Buffer.SCRATCH else 1):
-        for b in blocks:
-            for seg in split_counts(b, layout.nsegs):
-                out.append((off, seg))
-                off += seg
-    return tuple(out)
+    for b in block_counts(shape, layout, buffer, rank):
+        for seg in split_counts(b, layout.nsegs):
+            one.append((off, seg))
+            off += seg
+    copies = layout.copies if buffer == Buffer.SCRATCH else 1  # scratch copies repeat one copy's chunks
+    return tuple((c * off + o, ln) for c in range(copies) for o, ln in one)
 
 
 def ref_bounds(bounds: tuple[tuple[int, int], ...], index: int, span: int) -> tuple[int, int]:

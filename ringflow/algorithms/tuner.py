@@ -172,7 +172,8 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
     allowed = parse_algo_spec(spec, c)
     opts, hg = _topo_context(topo, nranks, nch)
     count = _count_for(c, bucket, nranks, dtype_size)
-    shape = CallShape(c, nranks, count, dtype_size)
+    splits = tuple((count,) * nranks for _ in range(nranks)) if c == Collective.ALL_TO_ALLV else None
+    shape = CallShape(c, nranks, count, dtype_size, splits)  # all_to_allv: priced with uniform splits
     cands: list[tuple[Candidate, tuple | None]] = []
     for name in allowed:
         a = ALGORITHMS[name]

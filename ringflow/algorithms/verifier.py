@@ -111,6 +111,8 @@ def check_layouts(s: Schedule) -> None:
 def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
     """Every send has its receive in the same step (per sender, receiver, channel, in order)."""
     n, count, name = s.nranks, 0, _name(s)
+    if shape is not None:
+        _check_local_lengths(s, shape, name)
     for step in range(s.nsteps):
         sends: dict[tuple[int, int, int], list[Op]] = {}
         recvs: dict[tuple[int, int, int], list[Op]] = {}
@@ -151,6 +153,18 @@ def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
                                    f"(count={shape.count})", b, step, ro.dst)
                 count += 1
     return count
+
+
+def _check_local_lengths(s: Schedule, shape: CallShape, name: str) -> None:
+    """Copies and reductions join chunk ranges of equal element counts."""
+    for r, step, op in s.ops():
+        if op.kind in (OpKind.COPY, OpKind.REDUCE, OpKind.RECV_REDUCE):
+            assert op.src is not None and op.dst is not None
+            la = ref_bounds(chunk_bounds(shape, s, op.src.buffer, r), op.src.index, op.src.span)[1]
+            lb = ref_bounds(chunk_bounds(shape, s, op.dst.buffer, r), op.dst.index, op.dst.span)[1]
+            if la != lb:
+                raise _errn(name, f"{op.kind.value} between {op.src} ({la} elements) and {op.dst} ({lb} elements) "
+                            f"(count={shape.count})", r, step, op.dst)
 
 
 class _Machine:
@@ -354,20 +368,17 @@ def verify(schedule: Schedule, shapes: Iterable[CallShape] = (), *, in_place: bo
         if aliased and schedule.layouts[Buffer.IN] != schedule.layouts[Buffer.OUT]:
             raise VerificationError(f"{name}: IN and OUT layouts differ, so the schedule cannot run "
                                     "in place", hint="use the same layout for IN and OUT")
-        for shape in (shapes or [None]):
-            m = _Machine(schedule, aliased, shape)
-            try:
-                for step in range(schedule.nsteps):
-                    m.run_step(step)
-                m.final_check()
-            except VerificationError as exc:
-                if aliased:
-                    raise VerificationError(f"in place (IN aliased to OUT): {exc.message}", rank=exc.rank,
-                                            step=exc.step, chunk=exc.chunk,
-                                            hint=exc.hint or "do not overwrite OUT before IN is read") from None
-                raise
-            if shape is None or len(shapes) <= 1:
-                break
+        m = _Machine(schedule, aliased, None)
+        try:
+            for step in range(schedule.nsteps):
+                m.run_step(step)
+            m.final_check()
+        except VerificationError as exc:
+            if aliased:
+                raise VerificationError(f"in place (IN aliased to OUT): {exc.message}", rank=exc.rank,
+                                        step=exc.step, chunk=exc.chunk,
+                                        hint=exc.hint or "do not overwrite OUT before IN is read") from None
+            raise
     return VerifyReport(schedule.collective.value, schedule.algorithm, schedule.nranks, schedule.nsteps,
                         transfers, bool(in_place), len(shapes))
 
