@@ -10,6 +10,11 @@ Synchronous DDP on the same data with the same slow rank is run for comparison.
 """
 from __future__ import annotations
 
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")  # one BLAS thread per rank: ranks are the parallelism (as torchrun does)
+
 import argparse
 import time
 

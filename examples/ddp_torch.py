@@ -9,6 +9,11 @@ run after backward.
 """
 from __future__ import annotations
 
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")  # one BLAS thread per rank: ranks are the parallelism (as torchrun does)
+
 import argparse
 
 import numpy as np
@@ -66,7 +71,7 @@ def main() -> None:
             ropt.zero_grad()
             loss_fn(ref(torch.from_numpy(x)), torch.from_numpy(y)).backward()
             ropt.step()
-        err = np.array([max(float((p - q).abs().max()) for p, q in zip(net.parameters(), ref.parameters()))])
+        err = np.array([max(float((p - q).detach().abs().max()) for p, q in zip(net.parameters(), ref.parameters()))])
         comm.all_reduce(err, op="max")
         print0(comm, f"torch {torch.__version__} ranks={comm.size} steps={a.steps} global batch={a.batch} float64")
         print0(comm, f"buckets (param indices, reverse order): "

@@ -9,6 +9,11 @@ slices, then both train k SGD steps and compare parameters.
 """
 from __future__ import annotations
 
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")  # one BLAS thread per rank: ranks are the parallelism (as torchrun does)
+
 import argparse
 
 import numpy as np

@@ -51,7 +51,7 @@ def train_async_dp(comm: Any, make_model: Callable[[], Sequential], data: Datase
     comm.broadcast(model.params.flat, 0, timeout=timeout)
     n, me = comm.size, comm.rank
     numel = model.params.numel
-    box = Mailbox(comm, timeout)
+    box = Mailbox(comm, (GRAD_TAG,), timeout)
     peers = [r for r in range(n) if r != me]
     applied = np.zeros(n)            # vector clock: updates of each worker in this replica
     got = {r: 0 for r in peers}
@@ -96,7 +96,7 @@ def train_async_dp(comm: Any, make_model: Callable[[], Sequential], data: Datase
     t_train = time.monotonic()
     poll_until(lambda: all(v == steps for v in got.values()), drain, box.timeout,
                f"async DP drain (rank {me})")
-    box.flush()
+    box.close()
     t_end = time.monotonic()
     times = np.array([t_end - t0, t_end - t_train, t_train - t0])
     fastest = times[2:3].copy()

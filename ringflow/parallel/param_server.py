@@ -268,7 +268,7 @@ def train_param_server(comm: Any, make_model: Callable[[], Sequential], data: Da
     model = make_model()
     numel = model.params.numel
     bounds = shard_bounds(numel, len(servers))
-    box = Mailbox(comm, timeout)
+    box = Mailbox(comm, (PUSH_TAG, REPLY_TAG), timeout)
     server = worker = None
     if comm.rank in servers:
         k = servers.index(comm.rank)
@@ -289,7 +289,7 @@ def train_param_server(comm: Any, make_model: Callable[[], Sequential], data: Da
 
     poll_until(lambda: (server is None or server.shard.done) and (worker is None or worker.done), step,
                box.timeout, f"parameter server ({mode}, rank {comm.rank})")
-    box.flush()
+    box.close()
     elapsed = np.array([time.monotonic() - t0])
     comm.all_reduce(elapsed, op="max", timeout=box.timeout)
     final = np.zeros(numel)
