@@ -175,3 +175,10 @@ def test_find_rings_argument_errors() -> None:
         find_rings(t, [t.find("GPU0"), t.find("NIC0")])
     with pytest.raises(TopologyError, match="nchannels"):
         find_rings(t, nchannels=0)
+
+
+def test_dgx1_p100_four_nvlink_channels() -> None:
+    t = load_topology("dgx1-p100")
+    rings = find_rings(t)
+    assert all(all_nvlink(t, r) for r in rings)
+    assert sum(r.bottleneck_GBps for r in rings) == pytest.approx(80.0)    # 4 NVLink1 x 20 GB/s out of each GPU

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
 
 Edge = tuple[str, str]
+SEARCH_TRIES = 8     # tie-break orders tried for the channel set on one host of <= 16 endpoints
 _EPS = 1e-9
 
 
@@ -175,7 +177,7 @@ def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset:
 
 # ----------------------------------------------------------------------------- local order search
 def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
-                budget: int = 200_000) -> tuple[list[int], float]:
+                budget: int = 200_000, tiebreak: dict[int, int] | None = None) -> tuple[list[int], float]:
     """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load."""
     if len(nodes) == 1:
         return [start], math.inf
@@ -231,7 +233,7 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
                 remove(es)
             return best >= ub - _EPS or expansions > budget
         cands = [v for v in others if v not in used]
-        cands.sort(key=lambda v: (-pair_bw(u, v), v))
+        cands.sort(key=lambda v: (-pair_bw(u, v), tiebreak[v] if tiebreak else v))
         for v in cands:
             m, es = add(u, v, cur)
             if m > best + _EPS:
@@ -275,9 +277,10 @@ def _subtract(order: Sequence[int], bw: float, hops: _Hops, cap: dict[Edge, floa
         cap[e] = max(0.0, cap[e] - bw * k)
 
 
-def _single_host_ring(n: int, hops: _Hops, cap: dict[Edge, float]) -> tuple[list[int], float]:
+def _single_host_ring(n: int, hops: _Hops, cap: dict[Edge, float],
+                      tiebreak: dict[int, int] | None = None) -> tuple[list[int], float]:
     budget = 10**7 if n <= 9 else 200_000
-    return _best_order(list(range(n)), 0, None, hops, cap, budget)
+    return _best_order(list(range(n)), 0, None, hops, cap, budget, tiebreak)
 
 
 def _host_fingerprint(topo: "Topology", eps: list[str], idx: list[int]) -> tuple:
@@ -346,11 +349,34 @@ def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: 
         return [Ring((0,), math.inf)] * (nchannels or 1)
     groups = topo.host_groups(eps)
     max_ch = nchannels if nchannels is not None else (config.get("NCHANNELS") or 32)
+    found = _greedy_channels(groups, hops, cap, max_ch, None, topo)
+    if len(groups) == 1 and n <= 16:
+        # greedy channel choice depends on which of several equally good rings comes first: try a few
+        # deterministic tie-break orders and keep the set that carries the most bandwidth in total
+        for seed in range(1, SEARCH_TRIES):
+            perm = list(range(n))
+            random.Random(seed).shuffle(perm)
+            alt = _greedy_channels(groups, hops, _capacities(topo), max_ch, {v: k for k, v in enumerate(perm)}, topo)
+            if sum(r.bottleneck_GBps for r in alt) > sum(r.bottleneck_GBps for r in found) + _EPS:
+                found = alt
+    if not found:  # every ring has zero residual bandwidth: should not happen on a connected graph
+        raise TopologyError(f"no ring with positive bandwidth over {n} endpoints of {topo.name!r}",
+                            "check that the endpoints are connected")
+    if nchannels is not None and len(found) < nchannels:
+        return _share([r.ranks for r in found] * math.ceil(nchannels / len(found)), hops, _capacities(topo),
+                      nchannels)
+    return found
+
+
+def _greedy_channels(groups: list[list[int]], hops: _Hops, cap: dict[Edge, float], max_ch: int,
+                     tiebreak: dict[int, int] | None, topo: "Topology") -> list[Ring]:
+    """Best ring on the residual capacities, subtract, repeat (same link classes, >= half the first ring)."""
+    n = len(hops.eps)
     found: list[Ring] = []
     first_classes: frozenset | None = None
     while len(found) < max_ch:
         if len(groups) == 1:
-            order, bw = _single_host_ring(n, hops, cap)
+            order, bw = _single_host_ring(n, hops, cap, tiebreak)
         else:
             order, bw = _multi_host_ring(topo, groups, hops, cap)
         if not order or bw <= _EPS:
@@ -364,12 +390,6 @@ def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: 
             first_classes = classes
         found.append(Ring(tuple(order), bw))
         _subtract(order, bw, hops, cap)
-    if not found:  # every ring has zero residual bandwidth: should not happen on a connected graph
-        raise TopologyError(f"no ring with positive bandwidth over {n} endpoints of {topo.name!r}",
-                            "check that the endpoints are connected")
-    if nchannels is not None and len(found) < nchannels:
-        return _share([r.ranks for r in found] * math.ceil(nchannels / len(found)), hops, _capacities(topo),
-                      nchannels)
     return found
 
 
