@@ -124,8 +124,12 @@ def validate_command(
     tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
     json_out: Optional[str] = typer.Option(None, "--json"),
     quick: bool = typer.Option(False, "--quick"),
+    gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
+    if gpu:
+        _gpu_references(json_out)
+        return
     from ..sim.validate import validate
     rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
                         collectives=None if collectives == "all" else collectives.split(","),
@@ -143,6 +147,21 @@ def validate_command(
         write_json(json_out, rows)
     if not ok:
         raise typer.Exit(1)
+
+
+def _gpu_references(json_out: Optional[str]) -> None:
+    from ..sim.references import evaluate
+    from ..units import format_size
+    rows = evaluate()
+    print_table("published NCCL busbw vs simulator (all_reduce)",
+                ["reference", "size", "published GB/s", "predicted GB/s", "error", "algorithm", "kind"],
+                [[r["name"], format_size(r["size_bytes"]), f"{r['reference_GBps']:.1f}", f"{r['predicted_GBps']:.1f}",
+                  f"{r['error']:+.1%}", f"{r['algorithm']}/{r['protocol']}",
+                  "fitted" if r["fitted"] else ("not modelled" if not r["modelled"] else "check")] for r in rows])
+    for r in rows:
+        console.print(f"- {r['name']}: {r['what']}; source: {r['source']}" + (f" ({r['note']})" if r["note"] else ""))
+    if json_out:
+        write_json(json_out, rows)
 
 
 def register(app: typer.Typer) -> None:

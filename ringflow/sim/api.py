@@ -212,15 +212,17 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
              nranks: int | None = None, engine: str = "analytic", dtype: str = "float32", root: int = 0,
              nchannels: int | None = None, nsegs: int | None = None,
              params: SimParams | Mapping[str, Any] | None = None, timeline: bool = False,
-             progress: Callable[[float], None] | None = None) -> SimResult:
-    """Simulate one collective call on `topo` (algorithm from the tuner when not given)."""
-    n = nranks or len(topo.endpoints())
+             progress: Callable[[float], None] | None = None, endpoints: Sequence[str] | None = None) -> SimResult:
+    """Simulate one collective call on `topo` (algorithm from the tuner when not given).
+
+    `endpoints` places rank r on endpoints[r] (default: the topology's first `nranks` endpoints)."""
+    n = nranks or (len(endpoints) if endpoints is not None else len(topo.endpoints()))
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
-                    max_transfers=prm.max_transfers)
+                    endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
-                          timeline=timeline, progress=progress)
+                          timeline=timeline, progress=progress, endpoints=endpoints)
 
 
 __all__ = ["simulate", "simulate_schedule", "simulate_table", "schedule_for", "table_for", "choose_algorithm",

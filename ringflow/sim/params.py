@@ -35,13 +35,16 @@ LINK_CLASSES = ("nvlink", "pci", "net", "shm", "tcp")
 #   S. Jeaugey (NVIDIA), https://github.com/NVIDIA/nccl-tests/issues/212 ; 370/450 = 0.822.
 # - ib / ethernet 0.94: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA),
 #   https://github.com/NVIDIA/nccl-tests/issues/290 ; 47/50 = 0.94 (RoCE assumed alike).
-# - pcie 0.672: seed 002's measured GPU0->GPU1 PCIe Gen3 x16 copy, 10.59 GB/s of the
-#   15.754 GB/s the seed derives for Gen3 x16 (10.59/15.754 = 0.672).
+# - pcie 0.837: H100 device-to-host over PCIe Gen5 x16 measured with NVIDIA's nvbandwidth at
+#   52.77 GB/s (https://github.com/NVIDIA/nvbandwidth/issues/24) of 63.015 GB/s payload rate
+#   (ringflow.hardware.pcie_GBps(5, 16)): 52.77 / 63.015 = 0.837.  (Older figures are lower:
+#   seed 002's Gen3 GPU-to-GPU copy, 10.59 of 15.754 GB/s = 0.672; A100 Gen4 ~25 of 31.5 = 0.79,
+#   https://github.com/ZaidQureshi/bam/issues/54.)
 # - qpi 1.0: the socket link is never the bottleneck of the seed's cross-socket figure
 #   (9.15 GB/s < the PCIe legs); the PCIe efficiency applies on those paths.
 # - shm / loopback 1.0: host-cpu topologies carry *measured* effective rates (calibrate).
 DEFAULT_LINK_EFFICIENCY: dict[str, float] = {
-    "nvlink": 0.822, "ib": 0.94, "ethernet": 0.94, "pcie": 0.672, "qpi": 1.0,
+    "nvlink": 0.822, "ib": 0.94, "ethernet": 0.94, "pcie": 0.837, "qpi": 1.0,
     "shm": 1.0, "loopback": 1.0,
 }
 

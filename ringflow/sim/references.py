@@ -1,0 +1,93 @@
+"""Published NCCL measurements on DGX-class servers, and what the simulator predicts for them.
+
+Every reference names its source.  ``fitted`` marks the figure a default parameter was derived
+from (its error is small by construction); the others are independent checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One published figure: what was measured, the value, where it comes from."""
+
+    name: str
+    what: str
+    busbw_GBps: float
+    source: str
+    build: Callable[[], Any]   # -> Topology
+    size_bytes: int
+    algorithm: str | None      # None: the simulator's own choice
+    fitted: bool = False
+    modelled: bool = True
+    note: str = ""
+    endpoints: str | None = None   # "gpu0": one rank per node on its GPU 0
+
+
+def _preset(name: str) -> Callable[[], Any]:
+    def f() -> Any:
+        from ..topology import load_topology
+        return load_topology(name)
+    return f
+
+
+def _cluster(name: str, nodes: int, keep_nics: int | None = None) -> Callable[[], Any]:
+    def f() -> Any:
+        from ..topology import build_cluster, load_topology
+        base = load_topology(name)
+        if keep_nics is not None:   # servers wired with fewer NICs than the DGX (HGX builds)
+            base = base.copy()
+            nics = base.nics()
+            step = len(nics) // keep_nics
+            for n in [x for i, x in enumerate(nics) if i % step]:
+                base.graph.remove_node(n)
+            base.invalidate()
+            base.name = f"{name}-{keep_nics}nic"
+        return build_cluster(base, nodes, fabric="rail")
+    return f
+
+
+GiB = 2**30
+REFERENCES: tuple[Reference, ...] = (
+    Reference("H100x8 ring", "DGX H100, 8 GPUs, all_reduce NCCL_ALGO=RING, large messages", 370.0,
+              "S. Jeaugey (NVIDIA), https://github.com/NVIDIA/nccl-tests/issues/212", _preset("dgx-h100"),
+              8 * GiB, "ring", fitted=True, note="NVLink efficiency 0.822 = 370/450 comes from this figure"),
+    Reference("H100x8 NVLS", "DGX H100, 8 GPUs, all_reduce default (NVLink SHARP)", 480.0,
+              "https://github.com/NVIDIA/nccl-tests/issues/212 (~480); 476 in "
+              "https://github.com/NVIDIA/nccl-tests/issues/290", _preset("dgx-h100"), 8 * GiB, None,
+              modelled=False, note="in-switch reduction (NVLS) is not modelled: ringflow has no such algorithm"),
+    Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
+              "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
+    Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,
+              "https://github.com/NVIDIA/nccl-tests/issues/175 (86 GB/s; 91 GB/s in "
+              "https://github.com/NVIDIA/nccl-tests/issues/100)", _cluster("dgx-a100", 2, keep_nics=4),
+              4 * GiB, "ring"),
+    Reference("A100 3 nodes x 4 HDR", "3 x (8 A100 + 4 x HDR 200G), all_reduce, peak of -e 128M", 96.0,
+              "https://github.com/NVIDIA/nccl-tests/issues/119 (peak 96, average 84.8)",
+              _cluster("dgx-a100", 3, keep_nics=4), 128 * 2**20, None,
+              note="NCCL's default choice is compared with the simulator's own choice"),
+    Reference("NDR NIC", "2 x DGX H100, one GPU per node (GPU0 -> NIC0), all_reduce ring", 47.0,
+              "AddyLaddy (NVIDIA), https://github.com/NVIDIA/nccl-tests/issues/290: 46-48 GB/s per NIC",
+              _cluster("dgx-h100", 2), 8 * GiB, "ring", fitted=True,
+              note="IB efficiency 0.94 = 47/50 comes from this figure", endpoints="gpu0"),
+)
+
+
+def evaluate(refs: tuple[Reference, ...] = REFERENCES) -> list[dict[str, Any]]:
+    """Predicted busbw and error (predicted / reference - 1) for every reference."""
+    from .api import simulate
+    rows = []
+    for ref in refs:
+        topo = ref.build()
+        eps = None
+        if ref.endpoints == "gpu0":
+            eps = [topo.gpus(h)[0] for h in topo.hosts()]
+        res = simulate(topo, "all_reduce", ref.size_bytes, algorithm=ref.algorithm, endpoints=eps)
+        pred = res.busbw_GBps
+        rows.append({"name": ref.name, "what": ref.what, "reference_GBps": ref.busbw_GBps,
+                     "predicted_GBps": pred, "error": pred / ref.busbw_GBps - 1, "algorithm": res.algorithm,
+                     "protocol": res.protocol, "size_bytes": ref.size_bytes, "source": ref.source,
+                     "fitted": ref.fitted, "modelled": ref.modelled, "note": ref.note})
+    return rows
