@@ -181,7 +181,7 @@ _ALGOS: list[AlgorithmInfo] = [
         {C.ALL_REDUCE: "steps: 2(n-1); bytes per rank: 2(n-1)/n S",
          C.REDUCE_SCATTER: "steps: n-1; bytes per rank: (n-1)/n S",
          C.ALL_GATHER: "steps: n-1; bytes per rank: (n-1)/n S",
-         C.BROADCAST: "steps: segs+n-2; bytes per rank: S (time N(S+K-2)/(S B), the seed's pipelined ring)",
+         C.BROADCAST: "steps: segs+n-2; bytes per rank: S; time N(segs+n-2)/(segs B) = the seed's N(S+K-2)/(S B)",
          C.REDUCE: "steps: segs+n-2; bytes per rank: S"},
         {C.ALL_REDUCE: lambda n, s, ch: _cf(2 * (n - 1), F(2 * (n - 1), n)),
          C.REDUCE_SCATTER: lambda n, s, ch: _cf(n - 1, F(n - 1, n)),
@@ -225,7 +225,7 @@ _ALGOS: list[AlgorithmInfo] = [
     AlgorithmInfo(
         "bruck", "bruck", "Bruck: ceil(log2 n) steps for any n (small messages)", bruck.build,
         {C.ALL_GATHER: "steps: K; bytes per rank: (n-1)/n S",
-         C.ALL_TO_ALL: "steps: K; bytes per rank: sum_k |{i<n: bit k of i}|/n S (~ K/2 S)"},
+         C.ALL_TO_ALL: "steps: K; bytes per rank: sum_k #{i<n with bit k set}/n S (about K/2 S)"},
         {C.ALL_GATHER: lambda n, s, ch: _cf(ceil_log2(n), F(n - 1, n)),
          C.ALL_TO_ALL: lambda n, s, ch: _bruck_a2a(n)}),
     AlgorithmInfo(

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
-from ..topology import double_binary_tree
 from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, wrapped
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
@@ -109,6 +108,7 @@ def _max_same_step(parent: Sequence[int], nodes: Sequence[int]) -> int:
 
 
 def _dbtree_parents(collective: Collective, n: int, root: int | None) -> list[list[int]]:
+    from ..topology import double_binary_tree  # lazy: keeps `import ringflow.algorithms` light
     if collective == Collective.ALL_REDUCE:
         return [list(t) for t in double_binary_tree(n)]
     assert root is not None
