@@ -33,19 +33,22 @@ def pcie_command(
 @hw_app.command("list")
 def list_command(
     kind: str = typer.Option("", "--kind", help="only this kind: pcie, nvlink, nvswitch, socket, ib, ethernet, gpu"),
-    json_out: bool = typer.Option(False, "--json", help="print the catalog as JSON"),
+    sources: bool = typer.Option(False, "--sources", help="also print where every figure comes from"),
+    json_out: bool = typer.Option(False, "--json", help="print the catalog (with sources) as JSON"),
 ) -> None:
-    """Print the hardware catalog (per-direction and bidirectional GB/s, details, source)."""
+    """Print the hardware catalog (per-direction and bidirectional GB/s, details; sources with --sources)."""
     from ..hardware import catalog_rows
     rows = [r for r in catalog_rows() if not kind or r["kind"] == kind]
     if json_out:
         print_json(rows)
         return
-    print_table("ringflow hardware catalog (GB/s = 1e9 B/s; per direction unless 'bidir')",
-                ["kind", "name", "GB/s per dir", "GB/s bidir", "detail", "source"],
-                [[r["kind"], r["name"], "" if r["per_dir_GBps"] is None else f"{r['per_dir_GBps']:g}",
-                  "" if r["bidir_GBps"] is None else f"{r['bidir_GBps']:g}", r["detail"], r["source"]] for r in rows],
+    print_table("ringflow hardware catalog (GB/s = 1e9 B/s)", ["kind", "name", "GB/s per dir", "GB/s bidir", "detail"],
+                [[r["kind"], r["name"], "" if r["per_dir_GBps"] is None else f"{r['per_dir_GBps']:.6g}",
+                  "" if r["bidir_GBps"] is None else f"{r['bidir_GBps']:.6g}", r["detail"]] for r in rows],
                 justify_right=False)
+    if sources:
+        for r in rows:
+            console.print(f"{r['name']}: {r['source']}", soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:
