@@ -116,13 +116,17 @@ def rings_command(
 def detect_command(
     nvidia_smi_text: Optional[str] = typer.Option(None, "--nvidia-smi-text", help="build from a saved `nvidia-smi topo -m`"),
     dump: Optional[str] = typer.Option(None, "--dump", help="write the topology (YAML/JSON by extension)"),
+    gpu_model: Optional[str] = typer.Option(None, "--gpu-model", help="GPU model for NV# bandwidths (H100, B200, ...)"),
     json_out: bool = typer.Option(False, "--json", help="print summary and topology as JSON"),
 ) -> None:
     """Detect this machine (CPUs/NUMA and NICs from sysfs, GPUs from nvidia-smi); succeeds without GPUs."""
     from ..topology.detect import detect_topology, load_smi_file
     from ..topology.smi_parser import render_smi
     text = load_smi_file(nvidia_smi_text) if nvidia_smi_text else None
-    t = detect_topology(text)
+    if gpu_model is not None:
+        from ..hardware import gpu_model as _check
+        _check(gpu_model)
+    t = detect_topology(text, gpu_model=gpu_model)
     if dump:
         t.save(dump)
     info = t.meta["detected"]

@@ -120,17 +120,17 @@ def run_nvidia_smi(args: list[str], timeout_s: float = SMI_TIMEOUT_S) -> str | N
     return res.stdout if res.returncode == 0 and res.stdout.strip() else None
 
 
-def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, use_nvidia_smi: bool = True) -> Topology:
+def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, use_nvidia_smi: bool = True,
+                    gpu_model: str | None = None) -> Topology:
     """Build this machine's topology (or the one described by a saved `nvidia-smi topo -m` text)."""
     host = socket.gethostname()
     numa = numa_nodes(sys_root)
     note = ""
     smi_text = nvidia_smi_text
-    gpu_model = None
     if smi_text is None and use_nvidia_smi:
         smi_text = run_nvidia_smi(["topo", "-m"])
         names = run_nvidia_smi(["--query-gpu=name", "--format=csv,noheader"])
-        if names:
+        if names and gpu_model is None:
             gpu_model = _model_from_name(names.splitlines()[0])
     if smi_text:
         topo = topology_from_smi(smi_text, gpu_model=gpu_model, name=f"detected-{host}")

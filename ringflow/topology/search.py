@@ -312,13 +312,25 @@ def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
             if fp == fps[0] and len(g) == len(first):
                 ring.extend(g[p] for p in pos)
             else:
-                ls, le = g[0], g[-1]
+                ls, le = _entry_exit(g, set(rails.get(s, [])) & set(rails.get(e, [])), eps, router)
                 sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000)
                 ring.extend(sub)
         bw = ring_bw(ring, hops, cap)
         if bw > best + _EPS:
             best, best_ring = bw, ring
     return best_ring, best
+
+
+def _entry_exit(group: list[int], want: set[int], eps: list[str], router: object) -> tuple[int, int]:
+    """Entry and exit endpoints of a host segment that reach a NIC on one of the rails `want` (else the ends)."""
+    if len(group) == 1:
+        return group[0], group[0]
+    near = [i for i in group if want & {router._rail(x) for x in router.near_nics(eps[i])}]  # type: ignore[attr-defined]
+    if len(near) >= 2:
+        return near[0], near[1]
+    if len(near) == 1:
+        return near[0], next(i for i in group if i != near[0])
+    return group[0], group[-1]
 
 
 def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: int | None = None) -> list[Ring]:
