@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--first-bucket", default="8KiB")
     ap.add_argument("--overlap-width", type=int, default=512, help="hidden width of the model timed for overlap")
     ap.add_argument("--overlap-steps", type=int, default=6)
+    ap.add_argument("--overlap-batch", type=int, default=960, help="global batch of the timed model")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     with ringflow.init() as comm:
@@ -68,7 +69,8 @@ def main() -> None:
             d2.stats.exposed_s.clear()
             d2.stats.backward_s.clear()
             for step in range(a.overlap_steps):
-                d2.train_step(*local_batch(data.x_train, data.y_train, step, a.batch, comm.rank, comm.size), 0.01)
+                xb, yb = local_batch(data.x_train, data.y_train, step, a.overlap_batch, comm.rank, comm.size)
+                d2.train_step(xb, yb, 0.01)
             t = np.array([d2.stats.mean_exposed_s(), d2.stats.mean_backward_s()])
             comm.all_reduce(t, op="avg")
             res[overlap] = t

@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--first-bucket", default="8KiB")
     ap.add_argument("--overlap-width", type=int, default=512)
     ap.add_argument("--overlap-steps", type=int, default=6)
+    ap.add_argument("--overlap-batch", type=int, default=960, help="global batch of the timed model")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -90,7 +91,7 @@ def main() -> None:
             d2.stats.exposed_s.clear()
             d2.stats.backward_s.clear()
             for step in range(a.overlap_steps):
-                x, y = local_batch(data.x_train, data.y_train, step, a.batch, comm.rank, comm.size)
+                x, y = local_batch(data.x_train, data.y_train, step, a.overlap_batch, comm.rank, comm.size)
                 opt2.zero_grad()
                 loss_fn(d2(torch.from_numpy(x)), torch.from_numpy(y)).backward()
                 opt2.step()
