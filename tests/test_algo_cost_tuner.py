@@ -80,6 +80,8 @@ def test_tuner_multi_host_has_hierarchical_and_channels() -> None:
     assert "hierarchical" in algos
     assert max(c.nchannels for c in ch.candidates if c.algorithm == "ring") > 1  # one ring per NIC rail
     assert ch.time_s == min(c.time_s for c in ch.candidates)
+    sched = ch.schedule()
+    assert sched.algorithm == ch.algorithm and sched.nchannels == ch.nchannels
 
 
 def test_tuner_without_topology_and_cache() -> None:

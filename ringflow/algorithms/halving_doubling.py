@@ -18,6 +18,8 @@ Survivor u stands for the original ranks [lo(u), lo(u+1)) with lo(u) = 2u (u < r
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from .schedule import Buffer, ChunkRef, Collective, Schedule, ScheduleBuilder
 from ._common import blk, need_root, new_builder, pow2_floor, std_layouts
 
@@ -111,38 +113,34 @@ def build_recursive_doubling(collective: Collective | str, nranks: int, *, nsegs
     return b.build()
 
 
-def _halving_rounds(b: ScheduleBuilder, f: Fold, step: int, nblocks_of: "callable", inited: set[int],
-                    src_buf: Buffer, acc_buf: Buffer, final_dst: "callable | None" = None) -> int:
-    """Recursive halving reduce-scatter over survivors; blocks of survivor u = nblocks_of(u).
+Pieces = Callable[[int, int, int], list[tuple[int, int, Buffer, int]]]
 
-    Partial sums go to `acc_buf` (OUT or SCRATCH); `final_dst(u, first, cnt)` splits the last
-    round's kept blocks into (first, cnt, buffer) pieces. `inited` holds survivors whose acc is set.
+
+def _halving_rounds(b: ScheduleBuilder, f: Fold, step: int, blocks_of: Callable[[int], int], inited: set[int],
+                    src_buf: Buffer, acc_buf: Buffer, final_dst: Pieces | None = None) -> int:
+    """Recursive halving reduce-scatter over survivors; survivor u owns blocks [blocks_of(u), blocks_of(u+1)).
+
+    Partial sums go to `acc_buf` (OUT or SCRATCH); `final_dst(v, first, cnt)` splits the last
+    round's blocks kept by survivor v into (first, cnt, buffer, block in that buffer) pieces.
+    `inited` holds the survivors whose `acc_buf` already holds partial sums (the fold receivers).
     """
-    lay = b.layouts[acc_buf]
     for k in range(f.log):
         d = f.p >> (k + 1)
-        last = d == 1
         for u in range(f.p):
             v = u ^ d
-            keep_a = u & ~(d - 1)
-            send_a = v & ~(d - 1)
-            s_first, s_end = nblocks_of(send_a), nblocks_of(send_a + d)
-            k_first, k_end = nblocks_of(keep_a), nblocks_of(keep_a + d)
-            if s_end == s_first:
+            send_a = v & ~(d - 1)           # the partner keeps the survivors [send_a, send_a + d)
+            first, end = blocks_of(send_a), blocks_of(send_a + d)
+            if end == first:
                 continue
-            # pieces of the partner's kept range (= our send range), split as the partner stores them
-            pieces = [(s_first, s_end - s_first, acc_buf)]
-            if last and final_dst is not None:
-                pieces = final_dst(v, s_first, s_end - s_first)
-            for first, cnt, dbuf in pieces:
-                src = blk(acc_buf if u in inited else src_buf, lay if u in inited else b.layouts[src_buf],
-                          first, cnt)
-                local = blk(acc_buf if v in inited else src_buf, lay if v in inited else b.layouts[src_buf],
-                            first, cnt)
-                b.transfer(step, f.real(u), f.real(v), src, blk(dbuf, b.layouts[dbuf], first if dbuf != OUT or
-                                                                 b.layouts[OUT].nblocks > 1 else 0, cnt),
-                           reduce=True, local=local)
-            del k_first, k_end
+            pieces = [(first, end - first, acc_buf, first)]
+            if d == 1 and final_dst is not None:
+                pieces = final_dst(v, first, end - first)
+            for pf, cnt, dbuf, dblock in pieces:
+                sbuf = acc_buf if u in inited else src_buf
+                lbuf = acc_buf if v in inited else src_buf
+                b.transfer(step, f.real(u), f.real(v), blk(sbuf, b.layouts[sbuf], pf, cnt),
+                           blk(dbuf, b.layouts[dbuf], dblock, cnt), reduce=True,
+                           local=blk(lbuf, b.layouts[lbuf], pf, cnt))
         inited.update(range(f.p))
         step += 1
     return step
@@ -169,12 +167,9 @@ def build_halving_doubling(collective: Collective | str, nranks: int, *, nsegs: 
     li, ls, lo = lay[IN], lay[SCR], lay[OUT]
     step = _fold_in(b, f, SCR, blk(IN, li, 0, n), blk(SCR, ls, 0, n))
 
-    def final_dst(v: int, first: int, cnt: int) -> list[tuple[int, int, Buffer]]:
-        own = f.real(v)
-        out = []
-        for blkno in range(first, first + cnt):
-            out.append((blkno, 1, OUT if blkno == own else SCR))
-        return out
+    def final_dst(v: int, first: int, cnt: int) -> list[tuple[int, int, Buffer, int]]:
+        own = f.real(v)  # the survivor's own block goes to OUT, its folded partner's stays in scratch
+        return [(x, 1, OUT, 0) if x == own else (x, 1, SCR, x) for x in range(first, first + cnt)]
 
     step = _halving_rounds(b, f, step, f.lo, set(range(f.r)), IN, SCR, final_dst)
     if f.r:
@@ -183,7 +178,7 @@ def build_halving_doubling(collective: Collective | str, nranks: int, *, nsegs: 
     return b.build()
 
 
-def _doubling_out(b: ScheduleBuilder, f: Fold, step: int, blocks_of: "callable") -> int:
+def _doubling_out(b: ScheduleBuilder, f: Fold, step: int, blocks_of: Callable[[int], int]) -> int:
     """Recursive doubling all-gather of complete blocks held in OUT."""
     lo = b.layouts[OUT]
     for k in range(f.log):

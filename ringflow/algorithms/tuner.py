@@ -25,7 +25,7 @@ from ..errors import ConfigError, InvalidArgument, UnknownAlgorithm
 from .cost import Cost, schedule_cost
 from .layout import CallShape
 from .registry import ALGORITHMS, algorithms_for, get_schedule, info
-from .schedule import Collective
+from .schedule import Collective, Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..topology import Topology
@@ -65,6 +65,11 @@ class Choice:
     topology: str | None
     rings: tuple[tuple[int, ...], ...] | None = None
     host_groups: tuple[tuple[int, ...], ...] | None = None
+
+    def schedule(self, root: int | None = None) -> "Schedule":
+        """The chosen (cached) schedule, ready for an engine."""
+        return get_schedule(self.collective, self.algorithm, self.nranks, root=root, nsegs=self.nsegs,
+                            nchannels=self.nchannels, rings=self.rings, host_groups=self.host_groups)
 
     def to_dict(self) -> dict:
         return {"collective": self.collective, "nbytes": self.nbytes, "nranks": self.nranks,
