@@ -78,10 +78,14 @@ class Communicator:
         self._destroyed = False
         self._op_seq = 0
         self._nsplit = 0
-        self._scratch: dict[str, np.ndarray] = {}
+        self._scratch: dict[np.dtype, np.ndarray] = {}
         self._schedules: dict[tuple, Schedule] = {}
         self._allocs: list[mmap.mmap] = []
         self._lanes = [Lane("collectives"), Lane("p2p-send"), Lane("p2p-recv")]
+        # knobs are read once, when the communicator is created (as NCCL does)
+        self._checks = not config.get("CHECKS_DISABLE")
+        self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
+        self._sigs: dict[tuple, tuple[int, str]] = {}
         self._store = PrefixStore(ns, shared.store)
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]
@@ -160,15 +164,15 @@ class Communicator:
         if async_op:
             def job() -> None:
                 self._usable()
-                self._guard(fn, self._deadline(timeout))
+                self._guard(fn, self._deadline(timeout), lane)
             return ln.submit(job, Work(description, result))
         deadline = self._deadline(timeout)
         if ln.busy:
             ln.quiesce(deadline)
-        self._guard(fn, deadline)
+        self._guard(fn, deadline, lane)
         return result
 
-    def _guard(self, fn, deadline: float) -> None:
+    def _guard(self, fn, deadline: float, lane: int) -> None:
         try:
             fn(deadline)
         except _Broken as exc:
@@ -180,8 +184,8 @@ class Communicator:
             self._watchdog.broadcast(Kind.MISMATCH, json.dumps({"message": str(err)}).encode(), op_seq=self._op_seq)
             raise err from None
         except Timeout:
-            # data may be half-moved: the channels can no longer be trusted
-            if self._failure is None:
+            # a collective may have half-moved data: its channels can no longer be trusted
+            if self._failure is None and lane == LANE_COLL:
                 self._failure = Aborted("an earlier operation timed out mid-transfer",
                                         "create a new communicator")
             raise
@@ -189,11 +193,17 @@ class Communicator:
     # ---------------------------------------------------------------- schedules
     def _schedule(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int) -> Schedule:
         """The tuner's schedule for this call (cached per communicator and exact size)."""
-        key = (coll, nbytes, root, dtype_size, config.get("ALGO"), config.get("NCHANNELS"))
+        key = (coll, nbytes, root, dtype_size)
         s = self._schedules.get(key)
         if s is not None:
             return s
+        from .. import config as _cfg
         from ..algorithms import registry, tuner  # lazily: the algorithms package is large
+        with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
+            return self._pick(coll, nbytes, root, dtype_size, key, registry, tuner)
+
+    def _pick(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int, key: tuple, registry: Any,
+              tuner: Any) -> Schedule:
         tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
         ch = tuner.choose(tc, nbytes, self.size, dtype_size=dtype_size, root=root)
         algo = ch.algorithm
@@ -207,32 +217,34 @@ class Communicator:
         return s
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> np.ndarray:
-        key = dtype.str if dtype.names is None else str(dtype)
-        a = self._scratch.get(str(dtype))
+        a = self._scratch.get(dtype)
         if a is None or a.shape[0] < n:
             a = np.empty(max(n, 1), dtype=dtype)
-            self._scratch[str(dtype)] = a
-        del key
+            self._scratch[dtype] = a
         return a[:n]
 
     def _execute(self, schedule: Schedule, coll: Collective, count: int, inp: np.ndarray, out: np.ndarray,
                  opname: str | None, root: int | None, deadline: float,
                  splits: tuple[tuple[int, ...], ...] | None = None) -> None:
-        dtype = out.dtype if out.size else inp.dtype
+        dtype = out.dtype
         shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
-        inplace = inp.size > 0 and out.size > 0 and inp.__array_interface__["data"][0] == \
-            out.__array_interface__["data"][0]
+        inplace = inp is out or (inp.size > 0 and out.size > 0 and inp.ctypes.data == out.ctypes.data)
         plan = compile_plan(schedule, shape, self.rank, inplace)
         arrays = {Buffer.IN: out if inplace else inp, Buffer.OUT: out}
-        if plan.scratch_elems:
+        if Buffer.SCRATCH in schedule.layouts:
             arrays[Buffer.SCRATCH] = self._scratch_for(dtype, plan.scratch_elems)
         seq = self._op_seq
         self._op_seq += 1
-        desc = describe(coll.value, count, dtype, opname, root, schedule.algorithm)
-        ctx = CallContext(self._transport, self._waiters[LANE_COLL],
-                          call_signature(coll.value, count, dtype, opname, root, schedule.algorithm,
-                                         schedule.nchannels), seq, desc, deadline, self.size, self.rank,
-                          not config.get("CHECKS_DISABLE"))
+        skey = (coll, count, dtype, opname, root, id(schedule))
+        sd = self._sigs.get(skey)
+        if sd is None:
+            sd = (call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels),
+                  describe(coll.value, count, dtype, opname, root, schedule.algorithm))
+            if len(self._sigs) > 4096:
+                self._sigs.clear()
+            self._sigs[skey] = sd
+        ctx = CallContext(self._transport, self._waiters[LANE_COLL], sd[0], seq, sd[1], deadline, self.size,
+                          self.rank, self._checks)
         run_plan(plan, ctx, arrays, UFUNCS.get(opname or "sum", np.add))
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,
@@ -592,7 +604,7 @@ def init(rank: int | None = None, world_size: int | None = None, store_addr: str
     sec = auth.secret_bytes(info.secret)
     server = None
     host, port = info.store_host, info.store_port
-    if info.rank == 0 and (port == 0 or info.world_size == 1):
+    if info.rank == 0 and port == 0:
         server = StoreServer(host, port, sec)
         host, port = server.address
     elif info.rank == 0:

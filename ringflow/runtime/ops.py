@@ -23,6 +23,8 @@ SUPPORTED_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int6
 
 def parse_op(op: Any) -> str:
     """Normalise an op name ('sum', 'SUM', ReduceOp.SUM from torch) to one of UFUNCS."""
+    if isinstance(op, str) and op in UFUNCS:
+        return op
     name = getattr(op, "name", None) or str(op)
     name = name.lower().rsplit(".", 1)[-1]
     name = OP_ALIASES.get(name, name) or name
@@ -31,9 +33,13 @@ def parse_op(op: Any) -> str:
     return name
 
 
+_SUPPORTED = {np.dtype(n) for n in SUPPORTED_DTYPES if n != "bfloat16"} | ({BFLOAT16} if BFLOAT16 is not None else set())
+_OPS_CACHE: dict = {}
+
+
 def check_dtype(dtype: np.dtype) -> np.dtype:
     """Accept the numeric dtypes ringflow reduces; a typed error for the rest."""
-    if dtype.name not in SUPPORTED_DTYPES:
+    if dtype not in _SUPPORTED:
         raise InvalidArgument(f"dtype {dtype} is not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
     return dtype
 
@@ -56,10 +62,11 @@ class Buf:
     def __init__(self, obj: Any, what: str = "buffer") -> None:
         self.orig = obj
         arr = as_numpy(obj, what)
-        if not arr.flags.c_contiguous:
+        flags = arr.flags
+        if not flags.c_contiguous:
             raise InvalidArgument(f"{what} is not contiguous", "pass a contiguous array (np.ascontiguousarray "
                                   "or tensor.contiguous())")
-        if not arr.flags.writeable:
+        if not flags.writeable:
             raise InvalidArgument(f"{what} is read-only", "pass a writeable array")
         check_dtype(arr.dtype)
         self.arr, self.shape = arr, arr.shape

@@ -82,7 +82,7 @@ class Doorbell:
 
 def spin_budget_s(local_ranks: int) -> float:
     """How long to spin before sleeping: long when every rank has a core, short otherwise."""
-    return 100e-6 if local_ranks <= _ncpu else 10e-6
+    return 1e-3 if local_ranks <= _ncpu else 50e-6
 
 
 def oversubscribed(local_ranks: int) -> bool:

@@ -1,0 +1,133 @@
+"""Runtime pieces: frame validation, launcher env detection, interface selection, launcher, bench."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringflow.errors import InvalidArgument, ProtocolError
+from ringflow.runtime import env as rt_env
+from ringflow.runtime.bench import bus_factor
+from ringflow.runtime.ops import Buf, parse_op
+from ringflow.runtime.transport import frames
+from ringflow.runtime.transport.tcp import select_interface
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_frame_roundtrip_and_every_corruption_is_named() -> None:
+    h = frames.pack(frames.Kind.DATA, 7, 1024, channel=2, op_seq=9, sig=123, tag=4)
+    assert len(h) == frames.HEADER_BYTES
+    f = frames.parse(h, peer="rank 1", expect_seq=7, max_nbytes=1024)
+    assert (f.kind, f.seq, f.nbytes, f.channel, f.op_seq, f.sig, f.tag) == (frames.Kind.DATA, 7, 1024, 2, 9, 123, 4)
+    with pytest.raises(ProtocolError, match="magic"):
+        frames.parse(b"XXXX" + h[4:], peer="rank 1")
+    with pytest.raises(ProtocolError, match="checksum"):
+        frames.parse(h[:20] + bytes([h[20] ^ 1]) + h[21:], peer="rank 1")
+    with pytest.raises(ProtocolError, match="out-of-sequence"):
+        frames.parse(h, peer="rank 1", expect_seq=8)
+    with pytest.raises(ProtocolError, match="oversized"):
+        frames.parse(h, peer="rank 1", max_nbytes=1000)
+    with pytest.raises(ProtocolError, match="truncated"):
+        frames.parse(h[:30], peer="rank 1")
+
+
+def test_env_detection_for_each_launcher() -> None:
+    torch_env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500",
+                 "RINGFLOW_SECRET": "x"}
+    info = rt_env.detect(env=torch_env, secret="x")
+    assert (info.rank, info.world_size, info.local_rank, info.store_host, info.store_port, info.source) == \
+        (3, 8, 1, "10.1.2.3", 29501, "torchrun")
+    slurm = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "77"}
+    info = rt_env.detect(store_addr="10.0.0.9:1234", secret="s", env=slurm)
+    assert (info.rank, info.world_size, info.source, info.job_id) == (2, 4, "Slurm", "77")
+    ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    assert rt_env.detect(store_addr="1.2.3.4:5", secret="s", env=ompi).source == "Open MPI"
+    with pytest.raises(InvalidArgument, match="rank and world size"):
+        rt_env.detect(env={})
+    with pytest.raises(InvalidArgument, match="outside"):
+        rt_env.detect(rank=4, world_size=4, store_addr="1.2.3.4:5", env={})
+
+
+def test_interface_selection_follows_nccl_syntax() -> None:
+    avail = [("lo", "127.0.0.1"), ("docker0", "172.17.0.1"), ("eth0", "10.0.0.2"), ("ib0", "10.1.0.2")]
+    assert select_interface("", avail) == ("eth0", "10.0.0.2")
+    assert select_interface("ib", avail) == ("ib0", "10.1.0.2")
+    assert select_interface("^eth,docker", avail) == ("ib0", "10.1.0.2")
+    assert select_interface("=lo", avail) == ("lo", "127.0.0.1")
+    assert select_interface("", [("lo", "127.0.0.1")]) == ("lo", "127.0.0.1")
+    with pytest.raises(InvalidArgument, match="matches no interface"):
+        select_interface("=eth", avail)
+
+
+def test_buffers_and_ops_validation() -> None:
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        Buf(np.zeros((4, 4))[:, 0])
+    with pytest.raises(InvalidArgument, match="not supported"):
+        Buf(np.zeros(3, dtype=np.complex64))
+    with pytest.raises(InvalidArgument, match="numpy array"):
+        Buf([1, 2, 3])
+    assert parse_op("SUM") == "sum" and parse_op("mean") == "avg"
+    with pytest.raises(InvalidArgument, match="unknown reduction"):
+        parse_op("xor")
+
+
+def test_bus_factors_are_nccl_tests() -> None:
+    assert bus_factor("all_reduce", 4) == pytest.approx(1.5)
+    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert bus_factor("broadcast", 4) == 1.0 and bus_factor("reduce", 8) == 1.0
+    assert bus_factor("all_to_all", 2) == pytest.approx(0.5)
+
+
+def _ringflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "ringflow", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_launcher_prefixes_output_and_fails_fast(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        r = int(os.environ["RINGFLOW_RANK"])
+        print("hello from", r, os.environ["RINGFLOW_WORLD_SIZE"], flush=True)
+        if r == 1:
+            sys.exit(3)
+        time.sleep(60)
+    """))
+    t0 = time.monotonic()
+    p = _ringflow("run", "-n", "3", str(script))
+    assert p.returncode == 3
+    assert time.monotonic() - t0 < 30
+    assert "[1] hello from 1 3" in p.stdout and "[0] hello from 0 3" in p.stdout
+    assert "rank 1 exited with code 3" in p.stderr
+
+
+def test_launcher_timeout_kills_everything(tmp_path: Path) -> None:
+    script = tmp_path / "sleep.py"
+    script.write_text("import time; time.sleep(60)\n")
+    p = _ringflow("run", "-n", "2", "--timeout", "1", str(script))
+    assert p.returncode == 124
+
+
+def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    p = _ringflow("bench", "all_reduce", "-n", "2", "--min", "8", "--max", "4KiB", "--factor", "16", "--iters", "3",
+                  "--check", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [r["size_bytes"] for r in rows] == [8, 128, 2048]
+    for r in rows:
+        for key in ("collective", "nranks", "size_bytes", "count", "dtype", "time_us", "algbw_GBps", "busbw_GBps",
+                    "wrong"):
+            assert key in r
+        assert r["wrong"] == 0 and r["time_us"] > 0 and r["nranks"] == 2
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.0)
+    assert "busbw" in p.stdout
