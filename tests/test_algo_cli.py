@@ -22,7 +22,8 @@ def test_list_json_has_every_pair_with_cost_line(capsys: pytest.CaptureFixture) 
     rows = json.loads(out)
     assert code == 0
     pairs = {(r["algorithm"], r["collective"]) for r in rows}
-    assert ("ring", "all_reduce") in pairs and len(pairs) == sum(len(a.collectives) for a in registry.ALGORITHMS.values())
+    assert ("ring", "all_reduce") in pairs
+    assert len(pairs) == sum(len(a.collectives) for a in registry.ALGORITHMS.values())
     assert next(r for r in rows if r["algorithm"] == "ring" and r["collective"] == "all_reduce")["cost"] == \
         "steps: 2(n-1); bytes per rank: 2(n-1)/n S"
 
@@ -31,7 +32,8 @@ def test_show_table_and_json_roundtrip(capsys: pytest.CaptureFixture) -> None:
     code, out, _ = _run(["algo", "show", "all_reduce", "ring", "-n", "5"], capsys)
     assert code == 0 and out.startswith("all_reduce / ring: 5 ranks, 8 steps")
     assert "r0: send in[0] ->r1; recv+ out[4]=in[4]+<-r4" in out
-    code, out, _ = _run(["algo", "show", "broadcast", "tree", "-n", "6", "--root", "2", "--nsegs", "3", "--json"], capsys)
+    args = ["algo", "show", "broadcast", "tree", "-n", "6", "--root", "2", "--nsegs", "3", "--json"]
+    code, out, _ = _run(args, capsys)
     s = Schedule.from_json(json.loads(out))
     assert s.root == 2 and s.to_json() == registry.get_schedule("broadcast", "tree", 6, root=2, nsegs=3).to_json()
 

@@ -7,7 +7,7 @@ from ringflow import config
 from ringflow.algorithms import cost, registry, ring, verifier
 from ringflow.algorithms.layout import CallShape
 from ringflow.algorithms.schedule import Collective, OpKind
-from ringflow.errors import InvalidArgument, VerificationError
+from ringflow.errors import InvalidArgument, TopologyError, VerificationError
 from ringflow.topology import parse_rings
 
 
@@ -71,11 +71,17 @@ def test_multichannel_rings_from_ring_orders() -> None:
 
 
 def test_rings_knob_feeds_ring_orders() -> None:
-    with config.override(RINGS="0 3 1 2"):
-        rings = parse_rings(config.get("RINGS"), 4)
-    s = registry.get_schedule("all_gather", "ring", 4, rings=rings)
+    with config.override(RINGS="0 3 1 2|0 2 1 3"):
+        s = registry.get_schedule("all_gather", "ring", 4)
+        two = registry.get_schedule("all_reduce", "ring", 4, nchannels=2)
+        with pytest.raises(TopologyError, match="does not exist"):
+            registry.get_schedule("all_reduce", "ring", 3)
     assert {o.peer for o in s.programs[0][0] if o.kind == OpKind.SEND} == {3}
+    assert {(o.channel, o.peer) for o in two.programs[0][0] if o.kind == OpKind.SEND} == {(0, 3), (1, 2)}
     verifier.verify(s)
+    verifier.verify(two)
+    plain = registry.get_schedule("all_gather", "ring", 4)  # knob unset again: default order 0 1 2 3
+    assert {o.peer for o in plain.programs[0][0] if o.kind == OpKind.SEND} == {1}
 
 
 def test_bad_ring_order_is_a_typed_error() -> None:

@@ -17,6 +17,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Callable, Sequence
 
+from .. import config
 from ..errors import InvalidArgument, UnknownAlgorithm
 from . import bruck, halving_doubling as hd, hierarchical, p2p, pairwise, param_server, ring, tree
 from ._common import ceil_log2, pow2_floor
@@ -293,7 +294,10 @@ def _tuplify(x: Sequence[Sequence[int]] | None) -> tuple[tuple[int, ...], ...] |
 def get_schedule(collective: Collective | str, algorithm: str, nranks: int, *, root: int | None = None,
                  nsegs: int = 1, nchannels: int = 1, rings: Sequence[Sequence[int]] | None = None,
                  host_groups: Sequence[Sequence[int]] | None = None, peer: int | None = None) -> Schedule:
-    """The (cached, frozen) schedule of `algorithm` for `collective` on `nranks` ranks."""
+    """The (cached, frozen) schedule of `algorithm` for `collective` on `nranks` ranks.
+
+    Ring orders: `rings` (one per channel, cycled), else RINGFLOW_RINGS, else the default orders.
+    """
     c = Collective.parse(collective)
     a = info(algorithm)
     if c not in a.cost_lines:
@@ -307,6 +311,9 @@ def get_schedule(collective: Collective | str, algorithm: str, nranks: int, *, r
         root = None
     if not a.multichannel:
         nchannels, rings = 1, None
+    elif not rings and config.get("RINGS"):
+        from ..topology import parse_rings  # NCCL_RINGS-style explicit orders (TopologyError if malformed)
+        rings = parse_rings(config.get("RINGS"), nranks)
     if a.name != "hierarchical":
         host_groups = None
     return _build_cached(c, a.name, nranks, root, nsegs, nchannels, _tuplify(rings), _tuplify(host_groups), peer)

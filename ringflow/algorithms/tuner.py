@@ -139,8 +139,12 @@ _lock = threading.Lock()
 def _topo_context(topo: "Topology | None", nranks: int, nchannels_knob: int) -> tuple[list[tuple], Any]:
     """Channel options (nchannels, rings) and host groups for the candidates."""
     if topo is None:
-        opts = [(1, None)] if nchannels_knob <= 0 else [(nchannels_knob, None)]
-        return opts, None
+        knob = config.get("RINGS")
+        if knob and nchannels_knob <= 0:
+            from ..topology import parse_rings
+            rings = tuple(parse_rings(knob, nranks))
+            return [(1, rings[:1])] + ([(len(rings), rings)] if len(rings) > 1 else []), None
+        return ([(1, None)] if nchannels_knob <= 0 else [(nchannels_knob, None)]), None
     from ..topology import find_rings
     eps = topo.endpoints()[:nranks]
     if len(eps) < nranks:
@@ -166,10 +170,11 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
         raise InvalidArgument(f"nranks={nranks}, nbytes={nbytes}, dtype_size={dtype_size}",
                               "need nranks >= 1, nbytes >= 0, dtype_size >= 1")
     spec, nch = str(config.get("ALGO") or ""), int(config.get("NCHANNELS") or 0)
+    rings_knob = str(config.get("RINGS") or "")
     bucket = _bucket(nbytes)
     if c.has_root and root is None:
         root = 0
-    key = (c, bucket, nranks, None if topo is None else (id(topo), topo.name), dtype_size, root, spec, nch)
+    key = (c, bucket, nranks, None if topo is None else (id(topo), topo.name), dtype_size, root, spec, nch, rings_knob)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:

@@ -196,7 +196,8 @@ class _Machine:
         if buf is None:
             raise _errn(self.name, f"uses buffer {ref.buffer.value} which has no layout", r, step, ref)
         if ref.span < 1 or ref.index < 0 or ref.index + ref.span > len(buf):
-            raise _errn(self.name, f"chunk range outside the {ref.buffer.value} buffer of {len(buf)} chunks", r, step, ref)
+            raise _errn(self.name, f"chunk range outside the {ref.buffer.value} buffer of {len(buf)} chunks",
+                        r, step, ref)
         return buf
 
     def read(self, r: int, step: int, ref: ChunkRef) -> list[Value]:
@@ -257,8 +258,8 @@ class _Machine:
                 for i in op.dst.indices():
                     key = (Buffer.OUT if self.aliased and op.dst.buffer == Buffer.IN else op.dst.buffer, i)
                     if key in seen:
-                        raise _errn(self.name, "written by two receives in one step", r, step, ChunkRef(op.dst.buffer, i),
-                                   "receive into distinct chunks or use separate steps")
+                        raise _errn(self.name, "written by two receives in one step", r, step,
+                                    ChunkRef(op.dst.buffer, i), "receive into distinct chunks or use separate steps")
                     seen.add(key)
                 if op.kind == OpKind.RECV_REDUCE:
                     assert op.src is not None
@@ -303,9 +304,10 @@ class _Machine:
                 for i in range(lout.nchunks):
                     self.expect(r, i, i, full)
                     if self.bufs[r][Buffer.OUT][i][2] != self.bufs[0][Buffer.OUT][i][2]:  # type: ignore[index]
-                        raise _errn(self.name, "reduction order differs from rank 0: results would not be bitwise identical",
-                                   r, None, ChunkRef(Buffer.OUT, i),
-                                   "reduce each chunk once and copy it, or reduce in the same order everywhere")
+                        raise _errn(self.name,
+                                    "reduction order differs from rank 0: results would not be bitwise identical",
+                                    r, None, ChunkRef(Buffer.OUT, i),
+                                    "reduce each chunk once and copy it, or reduce in the same order everywhere")
         elif c == Collective.REDUCE:
             for i in range(lout.nchunks):
                 self.expect(s.root, i, i, full)  # type: ignore[arg-type]
