@@ -124,6 +124,8 @@ def validate_command(
     tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
     json_out: Optional[str] = typer.Option(None, "--json"),
     quick: bool = typer.Option(False, "--quick"),
+    repeats: int = typer.Option(2, "--repeats", help="bench runs per configuration; the fastest counts"),
+    transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
@@ -134,7 +136,7 @@ def validate_command(
     rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
                         collectives=None if collectives == "all" else collectives.split(","),
                         min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
-                        console=console)
+                        console=console, repeats=repeats, transports=tuple(transports.split(",")))
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
                 ["transport", "n", "collective", "algorithm", "size", "measured(us)", "predicted(us)", "error", ""],

@@ -49,20 +49,23 @@ def main() -> None:
         y = np.zeros(count, dtype=np.float32)
         for _ in range(2):
             comm.execute(scheds[name], x, y)
-        times = []
-        for _ in range(iters_for(nbytes)):
-            comm.barrier()
-            t0 = time.perf_counter()
-            comm.execute(scheds[name], x, y)
-            timer[0] = time.perf_counter() - t0
-            comm.all_reduce(timer, "max")
-            times.append(float(timer[0]))
-        return float(np.median(times))
+        best = float("inf")
+        for _batch in range(3):      # best of 3 medians: load from other processes only adds time
+            times = []
+            for _ in range(iters_for(nbytes)):
+                comm.barrier()
+                t0 = time.perf_counter()
+                comm.execute(scheds[name], x, y)
+                timer[0] = time.perf_counter() - t0
+                comm.all_reduce(timer, "max")
+                times.append(float(timer[0]))
+            best = min(best, float(np.median(times)))
+        return best
 
     def iters_for(nbytes: int) -> int:
         from ..runtime.bench import default_iters
         it = default_iters(nbytes)
-        return max(5, it // 4) if quick else it
+        return max(5, it // 8) if quick else max(5, it // 2)
 
     for name in ("steps1", "steps8"):
         res["results"][name] = {"4": 1e6 * timed(name, 4)}

@@ -49,7 +49,8 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
 
 def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), collectives: Sequence[str] | None = None,
              min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
-             console: Any = None, transports: Sequence[str] = TRANSPORTS) -> tuple[list[dict], bool]:
+             console: Any = None, transports: Sequence[str] = TRANSPORTS,
+             repeats: int = 2) -> tuple[list[dict], bool]:
     """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance)."""
     from ..runtime import bench
     from ..topology import load_topology
@@ -75,7 +76,13 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                 console.print(f"measuring {n} ranks over {tr}: {', '.join(colls)} ({min_size}..{max_size})")
             meas = []
             for c in colls:
-                meas += bench.launch(c, n, min_size, max_size, factor=4 if quick else 2, extra_env=env)
+                best: dict[int, dict] = {}
+                for _ in range(max(1, repeats)):   # the fastest of `repeats` runs: load only adds time
+                    for row in bench.launch(c, n, min_size, max_size, factor=4 if quick else 2, extra_env=env):
+                        key = int(row["size_bytes"])
+                        if key not in best or row["time_us"] < best[key]["time_us"]:
+                            best[key] = row
+                meas += [best[k] for k in sorted(best)]
             rows += predict_rows(t, meas, tr)
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
