@@ -31,15 +31,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--width", type=int, default=512)
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     with ringflow.init() as comm:
         data = make_classification(seed=0)
         p, m = comm.size, a.micro_batches
-        sizes = [data.n_features] + [a.width] * max(p, 2) + [data.n_classes]
+        sizes = [data.n_features] + [a.width] * (p + 1) + [data.n_classes]   # p big layers: balanced stages
         batches = [global_batch(data.x_train, data.y_train, s, a.batch) for s in range(a.steps)]
         ref = mlp(sizes, seed=1)
         train_reference(ref, batches, a.lr)

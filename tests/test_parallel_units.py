@@ -121,6 +121,9 @@ def test_stage_bounds_cover_all_layers() -> None:
         assert b[0][0] == 0 and b[-1][1] == len(layers) and all(b[i][1] == b[i + 1][0] for i in range(p - 1))
     with pytest.raises(InvalidArgument):
         stage_bounds(layers, 6)
+    wide = mlp_layers([16, 256, 256, 256, 256, 256, 4])           # 4 big layers, 2 small ones at the ends
+    for lo, hi in stage_bounds(wide, 4):                           # balanced: one big layer per stage
+        assert sum(1 for lay in wide[lo:hi] if getattr(lay, "param_shapes", {}).get("W") == (256, 256)) == 1
 
 
 def test_batches_and_roles() -> None:

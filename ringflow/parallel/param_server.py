@@ -183,7 +183,7 @@ class PSResult:
 class _Worker:
     """One worker's loop as a state machine: compute (maybe slowed), push, wait for all shards."""
 
-    def __init__(self, comm: Any, box: Mailbox, model: Sequential, data: Dataset, index: int, n_workers: int,
+    def __init__(self, box: Mailbox, model: Sequential, data: Dataset, index: int, n_workers: int,
                  servers: list[int], bounds: list[tuple[int, int]], batch: int, slow_s: float) -> None:
         self.box, self.model, self.data, self.index, self.n_workers = box, model, data, index, n_workers
         self.servers, self.bounds, self.batch, self.slow_s = servers, bounds, batch, slow_s
@@ -194,6 +194,7 @@ class _Worker:
         self.done = False
 
     def step(self) -> bool:
+        """Advance the state machine; True if anything happened."""
         if self.done:
             return False
         if self.state == "compute":
@@ -239,6 +240,7 @@ class _Server:
         self.box, self.shard, self.workers, self.nelem = box, shard, workers, nelem
 
     def step(self) -> bool:
+        """Handle every push that has arrived; True if any did."""
         progressed = False
         for w in self.workers:
             if w not in self.shard.active:
@@ -277,7 +279,7 @@ def train_param_server(comm: Any, make_model: Callable[[], Sequential], data: Da
                             target_updates=steps * len(workers) if k == 0 else None)
         server = _Server(box, shard, workers, hi - lo)
     if comm.rank in workers:
-        worker = _Worker(comm, box, model, data, workers.index(comm.rank), len(workers), servers, bounds, batch,
+        worker = _Worker(box, model, data, workers.index(comm.rank), len(workers), servers, bounds, batch,
                          slow_s if comm.rank == slow_rank else 0.0)
     comm.barrier(timeout=box.timeout)
     t0 = time.monotonic()

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..algorithms.layout import split_counts
 from ..errors import InvalidArgument
 from .nn import Layer, Linear, Sequential, mlp_layers, sgd_step, softmax_xent
 from .pp_schedule import schedule, theoretical_bubble
@@ -23,17 +22,40 @@ Array = np.ndarray
 
 
 def stage_bounds(layers: Sequence[Layer], stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) layer ranges per stage, balanced by Linear count (activations follow their Linear)."""
+    """Contiguous [start, end) layer ranges, one per stage, minimising the largest stage's weight count.
+
+    Weight count (n_in x n_out per Linear) is the proxy for a stage's FLOPs; an
+    activation layer stays with the Linear before it; every stage gets >= 1 Linear.
+    """
     starts = [i for i, layer in enumerate(layers) if isinstance(layer, Linear)]
-    if stages > len(starts):
-        raise InvalidArgument(f"{stages} stages but only {len(starts)} linear layers",
-                              "use fewer ranks or a deeper model")
-    bounds, k = [], 0
-    for c in split_counts(len(starts), stages):
-        lo = starts[k]
-        k += c
-        hi = starts[k] if k < len(starts) else len(layers)
+    n = len(starts)
+    if not 1 <= stages <= n:
+        raise InvalidArgument(f"{stages} stages but {n} linear layers",
+                              "use between 1 and as many ranks as the model has linear layers")
+    cost = [int(np.prod(layers[i].param_shapes["W"])) for i in starts]
+    prefix = np.concatenate(([0], np.cumsum(cost)))
+    inf = float("inf")
+    # best[k][j]: smallest possible max-stage cost putting the first j units on k stages
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0
+    for k in range(1, stages + 1):
+        for j in range(k, n + 1):
+            for i in range(k - 1, j):
+                v = max(best[k - 1][i], prefix[j] - prefix[i])
+                if v < best[k][j]:
+                    best[k][j], cut[k][j] = v, i
+    ends, j = [], n
+    for k in range(stages, 0, -1):
+        ends.append(j)
+        j = cut[k][j]
+    ends.reverse()
+    bounds, lo_unit = [], 0
+    for e in ends:
+        lo = starts[lo_unit]
+        hi = starts[e] if e < n else len(layers)
         bounds.append((lo, hi))
+        lo_unit = e
     return bounds
 
 
