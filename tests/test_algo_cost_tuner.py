@@ -70,7 +70,18 @@ def test_tuner_small_vs_large_on_dgx_h100() -> None:
     assert lf.bytes_fraction == registry.F(2 * 7, 8)                         # bandwidth-optimal bytes
     assert small.candidates[0].time_s == small.time_s
     assert [c.time_s for c in large.candidates] == sorted(c.time_s for c in large.candidates)
-    assert {c.algorithm for c in large.candidates} >= set(registry.algorithms_for(AR)) - {"hierarchical"}
+    assert {c.algorithm for c in large.candidates} >= set(registry.algorithms_for(AR)) - {
+        "hierarchical", "one_shot", "param_server", "sharded_ps"}
+
+
+def test_tuner_skips_scratch_hungry_candidates_unless_asked() -> None:
+    big = tuner.choose(AR, 256 << 20, 8)
+    assert all(c.scratch_bytes <= 2 * (256 << 20) for c in big.candidates)
+    assert "one_shot" not in {c.algorithm for c in big.candidates}
+    assert "one_shot" in {c.algorithm for c in tuner.choose(AR, 4096, 8).candidates}
+    with config.override(ALGO="sharded_ps"):
+        forced = tuner.choose(AR, 256 << 20, 8)
+    assert forced.algorithm == "sharded_ps" and forced.candidates[0].scratch_bytes == 8 * (256 << 20)
 
 
 def test_tuner_multi_host_has_hierarchical_and_channels() -> None:

@@ -24,19 +24,20 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TopologyError
-from .layout import CallShape, chunk_bounds, ref_bounds
-from .schedule import OpKind, Schedule
+from ..hardware.latency import HOST_SHM_GBPS_DEFAULT
+from .layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
+from .schedule import Buffer, OpKind, Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..topology import Topology
 
-# Without a topology (one host, ranks are processes exchanging through shared memory).
-# Uncalibrated assumptions, stated as such: 10 us per step is the order of a cross-process
-# wake-up plus Python/numpy call overhead; 5 GB/s is a single core's memcpy rate through
-# shared memory (roughly half of a ~10 GB/s STREAM-copy core on current x86). The host-cpu
-# topology preset carries calibrated figures when `ringflow calibrate` has been run.
+# Without a topology (one host, ranks are processes exchanging through shared memory):
+# beta is the host-cpu preset's shared-memory link figure (ringflow.hardware.latency, where its
+# source is cited: one DDR4-3200 channel, UNCALIBRATED); alpha = 10 us per step is an UNCALIBRATED
+# assumption for a cross-process wake-up plus the Python/numpy call overhead of one step.
+# `ringflow sim calibrate` measures both on the machine (host-cpu topology).
 DEFAULT_ALPHA_US = 10.0
-DEFAULT_BETA_GBPS = 5.0
+DEFAULT_BETA_GBPS = HOST_SHM_GBPS_DEFAULT
 # With a topology the link latencies come from its links; this is the per-step software
 # overhead added on top: NCCL's per-hop NVLink latency is 0.4-0.5 us (LL) to 1.9-2.5 us
 # (LL128) in src/graph/tuning.cc (hwLat table); 1 us sits between them.
@@ -75,6 +76,7 @@ class Cost:
     bytes_recv: tuple[int, ...]
     step_times_s: tuple[float, ...]
     params: dict[str, Any]
+    scratch_bytes: int = 0       # largest scratch buffer of any rank
 
     @property
     def algbw_GBps(self) -> float:
@@ -85,7 +87,8 @@ class Cost:
         """JSON-ready summary (without per-rank vectors)."""
         return {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
                 "nbytes": self.nbytes, "time_s": self.time_s, "time_us": self.time_s * 1e6, "steps": self.steps,
-                "bytes_per_rank": self.bytes_per_rank, "algbw_GBps": self.algbw_GBps, **self.params}
+                "bytes_per_rank": self.bytes_per_rank, "scratch_bytes": self.scratch_bytes,
+                "algbw_GBps": self.algbw_GBps, **self.params}
 
 
 _TRAFFIC_CACHE: "OrderedDict[tuple[int, CallShape], tuple[Schedule, Traffic]]" = OrderedDict()
@@ -202,6 +205,9 @@ def schedule_cost(schedule: Schedule, shape: CallShape, topo: "Topology | None" 
         times = tuple(_step_time_topo(m, routes, alpha_s) for m in tr.per_step)
     from .registry import collective_bytes
     params = {"nsegs": int(schedule.params.get("nsegs", 1)), "nchannels": schedule.nchannels}
+    scratch = 0
+    if Buffer.SCRATCH in schedule.layouts:
+        scratch = max(buffer_elements(shape, schedule, Buffer.SCRATCH, r) for r in range(n)) * shape.itemsize
     return Cost(schedule.collective.value, schedule.algorithm, n,
                 collective_bytes(schedule.collective, n, shape.count, shape.itemsize), sum(times), tr.steps,
-                tr.bytes_per_rank, tr.bytes_sent, tr.bytes_recv, times, params)
+                tr.bytes_per_rank, tr.bytes_sent, tr.bytes_recv, times, params, scratch)

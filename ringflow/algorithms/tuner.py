@@ -10,6 +10,9 @@ repeated call costs a dictionary lookup.
 output for all_gather / gather, the whole input for reduce_scatter / scatter, one rank's
 input for all_to_all.
 
+Candidates that need more scratch per rank than max(2 S, 32 MiB) (one-shot and the parameter
+servers hold n copies of the buffer) are skipped unless RINGFLOW_ALGO restricts the choice.
+
 RINGFLOW_ALGO restricts the choice: ``ring`` or ``ring,tree`` (every collective; names that
 do not implement a collective are ignored for it, as NCCL_ALGO does), ``^one_shot`` (exclude),
 or per collective ``allreduce:ring;allgather:bruck``. Unknown names raise UnknownAlgorithm.
@@ -32,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 SEG_CHOICES = (1, 2, 4, 8, 16, 32)
 MIN_SEG_BYTES = 4096  # no segment below 4 KiB: smaller pieces only add steps
+# Candidates needing more scratch per rank than this are skipped unless RINGFLOW_ALGO names them
+# (one-shot / parameter servers keep n copies of the buffer): max(2 S, 32 MiB).
+SCRATCH_CAP_FACTOR, SCRATCH_CAP_MIN_BYTES = 2, 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,12 @@ class Candidate:
     time_s: float
     steps: int
     bytes_per_rank: int
+    scratch_bytes: int = 0
 
     def to_dict(self) -> dict:
         return {"algorithm": self.algorithm, "nsegs": self.nsegs, "nchannels": self.nchannels,
-                "time_us": self.time_s * 1e6, "steps": self.steps, "bytes_per_rank": self.bytes_per_rank}
+                "time_us": self.time_s * 1e6, "steps": self.steps, "bytes_per_rank": self.bytes_per_rank,
+                "scratch_bytes": self.scratch_bytes}
 
 
 @dataclass(frozen=True)
@@ -185,6 +193,8 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
     splits = tuple((count,) * nranks for _ in range(nranks)) if c == Collective.ALL_TO_ALLV else None
     shape = CallShape(c, nranks, count, dtype_size, splits)  # all_to_allv: priced with uniform splits
     cands: list[tuple[Candidate, tuple | None]] = []
+    explicit = bool(spec) and len(allowed) < len(algorithms_for(c))
+    scratch_cap = max(SCRATCH_CAP_FACTOR * bucket, SCRATCH_CAP_MIN_BYTES)
     for name in allowed:
         a = ALGORITHMS[name]
         if name == "hierarchical" and hg is None:
@@ -196,8 +206,10 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
                 sched = get_schedule(c, name, nranks, root=root, nsegs=nseg, nchannels=nchan, rings=rings,
                                      host_groups=hg if name == "hierarchical" else None)
                 cost: Cost = schedule_cost(sched, shape, topo)
-                cands.append((Candidate(name, nseg, sched.nchannels, cost.time_s, cost.steps, cost.bytes_per_rank),
-                              rings if a.multichannel else None))
+                if cost.scratch_bytes > scratch_cap and not explicit:
+                    continue
+                cands.append((Candidate(name, nseg, sched.nchannels, cost.time_s, cost.steps, cost.bytes_per_rank,
+                                        cost.scratch_bytes), rings if a.multichannel else None))
     if not cands:
         raise UnknownAlgorithm(f"no algorithm left for {c.value} on {nranks} ranks",
                                f"RINGFLOW_ALGO={spec!r}; algorithms for {c.value}: {', '.join(algorithms_for(c))}")

@@ -119,9 +119,9 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
     console.print(f"{ch.collective} of {format_size(ch.nbytes)} on {nranks} ranks {where}: "
                   f"[bold]{ch.algorithm}[/] (segments {ch.nsegs}, channels {ch.nchannels}), "
                   f"predicted {ch.time_s * 1e6:.2f} us", highlight=False)
-    print_table(None, ["algorithm", "segs", "chans", "steps", "bytes/rank", "time (us)"],
-                [(c.algorithm, c.nsegs, c.nchannels, c.steps, format_size(c.bytes_per_rank), f"{c.time_s * 1e6:.2f}")
-                 for c in ch.candidates])
+    print_table(None, ["algorithm", "segs", "chans", "steps", "bytes/rank", "scratch", "time (us)"],
+                [(c.algorithm, c.nsegs, c.nchannels, c.steps, format_size(c.bytes_per_rank),
+                  format_size(c.scratch_bytes), f"{c.time_s * 1e6:.2f}") for c in ch.candidates])
 
 
 def register(app: typer.Typer) -> None:
