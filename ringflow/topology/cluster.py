@@ -5,7 +5,8 @@ Sizing (switch radix R ports, oversubscription o = down:up at the leaf):
   2 tiers: spines = ceil(leaves * up / R); each leaf -> each spine with max(1, up // spines) parallel links
   3 tiers: pods of R/2 leaves with their own spines (R/2 down, R/2 up); cores = ceil(pods * spines_per_pod * R/2 / R)
 Rail-optimised: NIC r of every server goes to a leaf of rail r (NCCL's "same NIC index on every node"
-traffic then stays under one leaf); fat-tree: NICs fill leaves in server order.
+traffic then stays under one leaf); when fewer servers than leaf ports exist, floor(down / servers)
+rails share a leaf. Fat-tree: NICs fill leaves in server order.
 Parallel links between two switches are merged into one edge (nlinks, bw = nlinks x port speed).
 Switches are NET_SWITCH nodes with host -1, `tier` 0 (leaf) / 1 (spine) / 2 (core), leaf `rail`.
 Default radix 64 = NVIDIA Quantum-2 QM9700 (64 x 400 Gb/s NDR ports, datasheet).
@@ -64,7 +65,8 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
     for h in range(nodes):
         if h == 1 and tiers == 2:   # size check before building every server
             per = len(topo.nics(0))
-            nleaf = (per * math.ceil(nodes / down)) if fabric == "rail" else math.ceil(per * nodes / down)
+            rpl, lpg = _rail_plan(per, nodes, down)
+            nleaf = (math.ceil(per / rpl) * lpg) if fabric == "rail" else math.ceil(per * nodes / down)
             if math.ceil(nleaf * up / radix) > up:
                 raise TopologyError(f"{nleaf} leaves of radix {radix} do not fit a 2-tier fabric",
                                     "use tiers=3, a larger radix, or fewer nodes")
@@ -100,14 +102,16 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
         return sid
 
     if fabric == "rail":
-        nleaf_rail = math.ceil(nodes / down)
-        for r in range(per_host):
-            for j in range(nleaf_rail):
-                leaves.append(switch(0, f"leaf-r{r}-{j}", rail=r))
+        rpl, lpg = _rail_plan(per_host, nodes, down)
+        for grp in range(math.ceil(per_host / rpl)):
+            rails = list(range(grp * rpl, min(per_host, (grp + 1) * rpl)))
+            tag = f"r{rails[0]}" if len(rails) == 1 else f"r{rails[0]}-{rails[-1]}"
+            for j in range(lpg):
+                leaves.append(switch(0, f"leaf-{tag}-{j}", rail=rails[0], rails=rails))
         for h in range(nodes):
             for nic in topo.nics(h):
                 r = int(topo.graph.nodes[nic].get("rail", topo.graph.nodes[nic]["index"])) % per_host
-                leaf = leaves[r * nleaf_rail + h // down]
+                leaf = leaves[(r // rpl) * lpg + h // down]
                 _nic_link(topo, nic, leaf, ltype)
     else:
         nleaf = math.ceil(len(nics) / down)
@@ -149,6 +153,13 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
     topo.meta["cluster"].update({"leaves": len(leaves), "leaf_down_ports": down, "leaf_up_ports": up,
                                  "port_gbps": port_gbps, "link_type": ltype.value})
     return topo
+
+
+def _rail_plan(per_host: int, nodes: int, down: int) -> tuple[int, int]:
+    """(rails sharing one leaf, leaves per rail group): one rail per leaf once a rail fills a leaf."""
+    if nodes >= down:
+        return 1, math.ceil(nodes / down)
+    return max(1, min(per_host, down // nodes)), 1
 
 
 def _nic_link(topo: Topology, nic: str, leaf: str, ltype: LinkType) -> None:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
 
 Edge = tuple[str, str]
+MAX_SEGMENT_TRIES = 8  # (entry, exit) pairs tried per channel on multi-host rings, most network room first
 SEARCH_TRIES = 8     # tie-break orders tried for the channel set on one host of <= 16 endpoints
 _EPS = 1e-9
 
@@ -141,6 +142,23 @@ class _Hops:
         self.topo = topo
         self.eps = eps
         self._edges: dict[tuple[int, int], tuple[Edge, ...]] = {}
+        self._ends: dict[tuple[int, ...], tuple[dict[int, set[Edge]], dict[int, set[Edge]]]] = {}
+
+    def end_edges(self, nodes: list[int]) -> tuple[dict[int, set[Edge]], dict[int, set[Edge]]]:
+        """Per node: the distinct first edges of its routes to the others, and last edges of routes into it."""
+        key = tuple(nodes)
+        got = self._ends.get(key)
+        if got is None:
+            firsts: dict[int, set[Edge]] = {u: set() for u in nodes}
+            lasts: dict[int, set[Edge]] = {u: set() for u in nodes}
+            for u in nodes:
+                for v in nodes:
+                    if u != v:
+                        es = self.edges(u, v)
+                        firsts[u].add(es[0])
+                        lasts[v].add(es[-1])
+            got = self._ends[key] = (firsts, lasts)
+        return got
 
     def edges(self, i: int, j: int) -> tuple[Edge, ...]:
         key = (i, j)
@@ -183,17 +201,25 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
         return [start], math.inf
     others = [x for x in nodes if x != start and x != end]
 
+    memo: dict[tuple[int, int], float] = {}
+
     def pair_bw(i: int, j: int) -> float:
-        return min(cap[e] for e in hops.edges(i, j))
+        v = memo.get((i, j))
+        if v is None:
+            v = memo[(i, j)] = min(cap[e] for e in hops.edges(i, j))
+        return v
 
     best_order: list[int] = []
     best = -1.0
-    # upper bound: every node sends once and receives once
+    # upper bound: every node sends once (except the exit) and receives once (except the entry); a hop
+    # can never be wider than the widest residual link leaving its sender or entering its receiver
+    firsts, lasts = hops.end_edges(nodes)
     ub = math.inf
     for u in nodes:
-        outs = [pair_bw(u, v) for v in nodes if v != u and (end is None or (u != end and v != start))]
-        if outs:
-            ub = min(ub, max(outs))
+        if (end is None or u != end) and firsts[u]:
+            ub = min(ub, max(cap[e] for e in firsts[u]))
+        if (end is None or u != start) and lasts[u]:
+            ub = min(ub, max(cap[e] for e in lasts[u]))
     load: dict[Edge, int] = {}
     order = [start]
     used = {start}
@@ -300,6 +326,7 @@ def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
         pairs = [(first[k], first[(k + 1) % len(first)]) for k in range(min(8, len(first)))] if len(first) > 1 else []
     if len(first) == 1:
         pairs = [(first[0], first[0])]
+    pairs = sorted(pairs, key=lambda p: -_rail_room(p, rails, eps, router, cap))[:MAX_SEGMENT_TRIES]
     fps = [_host_fingerprint(topo, eps, g) for g in groups]
     best_ring: list[int] = []
     best = -1.0
@@ -319,6 +346,21 @@ def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
         if bw > best + _EPS:
             best, best_ring = bw, ring
     return best_ring, best
+
+
+def _rail_room(pair: tuple[int, int], rails: dict[int, list[int]], eps: list[str], router: object,
+               cap: dict[Edge, float]) -> float:
+    """Residual network bandwidth of the best NIC the pair's entry and exit GPUs share (0 if none)."""
+    s, e = pair
+    shared = set(rails.get(s, [])) & set(rails.get(e, []))
+    g = router.g  # type: ignore[attr-defined]
+    room = 0.0
+    for nic in router.near_nics(eps[s]):  # type: ignore[attr-defined]
+        if router._rail(nic) in shared or not shared:  # type: ignore[attr-defined]
+            for v in g._succ[nic]:
+                if g.edges[nic, v]["type"] in (LinkType.IB, LinkType.ETHERNET):
+                    room = max(room, min(cap[(nic, v)], cap.get((v, nic), 0.0)))
+    return room
 
 
 def _entry_exit(group: list[int], want: set[int], eps: list[str], router: object) -> tuple[int, int]:
