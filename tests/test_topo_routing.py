@@ -106,3 +106,14 @@ def test_invalidate_after_bandwidth_change() -> None:
     assert t.bottleneck_GBps(a, b) == 100.0
     assert t.link(t.path(a, b)[1], a)["bw_GBps"] == 450.0                 # the other direction is separate
     assert t.graph.edges[a, t.path(a, b)[1]]["type"] == LinkType.NVLINK
+
+
+def test_small_rail_fabric_groups_rails_and_pickles() -> None:
+    import pickle
+    t = build_cluster("dgx-h100", 2, fabric="rail")
+    leaves = [s for s in t.nodes(NodeKind.NET_SWITCH) if t.graph.nodes[s]["tier"] == 0]
+    assert len(leaves) == 1 and t.graph.nodes[leaves[0]]["rails"] == list(range(8))   # 16 NICs fit one leaf
+    a, b = t.find("GPU2", host=0), t.find("GPU2", host=1)
+    assert sum(1 for n in t.path(a, b) if t.kind(n) == NodeKind.NET_SWITCH) == 1
+    u = pickle.loads(pickle.dumps(t))
+    assert u.path(a, b) == t.path(a, b)

@@ -62,6 +62,7 @@ class Topology:
         self.graph: nx.DiGraph = nx.DiGraph()
         self._counters: dict[tuple[int, str], int] = {}
         self._router: Any = None
+        self._hosts: list[int] | None = None
 
     # ----------------------------------------------------------------- building
     def add_node(self, node_id: str, kind: NodeKind, host: int = 0, index: int | None = None, **attrs: Any) -> str:
@@ -104,6 +105,13 @@ class Topology:
     def invalidate(self) -> None:
         """Forget cached routes; call after changing edge bandwidths or the graph directly."""
         self._router = None
+        self._hosts = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_router"] = None          # caches are rebuilt on demand
+        state["_hosts"] = None
+        return state
 
     # ----------------------------------------------------------------- lookups
     def kind(self, node: str) -> NodeKind:
@@ -138,7 +146,9 @@ class Topology:
 
     def hosts(self) -> list[int]:
         """Server indices that hold devices (fabric switches, host -1, excluded)."""
-        return sorted({d["host"] for _, d in self.graph.nodes(data=True) if d["host"] >= 0})
+        if self._hosts is None:
+            self._hosts = sorted({d["host"] for _, d in self.graph.nodes(data=True) if d["host"] >= 0})
+        return list(self._hosts)
 
     def host_of(self, node: str) -> int:
         """The server index of a node."""
