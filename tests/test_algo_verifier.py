@@ -158,3 +158,14 @@ def test_closed_form_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setitem(registry.ALGORITHMS, "ring", dataclasses.replace(a, closed_forms=forms))
     with pytest.raises(VerificationError, match="closed form"):
         verifier.check_algorithm("all_reduce", "ring", 4)
+
+
+def test_ambiguous_receive_reduce_source_is_caught() -> None:
+    # rank 2 receives into out[0] and, in the same step, reduces another message on top of out[0] into out[1]
+    lay = {IN: BufferLayout(2), OUT: BufferLayout(2)}
+    b = ScheduleBuilder("all_reduce", 3, "ambiguous", layouts=lay)
+    b.transfer(0, 0, 2, ChunkRef(IN, 0), ChunkRef(OUT, 0))
+    b.transfer(0, 1, 2, ChunkRef(IN, 1), ChunkRef(OUT, 1), reduce=True, local=ChunkRef(OUT, 0))
+    with pytest.raises(VerificationError, match="ambiguous order") as ei:
+        verifier.verify(b.build())
+    assert ei.value.rank == 2 and ei.value.chunk == ChunkRef(OUT, 0)

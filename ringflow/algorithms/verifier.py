@@ -268,6 +268,7 @@ class _Machine:
                     vals = [self.combine(r, step, ChunkRef(op.dst.buffer, op.dst.index + i), a, b)
                             for i, (a, b) in enumerate(zip(local, vals))]
                 writes.append((r, op.dst, vals))
+            self._check_recv_sources(r, step, prog[step] if step < len(prog) else (), seen)
         for r, ref, vals in writes:
             buf = self.bufs[r][ref.buffer]
             buf[ref.index:ref.index + ref.span] = vals
@@ -288,6 +289,22 @@ class _Machine:
                     out = [self.combine(r, step, ChunkRef(op.dst.buffer, op.dst.index + i), a, b)
                            for i, (a, b) in enumerate(zip(cur, vals))]
                     self.write_target(r, step, op.dst)[op.dst.index:op.dst.index + op.dst.span] = out
+
+    def _key(self, buf: Buffer, i: int) -> tuple[Buffer, int]:
+        return (Buffer.OUT if self.aliased and buf == Buffer.IN else buf, i)
+
+    def _check_recv_sources(self, r: int, step: int, ops: tuple, written: set[tuple[Buffer, int]]) -> None:
+        """A RECV_REDUCE must not read a chunk that another receive of the same step writes (order ambiguous)."""
+        for op in ops:
+            if op.kind != OpKind.RECV_REDUCE or op.src is None or op.dst is None:
+                continue
+            own = {self._key(op.dst.buffer, i) for i in op.dst.indices()}
+            for i in op.src.indices():
+                k = self._key(op.src.buffer, i)
+                if k in written and k not in own:
+                    raise _errn(self.name, "a receive-reduce reads a chunk that another receive of the same step "
+                                "writes (ambiguous order)", r, step, ChunkRef(op.src.buffer, i),
+                                "reduce from a chunk no receive of this step writes")
 
     def expect(self, r: int, i: int, pos: int, mask: int) -> None:
         found = self.bufs[r][Buffer.OUT][i]
