@@ -28,6 +28,23 @@ def itemsize_of(dtype: str) -> int:
         raise InvalidArgument(f"unknown dtype {dtype!r}", f"use one of {', '.join(ITEMSIZE)}") from None
 
 
+_EPS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def endpoints_of(topo: Any) -> list[str]:
+    """topo.endpoints(), cached per topology until its node count changes."""
+    g = getattr(topo, "graph", None)
+    stamp = (id(g), len(g)) if g is not None else None   # endpoints depend on nodes only
+    try:
+        hit = _EPS.get(topo)
+    except TypeError:
+        return list(topo.endpoints())
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, list(topo.endpoints()))
+        _EPS[topo] = hit
+    return hit[1]
+
+
 def _engine(name: str) -> str:
     if name not in ENGINES:
         raise InvalidArgument(f"unknown engine {name!r}", f"use one of {', '.join(ENGINES)}")
@@ -52,7 +69,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
     count = count_for_size(tab.collective, tab.nranks, size_bytes, item)
-    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:tab.nranks]
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:tab.nranks]
     if len(eps) < tab.nranks:
         raise InvalidArgument(f"{tab.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
                               f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
@@ -149,7 +166,7 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
                nsegs: int | None, endpoints: Sequence[str] | None, max_transfers: int | None) -> TransferTable:
     from ..algorithms import registry
     from .fastpath import FASTPATH_MIN_TRANSFERS, expected_transfers, fast_table
-    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     nch = kw.get("nchannels", 1)
     if expected_transfers(algorithm, nranks, nch, kw.get("host_groups")) > FASTPATH_MIN_TRANSFERS:
@@ -170,7 +187,7 @@ def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm
     """The registry's schedule for `algorithm`, with the topology's rings and host groups."""
     from ..algorithms import registry
     coll = Collective.parse(collective)
-    eps = list(endpoints) if endpoints is not None else list(topo.endpoints())[:nranks]
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     if coll.has_root or algorithm == "param_server":
         kw["root"] = root
@@ -216,7 +233,7 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     """Simulate one collective call on `topo` (algorithm from the tuner when not given).
 
     `endpoints` places rank r on endpoints[r] (default: the topology's first `nranks` endpoints)."""
-    n = nranks or (len(endpoints) if endpoints is not None else len(topo.endpoints()))
+    n = nranks or (len(endpoints) if endpoints is not None else len(endpoints_of(topo)))
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,

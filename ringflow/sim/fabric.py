@@ -184,7 +184,7 @@ _FABRICS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 def fabric_for(topo: Any, params: SimParams, endpoints: Sequence[str] | None = None) -> Fabric:
     """A cached Fabric per (topology object, parameters, placement)."""
-    key = (repr(params.to_dict()), tuple(endpoints) if endpoints is not None else None)
+    key = (repr(params), tuple(endpoints) if endpoints is not None else None)
     try:
         per = _FABRICS.setdefault(topo, {})
     except TypeError:  # unhashable / no weakref: no caching
