@@ -182,3 +182,20 @@ def test_dgx1_p100_four_nvlink_channels() -> None:
     rings = find_rings(t)
     assert all(all_nvlink(t, r) for r in rings)
     assert sum(r.bottleneck_GBps for r in rings) == pytest.approx(80.0)    # 4 NVLink1 x 20 GB/s out of each GPU
+
+
+def test_hierarchical_trees_chain_inside_hosts() -> None:
+    from ringflow.topology import hierarchical_trees
+    t = build_cluster("dgx1-v100", 5, fabric="fat-tree")
+    eps = t.endpoints()
+    trees = hierarchical_trees(t, eps)
+    leaders = []
+    for parent in trees:
+        assert parent.count(-1) == 1
+        cross = [(r, p) for r, p in enumerate(parent) if p >= 0 and t.host_of(eps[r]) != t.host_of(eps[p])]
+        assert len(cross) == 4                                   # 5 hosts joined by 4 network edges
+        for r, p in enumerate(parent):                           # inside a host: NVLink chain
+            if p >= 0 and t.host_of(eps[r]) == t.host_of(eps[p]):
+                assert t.path_class_nccl(eps[p], eps[r]) == "NVL"
+        leaders.append({r for r, _ in cross} | {parent.index(-1)})
+    assert leaders[0] == leaders[1]

@@ -92,10 +92,16 @@ def rings_command(
         if multi:
             out_rings[-1]["gpus"] = [names[i] for i in r.ranks]
     t0, t1 = double_binary_tree(len(eps))
+    host_trees = None
+    if multi:
+        from ..topology import hierarchical_trees
+        host_trees = [{"parent": p} for p in hierarchical_trees(t, eps)]
     total = sum(r.bottleneck_GBps for r in rings if not math.isinf(r.bottleneck_GBps))
     result = {"topology": t.name, "endpoints": [t.label(e) for e in eps], "rings": out_rings,
               "total_GBps": round(total, 3),
               "trees": [{"parent": t0}, {"parent": t1}]}
+    if host_trees:
+        result["host_trees"] = host_trees
     if json_out:
         print_json(result)
         return
@@ -110,6 +116,40 @@ def rings_command(
     console.print(f"total over {len(out_rings)} ring(s): {result['total_GBps']} GB/s per direction", soft_wrap=True)
     console.print(f"double binary tree 0 parents: {t0}", soft_wrap=True)
     console.print(f"double binary tree 1 parents: {t1}", soft_wrap=True)
+
+
+def _device(t, text: str) -> str:
+    host, sep, label = text.partition(":")
+    if sep and host.isdigit():
+        return t.find(label, host=int(host))
+    return t.find(text)
+
+
+@topo_app.command("path")
+def path_command(
+    spec: str = typer.Argument(..., help=SPEC_HELP),
+    src: str = typer.Argument(..., help="GPU3, NIC0, or host:GPU3 on clusters (e.g. 5:GPU3)"),
+    dst: str = typer.Argument(..., help="destination, same syntax"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Print the routed path between two devices: hops, bandwidth, latency, path classes, ECMP count."""
+    from ..topology import load_topology
+    t = load_topology(spec)
+    a, b = _device(t, src), _device(t, dst)
+    p = t.path(a, b)
+    hops = [{"from": u, "to": v, "type": t.link(u, v)["type"].value, "tier": t.link(u, v)["tier"],
+             "bw_GBps": t.link(u, v)["bw_GBps"], "latency_us": t.link(u, v)["latency_us"]} for u, v in t.path_edges(p)]
+    out = {"path": p, "hops": hops, "bottleneck_GBps": _bw(t.bottleneck_GBps(a, b)), "latency_us": t.latency_us(a, b),
+           "smi_class": t.path_class_smi(a, b), "nccl_class": t.path_class_nccl(a, b), "ecmp_paths": len(t.paths(a, b))}
+    if json_out:
+        print_json(out)
+        return
+    console.print(f"{src} -> {dst} on {t.name}: {out['smi_class']} (NCCL {out['nccl_class']}), bottleneck "
+                  f"{out['bottleneck_GBps']} GB/s per direction, latency {out['latency_us']:.3g} us, "
+                  f"{out['ecmp_paths']} equal-cost path(s)", soft_wrap=True)
+    print_table(None, ["from", "to", "type", "tier", "GB/s", "latency us"],
+                [[h["from"], h["to"], h["type"], h["tier"], f"{h['bw_GBps']:g}", f"{h['latency_us']:g}"] for h in hops],
+                justify_right=False)
 
 
 @topo_app.command("detect")

@@ -17,7 +17,8 @@ from .cluster import FABRICS, build_cluster
 from .graph import LinkType, NodeKind, Topology
 from .presets import PRESETS, build_preset, preset_names
 from .schema import SCHEMA, SCHEMA_VERSION
-from .search import Ring, all_nvlink, double_binary_tree, find_rings, parse_rings, ring_hop_types, tree_children
+from .search import (Ring, all_nvlink, double_binary_tree, find_rings, hierarchical_trees, parse_rings, ring_hop_types,
+                     tree_children)
 
 _CLUSTER_SPEC = re.compile(r"^(\d+)x([a-z0-9-]+(?::\d+)?)(?:@(rail|fat-tree))?$")
 
@@ -45,5 +46,5 @@ def load_topology(spec: str) -> Topology:
 __all__ = [
     "Topology", "NodeKind", "LinkType", "load_topology", "find_rings", "Ring", "double_binary_tree",
     "parse_rings", "build_cluster", "build_preset", "preset_names", "PRESETS", "FABRICS", "SCHEMA",
-    "SCHEMA_VERSION", "tree_children", "ring_hop_types", "all_nvlink",
+    "SCHEMA_VERSION", "tree_children", "ring_hop_types", "all_nvlink", "hierarchical_trees",
 ]

@@ -125,6 +125,29 @@ def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
     return t0, t1
 
 
+def hierarchical_trees(topo: "Topology", endpoints: list[str] | None = None) -> tuple[list[int], list[int]]:
+    """NCCL-style trees over several hosts: a chain inside each host (in the best ring's local order, so
+    hops stay on NVLink) hanging from the host leader; leaders joined by the double binary tree over hosts.
+
+    Returns parent[r] per tree (-1 for the root). On one host both trees are that chain.
+    """
+    eps = topo.endpoints() if endpoints is None else list(endpoints)
+    groups = topo.host_groups(eps)
+    ring = find_rings(topo, eps, nchannels=1)[0].ranks if len(eps) > 1 else (0,)
+    pos = {r: k for k, r in enumerate(ring)}
+    chains = [sorted(g, key=lambda r: pos[r]) for g in groups]
+    host_trees = double_binary_tree(len(chains))
+    out: list[list[int]] = []
+    for ht in host_trees:
+        parent = [-1] * len(eps)
+        for h, chain in enumerate(chains):
+            for k in range(1, len(chain)):
+                parent[chain[k]] = chain[k - 1]
+            parent[chain[0]] = -1 if ht[h] == -1 else chains[ht[h]][0]
+        out.append(parent)
+    return out[0], out[1]
+
+
 def tree_children(parent: Sequence[int]) -> list[list[int]]:
     """Children lists from a parent array."""
     kids: list[list[int]] = [[] for _ in parent]
