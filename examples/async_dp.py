@@ -62,7 +62,8 @@ def main() -> None:
         wall = np.array([time.monotonic() - t0])
         comm.all_reduce(wall, op="max")
         acc = accuracy(model.forward(data.x_test)[0], data.y_test)
-        print0(comm, f"sync DDP : wall {wall[0]:.3f} s | accuracy {acc:.3f} | staleness 0 (everyone waits for rank {slow})")
+        print0(comm, f"sync DDP : wall {wall[0]:.3f} s | accuracy {acc:.3f} | "
+                     f"staleness 0 (everyone waits for rank {slow})")
         emit(comm, {"ranks": comm.size, "async": {"wall_s": r.wall_s, "steps_s_fastest": r.steps_s_fastest,
                                                   "accuracy": r.test_accuracy,
                                                   "staleness_mean": r.staleness_mean, "staleness_max": r.staleness_max,

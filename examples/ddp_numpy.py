@@ -52,10 +52,13 @@ def main() -> None:
         train_reference(ref, [global_batch(data.x_train, data.y_train, s, a.batch) for s in range(a.steps)], a.lr)
         err = np.array([np.abs(model.params.flat - ref.params.flat).max()])
         comm.all_reduce(err, op="max")
+        in_order = np.array([float(all(o == list(range(len(ddp.buckets))) for o in ddp.stats.launch_order))])
+        comm.all_reduce(in_order, op="min")          # 1 only if every rank issued every step's buckets in plan order
         print0(comm, f"ranks={comm.size} steps={a.steps} global batch={a.batch} params={model.params.numel} float64")
         print0(comm, "buckets (reverse parameter order): " + ", ".join(
             f"#{b.index} {format_size(b.nbytes)} {[model.params.names[i] for i in b.params]}" for b in ddp.buckets))
-        print0(comm, f"launch order during backward: {ddp.stats.launch_order[-1]}")
+        print0(comm, f"launch order during backward: {ddp.stats.launch_order[-1]} "
+                     f"(plan order on every rank and step: {bool(in_order[0])})")
         print0(comm, f"equivalence: max |DDP - single-process| over all ranks = {err[0]:.3e} (tolerance 1e-12)")
 
         # overlap: a wider model so that communication takes measurable time
@@ -81,7 +84,8 @@ def main() -> None:
         print0(comm, f"backward {bwd_s * 1e3:.2f} ms | all-reduce after backward (no overlap) {comm_s * 1e3:.2f} ms | "
                      f"exposed with overlap {exposed_s * 1e3:.2f} ms | overlap fraction {frac:.2f}")
         emit(comm, {"ranks": comm.size, "max_err": float(err[0]), "buckets": [list(b.params) for b in ddp.buckets],
-                    "launch_orders": ddp.stats.launch_order, "comm_s": comm_s, "exposed_s": exposed_s,
+                    "launch_orders": ddp.stats.launch_order,
+                    "in_order_all_ranks": bool(in_order[0]), "comm_s": comm_s, "exposed_s": exposed_s,
                     "backward_s": bwd_s, "overlap_fraction": frac}, a.json_out)
 
 

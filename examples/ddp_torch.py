@@ -74,10 +74,13 @@ def main() -> None:
             ropt.step()
         err = np.array([max(float((p - q).detach().abs().max()) for p, q in zip(net.parameters(), ref.parameters()))])
         comm.all_reduce(err, op="max")
+        in_order = np.array([float(all(o == list(range(len(ddp.buckets))) for o in ddp.stats.launch_order))])
+        comm.all_reduce(in_order, op="min")          # 1 only if every rank issued every step's buckets in plan order
         print0(comm, f"torch {torch.__version__} ranks={comm.size} steps={a.steps} global batch={a.batch} float64")
         print0(comm, f"buckets (param indices, reverse order): "
                      + ", ".join(f"#{b.index} {format_size(b.nbytes)} {list(b.params)}" for b in ddp.buckets))
-        print0(comm, f"launch order during backward: {ddp.stats.launch_order[-1]}")
+        print0(comm, f"launch order during backward: {ddp.stats.launch_order[-1]} "
+                     f"(plan order on every rank and step: {bool(in_order[0])})")
         print0(comm, f"equivalence: max |DDP - single-process torch| = {err[0]:.3e} (tolerance 1e-12)")
 
         wide = [data.n_features, a.overlap_width, a.overlap_width, a.overlap_width, data.n_classes]
@@ -105,6 +108,7 @@ def main() -> None:
         print0(comm, f"backward {bwd_s * 1e3:.2f} ms | all-reduce after backward (no overlap) {comm_s * 1e3:.2f} ms | "
                      f"exposed with overlap {exposed_s * 1e3:.2f} ms | overlap fraction {frac:.2f}")
         emit(comm, {"ranks": comm.size, "max_err": float(err[0]), "launch_orders": ddp.stats.launch_order,
+                    "in_order_all_ranks": bool(in_order[0]),
                     "buckets": [list(b.params) for b in ddp.buckets], "comm_s": comm_s, "exposed_s": exposed_s,
                     "overlap_fraction": frac}, a.json_out)
 

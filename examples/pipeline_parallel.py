@@ -59,7 +59,8 @@ def main() -> None:
             print0(comm, f"\n[{name}]\n{render(schedule(name, p, min(m, 8)))}")
             print0(comm, f"equivalence: max |pipeline - single-process| = {err[0]:.3e} (tolerance 1e-12)")
             print0(comm, f"bubble: measured {measured:.3f} | (p-1)/(m+p-1) = {stats[0].theory_bubble:.3f} | "
-                         f"ideal timeline of these action lists {ideal:.3f} | step wall {stats[-1].wall_s * 1e3:.1f} ms")
+                         f"ideal timeline of these action lists {ideal:.3f} | "
+                         f"step wall {stats[-1].wall_s * 1e3:.1f} ms")
             print0(comm, f"peak micro-batches in flight per stage: {[int(v) for v in peak]}")
             out[name] = {"max_err": float(err[0]), "bubble": measured, "theory": stats[0].theory_bubble,
                          "ideal": ideal, "peak_inflight": [int(v) for v in peak],

@@ -35,6 +35,7 @@ def test_ddp_numpy_equals_single_process(tmp_path: Path, n: int) -> None:
     assert r["max_err"] <= TOL
     assert len(r["buckets"]) >= 3                       # the plan really has several buckets
     assert all(order == list(range(len(r["buckets"]))) for order in r["launch_orders"])
+    assert r["in_order_all_ranks"]
     assert 0.0 <= r["overlap_fraction"] <= 1.0
 
 
@@ -45,6 +46,7 @@ def test_ddp_torch_equals_single_process(tmp_path: Path) -> None:
     assert r["max_err"] <= TOL
     assert len(r["buckets"]) >= 3
     assert all(order == list(range(len(r["buckets"]))) for order in r["launch_orders"])
+    assert r["in_order_all_ranks"]
 
 
 @pytest.mark.parametrize("n", [2, 4])
