@@ -127,10 +127,18 @@ def validate_command(
     repeats: int = typer.Option(2, "--repeats", help="bench runs per configuration; the fastest counts"),
     transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
+    multihost: bool = typer.Option(False, "--multihost", help="instead: flat ring vs hierarchical all-reduce on "
+                                   "emulated hosts (network namespaces, tbf-limited links)"),
+    hosts: int = typer.Option(2, "--hosts", help="--multihost: emulated hosts"),
+    per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
+    rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
     if gpu:
         _gpu_references(json_out)
+        return
+    if multihost:
+        _multihost(topo, hosts, per_host, rate_mbit, tolerance, json_out, quick)
         return
     from ..sim.validate import validate
     rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
@@ -149,6 +157,38 @@ def validate_command(
         write_json(json_out, rows)
     if not ok:
         raise typer.Exit(1)
+
+
+def _multihost(topo: Optional[str], hosts: int, per_host: int, rate_mbit: float, tolerance: float,
+               json_out: Optional[str], quick: bool) -> None:
+    from ..sim import multihost
+    from ..units import format_size
+    if topo is None:
+        from ..sim.calibrate import calibrate
+        console.print("calibrating this machine first (ringflow calibrate)...")
+        host_topo, _ = calibrate(nprocs=per_host, quick=quick)
+    else:
+        from ..topology import load_topology
+        host_topo = load_topology(topo)
+    rows, why = multihost.run(host_topo, hosts, per_host, rate_mbit)
+    if rows is None:
+        console.print(f"[yellow]skipped:[/] {why}")
+        return
+    print_table(f"flat ring vs hierarchical all-reduce, {hosts} hosts x {per_host} ranks, {rate_mbit:g} Mbit/s links",
+                ["algorithm", "size", "measured(us)", "predicted(us)", "error"],
+                [[r["algorithm"], format_size(r["size_bytes"]), f"{r['measured_us']:.0f}", f"{r['predicted_us']:.0f}",
+                  f"{r['error']:+.1%}"] for r in rows])
+    by: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["size_bytes"], {})[r["algorithm"]] = r
+    for size, d in sorted(by.items()):
+        if len(d) == 2:
+            m = min(d, key=lambda a: d[a]["measured_us"])
+            p = min(d, key=lambda a: d[a]["predicted_us"])
+            console.print(f"{format_size(size)}: measured winner {m}, predicted winner {p}"
+                          + ("" if m == p else "  [red](ranking differs)[/]"))
+    if json_out:
+        write_json(json_out, rows)
 
 
 def _gpu_references(json_out: Optional[str]) -> None:
