@@ -68,10 +68,13 @@ def sim_command(
     results = []
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"simulating {coll.value} on {n} ranks ({engine})", total=len(sizes))
+        inner = bar.add_task("  flow engine: ranks' progress", total=1.0, visible=engine == "flow")
         for i, size in enumerate(sizes):
             want_tl = bool(trace) and i == len(sizes) - 1
+            bar.update(inner, completed=0.0)
             res = simulate(t, coll, size, algorithm=algo, nranks=n, engine=engine, dtype=dtype, root=root,
-                           nchannels=nchannels, params=prm, timeline=want_tl)
+                           nchannels=nchannels, params=prm, timeline=want_tl,
+                           progress=lambda f: bar.update(inner, completed=min(1.0, f)))
             results.append(res)
             bar.advance(task)
     rows = [r.row() for r in results]
