@@ -165,13 +165,18 @@ def worker(spec: dict) -> list[dict]:
 def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
-           extra_env: dict[str, str] | None = None) -> list[dict]:
-    """Run the benchmark on `nprocs` local ranks; the rows (as in --json)."""
-    colls = list(COLLECTIVES) if collective == "all" else [collective.replace("-", "_")]
+           extra_env: dict[str, str] | None = None, sizes: list[int] | None = None) -> list[dict]:
+    """Run the benchmark on `nprocs` local ranks; the rows (as in --json).
+
+    `collective` is one name, a comma list, or 'all'; `sizes` (bytes) overrides min/max/factor.
+    """
+    colls = list(COLLECTIVES) if collective == "all" else [c.strip().replace("-", "_")
+                                                          for c in collective.split(",") if c.strip()]
     for c in colls:
         if c not in COLLECTIVES:
             raise InvalidArgument(f"unknown collective {c!r}", f"use one of {', '.join(COLLECTIVES)} or all")
-    sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
+    if sizes is None:
+        sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
             "check": check, "alloc": alloc, "algo": algo}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:

@@ -54,6 +54,16 @@ def host_id() -> str:
     return f"{socket.gethostname()}|{boot}|{netns}"
 
 
+class _Prepared:
+    """Everything a repeated call needs, computed once per (collective, count, dtype, op, root, in-place)."""
+
+    __slots__ = ("schedule", "plan", "sig", "desc", "ufunc", "has_scratch")
+
+    def __init__(self, schedule: Schedule, plan: Any, sig: int, desc: str, ufunc: Any, has_scratch: bool) -> None:
+        self.schedule, self.plan, self.sig, self.desc = schedule, plan, sig, desc
+        self.ufunc, self.has_scratch = ufunc, has_scratch
+
+
 class _Shared:
     """What a communicator and the groups split from it share: store, job, secret, options."""
 
@@ -85,7 +95,7 @@ class Communicator:
         # knobs are read once, when the communicator is created (as NCCL does)
         self._checks = not config.get("CHECKS_DISABLE")
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
-        self._sigs: dict[tuple, tuple[int, str]] = {}
+        self._calls: dict[tuple, _Prepared] = {}
         self._store = PrefixStore(ns, shared.store)
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]
@@ -223,29 +233,42 @@ class Communicator:
             self._scratch[dtype] = a
         return a[:n]
 
-    def _execute(self, schedule: Schedule, coll: Collective, count: int, inp: np.ndarray, out: np.ndarray,
+    def _prepare(self, schedule: Schedule, coll: Collective, count: int, dtype: np.dtype, opname: str | None,
+                 root: int | None, inplace: bool, splits: tuple[tuple[int, ...], ...] | None) -> "_Prepared":
+        shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
+        plan = compile_plan(schedule, shape, self.rank, inplace)
+        sig = call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels)
+        desc = describe(coll.value, count, dtype, opname, root, schedule.algorithm)
+        return _Prepared(schedule, plan, sig, desc, UFUNCS.get(opname or "sum", np.add),
+                         Buffer.SCRATCH in schedule.layouts)
+
+    def _execute(self, schedule: Schedule | None, coll: Collective, count: int, inp: np.ndarray, out: np.ndarray,
                  opname: str | None, root: int | None, deadline: float,
                  splits: tuple[tuple[int, ...], ...] | None = None) -> None:
+        """Run one collective call; `schedule=None` asks the tuner (cached per call shape)."""
         dtype = out.dtype
-        shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
         inplace = inp is out or (inp.size > 0 and out.size > 0 and inp.ctypes.data == out.ctypes.data)
-        plan = compile_plan(schedule, shape, self.rank, inplace)
+        key = (coll, count, dtype, opname, root, inplace, splits, None if schedule is None else id(schedule))
+        prep = self._calls.get(key)
+        if prep is None or (schedule is not None and prep.schedule is not schedule):
+            if schedule is None:
+                isz = dtype.itemsize
+                per_rank = coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER,
+                                    Collective.SCATTER, Collective.ALL_TO_ALL)
+                nbytes = (inp.size if splits is not None else count * (self.size if per_rank else 1)) * isz
+                schedule = self._schedule(coll, nbytes, root, isz)
+            prep = self._prepare(schedule, coll, count, dtype, opname, root, inplace, splits)
+            if len(self._calls) > 4096:
+                self._calls.clear()
+            self._calls[key] = prep
         arrays = {Buffer.IN: out if inplace else inp, Buffer.OUT: out}
-        if Buffer.SCRATCH in schedule.layouts:
-            arrays[Buffer.SCRATCH] = self._scratch_for(dtype, plan.scratch_elems)
+        if prep.has_scratch:
+            arrays[Buffer.SCRATCH] = self._scratch_for(dtype, prep.plan.scratch_elems)
         seq = self._op_seq
         self._op_seq += 1
-        skey = (coll, count, dtype, opname, root, id(schedule))
-        sd = self._sigs.get(skey)
-        if sd is None:
-            sd = (call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels),
-                  describe(coll.value, count, dtype, opname, root, schedule.algorithm))
-            if len(self._sigs) > 4096:
-                self._sigs.clear()
-            self._sigs[skey] = sd
-        ctx = CallContext(self._transport, self._waiters[LANE_COLL], sd[0], seq, sd[1], deadline, self.size,
+        ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
                           self.rank, self._checks)
-        run_plan(plan, ctx, arrays, UFUNCS.get(opname or "sum", np.add))
+        run_plan(prep.plan, ctx, arrays, prep.ufunc)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Any:
@@ -271,12 +294,7 @@ class Communicator:
                 if out.flat is not x.flat and out.flat.size:
                     np.copyto(out.flat, x.flat[:out.flat.size] if x.flat.size >= out.flat.size else x.flat)
                 return
-            isz = out.flat.dtype.itemsize
-            per_rank = coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER,
-                                Collective.SCATTER, Collective.ALL_TO_ALL)
-            nbytes = (x.flat.size if splits is not None else count * (self.size if per_rank else 1)) * isz
-            sched = self._schedule(Collective.ALL_TO_ALLV if splits is not None else coll, nbytes, root, isz)
-            self._execute(sched, Collective.ALL_TO_ALLV if splits is not None else coll, count, x.flat, out.flat,
+            self._execute(None, Collective.ALL_TO_ALLV if splits is not None else coll, count, x.flat, out.flat,
                           opname, root, deadline, splits)
             if opname == "avg" and (coll != Collective.REDUCE or self.rank == root):
                 finish_avg(out.flat, self.size)

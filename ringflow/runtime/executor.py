@@ -217,19 +217,16 @@ def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str) -> None
             waiter.wait(pending, deadline, what)
 
 
-@dataclass
 class CallContext:
     """What a run needs besides the plan."""
 
-    transport: object
-    waiter: Waiter
-    sig: int
-    op_seq: int
-    description: str
-    deadline: float
-    nranks: int
-    rank: int
-    checks: bool
+    __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks")
+
+    def __init__(self, transport: object, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
+                 nranks: int, rank: int, checks: bool) -> None:
+        self.transport, self.waiter, self.sig, self.op_seq = transport, waiter, sig, op_seq
+        self.description, self.deadline, self.nranks, self.rank, self.checks = \
+            description, deadline, nranks, rank, checks
 
 
 def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
@@ -281,7 +278,7 @@ def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufu
                     r = t.inn(x.peer, x.key).recv(sink, x.nbytes, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
                     ops.append(r)
                     recvs.append(r)
-            drive(ops, ctx.waiter, ctx.deadline, f"step {si}")
+            drive(ops, ctx.waiter, ctx.deadline, "collective step")
             bad = [op.mismatch for op in recvs if op.mismatch is not None]
             if bad:
                 if check_step:

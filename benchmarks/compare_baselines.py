@@ -1,0 +1,458 @@
+#!/usr/bin/env python3
+"""ringflow vs torch.distributed (Gloo) vs mpi4py over Open MPI, same sizes, same ranks, one table.
+
+    .venv/bin/python benchmarks/compare_baselines.py --nranks 2,4 --json results.json
+
+Every library is timed the same way: per size, warm-up calls, then iterations each preceded by a
+barrier; an iteration's time is the slowest rank's (max all-reduce of the per-rank times); the
+row's time is the median. Bus bandwidth uses nccl-tests' factors (see ringflow.runtime.bench).
+
+Bounds printed beside the table (derived here, from measurements taken in the same run):
+
+* ``copy_GBps``: bytes one core copies per second (np.copyto of 64 MiB, median of 7).
+* memory-bandwidth limit of a shared-memory all-reduce that moves each transferred byte with one
+  copy (the design the runtime uses): per rank and per busbw byte, the reduce-scatter half costs
+  a copy into the shared region (read + write) plus a reduction out of it (2 reads + 1 write),
+  the all-gather half a copy in and a copy out (2 x (read + write)): 4.5 bytes of memory traffic
+  per busbw byte. One core moves ``2 x copy_GBps`` bytes of traffic per second, so
+  ``limit = 2 x copy_GBps / 4.5 x min(1, cores / nranks)``.
+* loopback-TCP limit for a ring: n processes each stream the bytes a ring all-reduce moves per
+  rank (2(n-1)/n x size) to the next rank over loopback sockets while receiving the same from the
+  previous (no reduction): ``busbw = bytes per rank / time``.
+
+Open MPI and mpi4py are installed by this script if missing (apt-get openmpi-bin libopenmpi-dev;
+pip install --target ~/.cache/ringflow-baselines/mpi4py mpi4py). Open MPI runs with
+``--mca btl self,vader`` (shared memory) or ``self,tcp`` with ``btl_tcp_if_include lo``; as root it
+needs --allow-run-as-root and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1. torch.distributed uses
+``init_method=file://`` (a tcp:// store would resolve names).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ringflow.runtime.bench import bus_factor, default_iters  # noqa: E402
+from ringflow.units import format_size, parse_size  # noqa: E402
+
+MPI_TARGET = Path.home() / ".cache" / "ringflow-baselines" / "mpi4py"
+COLLS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+# ------------------------------------------------------------------ shared timing helpers
+def _elems(coll: str, nbytes: int, n: int, itemsize: int = 4) -> tuple[int, int]:
+    """(input elements, output elements) for a collective whose nccl-tests size is nbytes."""
+    e = nbytes // itemsize
+    if coll in ("all_gather",):
+        e -= e % n
+        return e // n, e
+    if coll in ("reduce_scatter",):
+        e -= e % n
+        return e, e // n
+    if coll == "all_to_all":
+        e -= e % n
+        return e, e
+    return e, e
+
+
+def _iters(nbytes: int, quick: bool) -> int:
+    it = default_iters(nbytes)
+    return max(3, it // 4) if quick else it
+
+
+# ------------------------------------------------------------------ Gloo worker
+def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None:
+    """One torch.distributed Gloo rank."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n)
+    rows = []
+    t = torch.zeros(1, dtype=torch.float64)
+    for coll in spec["collectives"]:
+        for nbytes in spec["sizes"]:
+            ein, eout = _elems(coll, nbytes, n)
+            if ein == 0:
+                continue
+            x = torch.ones(ein, dtype=torch.float32)
+            y = torch.empty(eout, dtype=torch.float32)
+
+            def call() -> None:
+                if coll == "all_reduce":
+                    dist.all_reduce(x)
+                elif coll == "broadcast":
+                    dist.broadcast(x, 0)
+                elif coll == "all_gather":
+                    dist.all_gather_into_tensor(y, x)
+                elif coll == "reduce_scatter":
+                    dist.reduce_scatter_tensor(y, x)
+                elif coll == "all_to_all":
+                    dist.all_to_all_single(y, x)
+            try:
+                for _ in range(2):
+                    call()
+                times = []
+                for _ in range(_iters(nbytes, spec["quick"])):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    call()
+                    t[0] = time.perf_counter() - t0
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    times.append(float(t[0]))
+                rows.append(_row("gloo", coll, n, nbytes, float(np.median(times))))
+            except (RuntimeError, ValueError) as exc:
+                rows.append({"library": "gloo", "collective": coll, "nranks": n, "size_bytes": nbytes,
+                             "error": str(exc).splitlines()[0][:120]})
+                dist.barrier()
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(rows, fh)
+    dist.destroy_process_group()
+
+
+def _row(lib: str, coll: str, n: int, nbytes: int, t: float) -> dict:
+    algbw = nbytes / t / 1e9
+    return {"library": lib, "collective": coll, "nranks": n, "size_bytes": nbytes, "time_us": t * 1e6,
+            "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(coll, n)}
+
+
+def run_gloo(spec: dict, n: int, timeout_s: float) -> list[dict]:
+    """Start n Gloo ranks on this host."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("torch is not installed: Gloo column skipped", file=sys.stderr)
+        return []
+    with tempfile.TemporaryDirectory(prefix="rf-gloo-") as tmp:
+        spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
+        with open(spec_path, "w") as fh:
+            json.dump(spec, fh)
+        init = os.path.join(tmp, "init")
+        procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", spec_path, str(r), str(n), init, out])
+                 for r in range(n)]
+        try:
+            for p in procs:
+                p.wait(timeout=timeout_s)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        if not os.path.exists(out):
+            print("Gloo run failed", file=sys.stderr)
+            return []
+        with open(out) as fh:
+            return json.load(fh)
+
+
+# ------------------------------------------------------------------ MPI worker
+def mpi_worker(spec: dict, out: str, label: str) -> None:
+    """One mpi4py rank (under mpirun)."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    rows = []
+    t = np.zeros(1)
+    tmax = np.zeros(1)
+    for coll in spec["collectives"]:
+        for nbytes in spec["sizes"]:
+            ein, eout = _elems(coll, nbytes, n)
+            if ein == 0:
+                continue
+            x = np.ones(ein, np.float32)
+            y = np.empty(eout, np.float32)
+
+            def call() -> None:
+                if coll == "all_reduce":
+                    comm.Allreduce(MPI.IN_PLACE, x)
+                elif coll == "broadcast":
+                    comm.Bcast(x, 0)
+                elif coll == "all_gather":
+                    comm.Allgather(x, y)
+                elif coll == "reduce_scatter":
+                    comm.Reduce_scatter_block(x, y)
+                elif coll == "all_to_all":
+                    comm.Alltoall(x, y)
+            for _ in range(2):
+                call()
+            times = []
+            for _ in range(_iters(nbytes, spec["quick"])):
+                comm.Barrier()
+                t0 = MPI.Wtime()
+                call()
+                t[0] = MPI.Wtime() - t0
+                comm.Allreduce(t, tmax, op=MPI.MAX)
+                times.append(float(tmax[0]))
+            rows.append(_row(label, coll, n, nbytes, float(np.median(times))))
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(rows, fh)
+
+
+def ensure_mpi() -> bool:
+    """Install Open MPI (apt) and mpi4py (pip --target) if missing; True when usable."""
+    if shutil.which("mpirun") is None:
+        if os.geteuid() == 0 and shutil.which("apt-get"):
+            print("installing Open MPI (apt-get install openmpi-bin libopenmpi-dev) ...", file=sys.stderr)
+            subprocess.run(["apt-get", "update", "-qq"], check=False)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"], check=False,
+                           env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+        if shutil.which("mpirun") is None:
+            print("Open MPI is not available: MPI column skipped", file=sys.stderr)
+            return False
+    probe = subprocess.run([sys.executable, "-c", "import mpi4py"], env=_mpi_env(), capture_output=True)
+    if probe.returncode != 0:
+        print(f"installing mpi4py into {MPI_TARGET} ...", file=sys.stderr)
+        MPI_TARGET.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(MPI_TARGET), "mpi4py"],
+                       check=False)
+        probe = subprocess.run([sys.executable, "-c", "import mpi4py"], env=_mpi_env(), capture_output=True)
+    if probe.returncode != 0:
+        print("mpi4py could not be installed: MPI column skipped", file=sys.stderr)
+        return False
+    return True
+
+
+def _mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(MPI_TARGET), str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    return env
+
+
+def run_mpi(spec: dict, n: int, tcp: bool, timeout_s: float) -> list[dict]:
+    """mpirun n mpi4py ranks over shared memory (vader) or loopback TCP."""
+    with tempfile.TemporaryDirectory(prefix="rf-mpi-") as tmp:
+        spec_path, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
+        with open(spec_path, "w") as fh:
+            json.dump(spec, fh)
+        btl = ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"] if tcp else \
+            ["--mca", "btl", "self,vader"]
+        cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        cmd += [*btl, "--mca", "pml", "ob1", sys.executable, __file__, "--mpi-worker", spec_path, out,
+                "openmpi-tcp" if tcp else "openmpi"]
+        proc = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not os.path.exists(out):
+            print(f"mpirun failed ({proc.returncode}): {proc.stderr[-1500:]}", file=sys.stderr)
+            return []
+        with open(out) as fh:
+            return json.load(fh)
+
+
+# ------------------------------------------------------------------ ringflow
+def run_ringflow(spec: dict, n: int, tcp: bool, timeout_s: float) -> list[dict]:
+    """ringflow's own benchmark on n ranks (shared memory, or TCP over loopback only)."""
+    from ringflow.runtime.bench import launch
+    extra = {"RINGFLOW_SHM_DISABLE": "1", "RINGFLOW_SOCKET_IFNAME": "=lo"} if tcp else {}
+    got = launch(",".join(spec["collectives"]), n, 0, 0, sizes=spec["sizes"], iters=4 if spec["quick"] else 0,
+                 timeout_s=timeout_s, extra_env=extra, algo=spec.get("algo"))
+    return [_row("ringflow-tcp" if tcp else "ringflow", r["collective"], n, r["size_bytes"], r["time_us"] / 1e6)
+            | {"algorithm": r.get("algorithm")} for r in got]
+
+
+# ------------------------------------------------------------------ bounds
+def copy_rate_GBps(nbytes: int = 64 * 2**20) -> float:
+    """Bytes one core copies per second (np.copyto, median of 7)."""
+    a = np.ones(nbytes // 8)
+    b = np.empty_like(a)
+    np.copyto(b, a)
+    ts = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        ts.append(time.perf_counter() - t0)
+    return nbytes / float(np.median(ts)) / 1e9
+
+
+def shm_allreduce_limit_GBps(copy_GBps: float, n: int, cores: int) -> float:
+    """busbw limit of a one-copy shared-memory ring all-reduce (see the module docstring)."""
+    return 2.0 * copy_GBps / 4.5 * min(1.0, cores / n)
+
+
+def _tcp_ring_rank(rank: int, n: int, port_base: int, nbytes: int, iters: int, q) -> None:
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port_base + rank))
+    srv.listen(1)
+    time.sleep(0.3)
+    out = socket.create_connection(("127.0.0.1", port_base + (rank + 1) % n))
+    inn, _ = srv.accept()
+    for s in (out, inn):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty(nbytes, np.uint8)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        th = threading.Thread(target=out.sendall, args=(memoryview(src),))
+        th.start()
+        view, got = memoryview(dst), 0
+        while got < nbytes:
+            got += inn.recv_into(view[got:], nbytes - got)
+        th.join()
+        times.append(time.perf_counter() - t0)
+    q.put((rank, float(np.median(times))))
+
+
+def tcp_ring_limit_GBps(n: int, size_bytes: int) -> float:
+    """busbw a ring of n processes reaches moving raw bytes over loopback TCP (no reduction)."""
+    import multiprocessing as mp
+    per_rank = int(size_bytes * 2 * (n - 1) / n)
+    port_base = 29800 + (os.getpid() % 100) * 8
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_tcp_ring_rank, args=(r, n, port_base, per_rank, 5, q)) for r in range(n)]
+    for p in ps:
+        p.start()
+    res = [q.get(timeout=120) for _ in ps]
+    for p in ps:
+        p.join(timeout=10)
+    t = max(v for _, v in res)
+    return per_rank / t / 1e9
+
+
+# ------------------------------------------------------------------ table
+def print_table(rows: list[dict], bounds: dict) -> None:
+    """One table: time / busbw per library, ratios of ringflow to each baseline."""
+    libs = ["ringflow", "openmpi", "gloo", "ringflow-tcp", "openmpi-tcp"]
+    key = {}
+    for r in rows:
+        if "error" not in r:
+            key[(r["collective"], r["nranks"], r["size_bytes"], r["library"])] = r
+    combos = sorted({(r["collective"], r["nranks"], r["size_bytes"]) for r in rows},
+                    key=lambda c: (c[1], COLLS.index(c[0]) if c[0] in COLLS else 9, c[2]))
+    present = [lib for lib in libs if any(k[3] == lib for k in key)]
+    head = f"{'collective':<15}{'n':>2} {'size':>7} " + "".join(f"{lib + ' us':>15}{'busbw':>8}" for lib in present)
+    head += f"{'rf/mpi':>8}{'rf/gloo':>8}{'tcp/mpi':>8}"
+    print(head)
+    print("-" * len(head))
+    for coll, n, size in combos:
+        line = f"{coll:<15}{n:>2} {format_size(size):>7} "
+        for lib in present:
+            r = key.get((coll, n, size, lib))
+            line += f"{r['time_us']:>17.1f}{r['busbw_GBps']:>8.3f}" if r else f"{'n/a':>17}{'':>8}"
+
+        def ratio(a: str, b: str) -> str:
+            ra, rb = key.get((coll, n, size, a)), key.get((coll, n, size, b))
+            return f"{rb['time_us'] / ra['time_us']:>8.2f}" if ra and rb else f"{'':>8}"
+        line += ratio("ringflow", "openmpi") + ratio("ringflow", "gloo") + ratio("ringflow-tcp", "openmpi-tcp")
+        print(line)
+    print("ratios are speed-ups (baseline time / ringflow time; > 1 means ringflow is faster)")
+    print(f"copy rate of one core: {bounds['copy_GBps']:.2f} GB/s; cores: {bounds['cores']}")
+    for n, v in bounds["shm_allreduce_limit_GBps"].items():
+        print(f"  {n} ranks: one-copy shm all-reduce busbw limit = 2 x {bounds['copy_GBps']:.2f} / 4.5 x "
+              f"min(1, {bounds['cores']}/{n}) = {v:.2f} GB/s")
+    for n, v in bounds.get("tcp_ring_limit_GBps", {}).items():
+        print(f"  {n} ranks: loopback-TCP ring limit (raw bytes of a ring all-reduce) = {v:.2f} GB/s")
+
+
+def targets(rows: list[dict], bounds: dict, big: int) -> list[dict]:
+    """The issue's performance targets, evaluated on this run's rows."""
+    idx = {(r["library"], r["collective"], r["nranks"], r["size_bytes"]): r for r in rows if "error" not in r}
+    out = []
+    for n in sorted({r["nranks"] for r in rows}):
+        rf = idx.get(("ringflow", "all_reduce", n, big))
+        mpi = idx.get(("openmpi", "all_reduce", n, big))
+        lim = bounds["shm_allreduce_limit_GBps"].get(str(n))
+        if rf and mpi:
+            out.append({"target": f"all_reduce {format_size(big)} busbw >= 2x Open MPI", "nranks": n,
+                        "value": rf["busbw_GBps"] / mpi["busbw_GBps"], "need": 2.0})
+        if rf and lim:
+            out.append({"target": f"all_reduce {format_size(big)} busbw >= 40% of the memory limit", "nranks": n,
+                        "value": rf["busbw_GBps"] / lim, "need": 0.4})
+        for c in ("all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+            a, b = idx.get(("ringflow", c, n, big)), idx.get(("openmpi", c, n, big))
+            if a and b:
+                out.append({"target": f"{c} {format_size(big)} >= Open MPI", "nranks": n,
+                            "value": b["time_us"] / a["time_us"], "need": 1.0})
+        small = idx.get(("ringflow", "all_reduce", n, 8))
+        if small:
+            out.append({"target": "all_reduce 8B median <= 30 us", "nranks": n, "value": small["time_us"],
+                        "need": 30.0, "lower_is_better": True})
+        tcp = idx.get(("ringflow-tcp", "all_reduce", n, big))
+        tl = bounds.get("tcp_ring_limit_GBps", {}).get(str(n))
+        if tcp and tl:
+            out.append({"target": f"TCP all_reduce {format_size(big)} >= 70% of the loopback ring limit",
+                        "nranks": n, "value": tcp["busbw_GBps"] / tl, "need": 0.7})
+    for t in out:
+        t["met"] = t["value"] <= t["need"] if t.get("lower_is_better") else t["value"] >= t["need"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nranks", default="2,4", help="comma list of rank counts")
+    ap.add_argument("--sizes", default="8,64KiB,1MiB,64MiB", help="comma list of sizes")
+    ap.add_argument("--collectives", default=",".join(COLLS))
+    ap.add_argument("--no-mpi", action="store_true")
+    ap.add_argument("--no-gloo", action="store_true")
+    ap.add_argument("--no-tcp", action="store_true", help="skip the TCP-only comparison")
+    ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    ap.add_argument("--algo", default=None, help="RINGFLOW_ALGO for ringflow")
+    ap.add_argument("--json", default=None, help="write rows, bounds and targets here")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    colls = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    ns = [int(v) for v in args.nranks.split(",")]
+    spec = {"collectives": colls, "sizes": sizes, "quick": args.quick, "algo": args.algo}
+    big = max(sizes)
+    cores = len(os.sched_getaffinity(0))
+    bounds: dict = {"copy_GBps": copy_rate_GBps(), "cores": cores, "shm_allreduce_limit_GBps": {},
+                    "tcp_ring_limit_GBps": {}}
+    have_mpi = not args.no_mpi and ensure_mpi()
+    rows: list[dict] = []
+    for n in ns:
+        bounds["shm_allreduce_limit_GBps"][str(n)] = shm_allreduce_limit_GBps(bounds["copy_GBps"], n, cores)
+        print(f"== {n} ranks: ringflow", file=sys.stderr)
+        rows += run_ringflow(spec, n, False, args.timeout)
+        if have_mpi:
+            print(f"== {n} ranks: Open MPI (vader)", file=sys.stderr)
+            rows += run_mpi(spec, n, False, args.timeout)
+        if not args.no_gloo:
+            print(f"== {n} ranks: Gloo", file=sys.stderr)
+            rows += run_gloo(spec, n, args.timeout)
+        if not args.no_tcp:
+            tspec = dict(spec, collectives=["all_reduce"], sizes=[big])
+            print(f"== {n} ranks: TCP only (ringflow, Open MPI, raw loopback ring)", file=sys.stderr)
+            rows += run_ringflow(tspec, n, True, args.timeout)
+            if have_mpi:
+                rows += run_mpi(tspec, n, True, args.timeout)
+            bounds["tcp_ring_limit_GBps"][str(n)] = tcp_ring_limit_GBps(n, big)
+    print_table(rows, bounds)
+    tg = targets(rows, bounds, big)
+    for t in tg:
+        cmp = "<=" if t.get("lower_is_better") else ">="
+        print(f"[{'MET ' if t['met'] else 'MISS'}] {t['nranks']} ranks: {t['target']}: {t['value']:.2f} "
+              f"(need {cmp} {t['need']})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"rows": rows, "bounds": bounds, "targets": tg, "host": {"cores": cores}}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--gloo-worker":
+        with open(sys.argv[2]) as fh:
+            gloo_worker(json.load(fh), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--mpi-worker":
+        with open(sys.argv[2]) as fh:
+            mpi_worker(json.load(fh), sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(main())
