@@ -53,3 +53,24 @@ def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> Non
                 assert res.time_us == pytest.approx(meas[name][str(b)], rel=1e-6), (tr, name, b)
                 flow = simulate_schedule(loaded, sched[name], b, engine="flow", params={"host_transport": tr})
                 assert flow.time_us == pytest.approx(res.time_us, rel=1e-9)
+
+
+def test_validate_predicts_every_bench_collective(tmp_path) -> None:
+    from ringflow.runtime.bench import COLLECTIVES
+    from ringflow.sim.validate import predict_rows, runtime_schedule
+    measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
+    topo, _ = fit(measured, nprocs=4, cores=2)
+    rows = []
+    for coll in COLLECTIVES:
+        for n in (2, 4):
+            size = 2**20
+            rows.append({"collective": coll, "nranks": n, "size_bytes": size, "count": size // 4,
+                         "dtype": "float32", "time_us": 1000.0})
+    for tr in TRUE:
+        out = predict_rows(topo, rows, tr)
+        assert len(out) == len(rows)
+        for r in out:
+            assert r["predicted_us"] > 0 and r["algorithm"]
+    # the schedule is the runtime's: same tuner choice, same registry build
+    s = runtime_schedule("all_gather", 2**18 // 4, 4, 4, None)
+    assert s.nranks == 4 and s.collective.value == "all_gather"
