@@ -248,7 +248,9 @@ class _Machine:
         for r in range(n):
             prog = s.programs[r]
             seen: set[tuple[Buffer, int]] = set()
-            for op in (prog[step] if step < len(prog) else ()):
+            ops = prog[step] if step < len(prog) else ()
+            self._check_recv_sources(r, step, ops)
+            for op in ops:
                 if not op.kind.is_recv:
                     continue
                 assert op.dst is not None and op.peer is not None
@@ -268,7 +270,6 @@ class _Machine:
                     vals = [self.combine(r, step, ChunkRef(op.dst.buffer, op.dst.index + i), a, b)
                             for i, (a, b) in enumerate(zip(local, vals))]
                 writes.append((r, op.dst, vals))
-            self._check_recv_sources(r, step, prog[step] if step < len(prog) else (), seen)
         for r, ref, vals in writes:
             buf = self.bufs[r][ref.buffer]
             buf[ref.index:ref.index + ref.span] = vals
@@ -293,8 +294,9 @@ class _Machine:
     def _key(self, buf: Buffer, i: int) -> tuple[Buffer, int]:
         return (Buffer.OUT if self.aliased and buf == Buffer.IN else buf, i)
 
-    def _check_recv_sources(self, r: int, step: int, ops: tuple, written: set[tuple[Buffer, int]]) -> None:
+    def _check_recv_sources(self, r: int, step: int, ops: tuple) -> None:
         """A RECV_REDUCE must not read a chunk that another receive of the same step writes (order ambiguous)."""
+        written = {self._key(op.dst.buffer, i) for op in ops if op.kind.is_recv for i in op.dst.indices()}
         for op in ops:
             if op.kind != OpKind.RECV_REDUCE or op.src is None or op.dst is None:
                 continue
