@@ -87,8 +87,10 @@ def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or '
     print_table(f"verified on {nranks} ranks: symbolic provenance, counts 0/1/n-1/7n+3, in place where allowed; "
                 "step and byte counts equal the closed form",
                 ["collective", "algorithm", "steps", "transfers", "in place", "bytes per rank"],
-                [(r["collective"], r["algorithm"], r["steps"], r["transfers"], "yes" if r["in_place_checked"] else "-",
-                  f"{r['bytes_fraction']} S") for r in results], justify_right=False)
+                [(r["collective"], r["algorithm"], r.get("transfer_steps", r["steps"]), r["transfers"],
+                  "yes" if r["in_place_checked"] else "-",
+                  "-" if r["bytes_fraction"] == "-" else f"{r['bytes_fraction']} S") for r in results],
+                justify_right=False)
     for r in results:
         console.print(f"{r['collective']} / {r['algorithm']}: {escape(r['cost_line'])}", highlight=False)
 
