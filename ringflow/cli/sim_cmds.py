@@ -110,7 +110,10 @@ def calibrate_command(
     quick: bool = typer.Option(False, "--quick", help="fewer sizes and iterations"),
 ) -> None:
     """Measure this machine's shm / TCP bandwidth and latency with the runtime; write a host-cpu topology."""
-    from ..sim.calibrate import calibrate
+    from ..sim.calibrate import busy_warning, calibrate
+    warn = busy_warning()
+    if warn:
+        console.print(f"[yellow]warning:[/] {warn}")
     topo, report = calibrate(nprocs=nprocs, quick=quick)
     topo.save(out)
     print_table("calibration (measured with ringflow's runtime)", ["parameter", "value", "from"],
@@ -127,7 +130,7 @@ def validate_command(
     tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
     json_out: Optional[str] = typer.Option(None, "--json"),
     quick: bool = typer.Option(False, "--quick"),
-    repeats: int = typer.Option(2, "--repeats", help="bench runs per configuration; the fastest counts"),
+    repeats: int = typer.Option(3, "--repeats", help="bench runs per configuration; the fastest counts"),
     transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
     multihost: bool = typer.Option(False, "--multihost", help="instead: flat ring vs hierarchical all-reduce on "
@@ -143,7 +146,11 @@ def validate_command(
     if multihost:
         _multihost(topo, hosts, per_host, rate_mbit, tolerance, json_out, quick)
         return
+    from ..sim.calibrate import busy_warning
     from ..sim.validate import validate
+    warn = busy_warning()
+    if warn:
+        console.print(f"[yellow]warning:[/] {warn}")
     rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
                         collectives=None if collectives == "all" else collectives.split(","),
                         min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,

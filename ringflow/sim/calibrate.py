@@ -27,6 +27,19 @@ import numpy as np
 from ..errors import SystemError as RFSystemError
 
 
+def busy_warning() -> str | None:
+    """A warning when other processes load this machine (timings then only bound the truth)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    cores = os.cpu_count() or 1
+    if load > 0.5 * cores:
+        return (f"this machine is busy (1-minute load {load:.1f} on {cores} cores): measured times include "
+                f"other processes' work; repeat when it is idle for trustworthy figures")
+    return None
+
+
 def measure(nranks: int, transport: str, quick: bool = False, timeout_s: float = 300.0) -> dict[str, Any]:
     """Run the calibration worker on `nranks` local ranks over `transport` ('shm' or 'tcp')."""
     from ..runtime import launcher
