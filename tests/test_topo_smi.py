@@ -94,3 +94,17 @@ def test_detect_on_this_machine_and_from_text(tmp_path: Path) -> None:
     assert t.nodes(NodeKind.CPU) and "note" in t.meta["detected"]
     t2 = detect_topology((FIX / "dgx_h100.txt").read_text())
     assert len(t2.gpus()) == 8 and t2.meta["detected"]["nvidia_smi"] is True
+
+
+def test_sockets_from_cpu_affinity_without_nic_columns() -> None:
+    lines = []
+    for ln in (FIX / "dgx1_v100.txt").read_text().splitlines():
+        if ln.startswith("#") or ln.startswith("mlx5"):
+            continue
+        cols = ln.split("\t")
+        lines.append("\t".join(cols[:9] + cols[13:]) if len(cols) > 12 else ln)
+    t = topology_from_smi("\n".join(lines))
+    cpus = t.nodes(NodeKind.CPU)
+    assert len(cpus) == 2 and [t.graph.nodes[c]["cores"] for c in cpus] == [40, 40]
+    assert t.path_class_smi(t.find("GPU0"), t.find("GPU5")) == "SYS"
+    assert t.path_class_smi(t.find("GPU0"), t.find("GPU3")) == "NV2"

@@ -2,8 +2,8 @@
 
 Without nvidia-smi (or without GPUs) detection still succeeds: the topology then has CPU and NIC nodes
 only, and meta["detected"]["note"] says so. NIC speeds come from /sys/class/net/<if>/speed (Mb/s) or
-/sys/class/infiniband/<dev>/ports/1/rate; an interface whose speed cannot be read (virtual, down) gets
-`speed_gbps: null`-like 0 recorded in `speed_known: false` and a 10 Gb/s assumption for its link.
+/sys/class/infiniband/<dev>/ports/1/rate; an interface whose speed cannot be read (virtual, down) is
+marked `speed_known: false` and assumed to run at ASSUMED_NIC_GBPS (10 Gb/s).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..errors import TopologyError
 from ..hardware import LATENCY_US, pcie_GBps, socket_link
 from ..units import gbps_to_GBps
 from .graph import LinkType, NodeKind, Topology
-from .smi_parser import topology_from_smi
+from .smi_parser import cpulist_count, topology_from_smi
 
 SMI_TIMEOUT_S = 15.0
 ASSUMED_NIC_GBPS = 10.0
@@ -30,19 +30,6 @@ def _read(path: str) -> str | None:
             return fh.read().strip()
     except OSError:
         return None
-
-
-def _cpulist_count(text: str) -> int:
-    n = 0
-    for part in text.split(","):
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-")
-            n += int(b) - int(a) + 1
-        else:
-            n += 1
-    return n
 
 
 def numa_nodes(sys_root: str = _SYS) -> dict[int, str]:
@@ -133,13 +120,15 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
         if names and gpu_model is None:
             gpu_model = _model_from_name(names.splitlines()[0])
     if smi_text:
-        topo = topology_from_smi(smi_text, gpu_model=gpu_model, name=f"detected-{host}")
-        for n in topo.nodes(NodeKind.CPU):
+        topo = topology_from_smi(smi_text, gpu_model=gpu_model,
+                                 name=f"detected-{host}" if nvidia_smi_text is None else "nvidia-smi-text")
+        # a saved text describes another machine: only a locally run nvidia-smi is combined with this sysfs
+        for n in (topo.nodes(NodeKind.CPU) if nvidia_smi_text is None else []):
             d = topo.graph.nodes[n]
             if d["index"] in numa:
                 d["cpulist"] = numa[d["index"]]
-                d["cores"] = _cpulist_count(numa[d["index"]])
-        rates = ib_rates(sys_root)
+                d["cores"] = cpulist_count(numa[d["index"]])
+        rates = ib_rates(sys_root) if nvidia_smi_text is None else {}
         for n in topo.nics():
             d = topo.graph.nodes[n]
             if d.get("name") in rates:
@@ -154,14 +143,13 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
         cpus = {}
         for i, cl in sorted(numa.items()):
             cpus[i] = topo.add_node(f"h0/cpu{i}", NodeKind.CPU, 0, i, model="CPU", numa=i, cpulist=cl,
-                                    cores=_cpulist_count(cl))
+                                    cores=cpulist_count(cl))
         ids = sorted(cpus)
         for a_i, a in enumerate(ids):
             for b in ids[a_i + 1:]:
                 # the socket link type cannot be read from sysfs: assume UPI 10.4 GT/s x2 (documented)
                 topo.add_link(cpus[a], cpus[b], LinkType.QPI, 2 * socket_link("UPI-10.4").link_GBps,
                               LATENCY_US["qpi"], nlinks=2, tier="qpi", tech="UPI-10.4 (assumed)")
-        rates = ib_rates(sys_root)
         k = 0
         for itf in net_interfaces(sys_root):
             speed = itf["speed_gbps"]
@@ -178,7 +166,6 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
                 topo.add_link(nid, cpu, LinkType.PCIE, gbps_to_GBps(speed or ASSUMED_NIC_GBPS), LATENCY_US["pcie"],
                               tier="pcie", root=k, virtual=True)
             k += 1
-        del rates
     topo.meta["detected"] = {"hostname": host, "gpus": ngpu, "numa_nodes": len(numa), "note": note,
                              "nvidia_smi": smi_text is not None}
     return topo

@@ -16,7 +16,7 @@ widest PCIe/CPU path, and between hosts: GPU -> nearest NIC (same PCIe switch, s
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 import networkx as nx
 
@@ -279,10 +279,3 @@ class Topology:
         s = self.summary()
         return f"Topology({self.name!r}, hosts={s['hosts']}, endpoints={s['endpoints']}, nodes={s['nodes']})"
 
-
-def edges_of(paths: Iterable[list[str]]) -> list[tuple[str, str]]:
-    """All edges of several paths (with repetition)."""
-    out: list[tuple[str, str]] = []
-    for p in paths:
-        out.extend(zip(p[:-1], p[1:]))
-    return out

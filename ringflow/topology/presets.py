@@ -14,8 +14,7 @@ from typing import Callable
 
 from ..errors import TopologyError
 from ..hardware import (HOST_LOOPBACK_GBPS_DEFAULT, HOST_SHM_GBPS_DEFAULT, LATENCY_US, NVLINK_C2C_GBPS_PER_DIR,
-                        NVSWITCH_GENERATIONS, ib_for_gbps, nvlink_gen, pcie_GBps, socket_link)
-from ..units import gbps_to_GBps
+                        NVSWITCH_GENERATIONS, nvlink_gen, pcie_GBps, socket_link)
 from .graph import LinkType, NodeKind, Topology
 
 
@@ -299,15 +298,3 @@ def build_preset(spec: str, host: int = 0, topo: Topology | None = None) -> Topo
         out.meta.setdefault("calibrated", False)
     return out
 
-
-def nic_GBps(speed_gbps: float) -> float:
-    """Per-direction GB/s of a NIC port (Gb/s / 8)."""
-    return gbps_to_GBps(speed_gbps)
-
-
-def ib_name(speed_gbps: float) -> str:
-    """IB generation name for a port speed, or 'ethernet'."""
-    try:
-        return ib_for_gbps(speed_gbps).name
-    except Exception:
-        return "ethernet"

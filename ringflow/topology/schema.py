@@ -202,13 +202,10 @@ def load_topology_file(path: str) -> "Topology":
         raise TopologyError(f"topology file {path!r} does not exist", "give a preset name or an existing file")
     with open(path) as fh:
         text = fh.read()
+    import yaml
     try:
-        if ext == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except (ValueError, Exception) as exc:  # yaml.YAMLError and json.JSONDecodeError
+        data = json.loads(text) if ext == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
         raise TopologyError(f"{path}: cannot parse: {exc}".splitlines()[0], "fix the YAML/JSON syntax") from None
     name = os.path.splitext(os.path.basename(path))[0]
     try:

@@ -57,10 +57,8 @@ def parse_smi_text(text: str) -> SmiMatrix:
     header_i = None
     for i, ln in enumerate(lines):
         toks = ln.split()
-        if toks and toks[0] == "GPU0" and not _CLASS_RE.match(toks[1] if len(toks) > 1 else ""):
-            header_i = i
-            break
-        if toks and toks[0].startswith("GPU0") and len(toks) > 1 and toks[1] != "X":
+        # the header starts with the GPU0 column name; a data row starts with GPU0 followed by a class (X)
+        if len(toks) > 1 and toks[0] == "GPU0" and not _CLASS_RE.match(toks[1]):
             header_i = i
             break
     if header_i is None:
@@ -137,6 +135,20 @@ class _UF:
         return list(out.values())
 
 
+def cpulist_count(text: str) -> int:
+    """Number of CPUs in a Linux cpulist such as '0-19,40-59'."""
+    n = 0
+    for part in text.split(","):
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-")
+            n += int(b) - int(a) + 1
+        else:
+            n += 1
+    return n
+
+
 def _num(name: str) -> int:
     m = re.search(r"(\d+)$", name)
     return int(m.group(1)) if m else 0
@@ -159,7 +171,8 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
         gen = {6: 2, 12: 3, 18: 4}.get(next(iter(nv.values())), 4)
     else:
         gen = 1 if max(per_gpu.values(), default=0) <= 4 and nv else 2
-    model = gpu_model or {1: "P100", 2: "V100", 3: "A100", 4: "H100", 5: "B200"}[gen] if nv else (gpu_model or "GPU")
+    inferred = {1: "P100", 2: "V100", 3: "A100", 4: "H100", 5: "B200"}[gen] if nv else "GPU"
+    model = gpu_model or inferred
     pcie_gen, sock_name, sock_n, default_nic = _GEN_DEFAULTS[gen if nv else 2]
     if gpu_model and gpu_model.upper() in GPU_MODELS:
         pcie_gen = GPU_MODELS[gpu_model.upper()].pcie_gen
@@ -171,6 +184,14 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
         for c in devs:
             if a < c and m.rel(a, c) not in ("SYS",) and not m.rel(a, c).startswith("NV"):
                 uf_sock.union(a, c)
+    by_aff: dict[str, str] = {}           # GPUs with the same CPU affinity sit on the same socket
+    for g in gpus:
+        aff = m.cpu_affinity.get(g, "")
+        if aff and aff != "N/A":
+            if aff in by_aff:
+                uf_sock.union(by_aff[aff], g)
+            else:
+                by_aff[aff] = g
     numa_of: dict[str, int] = {}
     for g in gpus:
         if m.numa.get(g) is not None:
@@ -180,16 +201,17 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
     for grp in groups:
         known = sorted({numa_of[x] for x in grp if x in numa_of})
         s = known[0] if known else None
-        if s is None:
-            # NVLink-only GPUs with no PCIe relation: look at the CPU affinity string
-            affs = sorted({m.cpu_affinity.get(x, "") for x in grp if x in m.cpu_affinity})
+        if s is None:   # no NUMA column: a new socket per SYS-separated group
             s = next_sock
             next_sock += 1
-            del affs
         for x in grp:
             numa_of.setdefault(x, s)
     sockets = sorted(set(numa_of.values()))
-    cpu_ids = {s: b.cpu(s, "CPU", 0) for s in sockets}
+    cpu_ids = {}
+    for s in sockets:
+        affs = [m.cpu_affinity.get(g, "") for g in gpus if numa_of[g] == s]
+        cl = next((a for a in affs if re.match(r"^[\d,\-]+$", a)), "")
+        cpu_ids[s] = b.cpu(s, "CPU", cpulist_count(cl) if cl else 0, cpulist=cl)
     for i, s in enumerate(sockets):
         for t in sockets[i + 1:]:
             b.socket(cpu_ids[s], cpu_ids[t], sock_name, sock_n)
