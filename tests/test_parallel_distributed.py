@@ -95,3 +95,9 @@ def test_async_dp_replicas_agree_after_drain(tmp_path: Path) -> None:
     r = run_example(tmp_path, 3, "async_dp.py", "--steps", "10", "--batch", "48", "--slow-ms", "10")
     assert r["async"]["replica_spread"] <= TOL
     assert r["async"]["accuracy"] > 0.5 and r["sync"]["accuracy"] > 0.5
+
+
+def test_hybrid_dp_x_tp_equals_unsplit(tmp_path: Path) -> None:
+    r = run_example(tmp_path, 4, "hybrid_parallel.py", "--tp", "2", "--steps", "3")
+    assert (r["tp"], r["dp"]) == (2, 2)
+    assert r["param_err"] <= TOL

@@ -32,8 +32,8 @@ class _Counter:
 
 
 def _all_reduce(comm: Any, x: Array, counter: _Counter, phase: str) -> Array:
-    setattr(counter, phase, getattr(counter, phase) + 1)
     if comm is not None and comm.size > 1:
+        setattr(counter, phase, getattr(counter, phase) + 1)
         x = np.ascontiguousarray(x)
         comm.all_reduce(x, op="sum")
     return x
