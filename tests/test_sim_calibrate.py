@@ -10,7 +10,7 @@ from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 
 TRUE = {"shm": dict(alpha=20.0, base=100.0, per_peer=30.0, oneway=3.0, endpoint=4.0, reduce=5.0),
-        "tcp": dict(alpha=45.0, base=100.0, per_peer=30.0, oneway=1.5, endpoint=2.5, reduce=5.0)}
+        "tcp": dict(alpha=45.0, base=160.0, per_peer=55.0, oneway=1.5, endpoint=2.5, reduce=5.0)}
 SIZES = [2**16, 2**18, 2**20, 2**22]
 
 

@@ -106,9 +106,10 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
         "reduce_GBps": float(np.median(reduce_rates)),
         "protocols": [{"name": "simple", "bw_fraction": 1.0, "base_us": ref["base_us"], "msg_overhead_us": {}}],
         "call_overhead_per_peer_us": ref["per_peer_us"],
+        "per_transport": {tr: {"base_us": p["base_us"], "call_overhead_per_peer_us": p["per_peer_us"],
+                               "msg_overhead_us": {"net": p["alpha_us"]}} for tr, p in per.items()},
         "calibration": {"per_transport": per, "raw": measured},
     }
-    # per-transport call overheads differ a little; the shm figure is used for both
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"], "from": "os.cpu_count()"}
     return topo, report
 

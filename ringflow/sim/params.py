@@ -104,6 +104,8 @@ class SimParams:
     # Fixed cost per collective call and per peer on top of the protocol's base_us: ringflow's
     # runtime exchanges the call's description with every peer before data moves (argument check).
     call_overhead_per_peer_us: float = 0.0
+    # Overrides applied when `host_transport` is the key (calibration measures shm and TCP apart).
+    per_transport: dict[str, dict] | None = None
     host_cores: int | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
@@ -188,7 +190,9 @@ def merge_params(base: SimParams, overrides: Mapping[str, Any] | None) -> SimPar
 
 
 def params_for(topo: Any, overrides: Mapping[str, Any] | None = None) -> SimParams:
-    """Defaults, then the topology's meta['sim'], then explicit `overrides`."""
+    """Defaults, then the topology's meta['sim'], then explicit `overrides`, then the
+    `per_transport` entry of the chosen host transport (if any)."""
     meta = getattr(topo, "meta", None) or {}
-    p = merge_params(SimParams(), meta.get("sim"))
-    return merge_params(p, overrides)
+    p = merge_params(merge_params(SimParams(), meta.get("sim")), overrides)
+    extra = (p.per_transport or {}).get(p.host_transport)
+    return merge_params(p, extra) if extra else p
