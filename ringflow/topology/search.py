@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
 
 Edge = tuple[str, str]
+MAX_DFS_NODES = 300    # beyond this many endpoints in one host: greedy order instead of the DFS
 MAX_SEGMENT_TRIES = 8  # (entry, exit) pairs tried per channel on multi-host rings, most network room first
 SEARCH_TRIES = 8     # tie-break orders tried for the channel set on one host of <= 16 endpoints
 _EPS = 1e-9
@@ -300,6 +301,14 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
                 return True
         return False
 
+    if len(nodes) > MAX_DFS_NODES:   # too deep to recurse: widest-next greedy order
+        while len(order) < len(nodes) - (1 if end is not None and end != start else 0):
+            u = order[-1]
+            v = min((x for x in others if x not in used), key=lambda x: (-pair_bw(u, x), x))
+            order.append(v)
+            used.add(v)
+        best_order = order + ([end] if end is not None and end != start else [])
+        return best_order, _order_bw(best_order, end is None, hops, cap)
     dfs(math.inf)
     if not best_order:  # budget hit before any complete order: take the greedy identity-like order
         best_order = [start] + others + ([end] if end is not None and end != start else [])
