@@ -116,7 +116,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
             per += table.lcopy / (params.copy_GBps * 1e3)
         if params.reduce_GBps:
             per += table.lreduce / (params.reduce_GBps * 1e3)
-        np.maximum.at(local_c, table.lstep, per)
+        np.maximum.at(local_c, table.lstep, per * fab.local_slowdown(table.nranks)[table.lrank])
     last = np.full(table.nranks, -1, dtype=np.int64)
     np.maximum.at(last, table.src, table.step)
     np.maximum.at(last, table.dst, table.step)

@@ -99,6 +99,15 @@ class Fabric:
             tail.insert(0, self._pool_link[self._hosts[dst]])
         return np.concatenate([np.asarray(head, dtype=np.int64), ids, np.asarray(tail, dtype=np.int64)])
 
+    def local_slowdown(self, nranks: int) -> np.ndarray:
+        """Per rank: how much slower its local work runs when its host has fewer cores than ranks."""
+        cores = self.params.host_cores
+        hosts = np.asarray(self._hosts[:nranks])
+        if not cores or hosts.size == 0:
+            return np.ones(nranks)
+        _, inv, cnt = np.unique(hosts, return_inverse=True, return_counts=True)
+        return np.maximum(1.0, cnt[inv.reshape(-1)] / float(cores))
+
     @property
     def nranks(self) -> int:
         return len(self.endpoints)
