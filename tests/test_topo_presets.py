@@ -32,6 +32,7 @@ def test_dgx_h100_every_pair_450_per_direction() -> None:
     assert len(gpus) == 8
     fabric = t.nodes(NodeKind.NVSWITCH)
     assert len(fabric) == 1 and t.graph.nodes[fabric[0]]["chips"] == 4
+    assert 2 * t.graph.nodes[fabric[0]]["external_GBps"] == 3600.0          # seed: 72 NVLink4 ports, ~3.6 TB/s
     for a, b in itertools.permutations(gpus, 2):
         assert t.bottleneck_GBps(a, b) == pytest.approx(450.0)
         assert t.path_class_smi(a, b) == "NV18" and t.path_class_nccl(a, b) == "NVL"

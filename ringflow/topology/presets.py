@@ -191,6 +191,11 @@ def build_dgx_h100(topo: Topology, host: int = 0) -> None:
     # 400 Gb/s NDR; each PCIe Gen5 switch holds 2 GPUs and their 2 NICs (GPU i <-> NIC i, rail i).
     _dgx_nvswitch(topo, host, model="H100", nvl_gen=4, nvsw_gen=3, chips=4, links=18, cpu_model="Xeon Platinum 8480C",
                   cores=56, socket="UPI-16", nsock_links=4, pcie_gen=5, nic_gbps=400, two_level=False)
+    # seed 000 / DGX H100 whitepaper: the 4 NVSwitches expose 72 NVLink4 ports (72 x 50 GB/s = 3.6 TB/s both
+    # directions) to the external NVLink Switch of a SuperPOD; kept as attributes (no NVLink network modelled).
+    fabric = topo.graph.nodes[f"h{host}/nvsw0"]
+    fabric["external_nvlink_ports"] = 72
+    fabric["external_GBps"] = 72 * nvlink_gen(4).link_GBps
 
 
 # ---------------------------------------------------------------------------- GB200 NVL72
