@@ -189,3 +189,32 @@ def test_shard_server_rejects_protocol_violations() -> None:
         srv.push(1, 3, np.ones(2))         # skipped clocks
     with pytest.raises(UnknownAlgorithm):
         ShardServer(np.zeros(2), [0], "hogwild", lr=0.1)
+
+
+def test_buckets_launch_in_plan_order_whatever_the_hook_order() -> None:
+    from ringflow.errors import InvalidUsage
+    from ringflow.parallel.ddp import _BucketLauncher
+
+    plan = plan_buckets([8] * 6, bucket_cap_nbytes=16, first_bucket_nbytes=8)   # (5), (4, 3), (2, 1), (0)
+    launched: list[int] = []
+    lz = _BucketLauncher(plan, overlap=True, launch=lambda b: launched.append(b.index))
+    for i in (2, 1, 5, 0, 4, 3):        # bucket 2 completes first, but must wait for buckets 0 and 1
+        lz.param_ready(i)
+        if i in (2, 1):                 # bucket 2 is complete after param 1, yet nothing may start
+            assert launched == []
+        if i == 5:
+            assert launched == [0]
+    lz.finish()
+    assert launched == [0, 1, 2, 3]
+    lz.reset()
+    launched.clear()
+    lz.param_ready(5)
+    with pytest.raises(InvalidUsage):
+        lz.finish()                     # parameters 0..4 never got a gradient
+    off = _BucketLauncher(plan, overlap=False, launch=lambda b: launched.append(b.index))
+    launched.clear()
+    for i in range(6):
+        off.param_ready(i)
+    assert launched == []               # no overlap: nothing launched during backward
+    off.finish()
+    assert launched == [0, 1, 2, 3]
