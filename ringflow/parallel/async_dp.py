@@ -96,8 +96,8 @@ def train_async_dp(comm: Any, make_model: Callable[[], Sequential], data: Datase
     t_train = time.monotonic()
     poll_until(lambda: all(v == steps for v in got.values()), drain, box.timeout,
                f"async DP drain (rank {me})")
-    box.close()
     t_end = time.monotonic()
+    box.close()
     times = np.array([t_end - t0, t_end - t_train, t_train - t0])
     fastest = times[2:3].copy()
     comm.all_reduce(times, op="max", timeout=box.timeout)

@@ -291,17 +291,17 @@ def train_param_server(comm: Any, make_model: Callable[[], Sequential], data: Da
 
     poll_until(lambda: (server is None or server.shard.done) and (worker is None or worker.done), step,
                box.timeout, f"parameter server ({mode}, rank {comm.rank})")
-    box.close()
     elapsed = np.array([time.monotonic() - t0])
+    box.close()
     comm.all_reduce(elapsed, op="max", timeout=box.timeout)
     final = np.zeros(numel)
     steps_done = np.zeros(comm.size)
-    stats = np.zeros(4)  # staleness sum, staleness count, updates applied on the coordinator, max staleness
+    stats = np.zeros(3)  # staleness sum, staleness count, updates applied on the coordinator
     gap = np.zeros(1)
     if server is not None:
         final[lo:hi] = server.shard.params
         st = server.shard.staleness
-        stats[:] = (sum(st), len(st), server.shard.applied if k == 0 else 0, 0)
+        stats[:] = (sum(st), len(st), server.shard.applied if k == 0 else 0)
         gap[0] = server.shard.max_clock_gap()
         smax = np.array([max(st, default=0)], dtype=np.float64)
     else:
