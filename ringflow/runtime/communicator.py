@@ -24,7 +24,7 @@ from .. import config
 from ..algorithms.layout import CallShape
 from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, SystemError, Timeout)
-from . import auth
+from . import auth, logs
 from .env import detect
 from .executor import CallContext, Waiter, _Broken, check_exchange, compile_plan, describe, drive, run_plan
 from .ops import UFUNCS, Buf, finish_avg, parse_op
@@ -52,6 +52,50 @@ def host_id() -> str:
     except OSError:
         netns = 0
     return f"{socket.gethostname()}|{boot}|{netns}"
+
+
+RERANK_TOP = 6  # tuner candidates re-priced with the runtime's local copy cost
+
+
+def local_copy_bytes(schedule: Schedule, shape: CallShape) -> int:
+    """Max over ranks of bytes a rank's local COPY / REDUCE ops touch (reduce counted 1.5x: 2 reads, 1 write)."""
+    from ..algorithms.layout import chunk_bounds, ref_bounds
+    from ..algorithms.schedule import OpKind
+    worst = 0
+    for r in range(schedule.nranks):
+        bounds = {b: chunk_bounds(shape, schedule, b, r) for b in schedule.layouts}
+        tot = 0.0
+        for step in schedule.steps(r):
+            for op in step:
+                if op.kind in (OpKind.COPY, OpKind.REDUCE):
+                    _, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
+                    tot += n * shape.itemsize * (1.0 if op.kind == OpKind.COPY else 1.5)
+        worst = max(worst, int(tot))
+    return worst
+
+
+def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, nbytes: int, dtype_size: int,
+                 registry: Any) -> Schedule:
+    """The tuner's candidates re-priced for this runtime: its model treats local copies and reductions as
+    free, but here they run on the same cores and memory as the transfers, at the shared-memory
+    bandwidth the tuner assumes (algorithms.cost.DEFAULT_BETA_GBPS). The cheapest of the tuner's
+    RERANK_TOP best candidates wins."""
+    from ..algorithms.cost import DEFAULT_BETA_GBPS
+    cands = sorted(choice.candidates, key=lambda c: c.time_s)[:RERANK_TOP]
+    count = nbytes // dtype_size
+    if coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
+                Collective.ALL_TO_ALL):
+        count //= nranks
+    shape = CallShape(coll, nranks, count, dtype_size)
+    best, best_t = None, float("inf")
+    for c in cands:
+        s = registry.get_schedule(coll, c.algorithm, nranks, root=root, nsegs=c.nsegs, nchannels=c.nchannels,
+                                  rings=choice.rings if c.nchannels > 1 else None)
+        t = c.time_s + local_copy_bytes(s, shape) / (DEFAULT_BETA_GBPS * 1e9)
+        if t < best_t:
+            best, best_t = s, t
+    assert best is not None
+    return best
 
 
 class _Prepared:
@@ -126,6 +170,9 @@ class Communicator:
         self.cards = cards
         with shared.lock:
             shared.users += 1
+        log.info("ringflow: communicator %s rank %d/%d ready, listening on %s:%d, shm peers %s, tcp peers %s", ns,
+                 rank, size, *self._listener.address, sorted(self._transport.shm_peers),
+                 [p for p in range(size) if p != rank and p not in self._transport.shm_peers])
 
     # ---------------------------------------------------------------- state and failure
     def _on_data(self, peer: int, key: str) -> None:
@@ -216,11 +263,11 @@ class Communicator:
               tuner: Any) -> Schedule:
         tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
         ch = tuner.choose(tc, nbytes, self.size, dtype_size=dtype_size, root=root)
-        algo = ch.algorithm
-        if coll == Collective.ALL_TO_ALLV and algo not in registry.algorithms_for(coll):
-            algo = registry.algorithms_for(coll)[0]
-        s = registry.get_schedule(coll, algo, self.size, root=root, nsegs=ch.nsegs, nchannels=ch.nchannels,
-                                  rings=ch.rings)
+        if coll == Collective.ALL_TO_ALLV:
+            algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
+            s = registry.get_schedule(coll, algo, self.size, root=root)
+        else:
+            s = runtime_rank(ch, coll, self.size, root, nbytes, dtype_size, registry)
         if len(self._schedules) > 1024:
             self._schedules.clear()
         self._schedules[key] = s
@@ -538,6 +585,11 @@ class Communicator:
             return self.split(0, rs.index(self.rank), timeout)
         return self.split(None, 0, timeout)
 
+    def shrink(self, exclude: Sequence[int] = (), timeout: float | None = None) -> "Communicator":
+        """Collective over the survivors: a new communicator without dead (or excluded) ranks; destroys this one."""
+        from .recovery import shrink
+        return shrink(self, exclude, timeout)
+
     # ---------------------------------------------------------------- memory
     def alloc(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
         """An array in shared memory (page-aligned, never swapped to a file); freed with the communicator."""
@@ -614,6 +666,7 @@ def init(rank: int | None = None, world_size: int | None = None, store_addr: str
          timeout: float | None = None, traffic_class: int | None = None, secret: str | None = None) -> Communicator:
     """Join (or start) a job and return the world communicator; arguments default to the launcher's env."""
     info = detect(rank, world_size, store_addr, secret)
+    logs.setup(info.rank)
     timeout_s = float(config.get("TIMEOUT") if timeout is None else timeout)
     tos = config.get("TRAFFIC_CLASS") if traffic_class is None else int(traffic_class)
     if tos is not None and not -1 <= tos <= 255:

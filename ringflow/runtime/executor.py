@@ -257,6 +257,9 @@ def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufu
     dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
     isz = dtype.itemsize
     for si, step in enumerate(plan.steps):
+        if log_trace:
+            from .logs import trace_step
+            trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
         if step.xfers:
             check_step = ctx.checks and si == 0 and plan.self_checking and n > 1
             ops: list[XferOp] = []

@@ -329,7 +329,12 @@ class TcpRecv(XferOp):
         self.fds = ((i.fd, select.POLLIN),) if i.fd >= 0 else ()
 
     def _closed(self) -> RemoteError:
-        return RemoteError(f"rank {self.i.peer} closed its connection (it died or aborted)", rank=self.i.peer,
+        cut = ""
+        if 0 < self.hgot < HEADER_BYTES:
+            cut = f" mid-frame: truncated after {self.hgot} of {HEADER_BYTES} header bytes"
+        elif self.total > 0 and self.off + self.fill < self.total:
+            cut = f" mid-frame: truncated after {self.off + self.fill} of {self.total} payload bytes"
+        return RemoteError(f"rank {self.i.peer} closed its connection{cut} (it died or aborted)", rank=self.i.peer,
                            hint="see that rank's output; create a new communicator or shrink")
 
     def progress(self) -> bool:
@@ -395,6 +400,10 @@ class TcpRecv(XferOp):
         want_kind = Kind.CHECK if self.want < 0 else Kind.DATA
         cap = MAX_CHECK_BYTES if self.want < 0 else None
         f = frames.parse(self.hdr, peer=f"rank {self.i.peer}", expect_seq=self.i.seq, max_nbytes=cap)
+        if f.kind == Kind.DATA and 0 <= self.want < f.nbytes and not (self.check and f.sig != self.sig):
+            # more bytes than the destination holds, and no disagreement in the call signature explains it
+            raise ProtocolError(f"oversized frame from rank {self.i.peer}: {f.nbytes} bytes for a {self.want}-byte "
+                                "destination", "send and receive sizes must match; the connection is not trusted")
         self.total = f.nbytes
         bad = f.kind != want_kind or (self.check and f.sig != self.sig) or (self.want >= 0 and f.nbytes != self.want)
         if bad:
