@@ -108,3 +108,21 @@ def test_sockets_from_cpu_affinity_without_nic_columns() -> None:
     assert len(cpus) == 2 and [t.graph.nodes[c]["cores"] for c in cpus] == [40, 40]
     assert t.path_class_smi(t.find("GPU0"), t.find("GPU5")) == "SYS"
     assert t.path_class_smi(t.find("GPU0"), t.find("GPU3")) == "NV2"
+
+
+def test_direct_nvlink_mesh_versus_nvswitch() -> None:
+    # 4 x H100 joined pairwise by 6 NVLinks (NVIDIA/nccl issue #1617): 18 links per GPU, no switch
+    names = ["GPU0", "GPU1", "GPU2", "GPU3"]
+    rows = ["\t" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity"]
+    for i, a in enumerate(names):
+        rows.append(a + "\t" + "\t".join(" X " if a == b else "NV6" for b in names) + f"\t{i}\t{i}")
+    t = topology_from_smi("\n".join(rows))
+    assert not t.nodes(NodeKind.NVSWITCH)
+    assert t.link(t.find("GPU0"), t.find("GPU1"))["bw_GBps"] == 150.0          # 6 x 25 GB/s
+    pair = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV12\t0-7\nGPU1\tNV12\t X \t0-7\n"   # NVLink bridge pair
+    p = topology_from_smi(pair)
+    assert p.link(p.find("GPU0"), p.find("GPU1"))["bw_GBps"] == 300.0
+    dgx2 = "\t" + "\t".join(f"GPU{i}" for i in range(16)) + "\tCPU Affinity\n" + "\n".join(
+        f"GPU{i}\t" + "\t".join(" X " if i == j else "NV6" for j in range(16)) + "\t0-3" for i in range(16))
+    d = topology_from_smi(dgx2)
+    assert len(d.nodes(NodeKind.NVSWITCH)) == 1 and d.bottleneck_GBps(d.find("GPU0"), d.find("GPU15")) == 150.0

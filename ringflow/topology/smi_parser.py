@@ -3,8 +3,9 @@
 Parsing rebuilds a graph that reproduces every printed class:
 - NV# between GPUs: direct NVLinks (# merged links), or an NVSwitch fabric node when a GPU's NV# sum
   exceeds the links its NVLink generation has (DGX-2 NV6, DGX A100 NV12, DGX H100 NV18); bandwidth =
-  # x per-link GB/s of the generation (from the GPU model when given, else inferred: all-pairs NV6 -> gen2,
-  NV12 -> gen3, NV18 -> gen4; direct meshes with <= 4 links per GPU -> gen1, else gen2).
+  # x per-link GB/s of the generation (from the GPU model when given, else inferred: all-pairs NV6 / NV12 /
+  NV18 beyond a GPU's link count -> NVSwitch gen1/2/3; direct links: the first generation with at least
+  that many links per GPU: <= 4 -> NVLink1, 6 -> 2, 12 -> 3, 18 -> 4, e.g. 4 x H100 with NV6 pairs).
 - PIX groups share a PCIe switch; PXB groups share a top switch above leaf switches; PHB complexes share
   a host bridge (root), NODE complexes use different roots of the same CPU; SYS crosses sockets (QPI/UPI).
 - CPU sockets come from the "NUMA Affinity" column (else from the SYS structure); NICs from the columns,
@@ -164,13 +165,15 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
     # ---- NVLink generation
     nv = {(a, c): int(m.rel(a, c)[2:]) for a in gpus for c in gpus if a != c and m.rel(a, c).startswith("NV")}
     per_gpu = {g: sum(k for (a, _), k in nv.items() if a == g) for g in gpus}
-    all_pairs = len(gpus) > 2 and len(nv) == len(gpus) * (len(gpus) - 1) and len(set(nv.values())) == 1
+    all_pairs = len(gpus) > 1 and len(nv) == len(gpus) * (len(gpus) - 1) and len(set(nv.values())) == 1
+    most = max(per_gpu.values(), default=0)
+    direct_gen = {4: 1, 6: 2, 12: 3, 18: 4}      # links per GPU -> first NVLink generation with that many
     if gpu_model and gpu_model.upper() in GPU_MODELS:
         gen = GPU_MODELS[gpu_model.upper()].nvlink_gen
-    elif all_pairs:
+    elif all_pairs and most not in direct_gen:  # more links than a GPU has: an NVSwitch fabric (NV6/NV12/NV18)
         gen = {6: 2, 12: 3, 18: 4}.get(next(iter(nv.values())), 4)
-    else:
-        gen = 1 if max(per_gpu.values(), default=0) <= 4 and nv else 2
+    else:                                         # direct links: the smallest generation with enough links
+        gen = next((g for links, g in sorted(direct_gen.items()) if most <= links), 4)
     inferred = {1: "P100", 2: "V100", 3: "A100", 4: "H100", 5: "B200"}[gen] if nv else "GPU"
     model = gpu_model or inferred
     pcie_gen, sock_name, sock_n, default_nic = _GEN_DEFAULTS[gen if nv else 2]
