@@ -53,7 +53,7 @@ class Traffic:
     bytes_sent: tuple[int, ...]             # per rank
     bytes_recv: tuple[int, ...]             # per rank
     pair_bytes: dict[tuple[int, int], int]  # (src, dst) -> bytes
-    per_step: tuple[tuple[tuple[int, int, int], ...], ...]  # per step: (src, dst, nbytes) per message
+    per_step: tuple[tuple[tuple[int, int, int], ...], ...]  # per step: (src, dst, nbytes) per rank pair
 
     @property
     def bytes_per_rank(self) -> int:
@@ -114,18 +114,23 @@ def _traffic(schedule: Schedule, shape: CallShape) -> Traffic:
     pairs: dict[tuple[int, int], int] = {}
     per_step: list[tuple[tuple[int, int, int], ...]] = []
     isz = shape.itemsize
+    bcache: dict[tuple, tuple[tuple[int, int], ...]] = {}
     for step in range(schedule.nsteps):
-        msgs = []
+        agg: dict[tuple[int, int], int] = {}   # messages of one step merged per (src, dst)
         for r, prog in enumerate(schedule.programs):
             for op in (prog[step] if step < len(prog) else ()):
                 if op.kind == OpKind.SEND:
                     assert op.src is not None and op.peer is not None
-                    nb = ref_bounds(chunk_bounds(shape, schedule, op.src.buffer, r), op.src.index, op.src.span)[1] * isz
-                    msgs.append((r, op.peer, nb))
+                    bkey = (op.src.buffer, r)
+                    bounds = bcache.get(bkey)
+                    if bounds is None:
+                        bounds = bcache[bkey] = chunk_bounds(shape, schedule, op.src.buffer, r)
+                    nb = ref_bounds(bounds, op.src.index, op.src.span)[1] * isz
+                    agg[(r, op.peer)] = agg.get((r, op.peer), 0) + nb
                     sent[r] += nb
                     recv[op.peer] += nb
                     pairs[(r, op.peer)] = pairs.get((r, op.peer), 0) + nb
-        per_step.append(tuple(msgs))
+        per_step.append(tuple((a, b, nb) for (a, b), nb in agg.items()))
     return Traffic(sum(1 for m in per_step if m), schedule.nsteps, tuple(sent), tuple(recv), pairs, tuple(per_step))
 
 
@@ -202,7 +207,9 @@ def schedule_cost(schedule: Schedule, shape: CallShape, topo: "Topology | None" 
                                 "use a larger topology (e.g. build_cluster) or fewer ranks")
         routes = _routes(topo, list(eps[:n]))
         alpha_s = (DEFAULT_TOPO_ALPHA_US if alpha_us is None else alpha_us) * 1e-6
-        times = tuple(_step_time_topo(m, routes, alpha_s) for m in tr.per_step)
+        memo: dict[tuple, float] = {}  # lock-step phases repeat the same traffic pattern step after step
+        times = tuple(memo[m] if m in memo else memo.setdefault(m, _step_time_topo(m, routes, alpha_s))
+                      for m in tr.per_step)
     from .registry import collective_bytes
     params = {"nsegs": int(schedule.params.get("nsegs", 1)), "nchannels": schedule.nchannels}
     scratch = 0

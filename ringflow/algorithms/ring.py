@@ -46,14 +46,13 @@ def ring_rs_ops(b: ScheduleBuilder, order: Sequence[int], block_of: Sequence[int
     earlier phase left partial sums there). Returns the next free step.
     """
     n, lay = len(order), b.layouts[OUT]
+    out_refs = [_group_refs(lay, OUT, block_of[q], nsegs, span_blocks) for q in range(n)]
+    first_refs = [_group_refs(lay, first_buf, block_of[q], nsegs, span_blocks) for q in range(n)]
     for i in range(n - 1):
         for j in range(n):
             snd, _ = seed_allreduce_blocks(n, i, j, "scatter_reduce")
             a, nxt = order[j], order[(j + 1) % n]
-            g = block_of[snd]
-            for sref, dref, lref in zip(_group_refs(lay, first_buf if i == 0 else OUT, g, nsegs, span_blocks),
-                                        _group_refs(lay, OUT, g, nsegs, span_blocks),
-                                        _group_refs(lay, first_buf, g, nsegs, span_blocks)):
+            for sref, dref, lref in zip(first_refs[snd] if i == 0 else out_refs[snd], out_refs[snd], first_refs[snd]):
                 b.transfer(step0 + i, a, nxt, sref, dref, reduce=True, local=lref, channel=channel)
     return step0 + max(n - 1, 0)
 
@@ -62,11 +61,12 @@ def ring_ag_ops(b: ScheduleBuilder, order: Sequence[int], block_of: Sequence[int
                 channel: int, *, span_blocks: int = 1, literal_seed: bool = False) -> int:
     """All-gather after ring_rs_ops (position j starts with group (j+1)%n in OUT)."""
     n, lay = len(order), b.layouts[OUT]
+    out_refs = [_group_refs(lay, OUT, block_of[q], nsegs, span_blocks) for q in range(n)]
     for i in range(n - 1):
         for j in range(n):
             snd = (j - i - 1) % n if literal_seed else seed_allreduce_blocks(n, i, j, "all_gather")[0]
             a, nxt = order[j], order[(j + 1) % n]
-            for ref in _group_refs(lay, OUT, block_of[snd], nsegs, span_blocks):
+            for ref in out_refs[snd]:
                 b.transfer(step0 + i, a, nxt, ref, ref, channel=channel)
     return step0 + max(n - 1, 0)
 
