@@ -81,9 +81,14 @@ def test_detect_without_gpus_succeeds(tmp_path: Path) -> None:
     (eth / "device/current_link_speed").write_text("16.0 GT/s PCIe\n")
     (eth / "device/current_link_width").write_text("16\n")
     (root / "class/net/lo").mkdir(parents=True)
+    for cpu, pkg in ((0, 0), (8, 1)):
+        d = root / f"devices/system/cpu/cpu{cpu}/topology"
+        d.mkdir(parents=True)
+        (d / "physical_package_id").write_text(f"{pkg}\n")
     t = detect_topology(sys_root=str(root), use_nvidia_smi=False)
     assert t.gpus() == [] and "no GPUs" in t.meta["detected"]["note"]
     assert [t.graph.nodes[c]["cores"] for c in t.nodes(NodeKind.CPU)] == [8, 8]
+    assert [t.graph.nodes[c]["socket"] for c in t.nodes(NodeKind.CPU)] == [0, 1] and t.meta["detected"]["sockets"] == 2
     nic = t.nics()[0]
     assert t.graph.nodes[nic]["speed_gbps"] == 100.0 and t.graph.nodes[nic]["numa"] == 1
     assert t.link(nic, t.find("CPU1"))["gen"] == 4

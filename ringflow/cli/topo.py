@@ -174,8 +174,8 @@ def detect_command(
         print_json({"summary": t.summary(), "detected": info, "dump": dump, "topology": t.to_dict()})
         return
     console.print(f"# {t.name}: {info['note']}", soft_wrap=True)
-    print_table("CPUs / NUMA nodes", ["cpu", "numa", "cores", "cpulist"],
-                [[t.label(c), t.graph.nodes[c].get("numa"), t.graph.nodes[c].get("cores"),
+    print_table("CPUs / NUMA nodes", ["cpu", "numa", "socket", "cores", "cpulist"],
+                [[t.label(c), t.graph.nodes[c].get("numa"), t.graph.nodes[c].get("socket", ""), t.graph.nodes[c].get("cores"),
                   t.graph.nodes[c].get("cpulist", "")] for c in t.nodes(kind=None) if t.kind(c).value == "cpu"],
                 justify_right=False)
     print_table("NICs", ["nic", "name", "Gb/s", "numa"],

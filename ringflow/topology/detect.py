@@ -48,6 +48,15 @@ def numa_nodes(sys_root: str = _SYS) -> dict[int, str]:
     return out
 
 
+def socket_of(cpulist: str, sys_root: str = _SYS) -> int | None:
+    """Physical package (socket) id of the first CPU of a cpulist, from sysfs."""
+    first = re.match(r"^(\d+)", cpulist)
+    if not first:
+        return None
+    raw = _read(os.path.join(sys_root, f"devices/system/cpu/cpu{first.group(1)}/topology/physical_package_id"))
+    return int(raw) if raw and raw.isdigit() else None
+
+
 def _pcie_of(dev_dir: str) -> tuple[int, int] | None:
     speed = _read(os.path.join(dev_dir, "current_link_speed")) or ""
     width = _read(os.path.join(dev_dir, "current_link_width")) or ""
@@ -128,6 +137,7 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
             if d["index"] in numa:
                 d["cpulist"] = numa[d["index"]]
                 d["cores"] = cpulist_count(numa[d["index"]])
+                d["socket"] = socket_of(numa[d["index"]], sys_root)
         rates = ib_rates(sys_root) if nvidia_smi_text is None else {}
         for n in topo.nics():
             d = topo.graph.nodes[n]
@@ -143,7 +153,7 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
         cpus = {}
         for i, cl in sorted(numa.items()):
             cpus[i] = topo.add_node(f"h0/cpu{i}", NodeKind.CPU, 0, i, model="CPU", numa=i, cpulist=cl,
-                                    cores=cpulist_count(cl))
+                                    cores=cpulist_count(cl), socket=socket_of(cl, sys_root))
         ids = sorted(cpus)
         for a_i, a in enumerate(ids):
             for b in ids[a_i + 1:]:
@@ -166,7 +176,9 @@ def detect_topology(nvidia_smi_text: str | None = None, sys_root: str = _SYS, us
                 topo.add_link(nid, cpu, LinkType.PCIE, gbps_to_GBps(speed or ASSUMED_NIC_GBPS), LATENCY_US["pcie"],
                               tier="pcie", root=k, virtual=True)
             k += 1
-    topo.meta["detected"] = {"hostname": host, "gpus": ngpu, "numa_nodes": len(numa), "note": note,
+    sockets = {socket_of(cl, sys_root) for cl in numa.values()} - {None}
+    topo.meta["detected"] = {"hostname": host, "gpus": ngpu, "numa_nodes": len(numa), "sockets": len(sockets) or None,
+                             "note": note,
                              "nvidia_smi": smi_text is not None}
     return topo
 
