@@ -59,3 +59,24 @@ def test_hierarchical_with_topology_style_groups() -> None:
     verifier.verify(s, [CallShape(Collective.ALL_REDUCE, 9, k) for k in (0, 1, 8, 100)])
     with pytest.raises(Exception, match="equal rank counts"):
         registry.get_schedule("all_reduce", "hierarchical", 5, host_groups=[[0, 1, 2], [3, 4]])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), H=st.integers(1, 5), m=st.integers(1, 6), nsegs=st.integers(1, 3))
+def test_hierarchical_any_equal_host_groups(data: st.DataObject, H: int, m: int, nsegs: int) -> None:
+    n = H * m
+    perm = data.draw(st.permutations(list(range(n))))
+    groups = [perm[h * m:(h + 1) * m] for h in range(H)]
+    s = registry.get_schedule("all_reduce", "hierarchical", n, host_groups=groups, nsegs=nsegs)
+    verifier.verify(s, [CallShape(Collective.ALL_REDUCE, n, k) for k in (0, 1, n - 1, 5 * n + 2)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), n=st.integers(1, 12), nchannels=st.integers(1, 3), nsegs=st.integers(1, 3),
+       coll=st.sampled_from(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce"]))
+def test_ring_any_ring_orders(data: st.DataObject, n: int, nchannels: int, nsegs: int, coll: str) -> None:
+    rings = [data.draw(st.permutations(list(range(n)))) for _ in range(nchannels)]
+    root = data.draw(st.integers(0, n - 1))
+    s = registry.get_schedule(coll, "ring", n, root=root, nsegs=nsegs, nchannels=nchannels, rings=rings)
+    c = Collective.parse(coll)
+    verifier.verify(s, [CallShape(c, n, k) for k in (0, 1, n + 1)])
