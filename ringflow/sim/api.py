@@ -200,7 +200,8 @@ TUNER_MAX_RANKS = 64
 
 
 def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_bytes: int,
-                     dtype: str = "float32", params: SimParams | None = None) -> str:
+                     dtype: str = "float32", params: SimParams | None = None,
+                     endpoints: Sequence[str] | None = None) -> str:
     """The algorithm for this call: the tuner's choice (as the runtime makes it) up to TUNER_MAX_RANKS
     ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
     builds every candidate schedule, which is too slow for thousands of ranks)."""
@@ -217,7 +218,8 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
         if algo not in registry.algorithms_for(coll):
             continue
         try:
-            t = simulate(topo, coll, size_bytes, algorithm=algo, nranks=nranks, dtype=dtype, params=prm).time_us
+            t = simulate(topo, coll, size_bytes, algorithm=algo, nranks=nranks, dtype=dtype, params=prm,
+                         endpoints=endpoints).time_us
         except (InvalidArgument, ValueError):
             continue
         if t < best_t:
@@ -235,7 +237,7 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     `endpoints` places rank r on endpoints[r] (default: the topology's first `nranks` endpoints)."""
     n = nranks or (len(endpoints) if endpoints is not None else len(endpoints_of(topo)))
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
-    algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm)
+    algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
