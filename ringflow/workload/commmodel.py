@@ -202,7 +202,7 @@ class SimModel:
 
     def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
         """Seconds of one call as the simulator predicts it."""
-        from ..sim import choose_algorithm, schedule_for, simulate_schedule
+        from ..sim import choose_algorithm, simulate
         c = _norm(collective)
         n = len(group)
         if n <= 1 or nbytes <= 0:
@@ -213,9 +213,10 @@ class SimModel:
             return hit
         size = max(int(nbytes), n * 2)
         coll = "sendrecv" if c == "sendrecv" else c
-        algo = choose_algorithm(topo, coll, n, size, "bfloat16")
-        sched = schedule_for(topo, coll, n, algo, endpoints=list(group))
-        res = simulate_schedule(topo, sched, size, engine=self.engine, dtype="bfloat16", endpoints=list(group))
+        algo = choose_algorithm(topo, coll, n, size, "bfloat16", endpoints=list(group))
+        # simulate() takes the fast path for huge ring/hierarchical groups and caches tables per group
+        res = simulate(topo, coll, size, algorithm=algo, nranks=n, engine=self.engine, dtype="bfloat16",
+                       endpoints=list(group))
         out = float(res.time_us) * 1e-6
         if len(self._cache) > 100_000:
             self._cache.clear()
