@@ -60,7 +60,7 @@ def test_shared_memory_matrix(n: int, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_tcp_only_matrix(n: int, tmp_path: Path) -> None:
-    results = run_suite(n, "tcp", tmp_path, {"RINGFLOW_SHM_DISABLE": "1"})
+    results = run_suite(n, "tcp", tmp_path, {"RINGFLOW_SHM_DISABLE": "1", "RINGFLOW_TRAFFIC_CLASS": "184"})
     _assert_clean(results, 100)
     for res in results:
         assert set(res["transports"].values()) == {"tcp"}

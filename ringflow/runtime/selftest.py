@@ -389,11 +389,30 @@ def torch_cases(r: Runner) -> None:
         r.check(f"torch {name}", case)
 
 
+def traffic_class(r: Runner) -> None:
+    """With a traffic class set, every TCP data and control socket carries it in IP_TOS."""
+    import socket
+    comm = r.comm
+    tos = comm._sh.tos
+    if tos is None or comm.size == 1:
+        return
+
+    def case() -> None:
+        from .transport.tcp import TcpOut
+        outs = [c for c in comm._transport._out.values() if isinstance(c, TcpOut)]
+        ctrl = list(comm._watchdog._socks.values())
+        assert outs and ctrl, "no TCP sockets to check"
+        for s in [c.sock for c in outs] + ctrl:
+            got = s.getsockopt(socket.IPPROTO_IP, socket.IP_TOS)
+            assert got == tos, f"IP_TOS {got} != {tos}"
+    r.check("traffic class sets IP_TOS", case)
+
+
 SUITES = {
     "core": lambda r: (core_cases(r, DTYPES, OPS), uneven_all_to_all(r), p2p_and_async(r), groups(r),
                        every_algorithm(r)),
     "tcp": lambda r: (core_cases(r, ["int32", "float32", "bfloat16"], ["sum", "max"], full=False),
-                      uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r)),
+                      uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r), traffic_class(r)),
     "torch": torch_cases,
     "quick": lambda r: core_cases(r, ["float32"], ["sum"], full=False),
 }
