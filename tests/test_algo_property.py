@@ -28,7 +28,7 @@ def _shapes(c: Collective, n: int, counts: list[int], splits_seed: int) -> list[
     return [CallShape(c, n, k) for k in counts]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pair=st.sampled_from(PAIRS), n=st.integers(1, 33), nsegs=st.integers(1, 3), root_seed=st.integers(0, 1000),
        extra=st.integers(0, 200), nchannels=st.integers(1, 3))
 def test_verifier_proves_every_pair(pair: tuple[Collective, str], n: int, nsegs: int, root_seed: int, extra: int,
@@ -42,13 +42,13 @@ def test_verifier_proves_every_pair(pair: tuple[Collective, str], n: int, nsegs:
     verifier.verify(s, _shapes(c, n, counts, extra))
 
 
-CF_RANKS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33]
+CF_RANKS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 32, 33]
 
 
 @pytest.mark.parametrize("c,name", PAIRS, ids=[f"{c.value}-{a}" for c, a in PAIRS])
 def test_counts_match_closed_form(c: Collective, name: str) -> None:
     for n in CF_RANKS:
-        for nsegs in (1, 2):
+        for nsegs in ((1, 2) if n <= 9 else (1 + n % 2,)):
             out = verifier.check_algorithm(c, name, n, nsegs=nsegs)
             assert out["in_place_checked"] == (c in verifier.IN_PLACE)
 

@@ -17,7 +17,7 @@ with IN and OUT aliased.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..errors import VerificationError
 from .layout import CallShape, chunk_bounds, ref_bounds
@@ -111,8 +111,9 @@ def check_layouts(s: Schedule) -> None:
 def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
     """Every send has its receive in the same step (per sender, receiver, channel, in order)."""
     n, count, name = s.nranks, 0, _name(s)
+    bounds = _bounds_fn(s, shape)
     if shape is not None:
-        _check_local_lengths(s, shape, name)
+        _check_local_lengths(s, shape, name, bounds)
     for step in range(s.nsteps):
         sends: dict[tuple[int, int, int], list[Op]] = {}
         recvs: dict[tuple[int, int, int], list[Op]] = {}
@@ -146,8 +147,8 @@ def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
                     raise _errn(name, f"receives {ro.dst.span} chunk(s) from rank {a} which sends {so.src} "
                                f"({so.src.span} chunks)", b, step, ro.dst)
                 if shape is not None:
-                    la = ref_bounds(chunk_bounds(shape, s, so.src.buffer, a), so.src.index, so.src.span)[1]
-                    lb = ref_bounds(chunk_bounds(shape, s, ro.dst.buffer, b), ro.dst.index, ro.dst.span)[1]
+                    la = ref_bounds(bounds(so.src.buffer, a), so.src.index, so.src.span)[1]
+                    lb = ref_bounds(bounds(ro.dst.buffer, b), ro.dst.index, ro.dst.span)[1]
                     if la != lb:
                         raise _errn(name, f"receives {lb} elements into {ro.dst} but rank {a} sends {la} from {so.src} "
                                    f"(count={shape.count})", b, step, ro.dst)
@@ -155,13 +156,27 @@ def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
     return count
 
 
-def _check_local_lengths(s: Schedule, shape: CallShape, name: str) -> None:
+def _bounds_fn(s: Schedule, shape: CallShape | None) -> "Callable[[Buffer, int], tuple[tuple[int, int], ...]]":
+    """chunk_bounds of (buffer, rank) for `shape`, memoised for one pass."""
+    memo: dict[tuple[Buffer, int], tuple[tuple[int, int], ...]] = {}
+
+    def get(buf: Buffer, rank: int) -> tuple[tuple[int, int], ...]:
+        key = (buf, rank)
+        if key not in memo:
+            assert shape is not None
+            memo[key] = chunk_bounds(shape, s, buf, rank)
+        return memo[key]
+    return get
+
+
+def _check_local_lengths(s: Schedule, shape: CallShape, name: str,
+                         bounds: "Callable[[Buffer, int], tuple[tuple[int, int], ...]]") -> None:
     """Copies and reductions join chunk ranges of equal element counts."""
     for r, step, op in s.ops():
         if op.kind in (OpKind.COPY, OpKind.REDUCE, OpKind.RECV_REDUCE):
             assert op.src is not None and op.dst is not None
-            la = ref_bounds(chunk_bounds(shape, s, op.src.buffer, r), op.src.index, op.src.span)[1]
-            lb = ref_bounds(chunk_bounds(shape, s, op.dst.buffer, r), op.dst.index, op.dst.span)[1]
+            la = ref_bounds(bounds(op.src.buffer, r), op.src.index, op.src.span)[1]
+            lb = ref_bounds(bounds(op.dst.buffer, r), op.dst.index, op.dst.span)[1]
             if la != lb:
                 raise _errn(name, f"{op.kind.value} between {op.src} ({la} elements) and {op.dst} ({lb} elements) "
                             f"(count={shape.count})", r, step, op.dst)
