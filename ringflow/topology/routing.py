@@ -3,7 +3,9 @@
 Path selection, in order:
 1. same device: [a].
 2. same host: NVLink first — the widest path that uses only NVLink edges (direct links, NVSwitches,
-   NVLink-C2C); otherwise the widest path over PCIe / CPU / QPI (and SHM / loopback for PROCs).
+   NVLink-C2C); otherwise the widest path over PCIe / CPU / QPI (and SHM / loopback for PROCs);
+   only if neither exists, a path relaying through a GPU (NCCL PXN/NVB, e.g. GB200 GPU -> another
+   Grace's NIC via that Grace's GPU).
    "Widest" = maximal bottleneck bandwidth; ties go to fewer hops, then lower latency.
    GPUs, PROCs and NICs are never transit nodes inside a host.
 3. different hosts: a -> the NIC nearest a (fewest hops, then widest; among equals the NIC on the
@@ -11,7 +13,9 @@ Path selection, in order:
    spine (-> core) -> leaf -> NIC nearest b -> b. The switch part is a shortest path in the switch
    graph; `paths()` returns the whole equal-cost set (ECMP), `path()` picks one of them by a stable
    hash of (a, b) so load spreads over spines like ECMP hashing does.
-4. anything else (hand-made graphs without NICs/switch tiers): the widest path over the whole graph.
+4. anything else (hand-made graphs without NICs/switch tiers): the widest path over the whole graph;
+   if none exists without relaying through a GPU, the widest path that relays through one (NCCL's
+   PXN/NVB: e.g. a GB200 GPU to the NIC of another Grace, via NVLink to that Grace's GPU).
 
 Every result is cached per (a, b); the per-host searches touch only that host's nodes, so the cost of a
 cross-host route does not grow with the cluster size (only the switch-level BFS does, cached per leaf pair).
@@ -29,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
 
 _NO_TRANSIT = (NodeKind.GPU, NodeKind.PROC, NodeKind.NIC)
+_MODES = ("nvlink", "all", "relay")
 _NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
 _EPS = 1e-9
 
@@ -40,8 +45,8 @@ class Router:
         self.topo = topo
         self.g = topo.graph
         self._cache: dict[tuple[str, str], list[str]] = {}
-        self._intra_cache: dict[tuple[str, str, bool], list[str] | None] = {}
-        self._intra_done: set[tuple[str, bool]] = set()
+        self._intra_cache: dict[tuple[str, str, str], list[str] | None] = {}
+        self._intra_done: set[tuple[str, str]] = set()
         self._rep_of: dict[int, int] = {}
         self._fp_rep: dict[int, tuple[int, tuple]] = {}
         self._near: dict[str, list[str]] = {}
@@ -102,6 +107,8 @@ class Router:
                 p = p1[:-1] + net + p3[1:]
         if p is None:
             p = self._widest(a, b, None, lambda d: True)
+        if p is None:   # relay through a GPU (NCCL's PXN/NVB), e.g. to a NIC only another GPU's CPU reaches
+            p = self._widest(a, b, None, lambda d: True, blocked=(NodeKind.PROC,))
         if p is None:
             raise TopologyError(f"no route from {a} to {b} in topology {self.topo.name!r}",
                                 "connect them (a NIC and a network switch between hosts, or a link)")
@@ -138,46 +145,46 @@ class Router:
             cut = len(f"h{h}/")
             p = self._intra(f"h{rep}/{a[cut:]}", f"h{rep}/{b[cut:]}")
             return None if p is None else [f"h{h}/{n[len(f'h{rep}/'):]}" for n in p]
-        for nv_only in (True, False):
-            key = (a, b, nv_only)
+        for mode in _MODES:
+            key = (a, b, mode)
             if key not in self._intra_cache:
-                if (a, nv_only) in self._intra_done:
+                if (a, mode) in self._intra_done:
                     self._intra_cache[key] = None
                 else:
-                    self._intra_from(a, nv_only)
+                    self._intra_from(a, mode)
                     self._intra_cache.setdefault(key, None)
             if self._intra_cache[key] is not None:
                 return self._intra_cache[key]
         return None
 
-    def _intra_from(self, a: str, nv_only: bool) -> None:
-        """Routes from `a` to every node of its host at once (one widest search, one BFS per bottleneck value)."""
-        self._intra_done.add((a, nv_only))
+    def _intra_from(self, a: str, mode: str) -> None:
+        """Routes from `a` to every node of its host at once (one widest search, one BFS per bottleneck value).
+
+        mode "nvlink": NVLink edges only; "all": any intra-host edge, GPUs/NICs not transit; "relay": any
+        intra-host edge, GPUs may relay (NCCL PXN/NVB) — only used when the other modes find no route.
+        """
+        self._intra_done.add((a, mode))
         nodes = self._host_nodes[self._host(a)]
-        ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if nv_only
+        ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if mode == "nvlink"
                                       else (lambda d: d["type"] not in _NET_TYPES))
-        best = self._widest_values(a, nodes, ok)
+        blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
+        best = self._widest_values(a, nodes, ok, blocked)
         by_floor: dict[float, list[str]] = {}
         for t, bw in best.items():
             if t != a:
                 by_floor.setdefault(round(bw, 9), []).append(t)
         for floor, targets in by_floor.items():
-            pred = self._short_tree(a, nodes, ok, floor - _EPS)
+            pred = self._short_tree(a, nodes, ok, floor - _EPS, blocked)
             for t in targets:
                 if t not in pred:
                     continue
                 out = [t]
                 while out[-1] != a:
                     out.append(pred[out[-1]])
-                self._intra_cache[(a, t, nv_only)] = out[::-1]
+                self._intra_cache[(a, t, mode)] = out[::-1]
 
-    def _transit_ok(self, u: str, a: str, nodes: set[str] | None) -> bool:
-        if u == a:
-            return True
-        kind = self.g.nodes[u]["kind"]
-        return kind not in (_NO_TRANSIT if nodes is not None else (NodeKind.GPU, NodeKind.PROC))
-
-    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool]) -> dict[str, float]:
+    def _widest_values(self, a: str, nodes: set[str], ok: Callable[[dict], bool],
+                       blocked: tuple[NodeKind, ...]) -> dict[str, float]:
         """Max-bottleneck value from a to every reachable node (modified Dijkstra)."""
         g = self.g
         best = {a: float("inf")}
@@ -188,7 +195,7 @@ class Router:
             if u in done:
                 continue
             done.add(u)
-            if not self._transit_ok(u, a, nodes):
+            if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d):
@@ -199,7 +206,8 @@ class Router:
                     heapq.heappush(heap, (-nb, v))
         return best
 
-    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool], floor: float) -> dict[str, str]:
+    def _short_tree(self, a: str, nodes: set[str], ok: Callable[[dict], bool], floor: float,
+                    blocked: tuple[NodeKind, ...]) -> dict[str, str]:
         """Predecessors of the fewest-hops-then-least-latency tree over edges at least `floor` wide."""
         g = self.g
         dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
@@ -211,7 +219,7 @@ class Router:
             if u in seen:
                 continue
             seen.add(u)
-            if not self._transit_ok(u, a, nodes):
+            if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
@@ -223,9 +231,13 @@ class Router:
                     heapq.heappush(heap, (cand[0], cand[1], v))
         return pred
 
-    def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[dict], bool]) -> list[str] | None:
-        """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`."""
+    def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[dict], bool],
+                blocked: tuple[NodeKind, ...] | None = None) -> list[str] | None:
+        """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`;
+        nodes of a `blocked` kind are never transit (default: GPU/PROC/NIC in a host, GPU/PROC globally)."""
         g = self.g
+        if blocked is None:
+            blocked = _NO_TRANSIT if nodes is not None else (NodeKind.GPU, NodeKind.PROC)
         best = {a: float("inf")}
         heap = [(-float("inf"), a)]
         done: set[str] = set()
@@ -236,9 +248,7 @@ class Router:
             done.add(u)
             if u == b:
                 break
-            if u != a and g.nodes[u]["kind"] in _NO_TRANSIT and nodes is not None:
-                continue
-            if u != a and nodes is None and g.nodes[u]["kind"] in (NodeKind.GPU, NodeKind.PROC):
+            if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d):
@@ -262,8 +272,7 @@ class Router:
             seen.add(u)
             if u == b:
                 break
-            if u != a and ((nodes is not None and g.nodes[u]["kind"] in _NO_TRANSIT)
-                           or (nodes is None and g.nodes[u]["kind"] in (NodeKind.GPU, NodeKind.PROC))):
+            if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
