@@ -102,6 +102,10 @@ def test_gb200_nvl72_one_nvlink_domain() -> None:
         assert t.path_class_nccl(g0, g) == "NVL"
         assert t.bottleneck_GBps(g0, g) == 900.0
     assert {t.graph.nodes[g]["tray"] for g in gpus} == set(range(18))
+    far_nic = t.find("NIC2")                        # behind another Grace: reached by relaying over a GPU (PXN)
+    p = t.path(g0, far_nic)
+    assert [t.kind(n) for n in p] == [NodeKind.GPU, NodeKind.NVSWITCH, NodeKind.GPU, NodeKind.CPU, NodeKind.NIC]
+    assert t.path(g0, t.find("NIC0"))[1] == t.find("CPU0")  # its own Grace's NIC: over C2C
 
 
 def test_pcie_8gpu_has_no_nvlink() -> None:
