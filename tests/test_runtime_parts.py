@@ -131,3 +131,26 @@ def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:
         assert r["wrong"] == 0 and r["time_us"] > 0 and r["nranks"] == 2
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 1.0)
     assert "busbw" in p.stdout
+
+
+def test_large_tcp_transfers_are_striped_element_aligned() -> None:
+    from ringflow.runtime.executor import STRIPE_MIN_BYTES, stripes
+    assert stripes(1000, 4, 2) == [(0, 1000)]
+    parts = stripes(STRIPE_MIN_BYTES + 12, 4, 3)
+    assert len(parts) == 3 and sum(p[1] for p in parts) == STRIPE_MIN_BYTES + 12
+    assert all(o % 4 == 0 and n % 4 == 0 for o, n in parts)
+    assert [o for o, _ in parts] == [0, parts[0][1], parts[0][1] + parts[1][1]]
+
+
+def test_runtime_reranks_tuner_choice_with_local_copy_cost() -> None:
+    from ringflow.algorithms import registry, tuner
+    from ringflow.algorithms.layout import CallShape
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.runtime.communicator import local_copy_bytes, runtime_rank
+    one_shot = registry.get_schedule("all_reduce", "one_shot", 2)
+    ring = registry.get_schedule("all_reduce", "ring", 2)
+    shape = CallShape(Collective.ALL_REDUCE, 2, 1 << 20, 4)
+    assert local_copy_bytes(one_shot, shape) > 0 and local_copy_bytes(ring, shape) == 0
+    big = 64 << 20
+    chosen = runtime_rank(tuner.choose("all_reduce", big, 2), Collective.ALL_REDUCE, 2, None, big, 4, registry)
+    assert local_copy_bytes(chosen, CallShape(Collective.ALL_REDUCE, 2, big // 4, 4)) == 0

@@ -54,6 +54,7 @@ def host_id() -> str:
     return f"{socket.gethostname()}|{boot}|{netns}"
 
 
+TCP_STREAMS = 2  # sockets a large TCP transfer is striped over (RINGFLOW_NCHANNELS overrides)
 RERANK_TOP = 6  # tuner candidates re-priced with the runtime's local copy cost
 
 
@@ -139,6 +140,7 @@ class Communicator:
         # knobs are read once, when the communicator is created (as NCCL does)
         self._checks = not config.get("CHECKS_DISABLE")
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
+        self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._calls: dict[tuple, _Prepared] = {}
         self._store = PrefixStore(ns, shared.store)
         deadline = time.monotonic() + self.timeout
@@ -314,7 +316,7 @@ class Communicator:
         seq = self._op_seq
         self._op_seq += 1
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
-                          self.rank, self._checks)
+                          self.rank, self._checks, self._streams)
         run_plan(prep.plan, ctx, arrays, prep.ufunc)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,

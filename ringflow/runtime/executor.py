@@ -74,6 +74,7 @@ class Plan:
     scratch_elems: int
     self_checking: bool
     peers: tuple[int, ...] = field(default=())
+    max_xfer_bytes: int = 0
 
 
 def _self_checking(schedule: Schedule) -> bool:
@@ -158,7 +159,30 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
                 loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
         steps.append(StepPlan(tuple(xf), tuple(loc)))
     scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0
-    return Plan(tuple(steps), scratch, _self_checking(schedule), tuple(sorted(peers)))
+    biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
+    return Plan(tuple(steps), scratch, _self_checking(schedule), tuple(sorted(peers)), biggest)
+
+
+STRIPE_MIN_BYTES = 4 * 2**20  # TCP transfers at least this big are striped over several streams
+
+
+def stripes(nbytes: int, isz: int, streams: int) -> list[tuple[int, int]]:
+    """(offset, nbytes) of each stream's part of a transfer (element aligned); one part when small."""
+    if streams <= 1 or nbytes < STRIPE_MIN_BYTES:
+        return [(0, nbytes)]
+    n = nbytes // isz
+    q, r = divmod(n, streams)
+    out, off = [], 0
+    for j in range(streams):
+        k = (q + (1 if j < r else 0)) * isz
+        out.append((off, k))
+        off += k
+    return out
+
+
+def stream_key(key: str, j: int) -> str:
+    """Connection key of stream j of a channel (stream 0 is the channel's own connection)."""
+    return key if j == 0 else f"{key}.s{j}"
 
 
 class Waiter:
@@ -220,13 +244,15 @@ def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str) -> None
 class CallContext:
     """What a run needs besides the plan."""
 
-    __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks")
+    __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks",
+                 "streams")
 
     def __init__(self, transport: object, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
-                 nranks: int, rank: int, checks: bool) -> None:
+                 nranks: int, rank: int, checks: bool, streams: int = 1) -> None:
         self.transport, self.waiter, self.sig, self.op_seq = transport, waiter, sig, op_seq
         self.description, self.deadline, self.nranks, self.rank, self.checks = \
             description, deadline, nranks, rank, checks
+        self.streams = streams
 
 
 def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
@@ -251,7 +277,9 @@ def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufu
     """Execute a compiled plan on flat typed arrays (IN/OUT/SCRATCH)."""
     t = ctx.transport
     n = ctx.nranks
-    if ctx.checks and n > 1 and not plan.self_checking:
+    # big transfers may be striped, which only is safe once every rank agreed on the sizes
+    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
+    if ctx.checks and n > 1 and not self_check:
         check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
     u8 = {b: a.view(np.uint8) for b, a in arrays.items()}
     dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
@@ -261,24 +289,28 @@ def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufu
             from .logs import trace_step
             trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
         if step.xfers:
-            check_step = ctx.checks and si == 0 and plan.self_checking and n > 1
+            check_step = ctx.checks and si == 0 and self_check and n > 1
             ops: list[XferOp] = []
             recvs: list[XferOp] = []
             for x in step.xfers:
-                if x.kind == OpKind.SEND:
-                    src = u8[x.buf][x.off:x.off + x.nbytes]
-                    if x.snapshot:
-                        src = src.copy()
-                    ops.append(t.out(x.peer, x.key, ctx.deadline).send(src, Kind.DATA, ctx.sig, ctx.op_seq, 0))
-                else:
+                parts = stripes(x.nbytes, isz, ctx.streams) if t.kind(x.peer) == "tcp" else ((0, x.nbytes),)
+                for j, (po, pn) in enumerate(parts):
+                    key = x.key if j == 0 else stream_key(x.key, j)
+                    if x.kind == OpKind.SEND:
+                        src = u8[x.buf][x.off + po:x.off + po + pn]
+                        if x.snapshot:
+                            src = src.copy()
+                        ops.append(t.out(x.peer, key, ctx.deadline).send(src, Kind.DATA, ctx.sig, ctx.op_seq, 0))
+                        continue
+                    o = x.off + po
                     if x.kind == OpKind.RECV:
-                        sink = Sink(u8[x.buf][x.off:x.off + x.nbytes])
+                        sink = Sink(u8[x.buf][o:o + pn])
                     else:
-                        a, b = x.off // isz, (x.off + x.nbytes) // isz
-                        sa = x.src_off // isz
-                        sink = Sink(u8[x.buf][x.off:x.off + x.nbytes], ufunc=ufunc,
-                                    src_t=arrays[x.src_buf][sa:sa + (b - a)], dst_t=arrays[x.buf][a:b], dtype=dtype)
-                    r = t.inn(x.peer, x.key).recv(sink, x.nbytes, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
+                        a, b = o // isz, (o + pn) // isz
+                        sa = (x.src_off + po) // isz
+                        sink = Sink(u8[x.buf][o:o + pn], ufunc=ufunc, src_t=arrays[x.src_buf][sa:sa + (b - a)],
+                                    dst_t=arrays[x.buf][a:b], dtype=dtype)
+                    r = t.inn(x.peer, key).recv(sink, pn, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
                     ops.append(r)
                     recvs.append(r)
             drive(ops, ctx.waiter, ctx.deadline, "collective step")

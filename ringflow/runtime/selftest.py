@@ -389,6 +389,26 @@ def torch_cases(r: Runner) -> None:
         r.check(f"torch {name}", case)
 
 
+def large_cases(r: Runner) -> None:
+    """Messages of several MiB: many shared-memory slots, striped TCP streams, odd counts."""
+    comm = r.comm
+    n, me = comm.size, comm.rank
+    count = 1_500_001  # 6 MB of float32, not divisible by n
+
+    def ar() -> None:
+        xs = [values(q, n, count, "float32") for q in range(n)]
+        x = xs[me].copy()
+        comm.all_reduce(x)
+        _eq(x, reduce_ref(xs, "sum"), "large all_reduce")
+    r.check("large all_reduce", ar)
+
+    def ag() -> None:
+        c = count // n
+        xs = [values(q, n, c, "int32", salt=4) for q in range(n)]
+        _eq(comm.all_gather(xs[me]), np.concatenate(xs), "large all_gather")
+    r.check("large all_gather", ag)
+
+
 def traffic_class(r: Runner) -> None:
     """With a traffic class set, every TCP data and control socket carries it in IP_TOS."""
     import socket
@@ -410,9 +430,10 @@ def traffic_class(r: Runner) -> None:
 
 SUITES = {
     "core": lambda r: (core_cases(r, DTYPES, OPS), uneven_all_to_all(r), p2p_and_async(r), groups(r),
-                       every_algorithm(r)),
+                       every_algorithm(r), large_cases(r)),
     "tcp": lambda r: (core_cases(r, ["int32", "float32", "bfloat16"], ["sum", "max"], full=False),
-                      uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r), traffic_class(r)),
+                      uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r), traffic_class(r),
+                      large_cases(r)),
     "torch": torch_cases,
     "quick": lambda r: core_cases(r, ["float32"], ["sum"], full=False),
 }

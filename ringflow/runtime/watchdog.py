@@ -175,9 +175,11 @@ class Watchdog:
 
     def _dead(self, peer: int, why: str, aborted: bool = False) -> None:
         if peer in self.dead:
+            self._drop(peer)
             return
         self.dead[peer] = why
-        self._drop(peer)
+        if not aborted:  # an aborted peer keeps its socket: closing it would look like our death to it
+            self._drop(peer)
         log.warning("ringflow: rank %d: peer rank %d failed: %s", self.rank, peer, why)
         self.on_failure(RemoteError(f"rank {peer} failed: {why}", rank=peer,
                                     hint="the communicator is unusable; shrink it or create a new one"))
