@@ -77,7 +77,7 @@ def setup(rank: int | str) -> logging.Logger:
             else:
                 handler = logging.StreamHandler(sys.stderr)
             handler.addFilter(_RankFilter())
-            handler.setFormatter(logging.Formatter("%(rf_host)s:%(process)d [%(rf_rank)s] ringflow %(levelname)s "
+            handler.setFormatter(logging.Formatter("%(rf_host)s:%(process)d [%(rf_rank)s] %(levelname)s "
                                                    "%(message)s"))
             logger.addHandler(handler)
             logger.propagate = False
@@ -91,7 +91,7 @@ def setup(rank: int | str) -> logging.Logger:
     if say_version:
         from .. import __version__
         # VERSION shows only warnings, so the version line is logged at WARN there
-        logger.log(logging.WARNING if level == logging.WARNING else logging.INFO, "ringflow version %s", __version__)
+        logger.log(logging.WARNING if level == logging.WARNING else logging.INFO, "ringflow: version %s", __version__)
     return logger
 
 
@@ -121,5 +121,5 @@ def trace_step(op_seq: int, description: str, step: int, xfers: Any, locals_: An
     for lo in locals_:
         parts.append(f"{lo.kind.name.lower()} {lo.n} elems {lo.src.name.lower()}[{lo.src_off}] -> "
                      f"{lo.dst.name.lower()}[{lo.dst_off}]")
-    logging.getLogger("ringflow.runtime").log(TRACE, "op #%d %s step %d: %s", op_seq, description, step,
+    logging.getLogger("ringflow.runtime").log(TRACE, "ringflow: op #%d %s step %d: %s", op_seq, description, step,
                                                "; ".join(parts) or "nothing")
