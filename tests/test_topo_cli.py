@@ -71,3 +71,17 @@ def test_errors_exit_2_with_a_named_problem(app, tmp_path: Path, capsys, monkeyp
 def test_list_presets(app) -> None:
     data = json.loads(CliRunner().invoke(app, ["topo", "list", "--json"]).output)
     assert {"dgx1-v100", "dgx-h100", "gb200-nvl72", "host-cpu"} <= {r["name"] for r in data}
+
+
+def test_cluster_and_path_commands(app, tmp_path: Path) -> None:
+    dump = str(tmp_path / "c.json")
+    res = CliRunner().invoke(app, ["topo", "cluster", "dgx-h100", "-n", "64", "--nic", "400G", "--dump", dump, "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert info["switches"] == {"leaf": 16, "spine": 8, "core": 0}
+    assert info["upward_GBps"]["nic"] == 512 * 50.0 and info["upward_GBps"]["leaf-spine"] == 512 * 50.0
+    data = json.loads(CliRunner().invoke(app, ["topo", "path", dump, "0:GPU1", "63:GPU1", "--json"]).output)
+    assert data["nccl_class"] == "NET" and data["bottleneck_GBps"] == 50.0 and data["ecmp_paths"] == 8
+    assert [h["tier"] for h in data["hops"]].count("leaf-spine") == 2
+    data = json.loads(CliRunner().invoke(app, ["topo", "path", "dgx1-v100", "GPU0", "GPU5", "--json"]).output)
+    assert data["smi_class"] == "SYS" and data["nccl_class"] == "NVB"

@@ -114,8 +114,59 @@ def rings_command(
         kinds = sorted(set(r["hop_types"]))
         console.print(f"ring {i}: {order}   bottleneck {r['bottleneck_GBps']} GB/s   hops: {', '.join(kinds)}", soft_wrap=True)
     console.print(f"total over {len(out_rings)} ring(s): {result['total_GBps']} GB/s per direction", soft_wrap=True)
-    console.print(f"double binary tree 0 parents: {t0}", soft_wrap=True)
-    console.print(f"double binary tree 1 parents: {t1}", soft_wrap=True)
+    if len(eps) <= 32:
+        console.print(f"double binary tree 0 parents: {t0}", soft_wrap=True)
+        console.print(f"double binary tree 1 parents: {t1}", soft_wrap=True)
+    else:
+        console.print(f"double binary trees over {len(eps)} ranks{' and host trees' if host_trees else ''}: see --json",
+                      soft_wrap=True)
+
+
+@topo_app.command("cluster")
+def cluster_command(
+    preset: str = typer.Argument(..., help="server preset (dgx-h100, dgx-a100, ...) or a one-server topology file"),
+    nodes: int = typer.Option(..., "--nodes", "-n", help="number of servers"),
+    fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
+    nic: Optional[str] = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
+    oversub: float = typer.Option(1.0, "--oversub", help="leaf down:up oversubscription (1 = non-blocking)"),
+    tiers: int = typer.Option(2, "--tiers", help="switch tiers: 2 (leaf-spine) or 3 (leaf-spine-core)"),
+    radix: int = typer.Option(64, "--radix", help="switch ports (64 = Quantum-2 QM9700)"),
+    dump: Optional[str] = typer.Option(None, "--dump", help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Build N servers on a rail-optimised or fat-tree fabric and print its size and capacities."""
+    from ..topology import build_cluster, load_topology
+    from ..topology.graph import NodeKind
+    from ..units import parse_rate_gbps
+    base = load_topology(preset) if ("." in preset or "/" in preset) else preset
+    t = build_cluster(base, nodes, fabric=fabric, nic_gbps=parse_rate_gbps(nic) if nic else None,
+                      oversubscription=oversub, tiers=tiers, radix=radix)
+    if dump:
+        t.save(dump)
+    sw = t.nodes(NodeKind.NET_SWITCH)
+    per_tier = {name: sum(1 for x in sw if t.graph.nodes[x]["tier"] == k) for k, name in enumerate(("leaf", "spine", "core"))}
+    cap: dict[str, float] = {}
+    for u, v, d in t.graph.edges(data=True):   # capacity leaving each tier upwards, per direction
+        up = (t.kind(u) == NodeKind.NIC and t.kind(v) == NodeKind.NET_SWITCH) or (
+            t.kind(u) == NodeKind.NET_SWITCH and t.kind(v) == NodeKind.NET_SWITCH
+            and t.graph.nodes[u]["tier"] < t.graph.nodes[v]["tier"])
+        if up:
+            cap[d["tier"]] = cap.get(d["tier"], 0.0) + d["bw_GBps"]
+    info = {"name": t.name, "summary": t.summary(), "switches": per_tier, "cluster": t.meta["cluster"],
+            "upward_GBps": {k: round(v, 3) for k, v in cap.items()}, "dump": dump}
+    if json_out:
+        print_json(info)
+        return
+    c = t.meta["cluster"]
+    console.print(f"# {t.name}: {len(t.hosts())} servers, {len(t.endpoints())} GPUs, {len(t.nics())} NICs at "
+                  f"{c['port_gbps']:g} Gb/s ({c['link_type']})", soft_wrap=True)
+    console.print(f"switches: {per_tier['leaf']} leaves ({c['leaf_down_ports']} down / {c['leaf_up_ports']} up ports), "
+                  f"{per_tier['spine']} spines, {per_tier['core']} cores; radix {radix}, oversubscription {oversub:g}:1",
+                  soft_wrap=True)
+    for tier, v in cap.items():
+        console.print(f"upward capacity at tier {tier}: {v:,.1f} GB/s per direction", soft_wrap=True)
+    if dump:
+        console.print(f"written to {dump}", soft_wrap=True)
 
 
 def _device(t, text: str) -> str:
