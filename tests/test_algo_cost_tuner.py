@@ -79,9 +79,11 @@ def test_tuner_skips_scratch_hungry_candidates_unless_asked() -> None:
     assert all(c.scratch_bytes <= 2 * (256 << 20) for c in big.candidates)
     assert "one_shot" not in {c.algorithm for c in big.candidates}
     assert "one_shot" in {c.algorithm for c in tuner.choose(AR, 4096, 8).candidates}
-    with config.override(ALGO="sharded_ps"):
+    sharded = next(c for c in big.candidates if c.algorithm == "sharded_ps")
+    assert sharded.scratch_bytes == 256 << 20  # n copies of its own 1/n block: S, not n S
+    with config.override(ALGO="one_shot"):
         forced = tuner.choose(AR, 256 << 20, 8)
-    assert forced.algorithm == "sharded_ps" and forced.candidates[0].scratch_bytes == 8 * (256 << 20)
+    assert forced.algorithm == "one_shot" and forced.candidates[0].scratch_bytes == 8 * (256 << 20)
 
 
 def test_tuner_multi_host_has_hierarchical_and_channels() -> None:

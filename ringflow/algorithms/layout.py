@@ -87,8 +87,12 @@ def block_counts(shape: CallShape, layout: BufferLayout, buffer: Buffer, rank: i
             raise InvalidArgument(f"{base.value} of {shape.collective.value} holds one part per rank: "
                                   f"nblocks={layout.nblocks} must be a multiple of nranks={shape.nranks}")
         per = layout.nblocks // shape.nranks
-        return tuple(c for p in range(shape.nranks) for c in split_counts(shape.part_count(base, rank, p), per))
-    return split_counts(shape.count, layout.nblocks)
+        blocks = tuple(c for p in range(shape.nranks) for c in split_counts(shape.part_count(base, rank, p), per))
+    else:
+        blocks = split_counts(shape.count, layout.nblocks)
+    if buffer == Buffer.SCRATCH and layout.own_block:
+        return (blocks[rank],)  # the rank's own block only
+    return blocks
 
 
 def chunk_bounds(shape: CallShape, schedule: Schedule, buffer: Buffer, rank: int) -> tuple[tuple[int, int], ...]:

@@ -6,13 +6,14 @@ default 0), the server sums all n contributions in rank order and pushes the sum
 
 ``sharded_ps``: the server role is spread over all ranks: rank j serves block j of the
 buffer (workers push block j to rank j, which sums in rank order, then every server pushes
-its block to everyone). 2 steps, (n-1)/n S bytes each way per rank: the same traffic as a
-ring all-reduce in 2 steps instead of 2(n-1), at the cost of n-1 concurrent peers per rank
-(NCCL/TensorRT-LLM call this pattern "two-shot").
+its block to everyone). Scratch: n copies of the rank's own block (S in all). 2 steps,
+2(n-1)/n S bytes each way per rank: the same traffic as a ring all-reduce in 2 steps instead
+of 2(n-1), at the cost of n-1 concurrent peers per rank (NCCL/TensorRT-LLM call this pattern
+"two-shot").
 """
 from __future__ import annotations
 
-from .schedule import Buffer, Collective, Schedule
+from .schedule import Buffer, BufferLayout, Collective, Schedule
 from ._common import blk, need_root, new_builder, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
@@ -47,7 +48,9 @@ def build_sharded(collective: Collective | str, nranks: int, *, nsegs: int = 1, 
     """Sharded servers: rank j reduces block j (rank order) and pushes it to everyone."""
     c = Collective.parse(collective)
     n = nranks
-    lay = std_layouts(c, n, n, nsegs, scratch=(IN, n) if n > 1 else None)
+    lay = std_layouts(c, n, n, nsegs)
+    if n > 1:  # n copies of the server's own block only: S bytes of scratch, not n S
+        lay[SCR] = BufferLayout(n, nsegs, like=IN, copies=n, own_block=True)
     b = new_builder(c, n, "sharded_ps", lay, None, nsegs=nsegs)
     li, lo = lay[IN], lay[OUT]
     if n == 1:
@@ -57,12 +60,12 @@ def build_sharded(collective: Collective | str, nranks: int, *, nsegs: int = 1, 
     for r in range(n):
         for i in range(1, n):
             j = (r + i) % n
-            b.transfer(0, r, j, blk(IN, li, j), blk(SCR, ls, j, copy=r))
+            b.transfer(0, r, j, blk(IN, li, j), blk(SCR, ls, 0, copy=r))
     for j in range(n):
-        b.copy(j, 0, blk(SCR, ls, j, copy=j), blk(IN, li, j))
-        b.copy(j, 0, blk(OUT, lo, j), blk(SCR, ls, j, copy=0))
+        b.copy(j, 0, blk(SCR, ls, 0, copy=j), blk(IN, li, j))
+        b.copy(j, 0, blk(OUT, lo, j), blk(SCR, ls, 0, copy=0))
         for q in range(1, n):
-            b.reduce(j, 0, blk(OUT, lo, j), blk(SCR, ls, j, copy=q))
+            b.reduce(j, 0, blk(OUT, lo, j), blk(SCR, ls, 0, copy=q))
     for r in range(n):
         for i in range(1, n):
             b.transfer(1, r, (r + i) % n, blk(OUT, lo, r), blk(OUT, lo, r))

@@ -178,32 +178,42 @@ class BufferLayout:
 
     For SCRATCH, ``like`` names the buffer whose block sizes it copies and
     ``copies`` how many such copies it holds (chunk ``copy * nchunks(like) + i``).
+    With ``own_block``, each copy holds only the rank's own block (block ``rank``
+    of ``like`` cut into ``nblocks``): chunk ``copy * nsegs + seg`` (sharded servers).
     """
 
     nblocks: int
     nsegs: int = 1
     like: Buffer | None = None
     copies: int = 1
+    own_block: bool = False
+
+    @property
+    def blocks_per_copy(self) -> int:
+        return 1 if self.own_block else self.nblocks
 
     @property
     def nchunks(self) -> int:
-        return self.nblocks * self.nsegs * self.copies
+        return self.blocks_per_copy * self.nsegs * self.copies
 
     def chunk(self, block: int, seg: int = 0, copy: int = 0) -> int:
         """The chunk index of (copy, block, segment)."""
-        return (copy * self.nblocks + block) * self.nsegs + seg
+        return (copy * self.blocks_per_copy + block) * self.nsegs + seg
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"nblocks": self.nblocks, "nsegs": self.nsegs}
         if self.like is not None:
             d["like"] = self.like.value
             d["copies"] = self.copies
+        if self.own_block:
+            d["own_block"] = True
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "BufferLayout":
         return cls(int(d["nblocks"]), int(d.get("nsegs", 1)),
-                   Buffer(d["like"]) if d.get("like") else None, int(d.get("copies", 1)))
+                   Buffer(d["like"]) if d.get("like") else None, int(d.get("copies", 1)),
+                   bool(d.get("own_block", False)))
 
 
 Step = tuple[Op, ...]
