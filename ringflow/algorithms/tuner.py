@@ -10,8 +10,8 @@ repeated call costs a dictionary lookup.
 output for all_gather / gather, the whole input for reduce_scatter / scatter, one rank's
 input for all_to_all.
 
-Candidates that need more scratch per rank than max(2 S, 32 MiB) (one-shot and the parameter
-servers hold n copies of the buffer) are skipped unless RINGFLOW_ALGO restricts the choice.
+Candidates that need more scratch per rank than max(2 S, 32 MiB) (one-shot and the single
+parameter server hold n copies of the buffer) are skipped unless RINGFLOW_ALGO restricts the choice.
 
 RINGFLOW_ALGO restricts the choice: ``ring`` or ``ring,tree`` (every collective; names that
 do not implement a collective are ignored for it, as NCCL_ALGO does), ``^one_shot`` (exclude),
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 SEG_CHOICES = (1, 2, 4, 8, 16, 32)
 MIN_SEG_BYTES = 4096  # no segment below 4 KiB: smaller pieces only add steps
 # Candidates needing more scratch per rank than this are skipped unless RINGFLOW_ALGO names them
-# (one-shot / parameter servers keep n copies of the buffer): max(2 S, 32 MiB).
+# (one-shot / the single parameter server keep n copies of the buffer): max(2 S, 32 MiB).
 SCRATCH_CAP_FACTOR, SCRATCH_CAP_MIN_BYTES = 2, 32 * 2**20
 
 
