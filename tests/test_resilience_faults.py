@@ -1,0 +1,106 @@
+"""Faults between real ranks on one host: a rank killed mid-all-reduce (detect, shrink, continue),
+mismatched arguments, abort from another thread, per-call timeouts, and no shared-memory leaks
+after every rank is killed. The rank side lives in benchmarks/resilience_ranks.py."""
+from __future__ import annotations
+
+import glob
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from resilience_ranks import Job  # noqa: E402
+
+DETECT_BOUND_S = 5.0  # the issue's bound: survivors raise RemoteError naming the dead rank within 5 s
+SLACK_S = 1.5  # scheduling slack on a loaded 2-core machine for "within tolerance" checks
+
+
+def _segments(job_id: str) -> list[str]:
+    return glob.glob(f"/dev/shm/ringflow-{job_id}-*")
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_killed_rank_is_named_by_every_survivor_who_then_shrink_and_continue(tmp_path: Path, transport: str) -> None:
+    env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
+    with Job(3, "loop", tmp_path, ["--shrink", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"],
+             env=env) as job:
+        job.wait_ready()
+        time.sleep(0.05)
+        t_kill = job.kill(1)
+        codes = job.wait(90)
+        assert codes[0] == 0 and codes[2] == 0, job.logs()
+        for r in (0, 2):
+            res = job.result(r)
+            assert res is not None, job.logs()
+            err = res["error"]
+            assert err is not None and err["in_call"] == "all_reduce", res
+            assert err["type"] == "RemoteError" and err["rank"] == 1 and "rank 1" in err["message"], err
+            assert err["t"] - t_kill < DETECT_BOUND_S, f"rank {r} took {err['t'] - t_kill:.2f}s to notice"
+            assert res["wrong"] == 0 and res["iterations"] >= 3
+            assert "shrink_error" not in res, res.get("shrink_error")
+            assert (res["new_size"], res["parent_ranks"]) == (2, [0, 2])
+            assert res["new_rank"] == (0 if r == 0 else 1)
+            assert res["after_shrink_ok"] is True
+        assert _segments(job.job_id) == []
+
+
+def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank(tmp_path: Path) -> None:
+    with Job(3, "mismatch", tmp_path, ["--timeout", "30"]) as job:
+        assert job.wait(90) == [0, 0, 0], job.logs()
+        for r in range(3):
+            res = job.result(r)
+            assert len(res["cases"]) == 9
+            for case in res["cases"]:
+                assert case["type"] == "InvalidArgument", (r, case)
+                assert case["elapsed_s"] < 5.0, (r, case)  # no hang: far below the 30 s timeout
+                assert case["unchanged"], f"rank {r} buffer written in {case['case']}"
+                other = "rank 2" if r != 2 else "rank 0"
+                assert other in case["message"], case
+            assert res["all_gather_out_unchanged"]
+            assert res["usable_after"] is True
+
+
+def test_abort_from_another_thread_unblocks_the_waiting_call(tmp_path: Path) -> None:
+    with Job(2, "abort", tmp_path, ["--timeout", "30", "--delay-s", "0.5"]) as job:
+        assert job.wait(90) == [0, 0], job.logs()
+        r0, r1 = job.result(0), job.result(1)
+        assert r0["sync"]["type"] == "Aborted" and r0["sync"]["after_abort_s"] < SLACK_S, r0["sync"]
+        assert r0["unchanged"] and r0["next_call"]["type"] == "Aborted"
+        assert r0["async"]["type"] == "Aborted" and r0["async"]["elapsed_s"] < SLACK_S, r0["async"]
+        assert r1["late_call"]["type"] == "RemoteError" and r1["late_call"]["rank"] == 0
+        assert "aborted" in r1["late_call"]["message"]
+        assert r1["async_peer"]["type"] == "RemoteError"
+        assert r0["new_size"] == r1["new_size"] == 2  # an aborting rank is not voted out
+        assert r0["after_ok"] and r1["after_ok"]
+
+
+def test_per_call_timeouts_fire_within_tolerance(tmp_path: Path) -> None:
+    lim = 1.0
+    with Job(2, "timeout", tmp_path, ["--timeout", "30", "--call-timeout", str(lim)]) as job:
+        assert job.wait(90) == [0, 0], job.logs()
+        r0 = job.result(0)
+        for key, want in (("recv", lim), ("all_reduce", lim), ("work_wait", lim / 2), ("work_op", 2 * lim)):
+            info = r0[key]
+            assert info["type"] == "Timeout", (key, info)
+            assert want - 0.05 <= info["elapsed_s"] <= want + SLACK_S, (key, info)
+        assert "rank 1" in r0["recv"]["message"] or "[1]" in r0["recv"]["message"]
+        assert r0["next_call"]["type"] == "Aborted"  # a collective that timed out leaves the channels untrusted
+        assert r0["after_ok"] and job.result(1)["after_ok"]
+
+
+def test_no_shared_memory_left_after_every_rank_is_killed_mid_collective(tmp_path: Path) -> None:
+    with Job(4, "loop", tmp_path, ["--count", str(1 << 20), "--timeout", "30", "--max-s", "60"]) as job:
+        job.wait_ready()
+        mapped = []
+        for p in job.procs:
+            with open(f"/proc/{p.pid}/maps") as fh:
+                mapped += [ln for ln in fh if f"/dev/shm/ringflow-{job.job_id}-" in ln]
+        # the ranks really work through shared memory, and the names are already gone while they run
+        assert mapped and all("(deleted)" in ln for ln in mapped), mapped[:4]
+        for r in range(4):
+            job.kill(r)
+        assert job.wait(30) == [-9] * 4
+        assert _segments(job.job_id) == []
