@@ -80,3 +80,10 @@ def test_ring_any_ring_orders(data: st.DataObject, n: int, nchannels: int, nsegs
     s = registry.get_schedule(coll, "ring", n, root=root, nsegs=nsegs, nchannels=nchannels, rings=rings)
     c = Collective.parse(coll)
     verifier.verify(s, [CallShape(c, n, k) for k in (0, 1, n + 1)])
+
+
+def test_every_schedule_roundtrips_through_json() -> None:
+    for c, name in PAIRS:
+        s = registry.get_schedule(c, name, 5, root=2 if ROOTED(c) else None, nsegs=2)
+        back = Schedule.from_json(s.dumps())
+        assert back.to_json() == s.to_json() and back.layouts == s.layouts and back.programs == s.programs
