@@ -35,6 +35,7 @@ def _base() -> dict:
     (lambda d: d.update(schema="other"), "schema"),
     (lambda d: d.update(version=7), "version"),
     (lambda d: d.update(nodes=[]), "nodes"),
+    (lambda d: d.update(link=d.pop("links")), "unknown top-level key 'link'"),
     (lambda d: d["nodes"][2].pop("kind"), "nodes[2].kind is missing"),
     (lambda d: d["nodes"][1].update(kind="tpu"), "nodes[1].kind"),
     (lambda d: d["nodes"][1].update(host="zero"), "nodes[1].host"),

@@ -117,6 +117,9 @@ def topology_from_dict(d: Any, default_name: str = "custom") -> "Topology":
     if d.get("schema") != SCHEMA:
         raise TopologyError(f"schema: expected {SCHEMA!r}, got {d.get('schema')!r}",
                             f"add 'schema: {SCHEMA}' at the top of the file")
+    unknown = sorted(set(d) - {"schema", "version", "name", "meta", "nodes", "links"})
+    if unknown:
+        raise TopologyError(f"unknown top-level key {unknown[0]!r}", "the keys are schema, version, name, meta, nodes, links")
     version = d.get("version")
     if version != SCHEMA_VERSION:
         raise TopologyError(f"version: {version!r} is not supported (this reader knows {SCHEMA_VERSION})",
