@@ -55,7 +55,7 @@ def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
     if json_out:
         print_json(s.to_json())
     else:
-        console.print(s.table(), markup=False, highlight=False)
+        typer.echo(s.table())  # plain text, never re-wrapped
 
 
 @algo_app.command("verify")
