@@ -185,13 +185,16 @@ def stream_key(key: str, j: int) -> str:
     return key if j == 0 else f"{key}.s{j}"
 
 
+HOT_SPIN_S = 50e-6  # spin without yielding this long first: a small message's peer is usually that close
+
+
 class Waiter:
     """Waits for progress on one lane: spin a little, then sleep on the lane's doorbell."""
 
     def __init__(self, bell: doorbell.Doorbell, local_ranks: int, failure: Callable[[], None]) -> None:
         self.bell = bell
         self.spin_s = doorbell.spin_budget_s(local_ranks)
-        self.yield_ = doorbell.oversubscribed(local_ranks)
+        self.hot_s = 0.0 if doorbell.oversubscribed(local_ranks) else HOT_SPIN_S
         self.failure = failure  # raises if the communicator failed or was aborted
 
     def wait(self, pending: list[XferOp], deadline: float, what: str) -> None:
@@ -199,15 +202,19 @@ class Waiter:
         self.failure()
         shm = [op for op in pending if op.is_shm]
         if shm:
-            end = time.monotonic() + self.spin_s
+            # spin hot for a moment (latency), then spin yielding the core (a peer that waits for
+            # this core gets it at once on a busy machine), then sleep on the doorbell
+            t0 = time.monotonic()
+            hot, end = t0 + self.hot_s, t0 + self.spin_s
             while True:
                 for op in shm:
                     if op.ready():
                         return
-                if self.yield_:
+                now = time.monotonic()
+                if now > hot:
+                    if now > end:
+                        break
                     os.sched_yield()
-                if time.monotonic() > end:
-                    break
         for op in shm:
             op.set_waiting(1)
         try:
