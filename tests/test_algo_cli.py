@@ -60,3 +60,12 @@ def test_typed_errors_exit_2(capsys: pytest.CaptureFixture) -> None:
     assert code == 2 and "UnknownAlgorithm" in err and "valid algorithms" in err
     code, _, err = _run(["algo", "verify", "all_gather", "tree", "-n", "4"], capsys)
     assert code == 2 and "does not implement all_gather" in err
+
+
+def test_cost_command_pairs(capsys: pytest.CaptureFixture) -> None:
+    code, out, _ = _run(["algo", "cost", "all_reduce", "ring", "-n", "4", "--size", "1MiB", "--json"], capsys)
+    d = json.loads(out)
+    assert code == 0 and d["steps"] == 6 and d["bytes_per_rank"] == 3 * (1 << 20) // 2
+    assert sorted((a, b) for a, b, _ in d["pair_bytes"]) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    code, out, _ = _run(["algo", "cost", "broadcast", "ring", "-n", "8", "--nsegs", "4", "--topo", "dgx1-v100"], capsys)
+    assert code == 0 and "dgx1-v100" in out and "10 steps" in out

@@ -129,7 +129,8 @@ def parse_algo_spec(spec: str, collective: Collective | str) -> list[str]:
     return valid
 
 
-def _count_for(c: Collective, nbytes: int, nranks: int, dtype_size: int) -> int:
+def count_for(c: Collective, nbytes: int, nranks: int, dtype_size: int) -> int:
+    """Elements per call (CallShape.count) for S = nbytes of collective `c`."""
     if c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
              Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
         return max(nbytes // (dtype_size * nranks), 0)
@@ -189,7 +190,7 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
         return hit
     allowed = parse_algo_spec(spec, c)
     opts, hg = _topo_context(topo, nranks, nch)
-    count = _count_for(c, bucket, nranks, dtype_size)
+    count = count_for(c, bucket, nranks, dtype_size)
     splits = tuple((count,) * nranks for _ in range(nranks)) if c == Collective.ALL_TO_ALLV else None
     shape = CallShape(c, nranks, count, dtype_size, splits)  # all_to_allv: priced with uniform splits
     cands: list[tuple[Candidate, tuple | None]] = []

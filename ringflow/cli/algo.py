@@ -95,6 +95,60 @@ def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or '
         console.print(f"{r['collective']} / {r['algorithm']}: {escape(r['cost_line'])}", highlight=False)
 
 
+@algo_app.command("cost")
+def cost_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
+             algorithm: str = typer.Argument(..., help="e.g. ring"),
+             size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
+             nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
+             root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+             nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
+             nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+             topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
+             dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
+             json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
+    """Steps, bytes per rank and per rank pair, and the alpha-beta time of one schedule."""
+    from ..algorithms.cost import schedule_cost, traffic
+    from ..algorithms.layout import CallShape
+    from ..algorithms.registry import get_schedule, info
+    from ..algorithms.schedule import Collective
+    from ..algorithms.tuner import count_for
+    from ..units import format_size, parse_size
+    c = Collective.parse(collective)
+    if c.has_root and root is None:
+        root = 0
+    t = _load_topo(topo, nranks)
+    s = get_schedule(c, algorithm, nranks, root=root, nsegs=nsegs, nchannels=nchannels)
+    count = count_for(c, parse_size(size), nranks, dtype_size)
+    splits = tuple((count,) * nranks for _ in range(nranks)) if c == Collective.ALL_TO_ALLV else None
+    shape = CallShape(c, nranks, count, dtype_size, splits)
+    tr, cost = traffic(s, shape), schedule_cost(s, shape, t)
+    d = {**cost.to_dict(), "cost_line": info(algorithm).cost_lines[c], "bytes_sent": list(tr.bytes_sent),
+         "bytes_recv": list(tr.bytes_recv), "pair_bytes": [[a, b, v] for (a, b), v in sorted(tr.pair_bytes.items())],
+         "topology": t.name if t is not None else None}
+    if json_out:
+        print_json(d)
+        return
+    console.print(f"{c.value} / {s.algorithm} of {format_size(cost.nbytes)} on {nranks} ranks"
+                  f"{' on ' + t.name if t is not None else ''}: {cost.steps} steps, "
+                  f"{format_size(cost.bytes_per_rank)} per rank, {cost.time_s * 1e6:.2f} us "
+                  f"({escape(d['cost_line'])})", highlight=False)
+    print_table("bytes per rank pair (row sends to column)", ["from \\ to"] + [str(j) for j in range(nranks)],
+                [[str(i)] + [format_size(tr.pair_bytes.get((i, j), 0)) if (i, j) in tr.pair_bytes else "."
+                             for j in range(nranks)] for i in range(nranks)])
+
+
+def _load_topo(topo: Optional[str], nranks: int):  # noqa: ANN202 - Topology | None, lazily imported
+    """Load --topo; a one-host preset with fewer endpoints than ranks is replicated to fit."""
+    if not topo:
+        return None
+    from ..topology import build_cluster, load_topology
+    t = load_topology(topo)
+    neps, hosts = len(t.endpoints()), len(t.hosts())
+    if 0 < neps < nranks and hosts == 1:
+        t = build_cluster(t, -(-nranks // neps))  # one host replicated (rail fabric) to fit the ranks
+    return t
+
+
 @algo_app.command("choose")
 def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
@@ -105,14 +159,7 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
     """The tuner's choice and the predicted cost of every candidate."""
     from ..algorithms.tuner import choose
     from ..units import format_size, parse_size
-    t = None
-    if topo:
-        from ..topology import load_topology
-        t = load_topology(topo)
-        neps, hosts = len(t.endpoints()), len(t.hosts())
-        if 0 < neps < nranks and hosts == 1:
-            from ..topology import build_cluster
-            t = build_cluster(t, -(-nranks // neps))  # one host replicated (rail fabric) to fit the ranks
+    t = _load_topo(topo, nranks)
     ch = choose(collective, parse_size(size), nranks, t, dtype_size)
     if json_out:
         print_json(ch.to_dict())
