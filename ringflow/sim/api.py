@@ -236,6 +236,10 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
 
     `endpoints` places rank r on endpoints[r] (default: the topology's first `nranks` endpoints)."""
     n = nranks or (len(endpoints) if endpoints is not None else len(endpoints_of(topo)))
+    if n < 1:
+        from ..errors import TopologyError
+        raise TopologyError(f"topology {getattr(topo, 'name', '?')!r} has no GPU or PROC endpoints to run ranks on",
+                            "on a GPU-less machine use --topo host-cpu:N or a file from `ringflow calibrate`")
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
