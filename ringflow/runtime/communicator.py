@@ -76,13 +76,15 @@ def local_copy_bytes(schedule: Schedule, shape: CallShape) -> int:
 
 
 def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, nbytes: int, dtype_size: int,
-                 registry: Any) -> Schedule:
+                 registry: Any, single_channel: bool = False) -> Schedule:
     """The tuner's candidates re-priced for this runtime: its model treats local copies and reductions as
     free, but here they run on the same cores and memory as the transfers, at the shared-memory
     bandwidth the tuner assumes (algorithms.cost.DEFAULT_BETA_GBPS). The cheapest of the tuner's
-    RERANK_TOP best candidates wins."""
+    RERANK_TOP best candidates wins. `single_channel` (below RINGFLOW_SINGLE_RING_THRESHOLD) keeps only
+    one-channel candidates."""
     from ..algorithms.cost import DEFAULT_BETA_GBPS
-    cands = sorted(choice.candidates, key=lambda c: c.time_s)[:RERANK_TOP]
+    pool = [c for c in choice.candidates if c.nchannels == 1] if single_channel else list(choice.candidates)
+    cands = sorted(pool or choice.candidates, key=lambda c: c.time_s)[:RERANK_TOP]
     count = nbytes // dtype_size
     if coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
                 Collective.ALL_TO_ALL):
@@ -141,6 +143,8 @@ class Communicator:
         self._checks = not config.get("CHECKS_DISABLE")
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
+        self._ll_bytes = int(config.get("LL_THRESHOLD"))
+        self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}
         self._store = PrefixStore(ns, shared.store)
         deadline = time.monotonic() + self.timeout
@@ -269,7 +273,8 @@ class Communicator:
             algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
             s = registry.get_schedule(coll, algo, self.size, root=root)
         else:
-            s = runtime_rank(ch, coll, self.size, root, nbytes, dtype_size, registry)
+            s = runtime_rank(ch, coll, self.size, root, nbytes, dtype_size, registry,
+                             single_channel=nbytes < self._single_ring_bytes)
         if len(self._schedules) > 1024:
             self._schedules.clear()
         self._schedules[key] = s
@@ -317,6 +322,7 @@ class Communicator:
         self._op_seq += 1
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
                           self.rank, self._checks, self._streams)
+        ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes
         run_plan(prep.plan, ctx, arrays, prep.ufunc)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,

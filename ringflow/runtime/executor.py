@@ -185,7 +185,7 @@ def stream_key(key: str, j: int) -> str:
     return key if j == 0 else f"{key}.s{j}"
 
 
-HOT_SPIN_S = 50e-6  # spin without yielding this long first: a small message's peer is usually that close
+HOT_SPIN_S = 200e-6  # small messages: spin without yielding this long first (the peer is usually that close)
 
 
 class Waiter:
@@ -197,15 +197,19 @@ class Waiter:
         self.hot_s = 0.0 if doorbell.oversubscribed(local_ranks) else HOT_SPIN_S
         self.failure = failure  # raises if the communicator failed or was aborted
 
-    def wait(self, pending: list[XferOp], deadline: float, what: str) -> None:
-        """Return when some op may progress; raise on failure, abort or timeout."""
+    def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:
+        """Return when some op may progress; raise on failure, abort or timeout.
+
+        `hot` (messages below RINGFLOW_LL_THRESHOLD): spin without yielding first, the peer is
+        usually microseconds away; bulk transfers yield the core while they spin.
+        """
         self.failure()
         shm = [op for op in pending if op.is_shm]
         if shm:
             # spin hot for a moment (latency), then spin yielding the core (a peer that waits for
             # this core gets it at once on a busy machine), then sleep on the doorbell
             t0 = time.monotonic()
-            hot, end = t0 + self.hot_s, t0 + self.spin_s
+            hot, end = t0 + (self.hot_s if hot else 0.0), t0 + self.spin_s
             while True:
                 for op in shm:
                     if op.ready():
@@ -235,8 +239,8 @@ class Waiter:
         self.failure()
 
 
-def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str) -> None:
-    """Progress every op to completion."""
+def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str, hot: bool = True) -> None:
+    """Progress every op to completion (`hot`: latency mode, spin before yielding)."""
     pending = ops
     while pending:
         moved = False
@@ -245,14 +249,14 @@ def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str) -> None
                 moved = True
         pending = [op for op in pending if not op.done]
         if pending and not moved:
-            waiter.wait(pending, deadline, what)
+            waiter.wait(pending, deadline, what, hot)
 
 
 class CallContext:
     """What a run needs besides the plan."""
 
     __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks",
-                 "streams")
+                 "streams", "ll")
 
     def __init__(self, transport: object, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
                  nranks: int, rank: int, checks: bool, streams: int = 1) -> None:
@@ -260,6 +264,7 @@ class CallContext:
         self.description, self.deadline, self.nranks, self.rank, self.checks = \
             description, deadline, nranks, rank, checks
         self.streams = streams
+        self.ll = True  # latency mode (set per call from RINGFLOW_LL_THRESHOLD)
 
 
 def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
@@ -320,7 +325,7 @@ def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufu
                     r = t.inn(x.peer, key).recv(sink, pn, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
                     ops.append(r)
                     recvs.append(r)
-            drive(ops, ctx.waiter, ctx.deadline, "collective step")
+            drive(ops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
             bad = [op.mismatch for op in recvs if op.mismatch is not None]
             if bad:
                 if check_step:
