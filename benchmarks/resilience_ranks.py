@@ -463,6 +463,15 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- parent side
+def mtu_packets(cluster: Any) -> None:
+    """Make every host of a NetnsCluster send MTU-sized packets (gso_max_segs 1), so that a loss rule
+    drops 1% of real packets rather than 1% of 64 KiB GSO bundles."""
+    import subprocess
+    for ns in cluster.names:
+        subprocess.run(["ip", "-n", ns, "link", "set", "eth0", "gso_max_segs", "1"], check=True,
+                       capture_output=True, timeout=10)
+
+
 class Job:
     """n real ranks running one scenario; the store is served here unless `store_addr` is given.
 

@@ -1,0 +1,81 @@
+"""Faults between emulated hosts (network namespaces joined by veth pairs, ringflow.testing.netns):
+a link brought down mid-collective gives every rank a typed error within the timeout, and 1%
+random packet loss (nftables) leaves collectives correct. Skipped with the reason where
+namespaces cannot be made."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringflow.testing import netns
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from resilience_ranks import Job, mtu_packets  # noqa: E402
+
+pytestmark = pytest.mark.netns
+TIMEOUT_S = 20.0  # the communicator timeout the ranks run with
+
+
+@pytest.fixture()
+def cluster():
+    reason = netns.available()
+    if reason is not None:
+        pytest.skip(f"multi-host emulation unavailable: {reason}")
+    with netns.NetnsCluster(2) as cl:
+        yield cl
+
+
+def _tcp_retransmits(cl: netns.NetnsCluster, host: int) -> int:
+    """TCP segments retransmitted inside host `host`'s namespace (/proc/net/snmp is per namespace)."""
+    out = subprocess.run(cl.command(host, ["cat", "/proc/net/snmp"]), capture_output=True, text=True,
+                         check=True, timeout=10).stdout
+    tcp = [ln.split() for ln in out.splitlines() if ln.startswith("Tcp:")]
+    return int(tcp[1][tcp[0].index("RetransSegs")])
+
+
+def test_link_down_mid_collective_gives_every_rank_a_typed_error(cluster: netns.NetnsCluster, tmp_path: Path) -> None:
+    per_host = 2
+    with Job(4, "loop", tmp_path, ["--count", str(1 << 18), "--timeout", str(TIMEOUT_S), "--max-s", "90"],
+             store_addr=f"{cluster.address(0)}:29623", wrap=lambda r, a: cluster.command(r // per_host, a)) as job:
+        job.wait_ready(timeout_s=60)
+        t_down = time.monotonic()
+        cluster.link(1, False)
+        assert job.wait(TIMEOUT_S + 30) == [0, 0, 0, 0], job.logs()
+        for r in range(4):
+            res = job.result(r)
+            err = res["error"]
+            assert err is not None and err["in_call"] == "all_reduce", res
+            assert err["type"] in ("RemoteError", "Timeout"), err
+            assert err["t"] - t_down < TIMEOUT_S, f"rank {r}: {err['t'] - t_down:.1f}s"
+            assert res["wrong"] == 0
+            if err["type"] == "RemoteError":  # names a peer: across the cut link, or a same-host rank that exited
+                assert err["rank"] is not None and err["rank"] != r, err
+        # the first error on each side is the heartbeat timeout naming a rank across the cut link
+        first = min((job.result(r)["error"]["t"], r) for r in range(4))[1]
+        assert job.result(first)["error"]["rank"] // per_host != first // per_host
+
+
+def test_one_percent_packet_loss_keeps_collectives_correct(cluster: netns.NetnsCluster, tmp_path: Path) -> None:
+    if shutil.which("nft") is None:
+        pytest.skip("nftables (nft) is not installed")
+    mtu_packets(cluster)
+    before = [_tcp_retransmits(cluster, h) for h in range(2)]
+    for h in range(2):
+        cluster.set_loss(h, 1.0)
+    sizes = [4096, 1 << 20, 8 << 20]
+    with Job(2, "lossbench", tmp_path, ["--sizes", ",".join(map(str, sizes)), "--iters", "6", "--warm", "1",
+                                        "--timeout", "60"],
+             store_addr=f"{cluster.address(0)}:29624", wrap=lambda r, a: cluster.command(r, a)) as job:
+        assert job.wait(120) == [0, 0], job.logs()
+        for r in range(2):
+            rows = job.result(r)["rows"]
+            assert [row["size_bytes"] for row in rows] == sizes
+            assert all(row["wrong"] == 0 for row in rows), rows
+    after = [_tcp_retransmits(cluster, h) for h in range(2)]
+    assert sum(after) > sum(before), "no TCP retransmission: the loss rule did not drop anything"
