@@ -24,7 +24,9 @@ from .. import config
 from ..errors import ConfigError
 
 TRACE = 5
+VERSION = logging.WARNING + 1  # the version line under RINGFLOW_DEBUG=VERSION (shown like a warning)
 logging.addLevelName(TRACE, "TRACE")
+logging.addLevelName(VERSION, "VERSION")
 logging.addLevelName(logging.WARNING, "WARN")
 
 LEVELS = {"VERSION": logging.WARNING, "WARN": logging.WARNING, "WARNING": logging.WARNING,
@@ -90,8 +92,7 @@ def setup(rank: int | str) -> logging.Logger:
     executor.log_trace = level <= TRACE
     if say_version:
         from .. import __version__
-        # VERSION shows only warnings, so the version line is logged at WARN there
-        logger.log(logging.WARNING if level == logging.WARNING else logging.INFO, "ringflow: version %s", __version__)
+        logger.log(VERSION if level == logging.WARNING else logging.INFO, "ringflow: version %s", __version__)
     return logger
 
 
