@@ -433,7 +433,7 @@ def scenario_soak(a: argparse.Namespace) -> dict[str, Any]:
 
 def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
     """Checked all-reduces of each size; median time and busbw (nccl-tests factor 2(n-1)/n)."""
-    from ringflow.runtime.bench import bus_factor
+    from ringflow.runtime.bench import bus_factor, default_iters
     comm = ringflow.init(timeout=a.timeout)
     n = comm.size
     rows = []
@@ -443,7 +443,8 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
         want = reduce_ref([values(q, n, count, "float32", "sum", 0) for q in range(n)], "sum")
         buf = np.empty_like(x)
         times, wrong = [], 0
-        for it in range(a.warm + a.iters):
+        iters = a.iters or default_iters(count * 4)  # 0: as many as `ringflow bench` uses for this size
+        for it in range(a.warm + iters):
             buf[:] = x
             comm.barrier()
             t0 = time.perf_counter()
@@ -455,7 +456,7 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
         t = float(np.median(times))
         rows.append({"size_bytes": count * 4, "time_us": t * 1e6, "algbw_GBps": count * 4 / t / 1e9,
                      "busbw_GBps": count * 4 / t / 1e9 * bus_factor("all_reduce", n), "wrong": wrong,
-                     "iters": a.iters})
+                     "iters": iters})
     comm.destroy()
     res = {"rank": comm.rank, "rows": rows}
     Rank(a.out, comm.rank).write(res)
