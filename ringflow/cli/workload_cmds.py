@@ -1,8 +1,323 @@
-"""CLI commands of this area (filled in by the issue that owns it)."""
+"""`ringflow traffic`, `ringflow train`, `ringflow plan`: LLM training at cluster scale as a model."""
 from __future__ import annotations
 
+import math
+from typing import Any, Optional
+
 import typer
+
+from ..errors import InvalidArgument
+from .common import console, print_json, print_table
+
+
+def _cluster(topo: str, nodes: Optional[int], nic_gbps: Optional[float], fabric: str) -> Any:
+    """A preset replicated into `nodes` servers (2 switch tiers when they fit, else 3), or a topology file."""
+    from ..topology import PRESETS, load_topology
+    from ..workload.validation import cluster_for
+    if topo.partition(":")[0] in PRESETS:
+        return cluster_for(topo, nodes or 1, nic_gbps, fabric)
+    t = load_topology(topo)
+    if nodes and nodes > 1 and len(t.hosts()) == 1:
+        return cluster_for(topo, nodes, nic_gbps, fabric)
+    return t
+
+
+def _eb(x: float) -> str:
+    return f"{x / 1e18:.2f}"
+
+
+def _pb(x: float) -> str:
+    return f"{x / 1e15:,.1f}"
+
+
+def traffic_command(
+    model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
+    tokens: float = typer.Option(156e9, "--tokens", help="tokens per epoch (C4: 156e9, the seed's figure)"),
+    samples: Optional[float] = typer.Option(None, "--samples", help="samples per epoch (default: C4's 364.6e6 "
+                                            "when --tokens is C4's, else tokens / seq-len)"),
+    batch: int = typer.Option(2048, "--batch", help="global batch in samples (N = samples / batch)"),
+    gpus: int = typer.Option(8, "--gpus", help="G of the seed's 1-D rows"),
+    tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(1, "--dp"),
+    formula: str = typer.Option("seed", "--formula", help="seed (the seed's formulas), exact (ringflow's "
+                                "algorithms on --topo), or both"),
+    topo: str = typer.Option("dgx-h100", "--topo", help="server preset for --formula exact"),
+    fabric: str = typer.Option("rail", "--fabric"),
+    switch_tbps: float = typer.Option(51.2, "--switch-tbps", help="switch capacity for the sizing (Tb/s)"),
+    epochs: int = typer.Option(100, "--epochs"), days: float = typer.Option(100.0, "--days"),
+    checkpoint_every: int = typer.Option(1000, "--checkpoint-every", help="steps between checkpoints"),
+    json_out: bool = typer.Option(False, "--json", help="print rows and totals as JSON"),
+) -> None:
+    """Per-epoch traffic of DP / FSDP / TP / PP and 3-D training: seed 004's formulas and the real algorithms'."""
+    from ..workload import load_model
+    from ..workload import seed_traffic as st
+    from ..workload.layout import Layout
+    from ..workload.traffic import DIFFERENCES, exact_1d, exact_3d, storage_traffic
+    from ..workload.validation import cluster_for
+
+    if formula not in ("seed", "exact", "both"):
+        raise InvalidArgument(f"--formula {formula!r}", "use seed, exact or both")
+    m = load_model(model)
+    seq = m.seq_len
+    if samples is None:
+        samples = st.C4_SAMPLES if tokens == st.C4_TOKENS else tokens / seq
+    if batch < 1 or samples <= 0 or tokens <= 0 or gpus < 1:
+        raise InvalidArgument("--batch, --samples, --tokens and --gpus must be > 0")
+    N = samples / batch
+    P = m.nominal()
+    out: dict[str, Any] = {"model": m.name, "formula": formula, "P_seed": P, "P_dimensions": m.params(),
+                           "T": tokens, "L": m.layers, "H": m.hidden, "G": gpus, "N": N, "batch": batch}
+    three_d = tp * pp * dp > 1
+    if formula in ("seed", "both"):
+        rows = st.seed_rows(P, tokens, m.layers, m.hidden, gpus, N)
+        out["rows"] = [r.to_dict() for r in rows]
+        out["totals"] = {r.mode: r.backward_bytes + r.forward_bytes for r in rows}
+        if three_d:
+            d3 = st.seed_3d(P, tokens, m.layers, m.hidden, N, tp, pp, dp)
+            out["three_d"] = d3
+            out["totals"]["3d"] = d3["total_bytes"]
+            out["switch"] = st.switch_sizing(d3["total_bytes"], switch_tbps, epochs, days)
+    if formula in ("exact", "both"):
+        steps = N
+
+        def topo_for(g: int, one_per_server: bool) -> Any:
+            return cluster_for(topo, g if one_per_server else max(1, math.ceil(g / 8)), None, fabric)
+        ex = [r.to_dict() for r in exact_1d(m, tokens, steps, gpus, topo_for)]
+        out["exact_rows"] = ex
+        if formula == "exact":
+            out["rows"] = ex
+            out["totals"] = {r["mode"]: r["total_bytes"] for r in ex}
+        if three_d:
+            lay = Layout(tp=tp, pp=pp, dp=dp, global_batch=dp, micro_batch=1)
+            t3 = cluster_for(topo, max(1, math.ceil(lay.gpus / 8)), None, fabric)
+            e3 = [r.to_dict() for r in exact_3d(m, tokens, steps, lay, t3)]
+            tot3 = sum(r["total_bytes"] for r in e3)
+            net3 = sum(r["network_bytes"] for r in e3)
+            # only bytes that leave a server cross a network switch (NVLink traffic never does)
+            out["exact_3d"] = {"rows": e3, "total_bytes": tot3, "total_EB": tot3 / 1e18, "network_bytes": net3,
+                               "switch": st.switch_sizing(net3, switch_tbps, epochs, days)}
+            out.setdefault("totals", {})["exact_3d"] = tot3
+        out["storage"] = storage_traffic(m, tokens, steps, checkpoint_every, st.C4_BYTES
+                                         if tokens == st.C4_TOKENS else None)
+        out["differences"] = [{"mode": k, "why": v} for k, v in DIFFERENCES]
+    if json_out:
+        print_json(out)
+        return
+    _print_traffic(out)
+
+
+def _print_traffic(out: dict[str, Any]) -> None:
+    console.print(f"[bold]{out['model']}[/]: P={out['P_seed']:.4g} (dimensions give {out['P_dimensions']:.4g}), "
+                  f"T={out['T']:.4g} tokens, L={out['L']}, H={out['H']}, G={out['G']}, N={out['N']:,.1f} "
+                  f"mini-batches per epoch, BF16")
+    if out["formula"] in ("seed", "both"):
+        rows = [[r["mode"], r["pattern"], _pb(r["backward_bytes"]), f"{r['seed_printed'][0]:g}",
+                 f"{r['backward_syncs']:g}", _pb(r["forward_bytes"]), f"{r['seed_printed'][1]:g}",
+                 f"{r['forward_transfers']:.4g}"] for r in out["rows"]]
+        print_table("seed 004 per epoch (PB = 1e15 B; 'as printed' = in the seed's own unit, rounded up)",
+                    ["mode", "pattern", "backward PB", "as printed", "syncs", "forward PB", "as printed",
+                     "transfers"], rows)
+        if "three_d" in out:
+            d, s = out["three_d"], out["switch"]
+            console.print(f"3-D {d['tp']} TP x {d['pp']} PP x {d['dp']} DP = {d['gpus']} GPUs: backward "
+                          f"{_eb(d['backward_bytes'])} EB + forward {_eb(d['forward_bytes'])} EB = "
+                          f"[bold]{d['total_EB']:.1f} EB[/] per epoch")
+            console.print(f"one {s['switch_tbps']:g} Tb/s switch: {s['seed_days_per_epoch']:.1f} days per epoch "
+                          f"the seed's way (Tb/s read as TB/s) -> {s['seed_switches']} switches for {s['epochs']} "
+                          f"epochs in {s['days']:g} days; in bits: {s['days_per_epoch']:.0f} days -> "
+                          f"{s['switches']} switches")
+    if out["formula"] in ("exact", "both"):
+        rows = []
+        for r in out["exact_rows"]:
+            tiers = ", ".join(f"{k} {_pb(v)}" for k, v in sorted(r["tiers"].items()))
+            rows.append([r["mode"], "+".join(r["algorithms"]), _pb(r["backward_bytes"]), _pb(r["forward_bytes"]), tiers])
+        print_table("ringflow's algorithms, same job (bytes the GPUs inject, PB; link-bytes per tier)",
+                    ["mode", "algorithm", "backward PB", "forward PB", "link-bytes per tier (PB)"], rows)
+        if "exact_3d" in out:
+            e = out["exact_3d"]
+            rows = [[r["mode"], "+".join(r["algorithms"]), _eb(r["backward_bytes"]), _eb(r["forward_bytes"]),
+                     ", ".join(f"{k} {_eb(v)}" for k, v in sorted(r["tiers"].items()))] for r in e["rows"]]
+            print_table(f"3-D exact: {e['total_EB']:.2f} EB per epoch", ["dim", "algorithm", "backward EB",
+                        "forward EB", "link-bytes per tier (EB)"], rows)
+            s = e["switch"]
+            console.print(f"{_eb(e['network_bytes'])} EB of it leaves the servers; one {s['switch_tbps']:g} Tb/s "
+                          f"switch carries that in {s['days_per_epoch']:.1f} days per epoch -> {s['switches']} "
+                          f"switches for {s['epochs']} epochs in {s['days']:g} days")
+        if out["formula"] == "both":
+            ex = {r["mode"]: r for r in out["exact_rows"]}
+            rows = []
+            for r in out["rows"]:
+                e = ex.get(r["mode"])
+                if e is None:
+                    continue
+                tot_s, tot_e = r["backward_bytes"] + r["forward_bytes"], e["total_bytes"]
+                rows.append([r["mode"], _pb(r["backward_bytes"]), _pb(e["backward_bytes"]), _pb(r["forward_bytes"]),
+                             _pb(e["forward_bytes"]), f"{tot_s / tot_e:.1f}x" if tot_e else "-"])
+            print_table("side by side (PB per epoch)", ["mode", "seed backward", "exact backward", "seed forward",
+                        "exact forward", "seed / exact"], rows)
+        st = out["storage"]
+        if "dataset_bytes" in st:
+            console.print(f"dataset (C4 as the seed quotes it): {st['dataset_bytes'] / 1e12:.1f} TB")
+        console.print(f"GPU-storage per epoch: data loading {st['load_bytes'] / 1e12:.1f} TB (token ids), "
+                      f"{st['checkpoints_per_epoch']:.0f} checkpoints x {st['checkpoint_bytes'] / 1e12:.2f} TB = "
+                      f"{st['checkpoint_bytes_per_epoch'] / 1e15:.2f} PB")
+        for d in out["differences"]:
+            console.print(f"  [bold]{d['mode']}[/]: {d['why']}")
+
+
+def _layout_from(tp: int, pp: int, dp: Optional[int], cp: int, ep: int, gpus: int, **kw: Any) -> Any:
+    from ..workload.layout import Layout
+    if dp is None:
+        if gpus % (tp * pp * cp):
+            raise InvalidArgument(f"{gpus} GPUs are not divisible by tp x pp x cp = {tp * pp * cp}",
+                                  "give --dp or change --nodes")
+        dp = gpus // (tp * pp * cp)
+    return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, **kw)
+
+
+def train_command(
+    model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
+    topo: str = typer.Option("dgx-h100", "--topo", help="server preset (replicated --nodes times) or file"),
+    nodes: int = typer.Option(128, "--nodes"),
+    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps", help="NIC speed (default: the preset's)"),
+    fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
+    tp: int = typer.Option(8, "--tp"), pp: int = typer.Option(8, "--pp"),
+    dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x pp x cp)"),
+    cp: int = typer.Option(1, "--cp"), ep: int = typer.Option(1, "--ep"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's"),
+    global_batch: int = typer.Option(1024, "--global-batch", help="sequences per step"),
+    micro_batch: int = typer.Option(1, "--micro-batch"),
+    recompute: str = typer.Option("selective", "--recompute", help="none, selective or full"),
+    sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel"),
+    interleave: int = typer.Option(1, "--interleave", help="virtual pipeline stages per GPU"),
+    zero: int = typer.Option(1, "--zero", help="ZeRO stage 0-3 (3 = FSDP)"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 or fp8"),
+    bucket_mb: float = typer.Option(160.0, "--bucket-mb", help="DP gradient bucket (MB)"),
+    overlap_grad: bool = typer.Option(True, "--overlap-grad/--no-overlap-grad"),
+    overlap_tp: bool = typer.Option(False, "--overlap-tp/--no-overlap-tp"),
+    flash: bool = typer.Option(True, "--flash/--no-flash", help="FlashAttention (no stored attention scores)"),
+    tokens: float = typer.Option(15e12, "--tokens", help="token budget for the time-to-train figure"),
+    comm: str = typer.Option("auto", "--comm", help="auto (simulator), sim, or alpha-beta"),
+    scaling: bool = typer.Option(False, "--scaling", help="also the scale factor T_n/(nT) as DP grows"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this PNG"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Step time, MFU, memory and network wait of one training layout on a cluster."""
+    from ..workload import load_model
+    from ..workload.commmodel import default_comm_model
+    from ..workload.steptime import scale_factors, step_time
+
+    m = load_model(model)
+    t = _cluster(topo, nodes, nic_gbps, fabric)
+    lay = _layout_from(tp, pp, dp, cp, ep, len(t.endpoints()), micro_batch=micro_batch, global_batch=global_batch,
+                       seq_len=seq_len or m.seq_len, zero=zero, recompute=recompute,
+                       sequence_parallel=sequence_parallel and tp > 1, interleave=interleave,
+                       bucket_bytes=int(bucket_mb * 1e6), overlap_grad_reduce=overlap_grad, overlap_tp=overlap_tp,
+                       precision=precision, flash_attention=flash)
+    cm = default_comm_model(comm)
+    r = step_time(m, lay, t, comm=cm)
+    out = r.to_dict(tokens)
+    curve = None
+    if scaling or plot:
+        dps = sorted({d for d in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, lay.dp) if d <= lay.dp})
+        per_server = max(len(g) for g in t.host_groups())
+
+        def topo_for(g: int) -> Any:
+            return _cluster(topo, max(1, math.ceil(g / per_server)), nic_gbps, fabric)
+        curve = scale_factors(m, lay, topo_for, dps, comm=cm)
+        out["scaling"] = curve
+    if plot:
+        from ..workload.plot import plot_train
+        plot_train(r, curve, plot)
+        out["plot"] = plot
+    if json_out:
+        print_json(out)
+        return
+    L = lay
+    console.print(f"[bold]{m.name}[/] on {L.gpus} x {r.gpu} ({t.name}): TP {L.tp} x PP {L.pp} x DP {L.dp}"
+                  f"{f' x CP {L.cp}' if L.cp > 1 else ''}{f' (EP {L.ep})' if L.ep > 1 else ''}, "
+                  f"{L.microbatches} micro-batches of {L.micro_batch} x {L.seq_len}, ZeRO-{L.zero}, "
+                  f"recompute {L.recompute}, v={L.interleave}, {L.precision} [dim]({r.comm_model})[/]")
+    rows = [[k, f"{v:.3f}", f"{100 * v / r.step_time_s:.1f}%"] for k, v in r.breakdown.items() if v > 0]
+    print_table(f"step {r.step_time_s:.3f} s", ["component", "seconds", "share"], rows)
+    mem = r.memory
+    console.print(f"MFU {100 * r.mfu:.1f}%  HFU {100 * r.hfu:.1f}%  {r.tflops_per_gpu:.0f} TFLOP/s per GPU  "
+                  f"{r.tokens_per_s:,.0f} tokens/s  network wait {100 * r.network_wait_fraction:.1f}%  "
+                  f"bubble {100 * r.bubble_fraction:.1f}%")
+    console.print(f"memory per GPU {mem.total_bytes / 1e9:.1f} GB of {mem.capacity_bytes / 1e9:.0f} GB "
+                  f"(weights {mem.weights_bytes / 1e9:.1f}, grads {mem.grads_bytes / 1e9:.1f}, optimizer "
+                  f"{mem.optimizer_bytes / 1e9:.1f}, activations {mem.activations_bytes / 1e9:.1f}) "
+                  f"{'[green]fits[/]' if mem.fits else '[red]OUT OF MEMORY[/]'}")
+    console.print(f"{tokens:.3g} tokens in {r.time_to_train_s(tokens) / 86400:.1f} days")
+    if curve:
+        print_table("scale factor T_n/(nT) (seed 003), weak scaling in DP",
+                    ["GPUs", "DP", "tokens/s", "scale factor"],
+                    [[c["gpus"], c["dp"], f"{c['tokens_per_s']:,.0f}", f"{c['scale_factor']:.3f}"] for c in curve])
+
+
+def plan_command(
+    model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
+    gpus: int = typer.Option(1024, "--gpus"),
+    topo: str = typer.Option("dgx-h100", "--topo", help="server preset or topology file"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="default: GPUs / 8"),
+    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps"),
+    fabric: str = typer.Option("rail", "--fabric"),
+    batch: int = typer.Option(1024, "--batch", "--global-batch", help="global batch in sequences"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    precision: str = typer.Option("bf16", "--precision"),
+    top: int = typer.Option(10, "--top"),
+    check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Search TP, PP, DP, micro-batch, ZeRO, recomputation and interleaving; rank what fits by step time."""
+    from rich.progress import Progress
+
+    from ..workload import load_model
+    from ..workload.planner import plan
+
+    m = load_model(model)
+    t = _cluster(topo, nodes or max(1, math.ceil(gpus / 8)), nic_gbps, fabric)
+    with Progress(console=console, transient=True, disable=json_out) as bar:
+        task = bar.add_task(f"planning {m.name} on {gpus} GPUs", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+        p = plan(m, t, gpus, batch, seq_len, precision=precision, refine="auto" if check else None,
+                 refine_top=top, progress=progress)
+    best = p.top(top)
+    rows_json = []
+    for i, r in enumerate(best):
+        d = r.to_dict()
+        chk = p.checked.get(i)
+        if chk is not None:
+            d["sim_check"] = {"step_time_s": chk.step_time_s, "mfu": chk.mfu, "breakdown": chk.breakdown,
+                              "comm_model": chk.comm_model}
+        rows_json.append(d)
+    if plot:
+        from ..workload.plot import plot_plan
+        plot_plan(p, plot)
+    if json_out:
+        print_json({"model": m.name, "gpus": gpus, "topology": t.name, "searched": p.searched,
+                    "fits": p.evaluated, "out_of_memory": p.oom, "top": rows_json})
+        return
+    console.print(f"{p.searched} layouts, {p.oom} out of memory, {p.evaluated} ranked by step time "
+                  f"({best[0].comm_model if best else '-'}; 'sim' = the simulator's analytic engine)")
+    rows = []
+    for i, r in enumerate(best):
+        L = r.layout
+        b = r.breakdown
+        chk = p.checked.get(i)
+        rows.append([i + 1, f"{L.tp}x{L.pp}x{L.dp}", L.micro_batch, L.zero, L.recompute, L.interleave,
+                     f"{r.step_time_s:.2f}", f"{chk.step_time_s:.2f}" if chk else "-", f"{100 * r.mfu:.1f}",
+                     f"{r.memory.total_bytes / 1e9:.0f}", f"{b['compute'] + b['recompute']:.2f}",
+                     f"{b['tp_exposed']:.2f}", f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}", f"{b['dp_exposed']:.2f}"])
+    print_table(f"top {len(best)} layouts for {m.name} on {gpus} GPUs",
+                ["#", "TPxPPxDP", "mb", "ZeRO", "recompute", "v", "step s", "sim s", "MFU %", "GB",
+                 "compute", "TP", "PP p2p", "bubble", "DP"], rows)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+    app.command("traffic")(traffic_command)
+    app.command("train")(train_command)
+    app.command("plan")(plan_command)
