@@ -1,0 +1,158 @@
+"""Memory formulas, the 1F1B bubble, step time sanity, Narayanan et al. Table 1, planner, parameter servers."""
+from __future__ import annotations
+
+import pytest
+
+from ringflow.errors import ConfigError, InvalidArgument
+from ringflow.workload import load_model
+from ringflow.workload.commmodel import AlphaBetaModel
+from ringflow.workload.layout import Layout, rank_coords, rank_groups
+from ringflow.workload.memory import activation_bytes_per_layer, memory_per_gpu, model_state_bytes_per_param
+from ringflow.workload.param_server import compare, parse_straggler, ssp_finish_times
+from ringflow.workload.planner import PlanSpace, plan
+from ringflow.workload.steptime import bubble_fraction, step_time
+from ringflow.workload.validation import TABLE1, cluster_for, predict_table1
+
+GPT = load_model("megatron-gpt-18.4b")  # GPT layer with dropout: Korthikanti's constants apply exactly
+
+
+@pytest.mark.parametrize("p,m,v,want", [(1, 8, 1, 0.0), (4, 8, 1, 3 / 11), (8, 64, 1, 7 / 71), (8, 64, 4, 7 / 263)])
+def test_bubble(p, m, v, want):
+    assert bubble_fraction(p, m, v) == pytest.approx(want)
+    with pytest.raises(InvalidArgument):
+        bubble_fraction(0, 1)
+
+
+def test_step_bubble_share_is_p_minus_1_over_m_plus_p_minus_1():
+    topo = cluster_for("dgx-h100", 4)
+    lay = Layout(tp=8, pp=4, dp=1, micro_batch=1, global_batch=12, seq_len=2048, recompute="selective",
+                 sequence_parallel=True, overlap_grad_reduce=True)
+    r = step_time(load_model("llama3-8b"), lay, topo, comm=AlphaBetaModel())
+    b = r.breakdown
+    busy = r.step_time_s - b["bubble"] - b["dp_exposed"] - b["optimizer"]
+    per_mb = busy / (12 + 3)  # m micro-batches + p-1 fill/drain slots
+    assert r.bubble_fraction == pytest.approx(3 / 15)
+    assert b["bubble"] <= 3 * per_mb + 1e-12
+
+
+def _korthikanti(h, a, s, b, t, sp, mode):
+    if mode == "full":
+        return 2 * s * b * h / (t if sp else 1)
+    score = 0 if mode == "selective" else 5 * a * s / h
+    if sp:
+        return s * b * h / t * (34 + score)
+    return s * b * h * (10 + 24 / t + score / t)
+
+
+@pytest.mark.parametrize("t,sp,mode", [(1, False, "none"), (8, False, "none"), (8, True, "none"),
+                                       (8, True, "selective"), (4, False, "selective"), (8, True, "full"),
+                                       (2, False, "full")])
+def test_activation_memory_matches_korthikanti(t, sp, mode):
+    lay = Layout(tp=t, micro_batch=2, global_batch=2, seq_len=2048, recompute=mode, sequence_parallel=sp,
+                 flash_attention=False)
+    want = _korthikanti(GPT.hidden, GPT.heads, 2048, 2, t, sp, mode)
+    assert activation_bytes_per_layer(GPT, lay) == pytest.approx(want)
+
+
+def test_flash_attention_removes_the_score_term():
+    lay = Layout(tp=8, micro_batch=1, global_batch=1, seq_len=4096, sequence_parallel=True)
+    assert activation_bytes_per_layer(GPT, lay) == pytest.approx(_korthikanti(GPT.hidden, GPT.heads, 4096, 1, 8,
+                                                                                True, "selective"))
+
+
+def test_model_state_per_zero_stage():
+    d = 8
+    assert model_state_bytes_per_param(0, d) == 2 + 4 + 12
+    assert model_state_bytes_per_param(1, d) == 2 + 4 + 12 / d
+    assert model_state_bytes_per_param(2, d) == 2 + 16 / d
+    assert model_state_bytes_per_param(3, d) == 18 / d
+    m = load_model("llama3-8b")
+    mems = [memory_per_gpu(m, Layout(dp=8, global_batch=8, seq_len=1024, zero=z), 80e9) for z in range(4)]
+    assert mems[0].optimizer_bytes == pytest.approx(8 * mems[1].optimizer_bytes)
+    assert mems[1].grads_bytes == pytest.approx(8 * mems[2].grads_bytes)
+    assert mems[2].weights_bytes > mems[3].weights_bytes
+    assert [x.total_bytes for x in mems] == sorted((x.total_bytes for x in mems), reverse=True)
+
+
+def test_out_of_memory_verdict():
+    m = load_model("llama3-70b")
+    assert not memory_per_gpu(m, Layout(global_batch=1, seq_len=8192), 80e9).fits
+    assert memory_per_gpu(m, Layout(tp=8, pp=8, dp=16, global_batch=1024, seq_len=8192, zero=1,
+                                    recompute="selective", sequence_parallel=True), 80e9).fits
+
+
+def test_megatron_rank_order():
+    lay = Layout(tp=8, pp=8, dp=16, global_batch=16)
+    g = rank_groups(lay)
+    assert g.tp[0] == tuple(range(8))           # TP innermost: one server
+    assert g.dp[0] == tuple(range(0, 128, 8))   # then DP
+    assert g.pp[0] == tuple(range(0, 1024, 128))  # PP outermost
+    assert rank_coords(lay, 1023) == {"tp": 7, "cp": 0, "dp": 15, "pp": 7}
+    with pytest.raises(ConfigError):
+        Layout(tp=8, pp=8, dp=16, global_batch=10)
+
+
+def test_more_nic_bandwidth_never_slows_a_step():
+    m = load_model("llama3-8b")
+    lays = [Layout(tp=1, pp=1, dp=32, global_batch=64, seq_len=4096, zero=z, recompute="selective")
+            for z in (0, 1, 3)] + [Layout(tp=2, pp=4, dp=4, global_batch=64, seq_len=4096, zero=1, interleave=2,
+                                          sequence_parallel=True, recompute="selective")]
+    prev = None
+    for gbps in (100, 200, 400, 800):
+        topo = cluster_for("dgx-h100", 4, nic_gbps=gbps)
+        times = [step_time(m, lay, topo, comm=AlphaBetaModel()).step_time_s for lay in lays]
+        best = plan(m, topo, 32, 64, 4096, space=PlanSpace(tp=(1, 2, 4), micro_batch=(1, 2), interleave=(1,)),
+                    refine=None).ranked[0].step_time_s
+        if prev is not None:
+            assert all(t <= p + 1e-12 for t, p in zip(times + [best], prev))
+        prev = times + [best]
+
+
+def test_narayanan_table1_within_10_percent():
+    rows = predict_table1(comm=AlphaBetaModel())
+    assert len(rows) == len(TABLE1) == 10
+    published = [r["published_tflops"] for r in rows]
+    assert published == [137, 138, 142, 135, 138, 140, 148, 155, 163, 163]
+    for r in rows:
+        assert abs(r["error"]) < 0.10, (r["model"], r["published_tflops"], r["predicted_tflops"])
+
+
+def test_planner_top_layouts_fit_and_are_sorted():
+    m = load_model("llama3-8b")
+    topo = cluster_for("dgx-h100", 2)
+    p = plan(m, topo, 16, 32, 4096, refine=None)
+    times = [r.step_time_s for r in p.ranked]
+    assert times == sorted(times) and p.evaluated + p.oom == p.searched
+    assert all(r.memory.fits for r in p.top(10))
+    assert p.top(1)[0].layout.gpus == 16
+    with pytest.raises(InvalidArgument):
+        plan(m, topo, 64, 32)
+
+
+def test_parameter_servers_incast_and_consistency():
+    topo = cluster_for("dgx-h100", 8)
+    workers = [topo.gpus(h)[0] for h in topo.hosts()]
+    res = {(r.layout, r.consistency): r for r in compare(2e9, 0.2, workers, topo, straggler="bernoulli:0.2:4",
+                                                          staleness=2, iters=100)}
+    # incast: a central server is slower than sharded servers and than a ring all-reduce
+    assert res[("gpu0", "BSP")].step_time_s > res[("sharded", "BSP")].step_time_s
+    assert res[("cpu", "BSP")].server_time_s > res[("sharded", "BSP")].server_time_s
+    # with stragglers, relaxing consistency never slows a step: BSP >= SSP >= ASP
+    for lay in ("sharded", "gpu0", "cpu"):
+        assert res[(lay, "BSP")].step_time_s >= res[(lay, "SSP(2)")].step_time_s >= res[(lay, "ASP")].step_time_s
+    assert res[("ring all-reduce", "BSP")].step_time_s < res[("cpu", "BSP")].step_time_s
+
+
+def test_ssp_bound_and_straggler_specs():
+    import numpy as np
+    c = np.ones((10, 3))
+    c[:, 0] = 5.0  # one worker five times slower
+    bsp = ssp_finish_times(c, 0.0, 0)
+    asp = ssp_finish_times(c, 0.0, float("inf"))
+    assert bsp[-1].max() == pytest.approx(50.0) and asp[:, 1].max() == pytest.approx(10.0)
+    s1 = ssp_finish_times(c, 0.0, 1)
+    # a fast worker never gets more than s+1 iterations ahead of the slow one
+    assert s1[3, 1] >= s1[1, 0]
+    for bad in ("weird", "bernoulli:2:3", "lognormal", "exp:x"):
+        with pytest.raises(InvalidArgument):
+            parse_straggler(bad)
