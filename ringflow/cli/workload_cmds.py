@@ -316,8 +316,43 @@ def plan_command(
                  "compute", "TP", "PP p2p", "bubble", "DP"], rows)
 
 
+def ps_command(
+    model: str = typer.Option("llama3-8b", "--model", help="gradient size = parameters x --grad-bytes"),
+    grad_bytes: int = typer.Option(4, "--grad-bytes"),
+    topo: str = typer.Option("dgx-h100", "--topo"), nodes: int = typer.Option(8, "--nodes"),
+    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps"),
+    compute_s: float = typer.Option(1.0, "--compute-s", help="a worker's compute time per step"),
+    straggler: str = typer.Option("none", "--straggler", help="none, lognormal:SIGMA, bernoulli:P:SLOWDOWN, "
+                                  "exp:MEAN_FRACTION"),
+    staleness: int = typer.Option(3, "--staleness", help="SSP bound s"),
+    cpu_servers: int = typer.Option(1, "--cpu-servers", help="CPU parameter-server hosts (one NIC each)"),
+    iters: int = typer.Option(200, "--iters"), seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Parameter servers (CPU, GPU 0, sharded) under BSP / SSP / ASP with stragglers, vs ring all-reduce."""
+    from ..workload import load_model
+    from ..workload.param_server import compare
+
+    m = load_model(model)
+    t = _cluster(topo, nodes, nic_gbps, "rail")
+    workers = [t.gpus(h)[0] for h in t.hosts()]
+    nbytes = float(m.params()) * grad_bytes
+    res = compare(nbytes, compute_s, workers, t, straggler=straggler, staleness=staleness, cpu_servers=cpu_servers,
+                  iters=iters, seed=seed)
+    if json_out:
+        print_json({"model": m.name, "workers": len(workers), "grad_bytes": nbytes, "straggler": straggler,
+                    "rows": [r.to_dict() for r in res]})
+        return
+    print_table(f"{len(workers)} workers (one GPU per server), {nbytes / 1e9:.1f} GB gradient, compute "
+                f"{compute_s:g} s, stragglers {straggler}",
+                ["layout", "consistency", "s per global step", "push+pull s", "server s", "bottleneck"],
+                [[r.layout, r.consistency, f"{r.step_time_s:.3f}", f"{r.comm_s:.3f}", f"{r.server_time_s:.3f}",
+                  r.bottleneck] for r in res])
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
     app.command("traffic")(traffic_command)
     app.command("train")(train_command)
     app.command("plan")(plan_command)
+    app.command("ps")(ps_command)
