@@ -464,6 +464,27 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- parent side
+def dropped_packets(cluster: Any) -> int:
+    """Packets the loss rules of `NetnsCluster.set_loss` have dropped so far (their nftables counters)."""
+    import re
+    import subprocess
+    out = subprocess.run(["ip", "netns", "exec", cluster.bridge_ns, "nft", "list", "table", "bridge", "rfloss"],
+                         capture_output=True, text=True, timeout=10)
+    return sum(int(m) for m in re.findall(r"counter packets (\d+) bytes \d+ drop", out.stdout))
+
+
+def tcp_retransmits(cluster: Any) -> int:
+    """TCP segments retransmitted, summed over the cluster's host namespaces (/proc/net/snmp)."""
+    import subprocess
+    total = 0
+    for h in range(cluster.nhosts):
+        out = subprocess.run(cluster.command(h, ["cat", "/proc/net/snmp"]), capture_output=True, text=True,
+                             check=True, timeout=10).stdout
+        tcp = [ln.split() for ln in out.splitlines() if ln.startswith("Tcp:")]
+        total += int(tcp[1][tcp[0].index("RetransSegs")])
+    return total
+
+
 def mtu_packets(cluster: Any) -> None:
     """Make every host of a NetnsCluster send MTU-sized packets (gso_max_segs 1), so that a loss rule
     drops 1% of real packets rather than 1% of 64 KiB GSO bundles."""

@@ -99,16 +99,20 @@ class NetnsCluster:
         _run("ip", "-n", self.names[host], "link", "set", "eth0", "up" if up else "down")
 
     def set_loss(self, host: int, percent: float) -> None:
-        """Drop `percent`% of host `host`'s outgoing packets at random (nftables)."""
+        """Drop `percent`% of host `host`'s outgoing packets at random on its link (nftables).
+
+        The rule sits in the bridge namespace, on the host's bridge port: a drop in the host's own
+        output hook would be reported to its TCP as a local send error (resent at once, no loss
+        recovery), so only a drop on the wire emulates packet loss."""
         if shutil.which("nft") is None:
             raise RfSystemError("nft is not installed", "apt-get install nftables")
-        ns = self.names[host]
-        _run("ip", "netns", "exec", ns, "nft", "add", "table", "inet", "rfloss")
-        _run("ip", "netns", "exec", ns, "nft", "add", "chain", "inet", "rfloss", "out",
-             "{ type filter hook output priority 0; }")
+        br = self.bridge_ns
+        _run("ip", "netns", "exec", br, "nft", "add", "table", "bridge", "rfloss")
+        _run("ip", "netns", "exec", br, "nft", "add", "chain", "bridge", "rfloss", "lossfw",
+             "{ type filter hook forward priority 0; }")
         per_10k = int(round(percent * 100))
-        _run("ip", "netns", "exec", ns, "nft", "add", "rule", "inet", "rfloss", "out", "meta", "oifname", "eth0",
-             "numgen", "random", "mod", "10000", "<", str(per_10k), "drop")
+        _run("ip", "netns", "exec", br, "nft", "add", "rule", "bridge", "rfloss", "lossfw", "iifname",
+             f"rfb{host}{self.tag}", "numgen", "random", "mod", "10000", "<", str(per_10k), "counter", "drop")
 
     def command(self, host: int, argv: list[str]) -> list[str]:
         """argv wrapped to run inside host `host`'s namespace."""
