@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             s = row[phase]
             print(f"rank {res['rank']} {phase:11s}: RSS {s['rss_kib_warm'] / 1024:.1f} -> "
                   f"{s['rss_kib_final'] / 1024:.1f} MiB (growth {s['rss_growth_kib']} KiB), "
-                  f"fds {s['fds_warm']} -> {s['fds_final']} (peak {s['fds_peak']}), threads {s['threads_warm']} -> {s['threads_final']}")
+                  f"fds {s['fds_warm']} -> {s['fds_final']} (peak {s['fds_peak']}), "
+                  f"threads {s['threads_warm']} -> {s['threads_final']}")
         print(f"rank {res['rank']}: {row['ops_per_s']:.0f} checked collectives/s, {row['cycle_ms']:.1f} ms per "
               f"create/destroy cycle, {row['communicators_made']} communicators, wrong={row['wrong']}")
     if a.json:
