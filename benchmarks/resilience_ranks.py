@@ -453,10 +453,11 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
             wrong += int(not np.array_equal(buf, want))
             if it >= a.warm:
                 times.append(dt)
-        t = float(np.median(times))
+        t, mean = float(np.median(times)), float(np.mean(times))
         rows.append({"size_bytes": count * 4, "time_us": t * 1e6, "algbw_GBps": count * 4 / t / 1e9,
                      "busbw_GBps": count * 4 / t / 1e9 * bus_factor("all_reduce", n), "wrong": wrong,
-                     "iters": iters})
+                     "iters": iters, "mean_us": mean * 1e6, "max_us": max(times) * 1e6,
+                     "mean_busbw_GBps": count * 4 / mean / 1e9 * bus_factor("all_reduce", n)})
     comm.destroy()
     res = {"rank": comm.rank, "rows": rows}
     Rank(a.out, comm.rank).write(res)
@@ -471,6 +472,13 @@ def dropped_packets(cluster: Any) -> int:
     out = subprocess.run(["ip", "netns", "exec", cluster.bridge_ns, "nft", "list", "table", "bridge", "rfloss"],
                          capture_output=True, text=True, timeout=10)
     return sum(int(m) for m in re.findall(r"counter packets (\d+) bytes \d+ drop", out.stdout))
+
+
+def clear_loss(cluster: Any) -> None:
+    """Remove the loss rules `NetnsCluster.set_loss` added (the link is lossless again)."""
+    import subprocess
+    subprocess.run(["ip", "netns", "exec", cluster.bridge_ns, "nft", "delete", "table", "bridge", "rfloss"],
+                   capture_output=True, timeout=10)
 
 
 def tcp_retransmits(cluster: Any) -> int:
