@@ -91,13 +91,18 @@ def test_two_hosts_in_network_namespaces(tmp_path: Path) -> None:
         outs = []
         try:
             for p in procs:
-                outs.append(p.communicate(timeout=150)[0])
+                try:
+                    outs.append(p.communicate(timeout=120)[0])
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    outs.append(f"(rank killed after 120 s)\n{p.communicate()[0]}")
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+        assert all(p.returncode == 0 for p in procs), "\n".join(f"--- rank {r}:\n{o[-3000:]}"
+                                                               for r, o in enumerate(outs))
     results = _results(tmp_path, 4)
     _assert_clean(results, 100)
     for res in results:

@@ -242,14 +242,19 @@ class Waiter:
 def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str, hot: bool = True) -> None:
     """Progress every op to completion (`hot`: latency mode, spin before yielding)."""
     pending = ops
-    while pending:
-        moved = False
+    try:
+        while pending:
+            moved = False
+            for op in pending:
+                if op.progress():
+                    moved = True
+            pending = [op for op in pending if not op.done]
+            if pending and not moved:
+                waiter.wait(pending, deadline, what, hot)
+    except BaseException:
         for op in pending:
-            if op.progress():
-                moved = True
-        pending = [op for op in pending if not op.done]
-        if pending and not moved:
-            waiter.wait(pending, deadline, what, hot)
+            op.cancel()
+        raise
 
 
 class CallContext:

@@ -408,6 +408,17 @@ def large_cases(r: Runner) -> None:
         _eq(comm.all_gather(xs[me]), np.concatenate(xs), "large all_gather")
     r.check("large all_gather", ag)
 
+    def scatter_tree() -> None:
+        # binomial scatter sends several blocks to one child in one step: they must not interleave
+        from ..algorithms import registry
+        c = 1_200_001
+        root = n - 1
+        big = [values(q, n, c * n, "float32", salt=5) for q in range(n)]
+        out = np.zeros(c, np.float32)
+        comm.execute(registry.get_schedule("scatter", "binomial", n, root=root), big[me].copy(), out, count=c)
+        _eq(out, big[root][me * c:(me + 1) * c], "large binomial scatter")
+    r.check("large binomial scatter", scatter_tree)
+
 
 def traffic_class(r: Runner) -> None:
     """With a traffic class set, every TCP data and control socket carries it in IP_TOS."""

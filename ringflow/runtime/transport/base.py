@@ -60,7 +60,35 @@ class Mismatch:
 
 
 class XferOp:
-    """Base of one message in flight."""
+    """Base of one message in flight.
+
+    Messages on one connection complete in the order they were posted: a connection keeps a FIFO
+    `queue` of its ops and only the head may move bytes (two sends to the same peer in one step
+    must not interleave their slices or frames).
+    """
+
+    conn: object = None
+
+    def _post(self, conn: object) -> None:
+        self.conn = conn
+        conn.queue.append(self)  # type: ignore[attr-defined]
+
+    def is_head(self) -> bool:
+        """True if this op owns its connection now."""
+        q = self.conn.queue  # type: ignore[attr-defined]
+        return bool(q) and q[0] is self
+
+    def _finish(self) -> None:
+        q = self.conn.queue  # type: ignore[attr-defined]
+        if q and q[0] is self:
+            q.popleft()
+
+    def cancel(self) -> None:
+        """Withdraw an unfinished op (after an error) so later ops on the connection can run."""
+        try:
+            self.conn.queue.remove(self)  # type: ignore[attr-defined]
+        except (ValueError, AttributeError):
+            pass
 
     done: bool = False
     is_shm: bool = False

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import deque
 
 import numpy as np
 
@@ -106,10 +107,13 @@ class ShmOut:
         self.head = 0
         self.tail = 0
         self.msg_seq = 0
+        self.queue: deque = deque()
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> "ShmSend":
         """Start sending one message."""
-        return ShmSend(self, src_u8, kind, sig, op_seq, tag)
+        op = ShmSend(self, src_u8, kind, sig, op_seq, tag)
+        op._post(self)
+        return op
 
     def close(self) -> None:
         """Unmap (and unlink, in case the receiver never opened it)."""
@@ -121,7 +125,6 @@ class ShmSend(XferOp):
     """One outgoing message on shared memory."""
 
     is_shm = True
-    __slots__ = ("o", "src", "total", "off", "kind", "sig", "op_seq", "tag", "started", "peer", "done", "moved")
 
     def __init__(self, o: ShmOut, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> None:
         self.o, self.src, self.total = o, src_u8, int(src_u8.shape[0])
@@ -130,6 +133,8 @@ class ShmSend(XferOp):
 
     def progress(self) -> bool:
         o = self.o
+        if o.queue[0] is not self:
+            return False
         m = o.m
         c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
         moved = False
@@ -159,13 +164,14 @@ class ShmSend(XferOp):
             if self.off >= self.total:
                 self.done = True
                 o.msg_seq += 1
+                o.queue.popleft()
             if c[W_RWAIT]:
                 doorbell.ring(o.peer_bell)
         return moved
 
     def ready(self) -> bool:
         o = self.o
-        return o.head - o.m.ctl[W_TAIL] < o.m.nslots
+        return o.queue[0] is self and o.head - o.m.ctl[W_TAIL] < o.m.nslots
 
     def set_waiting(self, flag: int) -> None:
         self.o.m.ctl[W_SWAIT] = flag
@@ -179,6 +185,7 @@ class ShmIn:
         self.m: _Mapped | None = None
         self.head = 0
         self.msg_seq = 0
+        self.queue: deque = deque()
 
     def try_open(self) -> bool:
         """Map the segment if the sender has created it; then unlink its name."""
@@ -215,7 +222,9 @@ class ShmIn:
 
     def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "ShmRecv":
         """Start receiving one message of nbytes into sink (None: discard)."""
-        return ShmRecv(self, sink, nbytes, sig, check, op_seq, tag)
+        op = ShmRecv(self, sink, nbytes, sig, check, op_seq, tag)
+        op._post(self)
+        return op
 
     def close(self) -> None:
         """Unmap."""
@@ -240,6 +249,8 @@ class ShmRecv(XferOp):
 
     def progress(self) -> bool:
         i = self.i
+        if i.queue[0] is not self:
+            return False
         m = i.m
         if m is None:
             if not i.try_open():
@@ -273,6 +284,7 @@ class ShmRecv(XferOp):
             if self.off >= total:
                 self.done = True
                 i.msg_seq += 1
+                i.queue.popleft()
                 if self.mismatch is not None:
                     self.mismatch.detail = bytes(self.detail)
             if c[W_SWAIT]:
@@ -295,6 +307,8 @@ class ShmRecv(XferOp):
 
     def ready(self) -> bool:
         i = self.i
+        if i.queue[0] is not self:
+            return False
         if i.m is None:
             return i.try_open()
         return i.m.ctl[SLOT_HDR_WORD + (i.head % i.m.nslots) * 8] == i.head + 1

@@ -18,6 +18,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from typing import Callable
 
 import numpy as np
@@ -236,13 +237,16 @@ class TcpOut:
         self.sock, self.peer, self.channel = sock, peer, channel
         self.fd = sock.fileno()
         self.seq = 1  # frame 0 was HELLO
+        self.queue: deque = deque()
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> "TcpSend":
         """Start sending one message."""
         hdr = frames.pack(kind, self.seq, int(src_u8.shape[0]), channel=self.channel, op_seq=op_seq,
                           sig=sig, tag=tag)
         self.seq += 1
-        return TcpSend(self, hdr, src_u8)
+        op = TcpSend(self, hdr, src_u8)
+        op._post(self)
+        return op
 
     def close(self) -> None:
         """Close the socket."""
@@ -259,6 +263,8 @@ class TcpSend(XferOp):
         self.fds = ((o.fd, select.POLLOUT),)
 
     def progress(self) -> bool:
+        if self.o.queue[0] is not self:
+            return False
         moved = False
         sock = self.o.sock
         try:
@@ -274,6 +280,7 @@ class TcpSend(XferOp):
                 moved = self.moved = True
                 if self.hoff >= HEADER_BYTES and self.off >= self.total:
                     self.done = True
+                    self.o.queue.popleft()
         except (BlockingIOError, InterruptedError):
             return moved
         except (BrokenPipeError, ConnectionResetError) as exc:
@@ -293,6 +300,7 @@ class TcpIn:
         self.fd = -1
         self.seq = 1
         self.stage = np.empty(REDUCE_STAGE_BYTES, dtype=np.uint8)
+        self.queue: deque = deque()
 
     def try_open(self) -> bool:
         """Claim the accepted socket if the peer has connected."""
@@ -305,7 +313,9 @@ class TcpIn:
 
     def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "TcpRecv":
         """Start receiving one message of nbytes into sink (None: discard; nbytes < 0: a CHECK frame)."""
-        return TcpRecv(self, sink, nbytes, sig, check)
+        op = TcpRecv(self, sink, nbytes, sig, check)
+        op._post(self)
+        return op
 
     def close(self) -> None:
         """Close the socket."""
@@ -339,6 +349,8 @@ class TcpRecv(XferOp):
 
     def progress(self) -> bool:
         i = self.i
+        if i.queue[0] is not self:
+            return False
         if i.sock is None:
             if not i.try_open():
                 return False
@@ -392,6 +404,7 @@ class TcpRecv(XferOp):
             raise
         if self.done:
             i.seq += 1
+            i.queue.popleft()
             if self.mismatch is not None:
                 self.mismatch.detail = bytes(self.detail)
         return moved
