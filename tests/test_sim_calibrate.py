@@ -11,7 +11,9 @@ from ringflow.topology import Topology
 
 TRUE = {"shm": dict(alpha=20.0, base=100.0, per_peer=30.0, oneway=3.0, endpoint=4.0, reduce=5.0),
         "tcp": dict(alpha=45.0, base=160.0, per_peer=55.0, oneway=1.5, endpoint=2.5, reduce=5.0)}
-SIZES = [2**16, 2**18, 2**20, 2**22]
+SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]
+CACHE = 32 * 2**20     # 2 x 16 MiB x 2 ranks does not fit: the 16 MiB points come from DRAM
+DRAM = 2.0
 
 
 def synthetic(tr: str, n: int) -> dict:
@@ -20,7 +22,8 @@ def synthetic(tr: str, n: int) -> dict:
     per_dir = p["endpoint"] / 2
 
     def line(rate: float, extra: float = 0.0) -> dict:
-        return {str(b): call + p["alpha"] + b / (rate * 1e3) + b * extra for b in SIZES}
+        slow = lambda b: DRAM if 2 * b * n > CACHE else 1.0  # noqa: E731
+        return {str(b): call + p["alpha"] + slow(b) * (b / (rate * 1e3) + b * extra) for b in SIZES}
     return {"nranks": n, "results": {
         "steps1": {"4": call + p["alpha"]}, "steps8": {"4": call + 8 * p["alpha"]},
         "oneway": line(p["oneway"]), "exchange": line(per_dir),
@@ -29,8 +32,9 @@ def synthetic(tr: str, n: int) -> dict:
 
 def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> None:
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
-    topo, report = fit(measured, nprocs=4, cores=2)
+    topo, report = fit(measured, nprocs=4, cores=2, cache_bytes=CACHE)
     for tr, p in TRUE.items():
+        assert report[f"{tr}.dram_factor"]["value"] == pytest.approx(DRAM)
         assert report[f"{tr}.alpha_us"]["value"] == pytest.approx(p["alpha"])
         assert report[f"{tr}.oneway_GBps"]["value"] == pytest.approx(p["oneway"])
         assert report[f"{tr}.endpoint_GBps"]["value"] == pytest.approx(p["endpoint"])
@@ -48,7 +52,7 @@ def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> Non
     for tr in TRUE:
         meas = synthetic(tr, 2)["results"]
         for name in ("oneway", "exchange", "exchange_reduce"):
-            for b in (2**18, 2**22):
+            for b in (2**18, 2**22, 2**24):
                 res = simulate_schedule(loaded, sched[name], b, params={"host_transport": tr})
                 assert res.time_us == pytest.approx(meas[name][str(b)], rel=1e-6), (tr, name, b)
                 flow = simulate_schedule(loaded, sched[name], b, engine="flow", params={"host_transport": tr})
@@ -59,7 +63,7 @@ def test_validate_predicts_every_bench_collective(tmp_path) -> None:
     from ringflow.runtime.bench import COLLECTIVES
     from ringflow.sim.validate import predict_rows, runtime_schedule
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
-    topo, _ = fit(measured, nprocs=4, cores=2)
+    topo, _ = fit(measured, nprocs=4, cores=2, cache_bytes=CACHE)
     rows = []
     for coll in COLLECTIVES:
         for n in (2, 4):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -73,8 +74,11 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
     if len(eps) < tab.nranks:
         raise InvalidArgument(f"{tab.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
                               f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
-    fab = fabric_for(topo, prm, eps)
     count_bytes = float(count * item)
+    if prm.cache_bytes:
+        per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
+        prm = prm.for_call(count_bytes, per_host)
+    fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:
         notes.append(f"fast path: {tab.coarsened} identical ring steps per macro step")

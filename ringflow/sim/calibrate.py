@@ -8,7 +8,9 @@ Measurements (``_calib_worker``, real processes over the real transports, best o
 - ``oneway``: rank 0 -> rank 1 at 64 KiB .. 16 MiB -> one-way bandwidth (1 / least-squares slope);
 - ``exchange``: 0 <-> 1 at once -> per-direction bandwidth; a rank's copy engine carries both
   directions, so endpoint_GBps = 2 x that;
-- ``exchange_reduce``: the same with reduction -> extra seconds per reduced byte -> reduce_GBps.
+- ``exchange_reduce``: the same with reduction -> extra seconds per reduced byte -> reduce_GBps;
+- the lines are fitted on sizes whose working set (2 x bytes x ranks) fits the last-level cache;
+  larger sizes give ``dram_factor``, how much slower CPU-moved bytes are from DRAM.
 
 Each transport (shm, and TCP with RINGFLOW_SHM_DISABLE=1) is measured separately.  `fit` turns
 the numbers into a topology whose SHM / LOOPBACK edges carry the one-way bandwidth and latency and
@@ -64,9 +66,26 @@ def _line(points: dict[str, float]) -> tuple[float, float]:
     return float(a), float(max(b, 1e-12))
 
 
-def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
-        cores: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
+def llc_bytes() -> int | None:
+    """This machine's last-level cache size (sysfs), or None."""
+    best = None
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in os.listdir(base):
+            with open(os.path.join(base, d, "size")) as fh:
+                txt = fh.read().strip().upper()
+            mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
+            val = int(txt.rstrip("KMG")) * mult
+            best = max(best or 0, val)
+    except (OSError, ValueError):
+        return best
+    return best
+
+
+def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: int | None = None,
+        cache_bytes: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
     """measured[transport][nranks] = worker output -> (host-cpu Topology, report of fitted parameters)."""
+    cache = cache_bytes if cache_bytes is not None else (llc_bytes() or 2**62)
     from ..topology import Topology
     from ..topology.presets import build_host_cpu
     report: dict[str, dict[str, Any]] = {}
@@ -82,14 +101,21 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
         else:
             per_peer = 0.0
         base = max(0.0, over[ns[0]] - per_peer * (ns[0] - 1))
-        _, b1 = _line(r2["oneway"])
-        _, bx = _line(r2["exchange"])
-        _, bxr = _line(r2["exchange_reduce"])
+        n0 = int(by_n[ns[0]]["nranks"])
+        fits = lambda pts: {k: v for k, v in pts.items() if 2 * int(k) * n0 <= cache}  # noqa: E731
+        a1, b1 = _line(fits(r2["oneway"]) if len(fits(r2["oneway"])) >= 2 else r2["oneway"])
+        ax, bx = _line(fits(r2["exchange"]) if len(fits(r2["exchange"])) >= 2 else r2["exchange"])
+        _, bxr = _line(fits(r2["exchange_reduce"]) if len(fits(r2["exchange_reduce"])) >= 2 else r2["exchange_reduce"])
+        # above the cache: how much slower than the in-cache line the large sizes are
+        slow = [(float(t) - a) / (int(k) * b) for series, a, b in ((r2["oneway"], a1, b1), (r2["exchange"], ax, bx))
+                for k, t in series.items() if 2 * int(k) * n0 > cache]
+        dram = float(np.median(slow)) if slow else 1.0
         oneway = 1e-3 / b1
         endpoint = 2 * 1e-3 / bx
         extra = max(bxr - bx, 1e-12)          # us per reduced byte (both sides reduce concurrently)
         per[tr] = {"alpha_us": alpha, "base_us": base, "per_peer_us": per_peer, "oneway_GBps": oneway,
-                   "endpoint_GBps": max(endpoint, oneway), "reduce_GBps": 1e-3 / extra}
+                   "endpoint_GBps": max(endpoint, oneway), "reduce_GBps": 1e-3 / extra,
+                   "dram_factor": max(1.0, dram)}
         for k, v in per[tr].items():
             report[f"{tr}.{k}"] = {"value": v, "from": _source(k)}
     shm, tcp = per.get("shm"), per.get("tcp")
@@ -106,6 +132,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
         "reduce_GBps": float(np.median(reduce_rates)),
         "protocols": [{"name": "simple", "bw_fraction": 1.0, "base_us": ref["base_us"], "msg_overhead_us": {}}],
         "call_overhead_per_peer_us": ref["per_peer_us"],
+        "cache_bytes": int(cache) if cache < 2**62 else None,
+        "dram_factor": float(np.median([p["dram_factor"] for p in per.values()])),
         "per_transport": {tr: {"base_us": p["base_us"], "call_overhead_per_peer_us": p["per_peer_us"],
                                "msg_overhead_us": {"net": p["alpha_us"]}} for tr, p in per.items()},
         "calibration": {"per_transport": per, "raw": measured},
@@ -120,7 +148,8 @@ def _source(key: str) -> str:
             "per_peer_us": "growth of the call overhead from 2 to 4 ranks",
             "oneway_GBps": "1 / slope of one-way time vs bytes (64 KiB..)",
             "endpoint_GBps": "2 / slope of two-way exchange time vs bytes",
-            "reduce_GBps": "1 / (slope with reduction - slope without)"}.get(key, "")
+            "reduce_GBps": "1 / (slope with reduction - slope without)",
+            "dram_factor": "sizes whose working set exceeds the last-level cache: time over the in-cache line"}.get(key, "")
 
 
 def calibrate(nprocs: int = 4, quick: bool = False, transports: tuple[str, ...] = ("shm", "tcp"),

@@ -106,6 +106,25 @@ class SimParams:
     call_overhead_per_peer_us: float = 0.0
     # Overrides applied when `host_transport` is the key (calibration measures shm and TCP apart).
     per_transport: dict[str, dict] | None = None
+    # CPU hosts: when a call's working set (2 x count bytes x ranks on the host) exceeds the last-level
+    # cache, every CPU-moved rate (endpoint, shm / loopback links, reduction) is `dram_factor` slower.
+    # Both measured by `ringflow calibrate` (cache size from sysfs, factor from the 16 MiB points).
+    cache_bytes: int | None = None
+    dram_factor: float = 1.0
+
+    def for_call(self, count_bytes: float, ranks_per_host: int) -> "SimParams":
+        """These parameters for one call size: the DRAM variant above the cache size."""
+        if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
+            return self
+        f = float(self.dram_factor)
+        eff = dict(self.link_efficiency)
+        for k in ("shm", "loopback"):
+            eff[k] = eff.get(k, 1.0) / f
+        return dataclasses.replace(
+            self, link_efficiency=eff, cache_bytes=None,
+            endpoint_GBps={k: v / f for k, v in self.endpoint_GBps.items()} if self.endpoint_GBps else None,
+            reduce_GBps=self.reduce_GBps / f if self.reduce_GBps else None,
+            copy_GBps=self.copy_GBps / f if self.copy_GBps else None)
     host_cores: int | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
