@@ -11,9 +11,10 @@ slower rank's median and mean over iterations (the mean carries the retransmissi
 what nccl-tests reports); busbw = size / mean time x 2(n-1)/n (nccl-tests' all-reduce factor).
 Clean and lossy rounds alternate in one pair of namespaces and the best round per size is kept,
 so that load from other processes does not masquerade as a loss effect. The rule's drop counter
-and the TCP retransmissions (/proc/net/snmp in the namespaces) show the loss really happened. Needs root, iproute2 and nft. MTU-sized packets cost a veth pair
-on this 2-core VM most of its speed (about 80 MB/s instead of about 750 MB/s with GSO, measured
-with a plain socket stream), so the absolute figures are low; the ratio is the result.
+and the TCP retransmissions (/proc/net/snmp in the namespaces) show the loss really happened.
+Needs root, iproute2 and nft. MTU-sized packets cost a veth pair on this 2-core VM most of its
+speed (about 80 MB/s instead of about 750 MB/s with GSO, measured with a plain socket stream), so
+the absolute figures are low; the ratio is the result.
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                       "mean_us_loss": l["mean_us"], "busbw_GBps_loss": l["mean_busbw_GBps"],
                       "max_us_loss": l["max_us"], "slowdown": slow, "wrong": wrong})
         print(f"{format_size(c['size_bytes']):>9} {c['time_us']:11.1f} {c['mean_us']:11.1f} "
-              f"{c['mean_busbw_GBps']:9.3f} {l['time_us']:11.1f} {l['mean_us']:11.1f} {l['mean_busbw_GBps']:9.3f} {slow:8.2f}x {wrong:6d}")
+              f"{c['mean_busbw_GBps']:9.3f} {l['time_us']:11.1f} {l['mean_us']:11.1f} {l['mean_busbw_GBps']:9.3f} "
+              f"{slow:8.2f}x {wrong:6d}")
     if a.json:
         Path(a.json).write_text(json.dumps({"loss_pct": a.loss, "rate_mbit": a.rate_mbit, "rounds": a.rounds,
                                             "table": table, "retransmits": retrans, "dropped": dropped}, indent=1))
