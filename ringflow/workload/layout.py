@@ -150,9 +150,36 @@ def rank_groups(layout: Layout) -> RankGroups:
     return RankGroups(tp, cp, dp, pp, tuple(ep_groups))
 
 
+def first_groups(layout: Layout) -> RankGroups:
+    """Only the first communicator of every dimension (all are alike in a homogeneous cluster): O(group size)."""
+    L = layout
+    return RankGroups(
+        tp=(tuple(rank_of(L, t, 0, 0, 0) for t in range(L.tp)),),
+        cp=(tuple(rank_of(L, 0, c, 0, 0) for c in range(L.cp)),),
+        dp=(tuple(rank_of(L, 0, 0, d, 0) for d in range(L.dp)),),
+        pp=(tuple(rank_of(L, 0, 0, 0, p) for p in range(L.pp)),),
+        ep=(tuple([rank_of(L, 0, c, d, 0) for d in range(L.dp) for c in range(L.cp)][:L.ep]),))
+
+
+_EPS_CACHE: dict[int, tuple[Any, int, list[str]]] = {}
+
+
+def _endpoints(topo: Any) -> list[str]:
+    """topo.endpoints(), cached per topology object (and its node count, in case it grew)."""
+    n = topo.graph.number_of_nodes()
+    hit = _EPS_CACHE.get(id(topo))
+    if hit is not None and hit[0] is topo and hit[1] == n:
+        return hit[2]
+    eps = topo.endpoints()
+    if len(_EPS_CACHE) > 32:
+        _EPS_CACHE.clear()
+    _EPS_CACHE[id(topo)] = (topo, n, eps)
+    return eps
+
+
 def group_endpoints(topo: Any, ranks: tuple[int, ...]) -> list[str]:
     """Topology node ids of a group's ranks (rank r = topo.endpoints()[r])."""
-    eps = topo.endpoints()
+    eps = _endpoints(topo)
     if max(ranks) >= len(eps):
         raise InvalidArgument(f"layout needs {max(ranks) + 1} GPUs but topology {topo.name!r} has {len(eps)}",
                               "add nodes (--nodes) or shrink tp x pp x dp")

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
-from .layout import Layout, group_endpoints, rank_groups
+from .layout import Layout, first_groups, group_endpoints
 from .memory import MemoryBreakdown, OPTIMIZER_BYTES, memory_per_gpu, stage_params
 from .models import ModelSpec
 
@@ -93,7 +93,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     gpu = gpu or gpu_of_topology(topo)
     comm = comm or AlphaBetaModel()
     eff = eff or EfficiencyModel()
-    groups = rank_groups(layout)
+    groups = first_groups(layout)
     ep = lambda dim: group_endpoints(topo, groups.of(dim)[0])  # noqa: E731 - one representative group
     L, p, v, m = layout, layout.pp, layout.interleave, layout.microbatches
     s_local = L.seq_len / L.cp
