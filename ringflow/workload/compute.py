@@ -39,24 +39,19 @@ class GpuSpec:
     memory_bytes: float
 
 
-# Dense (no sparsity) peaks from NVIDIA's datasheets:
-# - A100 SXM4 80GB: 312 TFLOP/s BF16, 2,039 GB/s HBM2e, 80 GB (NVIDIA A100 datasheet, 2021); no FP8.
-# - H100 SXM5: 989.4 TFLOP/s BF16, 1,978.9 FP8 (datasheet's 1,979 / 3,958 "with sparsity" halved),
-#   3.35 TB/s HBM3, 80 GB (NVIDIA H100 datasheet).
-# - H200 SXM: same tensor cores as H100, 4.8 TB/s HBM3e, 141 GB (NVIDIA H200 datasheet).
-# - B200 (HGX): 2.25 PFLOP/s BF16 and 4.5 FP8 dense, 8 TB/s, 180 GB (NVIDIA HGX B200 datasheet, sparse / 2).
-# - GB200 (per GPU of NVL72): 2.5 PFLOP/s BF16, 5 FP8 dense, 8 TB/s, 186 GB (GB200 NVL72 datasheet / 72 / 2).
-# - V100 SXM2 32GB: 125 TFLOP/s FP16 tensor, 900 GB/s, 32 GB (NVIDIA V100 datasheet); no BF16/FP8 (FP16 used).
-# - P100 SXM2: 21.2 TFLOP/s FP16, 732 GB/s, 16 GB (NVIDIA P100 datasheet).
-GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("A100", 312e12, 312e12, 2039.0, 80e9),
-    GpuSpec("H100", 989.4e12, 1978.9e12, 3350.0, 80e9),
-    GpuSpec("H200", 989.4e12, 1978.9e12, 4800.0, 141e9),
-    GpuSpec("B200", 2250e12, 4500e12, 8000.0, 180e9),
-    GpuSpec("GB200", 2500e12, 5000e12, 8000.0, 186e9),
-    GpuSpec("V100", 125e12, 125e12, 900.0, 32e9),
-    GpuSpec("P100", 21.2e12, 21.2e12, 732.0, 16e9),
-]}
+def _from_catalog() -> dict[str, GpuSpec]:
+    """The hardware catalog's GPUs (ringflow.hardware.gpus: dense datasheet peaks, sources per entry) in the
+    units this module uses; GPUs without BF16 (P100, V100) train in FP16, and without FP8 at their 16-bit peak."""
+    from ..hardware.gpus import GPU_MODELS
+    out = {}
+    for g in GPU_MODELS.values():
+        half = (g.bf16_tflops or g.fp16_tflops) * 1e12
+        out[g.name] = GpuSpec(g.name, half, (g.fp8_tflops or g.bf16_tflops or g.fp16_tflops) * 1e12,
+                              float(g.memory_GBps), float(g.memory_GB) * 1e9)
+    return out
+
+
+GPUS: dict[str, GpuSpec] = _from_catalog()
 
 
 def gpu_spec(name: str) -> GpuSpec:
