@@ -79,8 +79,10 @@ def traffic_command(
     if formula in ("exact", "both"):
         steps = N
 
+        per_server = max(1, len(cluster_for(topo, 1, None, fabric).endpoints()))
+
         def topo_for(g: int, one_per_server: bool) -> Any:
-            return cluster_for(topo, g if one_per_server else max(1, math.ceil(g / 8)), None, fabric)
+            return cluster_for(topo, g if one_per_server else max(1, math.ceil(g / per_server)), None, fabric)
         ex = [r.to_dict() for r in exact_1d(m, tokens, steps, gpus, topo_for)]
         out["exact_rows"] = ex
         if formula == "exact":
@@ -88,7 +90,7 @@ def traffic_command(
             out["totals"] = {r["mode"]: r["total_bytes"] for r in ex}
         if three_d:
             lay = Layout(tp=tp, pp=pp, dp=dp, global_batch=dp, micro_batch=1)
-            t3 = cluster_for(topo, max(1, math.ceil(lay.gpus / 8)), None, fabric)
+            t3 = cluster_for(topo, max(1, math.ceil(lay.gpus / per_server)), None, fabric)
             e3 = [r.to_dict() for r in exact_3d(m, tokens, steps, lay, t3)]
             tot3 = sum(r["total_bytes"] for r in e3)
             net3 = sum(r["network_bytes"] for r in e3)
@@ -276,7 +278,8 @@ def plan_command(
     from ..workload.planner import plan
 
     m = load_model(model)
-    t = _cluster(topo, nodes or max(1, math.ceil(gpus / 8)), nic_gbps, fabric)
+    per_server = max(1, len(_cluster(topo, 1, nic_gbps, fabric).endpoints()))
+    t = _cluster(topo, nodes or max(1, math.ceil(gpus / per_server)), nic_gbps, fabric)
     with Progress(console=console, transient=True, disable=json_out) as bar:
         task = bar.add_task(f"planning {m.name} on {gpus} GPUs", total=None)
 
