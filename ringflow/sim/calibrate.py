@@ -100,7 +100,7 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: 
             per_peer = max(0.0, (over[ns[-1]] - over[ns[0]]) / (ns[-1] - ns[0]))
         else:
             per_peer = 0.0
-        base = max(0.0, over[ns[0]] - per_peer * (ns[0] - 1))
+        base = over[ns[0]] - per_peer * (ns[0] - 1)   # the line through the measured points (may be < 0 at n=1)
         n0 = int(by_n[ns[0]]["nranks"])
         fits = lambda pts: {k: v for k, v in pts.items() if 2 * int(k) * n0 <= cache}  # noqa: E731
         a1, b1 = _line(fits(r2["oneway"]) if len(fits(r2["oneway"])) >= 2 else r2["oneway"])
