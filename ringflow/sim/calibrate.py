@@ -71,14 +71,17 @@ def llc_bytes() -> int | None:
     best = None
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
-        for d in os.listdir(base):
+        entries = [d for d in os.listdir(base) if d.startswith("index")]
+    except OSError:
+        return None
+    for d in entries:
+        try:
             with open(os.path.join(base, d, "size")) as fh:
                 txt = fh.read().strip().upper()
             mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
-            val = int(txt.rstrip("KMG")) * mult
-            best = max(best or 0, val)
-    except (OSError, ValueError):
-        return best
+            best = max(best or 0, int(txt.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
     return best
 
 
