@@ -159,3 +159,25 @@ def test_ssp_bound_and_straggler_specs():
     for bad in ("weird", "bernoulli:2:3", "lognormal", "exp:x"):
         with pytest.raises(InvalidArgument):
             parse_straggler(bad)
+
+
+def test_contention_all_groups_at_once():
+    from ringflow.topology import build_cluster
+    from ringflow.workload.contention import dimension_factor
+    m = load_model("llama3-8b")
+    lay = Layout(tp=4, pp=2, dp=4, global_batch=16, seq_len=2048, zero=0, recompute="selective",
+                 sequence_parallel=True)
+    rail = cluster_for("dgx-h100", 4)
+    r = step_time(m, lay, rail, comm=AlphaBetaModel(), contention=True)
+    assert r.contention["tp"] == pytest.approx(1.0)   # TP stays inside servers
+    assert r.contention["dp"] == pytest.approx(1.0, abs=0.02)  # rails keep DP groups apart
+    # PCIe servers with 2 NICs for 8 GPUs: two groups on GPUs 0 and 1 share a NIC, eight groups share two
+    box = cluster_for("pcie-8gpu", 2)
+    a, b = box.gpus(box.hosts()[0]), box.gpus(box.hosts()[1])
+    two = dimension_factor(box, "all_reduce", 1e9, [[a[0], b[0]], [a[1], b[1]]])
+    eight = dimension_factor(box, "all_reduce", 1e9, [[a[i], b[i]] for i in range(8)])
+    assert two["groups"] == 2 and 1.5 < two["factor"] <= 2.05
+    assert eight["factor"] > two["factor"]
+    tree = build_cluster("dgx-h100", 4, fabric="fat-tree", oversubscription=4.0)
+    slow = step_time(m, lay, tree, comm=AlphaBetaModel(), contention=True)
+    assert slow.step_time_s >= step_time(m, lay, tree, comm=AlphaBetaModel()).step_time_s

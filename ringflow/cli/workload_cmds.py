@@ -199,6 +199,8 @@ def train_command(
     flash: bool = typer.Option(True, "--flash/--no-flash", help="FlashAttention (no stored attention scores)"),
     tokens: float = typer.Option(15e12, "--tokens", help="token budget for the time-to-train figure"),
     comm: str = typer.Option("auto", "--comm", help="auto (simulator), sim, or alpha-beta"),
+    contention: bool = typer.Option(False, "--contention", help="scale each dimension by the flow engine's "
+                                    "slowdown with all its groups communicating at once (slower)"),
     scaling: bool = typer.Option(False, "--scaling", help="also the scale factor T_n/(nT) as DP grows"),
     plot: Optional[str] = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this PNG"),
     json_out: bool = typer.Option(False, "--json"),
@@ -216,7 +218,7 @@ def train_command(
                        bucket_bytes=int(bucket_mb * 1e6), overlap_grad_reduce=overlap_grad, overlap_tp=overlap_tp,
                        precision=precision, flash_attention=flash)
     cm = default_comm_model(comm)
-    r = step_time(m, lay, t, comm=cm)
+    r = step_time(m, lay, t, comm=cm, contention=contention)
     out = r.to_dict(tokens)
     curve = None
     if scaling or plot:
@@ -250,6 +252,9 @@ def train_command(
                   f"{mem.optimizer_bytes / 1e9:.1f}, activations {mem.activations_bytes / 1e9:.1f}) "
                   f"{'[green]fits[/]' if mem.fits else '[red]OUT OF MEMORY[/]'}")
     console.print(f"{tokens:.3g} tokens in {r.time_to_train_s(tokens) / 86400:.1f} days")
+    if r.contention:
+        console.print("contention (all groups at once / one group alone, flow engine): " +
+                      ", ".join(f"{k} x{v:.2f}" for k, v in r.contention.items()))
     if curve:
         print_table("scale factor T_n/(nT) (seed 003), weak scaling in DP",
                     ["GPUs", "DP", "tokens/s", "scale factor"],

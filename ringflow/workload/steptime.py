@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
-from .layout import Layout, first_groups, group_endpoints
+from .layout import Layout, first_groups, group_endpoints, rank_groups, rank_of
 from .memory import MemoryBreakdown, OPTIMIZER_BYTES, memory_per_gpu, stage_params
 from .models import ModelSpec
 
@@ -56,6 +56,7 @@ class StepResult:
     bubble_fraction: float
     comm_bytes_per_step: dict[str, float] = field(default_factory=dict)
     comm_model: str = "alpha-beta"
+    contention: dict[str, float] = field(default_factory=dict)
 
     def time_to_train_s(self, tokens: float) -> float:
         """Seconds to train on `tokens` tokens at this rate."""
@@ -70,7 +71,7 @@ class StepResult:
              "memory_per_gpu_bytes": self.memory.total_bytes, "memory": self.memory.to_dict(),
              "fits_in_memory": self.memory.fits, "network_wait_fraction": self.network_wait_fraction,
              "bubble_fraction": self.bubble_fraction, "comm_bytes_per_step": dict(self.comm_bytes_per_step),
-             "comm_model": self.comm_model}
+             "comm_model": self.comm_model, "contention": dict(self.contention)}
         if token_budget:
             d["token_budget"] = token_budget
             d["time_to_train_s"] = self.time_to_train_s(token_budget)
@@ -87,8 +88,12 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
 
 def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | None = None,
               comm: CommModel | None = None, eff: EfficiencyModel | None = None,
-              reserve_bytes: float | None = None) -> StepResult:
-    """Predict one training step of `model` split by `layout` on `topo` (see module docstring)."""
+              reserve_bytes: float | None = None, contention: bool = False) -> StepResult:
+    """Predict one training step of `model` split by `layout` on `topo` (see module docstring).
+
+    With `contention`, every dimension's communication is scaled by the slowdown the simulator's flow
+    engine finds when all of that dimension's groups communicate at once (`contention.py`).
+    """
     layout.check_model(model)
     gpu = gpu or gpu_of_topology(topo)
     comm = comm or AlphaBetaModel()
@@ -100,6 +105,8 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     layers = model.layers / p
     mb = microbatch_times(model, L, gpu, eff, stage="last")
     act_bytes = L.micro_batch * s_local * model.hidden * ACT_BYTES  # one activation tensor b x s x h
+    factors = _contention_factors(model, L, topo, act_bytes) if contention else {}
+    f = lambda dim: factors.get(dim, 1.0)  # noqa: E731
 
     # ---- tensor parallel: 4 all-reduces per layer (+2 with full recompute)
     t_tp = 0.0
@@ -111,7 +118,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
                 comm.time_s("all_gather", act_bytes, ep("tp"), topo)
         else:
             one = comm.time_s("all_reduce", act_bytes, ep("tp"), topo)
-        t_tp = n_calls * one
+        t_tp = n_calls * one * f("tp")
         if L.overlap_tp:
             gemm_s = mb.total_s
             t_tp = max(t_tp - gemm_s, t_tp / 4)
@@ -127,13 +134,13 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     t_ep = 0.0
     if model.is_moe and L.ep > 1:
         a2a_bytes = L.micro_batch * s_local * model.top_k * model.hidden * ACT_BYTES / (L.tp if L.sequence_parallel else 1)
-        t_ep = 4 * layers * comm.time_s("all_to_all", a2a_bytes, ep("ep"), topo)
+        t_ep = 4 * layers * comm.time_s("all_to_all", a2a_bytes, ep("ep"), topo) * f("ep")
     # ---- pipeline point-to-point, per micro-batch and virtual stage
     t_pp = 0.0
     if p > 1:
         msg = act_bytes / L.tp
         pair = group_endpoints(topo, groups.pp[0][:2])
-        t_pp = 2 * v * comm.time_s("sendrecv", msg, pair, topo)
+        t_pp = 2 * v * comm.time_s("sendrecv", msg, pair, topo) * f("pp")
     t_mb = mb.total_s + t_tp + t_cp + t_ep + t_pp
     bubble = (p - 1) / v * t_mb
     pipeline = m * t_mb + bubble
@@ -149,21 +156,21 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
         bucket = min(L.bucket_bytes, grad_b)
         window = mb.backward_s + mb.recompute_s if L.overlap_grad_reduce else 0.0
         if L.zero in (0,):
-            t_red = comm.time_s("all_reduce", grad_b, dpg, topo)
-            last = comm.time_s("all_reduce", bucket, dpg, topo)
+            t_red = comm.time_s("all_reduce", grad_b, dpg, topo) * f("dp")
+            last = comm.time_s("all_reduce", bucket, dpg, topo) * f("dp")
             t_dp_exposed = max(last, t_red - window) if L.overlap_grad_reduce else t_red
             bytes_dp = 2 * (L.dp - 1) / L.dp * grad_b
         elif L.zero in (1, 2):
-            t_red = comm.time_s("reduce_scatter", grad_b, dpg, topo)
-            last = comm.time_s("reduce_scatter", bucket, dpg, topo)
-            t_ag = comm.time_s("all_gather", param_b, dpg, topo)
-            ag_first = comm.time_s("all_gather", min(L.bucket_bytes / 2, param_b), dpg, topo)
+            t_red = comm.time_s("reduce_scatter", grad_b, dpg, topo) * f("dp")
+            last = comm.time_s("reduce_scatter", bucket, dpg, topo) * f("dp")
+            t_ag = comm.time_s("all_gather", param_b, dpg, topo) * f("dp")
+            ag_first = comm.time_s("all_gather", min(L.bucket_bytes / 2, param_b), dpg, topo) * f("dp")
             t_dp_exposed = (max(last, t_red - window) if L.overlap_grad_reduce else t_red) + \
                 (ag_first if L.overlap_param_gather else t_ag)
             bytes_dp = (L.dp - 1) / L.dp * (grad_b + param_b)
         else:  # ZeRO-3 / FSDP: per micro-batch: gather params fwd + bwd, reduce-scatter grads
-            per_mb = 2 * comm.time_s("all_gather", param_b, dpg, topo) + \
-                comm.time_s("reduce_scatter", grad_b, dpg, topo)
+            per_mb = (2 * comm.time_s("all_gather", param_b, dpg, topo) +
+                      comm.time_s("reduce_scatter", grad_b, dpg, topo)) * f("dp")
             layer_share = 1.0 / max(layers, 1)
             if L.overlap_param_gather:
                 exposed_mb = max(0.0, per_mb - mb.total_s) + per_mb * layer_share
@@ -201,7 +208,29 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
         bubble_fraction=bubble_fraction(p, m, v),
         comm_bytes_per_step={"tp": m * bytes_tp, "dp": bytes_dp,
                              "pp": (2 * v * m * act_bytes / L.tp) if p > 1 else 0.0},
-        comm_model=getattr(comm, "name", type(comm).__name__))
+        comm_model=getattr(comm, "name", type(comm).__name__), contention=factors)
+
+
+def _contention_factors(model: ModelSpec, L: Layout, topo: Any, act_bytes: float) -> dict[str, float]:
+    """Per-dimension slowdown when all groups of the dimension communicate at once (flow engine)."""
+    from .contention import dimension_factor
+    g = rank_groups(L)
+    eps = lambda ranks: group_endpoints(topo, ranks)  # noqa: E731
+    out: dict[str, float] = {}
+    if L.tp > 1:
+        out["tp"] = dimension_factor(topo, "all_reduce", act_bytes, [eps(x) for x in g.tp])["factor"]
+    if L.pp > 1:
+        pairs = [eps((rank_of(L, t, c, d, 0), rank_of(L, t, c, d, 1)))
+                 for d in range(L.dp) for c in range(L.cp) for t in range(L.tp)]
+        out["pp"] = dimension_factor(topo, "sendrecv", act_bytes / L.tp, pairs)["factor"]
+    if L.dp > 1:
+        P = stage_params(model, L, L.pp - 1 if L.pp > 1 else 0)
+        coll = "all_reduce" if L.zero == 0 else "reduce_scatter"
+        out["dp"] = dimension_factor(topo, coll, P * L.grad_bytes, [eps(x) for x in g.dp])["factor"]
+    if model.is_moe and L.ep > 1:
+        a2a = act_bytes * model.top_k
+        out["ep"] = dimension_factor(topo, "all_to_all", a2a, [eps(x) for x in g.ep])["factor"]
+    return out
 
 
 def scale_factors(model: ModelSpec, layout: Layout, topo_for: Any, dps: list[int], **kw: Any) -> list[dict[str, float]]:
