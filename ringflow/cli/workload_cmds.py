@@ -315,13 +315,15 @@ def plan_command(
         L = r.layout
         b = r.breakdown
         chk = p.checked.get(i)
-        rows.append([i + 1, f"{L.tp}x{L.pp}x{L.dp}", L.micro_batch, L.zero, L.recompute, L.interleave,
+        shape = f"{L.tp}x{L.pp}x{L.dp}" + (f" ep{L.ep}" if L.ep > 1 else "") + (f" cp{L.cp}" if L.cp > 1 else "")
+        rows.append([i + 1, shape, L.micro_batch, L.zero, L.recompute, L.interleave,
                      f"{r.step_time_s:.2f}", f"{chk.step_time_s:.2f}" if chk else "-", f"{100 * r.mfu:.1f}",
                      f"{r.memory.total_bytes / 1e9:.0f}", f"{b['compute'] + b['recompute']:.2f}",
-                     f"{b['tp_exposed']:.2f}", f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}", f"{b['dp_exposed']:.2f}"])
+                     f"{b['tp_exposed']:.2f}", f"{b['ep_exposed']:.2f}", f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}",
+                     f"{b['dp_exposed']:.2f}"])
     print_table(f"top {len(best)} layouts for {m.name} on {gpus} GPUs",
                 ["#", "TPxPPxDP", "mb", "ZeRO", "recompute", "v", "step s", "sim s", "MFU %", "GB",
-                 "compute", "TP", "PP p2p", "bubble", "DP"], rows)
+                 "compute", "TP", "EP", "PP p2p", "bubble", "DP"], rows)
 
 
 def ps_command(

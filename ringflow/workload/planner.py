@@ -1,6 +1,7 @@
 """Search parallel layouts for a model on a cluster: drop what does not fit, rank the rest by step time.
 
 Search space: TP (divides the heads, at most one server), PP (divides the layers), DP = GPUs / (TP x PP x CP),
+EP for MoE models (divides the experts and DP x CP),
 micro-batch (divides the per-replica batch), ZeRO stage 0-3, recomputation none/selective/full, and
 interleaving v (divides layers / PP). Sequence parallelism is on whenever TP > 1 (same traffic as plain TP,
 less activation memory). Memory is checked first (cheap), the step time only for layouts that fit.
@@ -32,6 +33,7 @@ class PlanSpace:
     recompute: tuple[str, ...] = ("none", "selective", "full")
     interleave: tuple[int, ...] = (1, 2, 4)
     cp: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] | None = None          # None: 1 for dense models, divisors of the experts for MoE
 
 
 def _divisors(n: int) -> list[int]:
@@ -42,6 +44,7 @@ def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, spa
                gpus_per_server: int = 8, precision: str = "bf16") -> Iterator[Layout]:
     """Every layout of the search space that is valid for the model and GPU count."""
     pps = space.pp if space.pp is not None else tuple(_divisors(model.layers))
+    eps = space.ep if space.ep is not None else (tuple(_divisors(model.experts)) if model.is_moe else (1,))
     for tp in space.tp:
         if tp > gpus_per_server or model.heads % tp or gpus % tp:
             continue
@@ -63,9 +66,12 @@ def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, spa
                             if z > 0 and dp == 1:
                                 continue
                             for rc in space.recompute:
-                                yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb, global_batch=global_batch,
-                                             seq_len=seq_len, zero=z, recompute=rc, sequence_parallel=tp > 1,
-                                             interleave=v, precision=precision)
+                                for ep in eps:
+                                    if (dp * cp) % ep or (ep > 1 and not model.is_moe):
+                                        continue
+                                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb,
+                                                 global_batch=global_batch, seq_len=seq_len, zero=z, recompute=rc,
+                                                 sequence_parallel=tp > 1, interleave=v, precision=precision)
 
 
 @dataclass
