@@ -329,8 +329,13 @@ def scenario_ifbind(a: argparse.Namespace) -> dict[str, Any]:
     end = time.monotonic() + a.max_s
     while time.monotonic() < end and not (Path(a.out) / "done").exists():
         time.sleep(0.05)
-    comm.barrier()
+    t0 = time.monotonic()
+    comm.barrier()  # the first use of the data connections: they are dialed now
+    res["first_barrier_s"] = time.monotonic() - t0
+    ok = checked_all_reduce(comm, 1 << 16, 1)
     comm.destroy()
+    res["after_ok"] = ok
+    (Path(a.out) / f"final{comm.rank}.json").write_text(json.dumps(res))
     return res
 
 

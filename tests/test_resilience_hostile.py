@@ -290,7 +290,25 @@ def test_listeners_bind_only_the_selected_interface_and_refuse_outsiders(tmp_pat
         assert (raw_local[0], raw_local[1]) in refused and (bad_local[0], bad_local[1]) in refused, refused
 
 
-def test_refusal_does_not_block_the_listener() -> None:
+def test_silent_clients_do_not_stall_a_ranks_transport_listener(tmp_path: Path) -> None:
+    """Clients that connect and never answer the challenge are handled beside honest peers, not before them:
+    a serial listener would hold the ranks' first connections for 5 s per silent client."""
+    import json
+    with Job(2, "ifbind", tmp_path, ["--timeout", "30", "--max-s", "30"], env={"RINGFLOW_SHM_DISABLE": "1"}) as job:
+        job.wait_ready()
+        silent = [socket.create_connection(tuple(job.result(r)["card"]), timeout=5) for r in (0, 1, 0, 1)]
+        time.sleep(0.2)
+        (tmp_path / "done").write_text("1")
+        assert job.wait(60) == [0, 0], job.logs()
+        for s in silent:
+            s.close()
+        for r in range(2):
+            final = json.loads((tmp_path / f"final{r}.json").read_text())
+            assert final["after_ok"]
+            assert final["first_barrier_s"] < 5.0, final  # not stuck behind the silent clients' handshake timeouts
+
+
+def test_refusal_does_not_block_the_store() -> None:
     """A client that connects and says nothing must not stop honest clients (handshakes time out per client)."""
     server = StoreServer("127.0.0.1", 0, "s")
     try:

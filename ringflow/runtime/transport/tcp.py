@@ -175,11 +175,15 @@ class Listener:
             if self._closed:
                 conn.close()
                 return
-            try:
-                self._admit(conn)
-            except Exception as exc:  # noqa: BLE001 - a bad client must never kill the listener
-                log.warning("ringflow: dropped a connection during setup: %s", exc)
-                conn.close()
+            # one thread per connection: a client that never answers the challenge must not stall others
+            threading.Thread(target=self._admit_safely, args=(conn,), name="ringflow-admit", daemon=True).start()
+
+    def _admit_safely(self, conn: socket.socket) -> None:
+        try:
+            self._admit(conn)
+        except Exception as exc:  # noqa: BLE001 - a bad client must never kill the listener
+            log.warning("ringflow: dropped a connection during setup: %s", exc)
+            conn.close()
 
     def _admit(self, conn: socket.socket) -> None:
         if not auth.server_handshake(conn, self.secret, TRANSPORT_CTX):
@@ -198,11 +202,17 @@ class Listener:
                                 f"not {self.uid!r}")
         peer, key = int(hello["rank"]), str(hello["key"])
         tune_socket(conn, self.tos)
+        if self._closed:  # the communicator went away while this connection was being admitted
+            conn.close()
+            return
         if key == "ctrl":
             self.on_ctrl(peer, conn)
             return
         conn.setblocking(False)
         with self._cond:
+            if self._closed:
+                conn.close()
+                return
             old = self._conns.pop((peer, key), None)
             self._conns[(peer, key)] = conn
             self._cond.notify_all()
