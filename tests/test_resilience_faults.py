@@ -50,8 +50,11 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
         assert _segments(job.job_id) == []
 
 
-def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank(tmp_path: Path) -> None:
-    with Job(3, "mismatch", tmp_path, ["--timeout", "30"]) as job:
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank(tmp_path: Path,
+                                                                                 transport: str) -> None:
+    env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
+    with Job(3, "mismatch", tmp_path, ["--timeout", "30"], env=env) as job:
         assert job.wait(90) == [0, 0, 0], job.logs()
         for r in range(3):
             res = job.result(r)
