@@ -237,6 +237,27 @@ def scenario_timeout(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def scenario_shrinkvote(a: argparse.Namespace) -> dict[str, Any]:
+    """The last rank leaves (mode exclude: it destroys, the others exclude it) or stays silent (mode absent:
+    it never calls shrink, the others leave it out at their deadline); the rest shrink and continue."""
+    comm = ringflow.init(timeout=a.timeout)
+    r, last = comm.rank, comm.size - 1
+    res: dict[str, Any] = {"rank": r, "mode": a.mode}
+    if r == last:
+        if a.mode == "exclude":
+            comm.destroy()
+        else:
+            time.sleep(a.delay_s)
+    else:
+        t0 = time.monotonic()
+        new = comm.shrink(exclude=[last] if a.mode == "exclude" else (), timeout=a.call_timeout)
+        res.update(shrink_s=time.monotonic() - t0, new_size=new.size, parent_ranks=list(new.parent_ranks),
+                   after_ok=checked_all_reduce(new, 1000, 1))
+        new.destroy()
+    Rank(a.out, r).write(res)
+    return res
+
+
 def _hostile_frames(comm: Any) -> dict[int, bytes | None]:
     """Crafted byte streams for tags 1.. (rank 1 -> rank 0); None: close after the HELLO only."""
     import struct
@@ -613,8 +634,8 @@ class Job:
 
 
 SCENARIOS = {"loop": scenario_loop, "mismatch": scenario_mismatch, "abort": scenario_abort,
-             "timeout": scenario_timeout, "frames": scenario_frames, "ifbind": scenario_ifbind,
-             "soak": scenario_soak, "lossbench": scenario_lossbench}
+             "timeout": scenario_timeout, "frames": scenario_frames, "shrinkvote": scenario_shrinkvote,
+             "ifbind": scenario_ifbind, "soak": scenario_soak, "lossbench": scenario_lossbench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -629,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-s", type=float, default=60.0)
     ap.add_argument("--shrink", action="store_true", help="loop: shrink after the error")
     ap.add_argument("--delay-s", type=float, default=0.5)
+    ap.add_argument("--mode", default="absent", help="shrinkvote: absent or exclude")
     ap.add_argument("--call-timeout", type=float, default=1.0)
     ap.add_argument("--ops", type=int, default=10_000)
     ap.add_argument("--cycles", type=int, default=1_000)

@@ -50,6 +50,21 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
         assert _segments(job.job_id) == []
 
 
+@pytest.mark.parametrize("mode", ["exclude", "absent"])
+def test_shrink_leaves_out_an_excluded_or_silent_rank(tmp_path: Path, mode: str) -> None:
+    deadline_s = 1.5
+    with Job(3, "shrinkvote", tmp_path, ["--timeout", "30", "--mode", mode, "--call-timeout", str(deadline_s),
+                                         "--delay-s", "4"]) as job:
+        assert job.wait(60) == [0, 0, 0], job.logs()
+        for r in (0, 1):
+            res = job.result(r)
+            assert (res["new_size"], res["parent_ranks"], res["after_ok"]) == (2, [0, 1], True), res
+            if mode == "exclude":
+                assert res["shrink_s"] < deadline_s  # nobody waits for a rank excluded by name
+            else:
+                assert deadline_s - 0.05 <= res["shrink_s"] <= deadline_s + SLACK_S, res
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank(tmp_path: Path,
                                                                                  transport: str) -> None:
