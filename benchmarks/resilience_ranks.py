@@ -18,7 +18,6 @@ import argparse
 import gc
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -32,8 +31,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ringflow  # noqa: E402
-from ringflow.errors import (Aborted, InvalidArgument, ProtocolError, RemoteError, RingflowError,  # noqa: E402
-                             SystemError, Timeout)
+from ringflow.errors import RemoteError, RingflowError  # noqa: E402
 from ringflow.runtime.selftest import reduce_ref, values  # noqa: E402
 
 
