@@ -185,7 +185,7 @@ def stream_key(key: str, j: int) -> str:
     return key if j == 0 else f"{key}.s{j}"
 
 
-HOT_SPIN_S = 200e-6  # small messages: spin without yielding this long first (the peer is usually that close)
+HOT_SPIN_S = 1e-3  # small messages: spin without yielding (sched_yield on a busy host gives the core away for a timeslice)
 
 
 class Waiter:
@@ -290,56 +290,83 @@ def _raise_mismatch(recvs: list[XferOp], ctx: CallContext) -> None:
         raise bad[0].error(ctx.description)
 
 
+class Bound:
+    """A plan bound to concrete arrays: per step the connections, views and sinks, ready to run.
+
+    Binding costs slicing and object creation; a communicator keeps the binding of a small,
+    repeated call (same arrays) so the next call only posts the messages.
+    """
+
+    __slots__ = ("plan", "steps", "refs")
+
+    def __init__(self, plan: Plan, steps: list, refs: tuple) -> None:
+        self.plan, self.steps, self.refs = plan, steps, refs
+
+
+def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable,
+         refs: tuple = ()) -> Bound:
+    """Resolve every transfer and local op of `plan` to connections and views of `arrays`."""
+    t = ctx.transport
+    u8 = {b: a.view(np.uint8) for b, a in arrays.items()}
+    dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
+    isz = dtype.itemsize
+    steps = []
+    for step in plan.steps:
+        sends, recvs, locs = [], [], []
+        for x in step.xfers:
+            parts = stripes(x.nbytes, isz, ctx.streams) if t.kind(x.peer) == "tcp" else ((0, x.nbytes),)
+            for j, (po, pn) in enumerate(parts):
+                key = x.key if j == 0 else stream_key(x.key, j)
+                if x.kind == OpKind.SEND:
+                    sends.append((t.out(x.peer, key, ctx.deadline), u8[x.buf][x.off + po:x.off + po + pn],
+                                  x.snapshot))
+                    continue
+                o = x.off + po
+                if x.kind == OpKind.RECV:
+                    sink = Sink(u8[x.buf][o:o + pn])
+                else:
+                    a, b = o // isz, (o + pn) // isz
+                    sa = (x.src_off + po) // isz
+                    sink = Sink(u8[x.buf][o:o + pn], ufunc=ufunc, src_t=arrays[x.src_buf][sa:sa + (b - a)],
+                                dst_t=arrays[x.buf][a:b], dtype=dtype)
+                recvs.append((t.inn(x.peer, key), sink, pn))
+        for lo in step.locals:
+            locs.append((lo.kind == OpKind.COPY, arrays[lo.dst][lo.dst_off:lo.dst_off + lo.n],
+                         arrays[lo.src][lo.src_off:lo.src_off + lo.n]))
+        steps.append((sends, recvs, locs))
+    return Bound(plan, steps, refs)
+
+
 def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable) -> None:
     """Execute a compiled plan on flat typed arrays (IN/OUT/SCRATCH)."""
-    t = ctx.transport
+    run_bound(bind(plan, ctx, arrays, ufunc), ctx, ufunc)
+
+
+def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
+    """Execute a bound plan: per step post every message, drive them, then the local ops."""
+    plan = bound.plan
     n = ctx.nranks
     # big transfers may be striped, which only is safe once every rank agreed on the sizes
     self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
     if ctx.checks and n > 1 and not self_check:
         check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
-    u8 = {b: a.view(np.uint8) for b, a in arrays.items()}
-    dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
-    isz = dtype.itemsize
-    for si, step in enumerate(plan.steps):
+    sig, seq = ctx.sig, ctx.op_seq
+    for si, (sends, recvs, locs) in enumerate(bound.steps):
         if log_trace:
             from .logs import trace_step
+            step = plan.steps[si]
             trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
-        if step.xfers:
-            check_step = ctx.checks and si == 0 and self_check and n > 1
-            ops: list[XferOp] = []
-            recvs: list[XferOp] = []
-            for x in step.xfers:
-                parts = stripes(x.nbytes, isz, ctx.streams) if t.kind(x.peer) == "tcp" else ((0, x.nbytes),)
-                for j, (po, pn) in enumerate(parts):
-                    key = x.key if j == 0 else stream_key(x.key, j)
-                    if x.kind == OpKind.SEND:
-                        src = u8[x.buf][x.off + po:x.off + po + pn]
-                        if x.snapshot:
-                            src = src.copy()
-                        ops.append(t.out(x.peer, key, ctx.deadline).send(src, Kind.DATA, ctx.sig, ctx.op_seq, 0))
-                        continue
-                    o = x.off + po
-                    if x.kind == OpKind.RECV:
-                        sink = Sink(u8[x.buf][o:o + pn])
-                    else:
-                        a, b = o // isz, (o + pn) // isz
-                        sa = (x.src_off + po) // isz
-                        sink = Sink(u8[x.buf][o:o + pn], ufunc=ufunc, src_t=arrays[x.src_buf][sa:sa + (b - a)],
-                                    dst_t=arrays[x.buf][a:b], dtype=dtype)
-                    r = t.inn(x.peer, key).recv(sink, pn, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
-                    ops.append(r)
-                    recvs.append(r)
-            drive(ops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
-            bad = [op.mismatch for op in recvs if op.mismatch is not None]
-            if bad:
-                if check_step:
-                    raise bad[0].error(ctx.description)
-                raise _Broken(bad[0])
-        for lo in step.locals:
-            dst = arrays[lo.dst][lo.dst_off:lo.dst_off + lo.n]
-            src = arrays[lo.src][lo.src_off:lo.src_off + lo.n]
-            if lo.kind == OpKind.COPY:
+        if sends or recvs:
+            ops: list[XferOp] = [c.send(v.copy() if snap else v, Kind.DATA, sig, seq, 0) for c, v, snap in sends]
+            rops = [c.recv(sink, nb, sig, check=True, op_seq=seq, tag=0) for c, sink, nb in recvs]
+            drive(ops + rops if ops else rops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
+            for op in rops:
+                if op.mismatch is not None:
+                    if ctx.checks and si == 0 and self_check and n > 1:
+                        raise op.mismatch.error(ctx.description)
+                    raise _Broken(op.mismatch)
+        for is_copy, dst, src in locs:
+            if is_copy:
                 np.copyto(dst, src)
             else:
                 ufunc(dst, src, out=dst)

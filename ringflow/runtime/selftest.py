@@ -388,6 +388,40 @@ def torch_cases(r: Runner) -> None:
             assert torch.equal(out, want.repeat(n)), "all_gather tensor"
         r.check(f"torch {name}", case)
 
+    def same_tensor() -> None:
+        t = torch.zeros(4)
+        for k in range(3):
+            t.fill_(me + k)
+            comm.all_reduce(t)
+            assert torch.equal(t, torch.full((4,), float(sum(q + k for q in range(n))))), f"repeat {k}: {t}"
+        t.data = torch.full((4,), float(me))  # new storage under the same tensor object
+        comm.all_reduce(t)
+        assert torch.equal(t, torch.full((4,), float(sum(range(n))))), f"after storage swap: {t}"
+    r.check("torch tensor reused, then its storage swapped", same_tensor)
+
+
+def repeated_buffers(r: Runner) -> None:
+    """The same arrays called again (the cached binding) with new contents, then other arrays."""
+    comm = r.comm
+    n, me = comm.size, comm.rank
+
+    def case() -> None:
+        x = np.zeros(6, np.float32)
+        out = np.zeros(6, np.float32)
+        for k in range(4):
+            x[...] = values(me, n, 6, "float32", salt=k)
+            ref = reduce_ref([values(q, n, 6, "float32", salt=k) for q in range(n)], "sum")
+            if k % 2:
+                comm.all_reduce(x, out=out)
+                _eq(out, ref, f"repeat {k} out of place")
+            else:
+                comm.all_reduce(x)
+                _eq(x, ref, f"repeat {k} in place")
+        y = values(me, n, 6, "float32", salt=9)
+        comm.all_reduce(y)
+        _eq(y, reduce_ref([values(q, n, 6, "float32", salt=9) for q in range(n)], "sum"), "other array")
+    r.check("repeated calls on the same arrays", case)
+
 
 def large_cases(r: Runner) -> None:
     """Messages of several MiB: many shared-memory slots, striped TCP streams, odd counts."""
@@ -441,11 +475,11 @@ def traffic_class(r: Runner) -> None:
 
 SUITES = {
     "core": lambda r: (core_cases(r, DTYPES, OPS), uneven_all_to_all(r), p2p_and_async(r), groups(r),
-                       every_algorithm(r), large_cases(r)),
+                       every_algorithm(r), large_cases(r), repeated_buffers(r)),
     "tcp": lambda r: (core_cases(r, ["int32", "float32", "bfloat16"], ["sum", "max"], full=False),
                       uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r), traffic_class(r),
                       large_cases(r)),
-    "torch": torch_cases,
+    "torch": lambda r: (torch_cases(r), repeated_buffers(r)),
     "quick": lambda r: core_cases(r, ["float32"], ["sum"], full=False),
 }
 
