@@ -199,3 +199,17 @@ def test_hierarchical_trees_chain_inside_hosts() -> None:
                 assert t.path_class_nccl(eps[p], eps[r]) == "NVL"
         leaders.append({r for r, _ in cross} | {parent.index(-1)})
     assert leaders[0] == leaders[1]
+
+
+def test_multi_host_ring_with_gpus_on_different_rails_stays_rail_aligned():
+    """DP group of a TP=4 layout (GPUs 0 and 4 of every server): hosts alternate their order so no hop crosses rails."""
+    topo = build_cluster("dgx-h100", 128, fabric="rail")
+    gpus = topo.gpus()
+    eps = [gpus[h * 8 + i] for h in range(128) for i in (0, 4)]
+    rings = find_rings(topo, eps)
+    assert rings and all(r.bottleneck_GBps == pytest.approx(50.0) for r in rings)  # one 400G NIC per hop
+    order = rings[0].ranks
+    for a, b in zip(order, order[1:] + order[:1]):
+        if topo.host_of(eps[a]) != topo.host_of(eps[b]):
+            nics = [node.split("/")[1] for node in topo.path(eps[a], eps[b]) if "/nic" in node]
+            assert len(nics) == 2 and nics[0] == nics[1], (eps[a], eps[b], nics)  # same rail at both ends

@@ -366,17 +366,21 @@ def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
         local, _ = _best_order(first, s, None if s == e else e, hops, cap,
                                budget=10**6 if len(first) <= 9 else 100_000)
         pos = [first.index(x) for x in local]
-        ring: list[int] = []
-        for g, fp in zip(groups, fps):
-            if fp == fps[0] and len(g) == len(first):
-                ring.extend(g[p] for p in pos)
-            else:
-                ls, le = _entry_exit(g, set(rails.get(s, [])) & set(rails.get(e, [])), eps, router)
-                sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000)
-                ring.extend(sub)
-        bw = ring_bw(ring, hops, cap)
-        if bw > best + _EPS:
-            best, best_ring = bw, ring
+        # same order on every host, and (for entry/exit GPUs on different rails) the order reversed on every
+        # other host, so that host h's exit GPU feeds the same-index GPU of host h+1: inter-host hops stay on
+        # one rail instead of all crossing rails through the spines (what NCCL's rail-aligned rings do)
+        for alternate in (False, True):
+            ring: list[int] = []
+            for h, (g, fp) in enumerate(zip(groups, fps)):
+                if fp == fps[0] and len(g) == len(first):
+                    ring.extend(g[p] for p in (pos[::-1] if alternate and h % 2 else pos))
+                else:
+                    ls, le = _entry_exit(g, set(rails.get(s, [])) & set(rails.get(e, [])), eps, router)
+                    sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000)
+                    ring.extend(sub)
+            bw = ring_bw(ring, hops, cap)
+            if bw > best + _EPS:
+                best, best_ring = bw, ring
     return best_ring, best
 
 
