@@ -157,10 +157,11 @@ def validate_command(
                         console=console, repeats=repeats, transports=tuple(transports.split(",")))
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
-                ["transport", "n", "collective", "algorithm", "size", "measured(us)", "predicted(us)", "error", ""],
+                ["transport", "n", "collective", "algorithm", "size", "measured(us)", "run spread", "predicted(us)",
+                 "error", ""],
                 [[r["transport"], r["nranks"], r["collective"], r["algorithm"], format_size(r["size_bytes"]),
-                  f"{r['measured_us']:.1f}", f"{r['predicted_us']:.1f}", f"{r['error']:+.1%}",
-                  "ok" if abs(r["error"]) <= tolerance else "OFF"] for r in rows])
+                  f"{r['measured_us']:.1f}", f"{r.get('spread', 0.0):+.0%}", f"{r['predicted_us']:.1f}",
+                  f"{r['error']:+.1%}", "ok" if abs(r["error"]) <= tolerance else "OFF"] for r in rows])
     within = sum(abs(r["error"]) <= tolerance for r in rows)
     console.print(f"{within}/{len(rows)} sizes within {tolerance:.0%}")
     if json_out:

@@ -76,12 +76,17 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                 console.print(f"measuring {n} ranks over {tr}: {', '.join(colls)} ({min_size}..{max_size})")
             groups = ["all"] if sorted(colls) == sorted(bench.COLLECTIVES) else colls
             best: dict[tuple[str, int], dict] = {}
+            worst: dict[tuple[str, int], float] = {}
             for c in groups:     # one job runs every collective; the fastest of `repeats` runs counts
                 for _ in range(max(1, repeats)):
                     for row in bench.launch(c, n, min_size, max_size, factor=4 if quick else 2, extra_env=env):
                         key = (row["collective"], int(row["size_bytes"]))
+                        worst[key] = max(worst.get(key, 0.0), float(row["time_us"]))
                         if key not in best or row["time_us"] < best[key]["time_us"]:
                             best[key] = row
-            rows += predict_rows(t, [best[k] for k in sorted(best)], tr)
+            pred = predict_rows(t, [best[k] for k in sorted(best)], tr)
+            for r in pred:   # how much the repeated runs disagreed: the noise floor of the comparison
+                r["spread"] = worst[(r["collective"], r["size_bytes"])] / r["measured_us"] - 1.0
+            rows += pred
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
