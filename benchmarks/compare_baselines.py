@@ -3,9 +3,10 @@
 
     .venv/bin/python benchmarks/compare_baselines.py --nranks 2,4 --json results.json
 
-Every library is timed the same way: per size, warm-up calls, then iterations each preceded by a
-barrier; an iteration's time is the slowest rank's (max all-reduce of the per-rank times); the
-row's time is the median. Bus bandwidth uses nccl-tests' factors (see ringflow.runtime.bench).
+Every library is timed the same way (ringflow.runtime.bench): per size, warm-up calls, then
+samples; a sample is a barrier and `batch_size(size)` back-to-back calls (20 below 16 KiB, 1 from
+256 KiB); its time is the slowest rank's time per call (max all-reduce); the row shows the median
+sample. Bus bandwidth uses nccl-tests' factors.
 
 Bounds printed beside the table (derived here, from measurements taken in the same run):
 
@@ -46,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ringflow.runtime.bench import bus_factor, default_iters  # noqa: E402
+from ringflow.runtime.bench import batch_size, bus_factor, default_iters  # noqa: E402
 from ringflow.units import format_size, parse_size  # noqa: E402
 
 MPI_TARGET = Path.home() / ".cache" / "ringflow-baselines" / "mpi4py"
@@ -105,11 +106,13 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
                 for _ in range(2):
                     call()
                 times = []
+                m = batch_size(nbytes)
                 for _ in range(_iters(nbytes, spec["quick"])):
                     dist.barrier()
                     t0 = time.perf_counter()
-                    call()
-                    t[0] = time.perf_counter() - t0
+                    for _ in range(m):
+                        call()
+                    t[0] = (time.perf_counter() - t0) / m
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     times.append(float(t[0]))
                 rows.append(_row("gloo", coll, n, nbytes, float(np.median(times))))
@@ -188,11 +191,13 @@ def mpi_worker(spec: dict, out: str, label: str) -> None:
             for _ in range(2):
                 call()
             times = []
+            m = batch_size(nbytes)
             for _ in range(_iters(nbytes, spec["quick"])):
                 comm.Barrier()
                 t0 = MPI.Wtime()
-                call()
-                t[0] = MPI.Wtime() - t0
+                for _ in range(m):
+                    call()
+                t[0] = (MPI.Wtime() - t0) / m
                 comm.Allreduce(t, tmax, op=MPI.MAX)
                 times.append(float(tmax[0]))
             rows.append(_row(label, coll, n, nbytes, float(np.median(times))))

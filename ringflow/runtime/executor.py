@@ -185,7 +185,7 @@ def stream_key(key: str, j: int) -> str:
     return key if j == 0 else f"{key}.s{j}"
 
 
-HOT_SPIN_S = 1e-3  # small messages: spin without yielding (sched_yield on a busy host gives the core away for a timeslice)
+HOT_SPIN_S = 50e-6  # small messages: spin this long, then sleep (an in-step peer is usually that close)
 
 
 class Waiter:
@@ -200,23 +200,31 @@ class Waiter:
     def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:
         """Return when some op may progress; raise on failure, abort or timeout.
 
-        `hot` (messages below RINGFLOW_LL_THRESHOLD): spin without yielding first, the peer is
-        usually microseconds away; bulk transfers yield the core while they spin.
+        `hot` (messages below RINGFLOW_LL_THRESHOLD): spin HOT_SPIN_S without yielding, then sleep at
+        once: a peer that is not there by then is descheduled, often waiting for this very core, and
+        spinning (or sched_yield, which on a busy host hands the core to anybody for a timeslice)
+        would only delay it. Bulk transfers spin yielding the core, up to the spin budget: the peer
+        is busy copying the next slice and will be back within tens of microseconds.
         """
         self.failure()
         shm = [op for op in pending if op.is_shm]
         if shm:
-            # spin hot for a moment (latency), then spin yielding the core (a peer that waits for
-            # this core gets it at once on a busy machine), then sleep on the doorbell
             t0 = time.monotonic()
-            hot, end = t0 + (self.hot_s if hot else 0.0), t0 + self.spin_s
-            while True:
-                for op in shm:
-                    if op.ready():
-                        return
-                now = time.monotonic()
-                if now > hot:
-                    if now > end:
+            if hot and self.hot_s > 0:
+                end = t0 + self.hot_s
+                while True:
+                    for op in shm:
+                        if op.ready():
+                            return
+                    if time.monotonic() > end:
+                        break
+            else:
+                end = t0 + self.spin_s
+                while True:
+                    for op in shm:
+                        if op.ready():
+                            return
+                    if time.monotonic() > end:
                         break
                     os.sched_yield()
         for op in shm:
