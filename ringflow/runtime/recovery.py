@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("ringflow.runtime")
 
+# While waiting for votes, re-read the watchdog this often: a death first seen on a data socket
+# reaches the watchdog a moment later, and the dead rank's vote will never come.
 POLL_S = 0.02
 
 
@@ -86,7 +88,7 @@ def agree(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | No
             gone |= set(waiting)
             break
         try:
-            st.wait([f"vote/{r}" for r in waiting], min(POLL_S * 10, max(0.001, deadline - time.monotonic())))
+            st.wait([f"vote/{r}" for r in waiting], min(POLL_S, max(0.001, deadline - time.monotonic())))
         except Timeout:
             pass
         votes.update(_votes(st, waiting))
