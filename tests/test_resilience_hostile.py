@@ -308,6 +308,32 @@ def test_silent_clients_do_not_stall_a_ranks_transport_listener(tmp_path: Path) 
             assert final["first_barrier_s"] < 5.0, final  # not stuck behind the silent clients' handshake timeouts
 
 
+def test_store_refuses_unauthenticated_clients_and_logs_their_address(caplog: pytest.LogCaptureFixture) -> None:
+    server = StoreServer("127.0.0.1", 0, "the-secret")
+    try:
+        with caplog.at_level("WARNING", logger="ringflow.runtime"):
+            raw = socket.create_connection(server.address, timeout=5)
+            raw_local = raw.getsockname()
+            assert raw.recv(64).startswith(b"RFAU")
+            raw.sendall(encode(store.SET, [b"k", b"v"]).ljust(64, b"\0"))  # a request instead of the proof
+            raw.settimeout(5)
+            assert raw.recv(64)[:1] in (b"\x00", b"")
+            raw.close()
+            with pytest.raises(SystemError, match="secret"):
+                Store(*server.address, "a-guess", timeout=5.0, connect_timeout=5.0)
+            end = time.monotonic() + 5
+            while server.refused < 2 and time.monotonic() < end:
+                time.sleep(0.01)
+        assert server.refused == 2
+        logged = " ".join(r.getMessage() for r in caplog.records)
+        assert f"refused connection from {raw_local}" in logged, logged
+        honest = Store(*server.address, "the-secret", timeout=5.0)
+        assert not honest.check(["k"])  # the unauthenticated SET never happened
+        honest.close()
+    finally:
+        server.close()
+
+
 def test_refusal_does_not_block_the_store() -> None:
     """A client that connects and says nothing must not stop honest clients (handshakes time out per client)."""
     server = StoreServer("127.0.0.1", 0, "s")
