@@ -102,6 +102,8 @@ def scenario_loop(a: argparse.Namespace) -> dict[str, Any]:
     mine = [values(comm.rank, n, a.count, "float32", "sum", s) for s in range(3)]
     x = np.empty(a.count, np.float32)
     res: dict[str, Any] = {"rank": comm.rank, "size": n, "iterations": 0, "wrong": 0, "pid": os.getpid()}
+    if a.orphan and comm.rank == 1:  # a message rank 0 never receives: its segment is never mapped
+        comm.isend(np.ones(1 << 14, np.float32), 0, tag=77).wait(timeout=a.timeout)
     end = time.monotonic() + a.max_s
     try:
         while time.monotonic() < end:
@@ -647,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--max-s", type=float, default=60.0)
     ap.add_argument("--shrink", action="store_true", help="loop: shrink after the error")
+    ap.add_argument("--orphan", action="store_true", help="loop: rank 1 first sends rank 0 a message it never receives")
     ap.add_argument("--delay-s", type=float, default=0.5)
     ap.add_argument("--mode", default="absent", help="shrinkvote: absent or exclude")
     ap.add_argument("--call-timeout", type=float, default=1.0)

@@ -27,9 +27,12 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
                                                                                n: int, victims: list[int]) -> None:
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
     survivors = [r for r in range(n) if r not in victims]
-    with Job(n, "loop", tmp_path, ["--shrink", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"],
-             env=env) as job:
+    orphan = transport == "shm" and victims == [1]  # rank 1 leaves a segment rank 0 never maps
+    with Job(n, "loop", tmp_path, ["--shrink", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"]
+             + (["--orphan"] if orphan else []), env=env) as job:
         job.wait_ready()
+        if orphan:
+            assert glob.glob(f"/dev/shm/ringflow-{job.job_id}-*-1-0-p77"), "the orphaned segment should exist"
         time.sleep(0.05)
         t_kill = min(job.kill(v) for v in victims)
         codes = job.wait(90)

@@ -21,8 +21,10 @@ communicator creation; the store must still be alive (run it in the launcher or 
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Iterable
 
@@ -101,6 +103,19 @@ def agree(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | No
     return [r for r in range(size) if r not in out]
 
 
+def remove_segments(comm: "Communicator", ranks: Iterable[int]) -> int:
+    """Unlink the shared-memory names `ranks` created in this communicator that no receiver mapped yet
+    (a rank killed between creating a segment and its peer opening it); the number removed."""
+    from .transport.shm import SHM_DIR, segment_name, unlink_quiet
+    n = 0
+    for r in ranks:
+        prefix = segment_name(comm._sh.job, comm.uid, int(r), 0, "x").rsplit("-", 2)[0]  # the name up to the source
+        for path in glob.glob(os.path.join(SHM_DIR, prefix + "-*")):
+            unlink_quiet(os.path.basename(path))
+            n += 1
+    return n
+
+
 def shrink(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | None = None) -> "Communicator":
     """A new communicator of the survivors of `comm` (which is destroyed); collective over survivors."""
     from .communicator import Communicator
@@ -115,6 +130,8 @@ def shrink(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | N
     new.parent_ranks = tuple(members)  # new rank i was rank parent_ranks[i] of the old communicator
     comm.destroy()
     left_out = sorted(set(range(comm.size)) - set(members))
-    log.info("ringflow: shrink of %s: %d -> %d ranks (left out %s) in %.1f ms; this rank %d -> %d", comm.ns,
-             comm.size, len(members), left_out, 1e3 * (time.monotonic() - t0), comm.rank, new.rank)
+    removed = remove_segments(comm, left_out)
+    log.info("ringflow: shrink of %s: %d -> %d ranks (left out %s, %d orphaned segments removed) in %.1f ms; "
+             "this rank %d -> %d", comm.ns, comm.size, len(members), left_out, removed,
+             1e3 * (time.monotonic() - t0), comm.rank, new.rank)
     return new
