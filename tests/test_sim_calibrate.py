@@ -9,8 +9,8 @@ from ringflow.sim.calibrate import fit
 from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 
-TRUE = {"shm": dict(alpha=20.0, base=100.0, per_peer=30.0, oneway=3.0, endpoint=4.0, reduce=5.0),
-        "tcp": dict(alpha=45.0, base=160.0, per_peer=55.0, oneway=1.5, endpoint=2.5, reduce=5.0)}
+TRUE = {"shm": dict(alpha=20.0, base=100.0, per_peer=30.0, oneway=3.0, endpoint=4.0, reduce=5.0, copy=6.0),
+        "tcp": dict(alpha=45.0, base=160.0, per_peer=55.0, oneway=1.5, endpoint=2.5, reduce=5.0, copy=6.0)}
 SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]
 CACHE = 32 * 2**20     # 2 x 16 MiB x 2 ranks does not fit: the 16 MiB points come from DRAM
 DRAM = 2.0
@@ -26,6 +26,7 @@ def synthetic(tr: str, n: int) -> dict:
         return {str(b): call + p["alpha"] + slow(b) * (b / (rate * 1e3) + b * extra) for b in SIZES}
     return {"nranks": n, "results": {
         "steps1": {"4": call + p["alpha"]}, "steps8": {"4": call + 8 * p["alpha"]},
+        "copy": {str(b): call + b / (p["copy"] * 1e3) * (DRAM if 2 * b * n > CACHE else 1.0) for b in SIZES},
         "oneway": line(p["oneway"]), "exchange": line(per_dir),
         "exchange_reduce": line(per_dir, 1.0 / (p["reduce"] * 1e3))}}
 
@@ -40,6 +41,7 @@ def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> Non
         assert report[f"{tr}.endpoint_GBps"]["value"] == pytest.approx(p["endpoint"])
         assert report[f"{tr}.reduce_GBps"]["value"] == pytest.approx(p["reduce"])
         assert report[f"{tr}.per_peer_us"]["value"] == pytest.approx(p["per_peer"])
+        assert report[f"{tr}.copy_GBps"]["value"] == pytest.approx(p["copy"])
     path = str(tmp_path / "host.yaml")
     topo.save(path)
     loaded = Topology.load(path)
@@ -47,11 +49,12 @@ def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> Non
     assert prm.endpoint_GBps == pytest.approx({"shm": 4.0, "tcp": 2.5})
     assert prm.reduce_GBps == pytest.approx(5.0)
     assert prm.host_cores == 2
+    assert prm.copy_GBps == pytest.approx(6.0)
     # the loaded topology predicts the measured times of the calibration schedules back
     sched = _schedules(2)
     for tr in TRUE:
         meas = synthetic(tr, 2)["results"]
-        for name in ("oneway", "exchange", "exchange_reduce"):
+        for name in ("copy", "oneway", "exchange", "exchange_reduce"):
             for b in (2**18, 2**22, 2**24):
                 res = simulate_schedule(loaded, sched[name], b, params={"host_transport": tr})
                 assert res.time_us == pytest.approx(meas[name][str(b)], rel=1e-6), (tr, name, b)

@@ -25,7 +25,10 @@ def _schedules(n: int):
                 b.transfer(s, 1, 0, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
         return b.build()
 
-    return {"oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
+    cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
+    for r in range(n):
+        cp.copy(r, 0, OUT0, IN0)
+    return {"copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "steps1": build("cal-steps1", 1), "steps8": build("cal-steps8", 8)}
 
@@ -69,7 +72,7 @@ def main() -> None:
 
     for name in ("steps1", "steps8"):
         res["results"][name] = {"4": 1e6 * timed(name, 4)}
-    for name in ("oneway", "exchange", "exchange_reduce"):
+    for name in ("copy", "oneway", "exchange", "exchange_reduce"):
         res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
     if comm.rank == 0:
         with open(out_path, "w") as fh:

@@ -9,6 +9,7 @@ Measurements (``_calib_worker``, real processes over the real transports, best o
 - ``exchange``: 0 <-> 1 at once -> per-direction bandwidth; a rank's copy engine carries both
   directions, so endpoint_GBps = 2 x that;
 - ``exchange_reduce``: the same with reduction -> extra seconds per reduced byte -> reduce_GBps;
+- ``copy``: every rank copies the buffer locally (a schedule of COPY ops) -> copy_GBps;
 - the lines are fitted on sizes whose working set (2 x bytes x ranks) fits the last-level cache;
   larger sizes give ``dram_factor``, how much slower CPU-moved bytes are from DRAM.
 
@@ -123,7 +124,12 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: 
         oneway = 1e-3 / b1
         endpoint = 2 * 1e-3 / bx
         extra = max(bxr - bx, 1e-6)           # us per reduced byte (both sides reduce concurrently)
+        copy_GBps = None
+        if "copy" in r2:
+            _, bc = _line(fits(r2["copy"]) if len(fits(r2["copy"])) >= 2 else r2["copy"])
+            copy_GBps = 1e-3 / bc
         per[tr] = {"alpha_us": alpha, "base_us": base, "per_peer_us": per_peer, "oneway_GBps": oneway,
+                   **({"copy_GBps": copy_GBps} if copy_GBps else {}),
                    "endpoint_GBps": max(endpoint, oneway), "reduce_GBps": 1e-3 / extra,
                    "dram_factor": max(1.0, dram)}
         for k, v in per[tr].items():
@@ -140,6 +146,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: 
         "endpoint_GBps": {tr: p["endpoint_GBps"] for tr, p in per.items()},
         "host_cores": int(cores or os.cpu_count() or 1),
         "reduce_GBps": float(np.median(reduce_rates)),
+        **({"copy_GBps": float(np.median([p["copy_GBps"] for p in per.values() if "copy_GBps" in p]))}
+           if any("copy_GBps" in p for p in per.values()) else {}),
         "protocols": [{"name": "simple", "bw_fraction": 1.0, "base_us": ref["base_us"], "msg_overhead_us": {}}],
         "call_overhead_per_peer_us": ref["per_peer_us"],
         "cache_bytes": int(cache) if cache < 2**62 else None,
@@ -159,6 +167,7 @@ def _source(key: str) -> str:
             "oneway_GBps": "1 / slope of one-way time vs bytes (64 KiB..)",
             "endpoint_GBps": "2 / slope of two-way exchange time vs bytes",
             "reduce_GBps": "1 / (slope with reduction - slope without)",
+            "copy_GBps": "1 / slope of a local copy of the buffer (COPY ops: Bruck's rotations, ...)",
             "dram_factor": "sizes whose working set exceeds the last-level cache: time over the in-cache line"}.get(key, "")
 
 
