@@ -618,13 +618,20 @@ class Communicator:
 
     # ---------------------------------------------------------------- memory
     def alloc(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
-        """An array in shared memory (page-aligned, never swapped to a file); freed with the communicator."""
+        """An array in a shared-memory segment that same-host peers map: collectives send from it by
+        reference (no staging copy; the receiver reduces or copies straight out of it). Its name is
+        removed when the communicator is destroyed; the array itself stays valid."""
+        self._usable()
         dt = np.dtype(dtype)
         shp = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-        nbytes = max(1, int(np.prod(shp)) * dt.itemsize)
-        mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED)
-        self._allocs.append(mm)
-        return np.frombuffer(mm, dtype=dt, count=int(np.prod(shp))).reshape(shp)
+        count = int(np.prod(shp)) if shp else 1
+        nbytes = count * dt.itemsize
+        regions = self._transport.regions
+        rid, mm = regions.create(nbytes)
+        arr = np.frombuffer(mm, dtype=dt, count=count).reshape(shp)
+        if nbytes:
+            regions.register(rid, arr.ctypes.data, nbytes)
+        return arr
 
     # ---------------------------------------------------------------- lifetime
     def abort(self) -> None:

@@ -371,6 +371,36 @@ def groups(r: Runner) -> None:
         _eq(x, reduce_ref([values(q, n, 15, "float32") for q in range(n)], "sum"), "all_reduce on alloc()")
     r.check("alloc buffer", alloc_case)
 
+    def zero_copy_case() -> None:
+        # big enough to travel by reference between same-host ranks; out of place and in place, several algorithms
+        from ..algorithms import registry
+        c = 100_003
+        before = comm._transport.regions.zero_copy_sends
+        xs = [values(q, n, c, "float32") for q in range(n)]
+        ref = reduce_ref(xs, "sum")
+        x, out = comm.alloc(c, np.float32), comm.alloc(c, np.float32)
+        for algo in registry.algorithms_for("all_reduce"):
+            if algo == "hierarchical":
+                continue
+            x[...] = xs[me]
+            out[...] = 0
+            comm.execute(registry.get_schedule("all_reduce", algo, n), x, out)
+            _eq(out, ref, f"zero-copy all_reduce/{algo} out of place")
+            _eq(x, xs[me], f"zero-copy all_reduce/{algo} input untouched")
+            comm.execute(registry.get_schedule("all_reduce", algo, n), x)
+            _eq(x, ref, f"zero-copy all_reduce/{algo} in place")
+        g = comm.alloc(c * n, np.float32)
+        x[...] = xs[me]
+        comm.all_gather(x, g)
+        _eq(g, np.concatenate(xs), "zero-copy all_gather")
+        y = comm.alloc(c, np.float32)
+        y[...] = xs[me]
+        comm.broadcast(y, n - 1)
+        _eq(y, xs[n - 1], "zero-copy broadcast")
+        if n > 1 and comm._transport.shm_peers:
+            assert comm._transport.regions.zero_copy_sends > before, "no send went by reference"
+    r.check("alloc buffers travel by reference", zero_copy_case)
+
 
 def torch_cases(r: Runner) -> None:
     """CPU torch tensors (float32, bfloat16, int64) in place and out of place."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ... import config
 from ...errors import SystemError
 from . import doorbell
-from .shm import ShmIn, ShmOut, segment_name
+from .shm import Regions, ShmIn, ShmOut, segment_name
 from .tcp import Listener, TcpIn, TcpOut, dial
 
 LANE_COLL, LANE_SEND, LANE_RECV = 0, 1, 2
@@ -61,6 +61,11 @@ class Transport:
         self._out: dict[tuple[int, str], ShmOut | TcpOut] = {}
         self._in: dict[tuple[int, str], ShmIn | TcpIn] = {}
         self._created: list[str] = []
+        self.regions = Regions(self.region_prefix(rank))
+
+    def region_prefix(self, rank: int) -> str:
+        """Name prefix of `rank`'s comm.alloc segments."""
+        return f"ringflow-{self.job}-{self.uid}-{rank}-a"
 
     def bell(self, rank: int, lane: int) -> bytes:
         """Doorbell address of `rank`'s `lane` in this communicator."""
@@ -78,7 +83,7 @@ class Transport:
         bell = self.bell(peer, lane_of(key, sending=False))
         if peer in self.shm_peers:
             name = segment_name(self.job, self.uid, self.rank, peer, key)
-            c = ShmOut(name, NSLOTS, self.slot_bytes, peer, bell)
+            c = ShmOut(name, NSLOTS, self.slot_bytes, peer, bell, self.regions)
             self._created.append(name)
             doorbell.ring(bell)
         else:
@@ -98,7 +103,7 @@ class Transport:
             return c
         if peer in self.shm_peers:
             c = ShmIn(segment_name(self.job, self.uid, peer, self.rank, key), peer,
-                      self.bell(peer, lane_of(key, sending=True)))
+                      self.bell(peer, lane_of(key, sending=True)), self.region_prefix(peer))
         else:
             c = TcpIn(self.listener, peer, key)
         self._in[(peer, key)] = c
@@ -125,6 +130,7 @@ class Transport:
         for name in self._created:
             unlink_quiet(name)
         self._created.clear()
+        self.regions.close()
         if errors:
             raise SystemError(f"closing connections: {errors[0]}")
 

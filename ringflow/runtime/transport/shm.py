@@ -92,10 +92,51 @@ def unlink_quiet(name: str) -> None:
         pass
 
 
+ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to hand over by reference
+
+
+class Regions:
+    """This rank's `comm.alloc` segments: a send whose source lies in one travels by reference."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix  # f"ringflow-{job}-{uid}-{rank}-a"; region r is prefix + str(r)
+        self.spans: list[tuple[int, int, int]] = []  # (start address, end address, region id)
+        self.maps: list[mmap.mmap] = []
+        self.zero_copy_sends = 0
+
+    def create(self, nbytes: int) -> tuple[int, mmap.mmap]:
+        """A new named segment of nbytes (mode 0600); (region id, mapping)."""
+        rid = len(self.maps)
+        mm = _create(self.prefix + str(rid), max(nbytes, 1))
+        self.maps.append(mm)
+        return rid, mm
+
+    def register(self, rid: int, start: int, nbytes: int) -> None:
+        """Remember where region rid is mapped in this process."""
+        self.spans.append((start, start + nbytes, rid))
+
+    def find(self, src_u8: np.ndarray) -> tuple[int, int] | None:
+        """(region id, offset) if src lies inside one region, else None."""
+        if not self.spans:
+            return None
+        a = src_u8.ctypes.data
+        e = a + src_u8.shape[0]
+        for start, end, rid in self.spans:
+            if start <= a and e <= end:
+                return rid, a - start
+        return None
+
+    def close(self) -> None:
+        """Remove the names (mappings stay valid for arrays still in use)."""
+        for rid in range(len(self.maps)):
+            unlink_quiet(self.prefix + str(rid))
+
+
 class ShmOut:
     """The sending side of one connection (creates the segment)."""
 
-    def __init__(self, name: str, nslots: int, slot_bytes: int, peer: int, peer_bell: bytes) -> None:
+    def __init__(self, name: str, nslots: int, slot_bytes: int, peer: int, peer_bell: bytes,
+                 regions: Regions | None = None) -> None:
         nslots = max(2, min(nslots, MAX_SLOTS))
         slot_bytes = max(64, slot_bytes - slot_bytes % 64)
         self.name, self.peer, self.peer_bell = name, peer, peer_bell
@@ -108,6 +149,7 @@ class ShmOut:
         self.tail = 0
         self.msg_seq = 0
         self.queue: deque = deque()
+        self.regions = regions
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int) -> "ShmSend":
         """Start sending one message."""
@@ -130,11 +172,50 @@ class ShmSend(XferOp):
         self.o, self.src, self.total = o, src_u8, int(src_u8.shape[0])
         self.off, self.kind, self.sig, self.op_seq, self.tag = 0, int(kind), sig & 0xFFFFFFFF, op_seq, tag & 0xFFFFFFFF
         self.started, self.done, self.peer, self.moved = False, False, o.peer, False
+        self.ref = None
+        self.posted = 0
+        if o.regions is not None and self.total >= ZERO_COPY_MIN_BYTES:
+            self.ref = o.regions.find(src_u8)
+
+    def _progress_ref(self) -> bool:
+        """Zero copy: post one slot naming (region, offset); done once the receiver consumed it."""
+        o = self.o
+        c = o.m.ctl
+        moved = False
+        if not self.posted:
+            h = o.head
+            if h - o.tail >= o.m.nslots:
+                o.tail = c[W_TAIL]
+                if h - o.tail >= o.m.nslots:
+                    return False
+            rid, off = self.ref
+            b = SLOT_HDR_WORD + (h % o.m.nslots) * 8
+            c[b + 1] = o.msg_seq
+            c[b + 2] = self.total
+            c[b + 3] = off
+            c[b + 4] = self.sig
+            c[b + 5] = self.kind | ((rid + 1) << 32)
+            c[b + 6] = self.op_seq
+            c[b + 7] = self.tag
+            c[b] = h + 1
+            o.head = self.posted = h + 1
+            o.regions.zero_copy_sends += 1
+            moved = self.moved = True
+            if c[W_RWAIT]:
+                doorbell.ring(o.peer_bell)
+        if c[W_TAIL] >= self.posted:
+            self.done = True
+            o.msg_seq += 1
+            o.queue.popleft()
+            return True
+        return moved
 
     def progress(self) -> bool:
         o = self.o
         if o.queue[0] is not self:
             return False
+        if self.ref is not None:
+            return self._progress_ref()
         m = o.m
         c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
         moved = False
@@ -171,7 +252,11 @@ class ShmSend(XferOp):
 
     def ready(self) -> bool:
         o = self.o
-        return o.queue[0] is self and o.head - o.m.ctl[W_TAIL] < o.m.nslots
+        if o.queue[0] is not self:
+            return False
+        if self.posted:
+            return o.m.ctl[W_TAIL] >= self.posted
+        return o.head - o.m.ctl[W_TAIL] < o.m.nslots
 
     def set_waiting(self, flag: int) -> None:
         self.o.m.ctl[W_SWAIT] = flag
@@ -180,8 +265,10 @@ class ShmSend(XferOp):
 class ShmIn:
     """The receiving side of one connection (maps the sender's segment when it appears)."""
 
-    def __init__(self, name: str, peer: int, peer_bell: bytes) -> None:
+    def __init__(self, name: str, peer: int, peer_bell: bytes, region_prefix: str = "") -> None:
         self.name, self.peer, self.peer_bell = name, peer, peer_bell
+        self.region_prefix = region_prefix
+        self.regions: dict[int, np.ndarray] = {}
         self.m: _Mapped | None = None
         self.head = 0
         self.msg_seq = 0
@@ -219,6 +306,23 @@ class ShmIn:
         self.m = _Mapped(mm, nslots, sb)
         unlink_quiet(self.name)
         return True
+
+    def region(self, rid: int) -> np.ndarray:
+        """The sender's alloc region rid, mapped read-write (cached)."""
+        r = self.regions.get(rid)
+        if r is None:
+            path = os.path.join(SHM_DIR, f"{self.region_prefix}{rid}")
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError as exc:
+                raise ProtocolError(f"rank {self.peer} sent a reference to its buffer {rid}, which cannot be "
+                                    f"opened: {exc}", "the peer freed the buffer or is not of this job") from None
+            try:
+                mm = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            r = self.regions[rid] = np.frombuffer(mm, dtype=np.uint8)
+        return r
 
     def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "ShmRecv":
         """Start receiving one message of nbytes into sink (None: discard)."""
@@ -267,13 +371,31 @@ class ShmRecv(XferOp):
             total, off = c[b + 2], c[b + 3]
             if self.first:
                 self._first(c, b, total)
+            rid = c[b + 5] >> 32
+            if rid:  # zero copy: the data is in the sender's alloc region, at offset `off`
+                if not self.drain:
+                    reg = i.region(rid - 1)
+                    if off + total > reg.shape[0]:
+                        raise ProtocolError(f"rank {i.peer} referenced bytes {off}..{off + total} of a "
+                                            f"{reg.shape[0]}-byte buffer", "the peer is corrupt")
+                    self.sink.consume(0, reg[off:off + total])
+                self.off = total
+                i.head = h + 1
+                c[W_TAIL] = h + 1
+                moved = self.moved = True
+                self.done = True
+                i.msg_seq += 1
+                i.queue.popleft()
+                if c[W_SWAIT]:
+                    doorbell.ring(i.peer_bell)
+                return True
             if off != self.off or total != self.total or off > total:
                 raise ProtocolError(f"shared-memory slice from rank {i.peer} out of order "
                                     f"(offset {off} of {total}, expected {self.off} of {self.total})",
                                     "a peer process is corrupt or from another ringflow version")
             n = min(sb, total - off)
             if self.drain:
-                if c[b + 5] == Kind.CHECK and len(self.detail) < 4096:
+                if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
                     self.detail += m.slots[s][:n].tobytes()
             elif n:
                 self.sink.consume(off, m.slots[s][:n])
@@ -297,7 +419,7 @@ class ShmRecv(XferOp):
         if c[b + 1] != self.i.msg_seq:
             raise ProtocolError(f"out-of-sequence message from rank {self.i.peer} on shared memory: "
                                 f"seq {c[b + 1]}, expected {self.i.msg_seq}", "the connection cannot be trusted")
-        kind, sig = c[b + 5], c[b + 4]
+        kind, sig = c[b + 5] & 0xFFFFFFFF, c[b + 4]
         want_kind = Kind.CHECK if self.want < 0 else Kind.DATA
         bad = kind != want_kind or (self.check and sig != self.sig) or (self.want >= 0 and total != self.want)
         if bad:
