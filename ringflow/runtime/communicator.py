@@ -59,25 +59,27 @@ TCP_STREAMS = 2  # sockets a large TCP transfer is striped over (RINGFLOW_NCHANN
 RERANK_TOP = 6  # tuner candidates re-priced with the runtime's local copy cost
 
 
-def local_copy_bytes(schedule: Schedule, shape: CallShape) -> int:
-    """Max over ranks of bytes a rank's local COPY / REDUCE ops touch (reduce counted 1.5x: 2 reads, 1 write)."""
-    from ..algorithms.layout import chunk_bounds, ref_bounds
+def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False) -> int:
+    """Max over ranks of bytes a rank's local work touches outside the transfers: COPY and REDUCE ops
+    (a reduce counted 1.5x: 2 reads, 1 write) and the snapshot copies of sends whose source a
+    receive of the same step overwrites (in-place calls)."""
     from ..algorithms.schedule import OpKind
     worst = 0
     for r in range(schedule.nranks):
-        bounds = {b: chunk_bounds(shape, schedule, b, r) for b in schedule.layouts}
+        plan = compile_plan(schedule, shape, r, inplace)
         tot = 0.0
-        for step in schedule.steps(r):
-            for op in step:
-                if op.kind in (OpKind.COPY, OpKind.REDUCE):
-                    _, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
-                    tot += n * shape.itemsize * (1.0 if op.kind == OpKind.COPY else 1.5)
+        for step in plan.steps:
+            for lo in step.locals:
+                tot += lo.n * shape.itemsize * (1.0 if lo.kind == OpKind.COPY else 1.5)
+            for x in step.xfers:
+                if x.snapshot:
+                    tot += x.nbytes
         worst = max(worst, int(tot))
     return worst
 
 
 def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, nbytes: int, dtype_size: int,
-                 registry: Any, single_channel: bool = False) -> Schedule:
+                 registry: Any, single_channel: bool = False, inplace: bool = False) -> Schedule:
     """The tuner's candidates re-priced for this runtime: its model treats local copies and reductions as
     free, but here they run on the same cores and memory as the transfers, at the shared-memory
     bandwidth the tuner assumes (algorithms.cost.DEFAULT_BETA_GBPS). The cheapest of the tuner's
@@ -95,7 +97,7 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
     for c in cands:
         s = registry.get_schedule(coll, c.algorithm, nranks, root=root, nsegs=c.nsegs, nchannels=c.nchannels,
                                   rings=choice.rings if c.nchannels > 1 else None)
-        t = c.time_s + local_copy_bytes(s, shape) / (DEFAULT_BETA_GBPS * 1e9)
+        t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9)
         if t < best_t:
             best, best_t = s, t
     assert best is not None
@@ -263,19 +265,20 @@ class Communicator:
             raise
 
     # ---------------------------------------------------------------- schedules
-    def _schedule(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int) -> Schedule:
-        """The tuner's schedule for this call (cached per communicator and exact size)."""
-        key = (coll, nbytes, root, dtype_size)
+    def _schedule(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int,
+                  inplace: bool = False) -> Schedule:
+        """The tuner's schedule for this call (cached per communicator, exact size and in-place-ness)."""
+        key = (coll, nbytes, root, dtype_size, inplace)
         s = self._schedules.get(key)
         if s is not None:
             return s
         from .. import config as _cfg
         from ..algorithms import registry, tuner  # lazily: the algorithms package is large
         with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
-            return self._pick(coll, nbytes, root, dtype_size, key, registry, tuner)
+            return self._pick(coll, nbytes, root, dtype_size, key, registry, tuner, inplace)
 
     def _pick(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int, key: tuple, registry: Any,
-              tuner: Any) -> Schedule:
+              tuner: Any, inplace: bool = False) -> Schedule:
         tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
         ch = tuner.choose(tc, nbytes, self.size, dtype_size=dtype_size, root=root)
         if coll == Collective.ALL_TO_ALLV:
@@ -283,7 +286,7 @@ class Communicator:
             s = registry.get_schedule(coll, algo, self.size, root=root)
         else:
             s = runtime_rank(ch, coll, self.size, root, nbytes, dtype_size, registry,
-                             single_channel=nbytes < self._single_ring_bytes)
+                             single_channel=nbytes < self._single_ring_bytes, inplace=inplace)
         if len(self._schedules) > 1024:
             self._schedules.clear()
         self._schedules[key] = s
@@ -319,7 +322,7 @@ class Communicator:
                 per_rank = coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER,
                                     Collective.SCATTER, Collective.ALL_TO_ALL)
                 nbytes = (inp.size if splits is not None else count * (self.size if per_rank else 1)) * isz
-                schedule = self._schedule(coll, nbytes, root, isz)
+                schedule = self._schedule(coll, nbytes, root, isz, inplace)
             prep = self._prepare(schedule, coll, count, dtype, opname, root, inplace, splits)
             if len(self._calls) > 4096:
                 self._calls.clear()
