@@ -84,7 +84,8 @@ class Rank:
         self.out.mkdir(parents=True, exist_ok=True)
 
     def ready(self) -> None:
-        (self.out / f"ready{self.rank}").write_text(str(time.monotonic()))
+        (self.out / f"ready{self.rank}").write_text(json.dumps({"t": time.monotonic(), "pid": os.getpid(),
+                                                                 "job": os.environ.get("RINGFLOW_JOB_ID", "")}))
 
     def write(self, result: dict[str, Any]) -> None:
         tmp = self.out / f".rank{self.rank}.json"
@@ -100,7 +101,7 @@ def scenario_loop(a: argparse.Namespace) -> dict[str, Any]:
     n = comm.size
     refs = [reduce_ref([values(q, n, a.count, "float32", "sum", s) for q in range(n)], "sum") for s in range(3)]
     mine = [values(comm.rank, n, a.count, "float32", "sum", s) for s in range(3)]
-    x = np.empty(a.count, np.float32)
+    x = comm.alloc(a.count, np.float32) if a.alloc else np.empty(a.count, np.float32)
     res: dict[str, Any] = {"rank": comm.rank, "size": n, "iterations": 0, "wrong": 0, "pid": os.getpid()}
     if a.orphan and comm.rank == 1:  # a message rank 0 never receives: its segment is never mapped
         comm.isend(np.ones(1 << 14, np.float32), 0, tag=77).wait(timeout=a.timeout)
@@ -649,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--max-s", type=float, default=60.0)
     ap.add_argument("--shrink", action="store_true", help="loop: shrink after the error")
+    ap.add_argument("--alloc", action="store_true", help="loop: all-reduce a comm.alloc buffer (zero-copy sends)")
     ap.add_argument("--orphan", action="store_true", help="loop: rank 1 first sends rank 0 a message it never receives")
     ap.add_argument("--delay-s", type=float, default=0.5)
     ap.add_argument("--mode", default="absent", help="shrinkvote: absent or exclude")

@@ -128,3 +128,47 @@ def test_no_shared_memory_left_after_every_rank_is_killed_mid_collective(tmp_pat
             job.kill(r)
         assert job.wait(30) == [-9] * 4
         assert _segments(job.job_id) == []
+
+
+def test_launcher_removes_every_name_after_a_rank_is_killed(tmp_path: Path) -> None:
+    """`ringflow run`: a SIGKILLed rank stops the job and the launcher removes the job's names, including the
+    comm.alloc regions (named, and mapped by peers on demand, so they live as long as the communicator)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "ringflow", "run", "-n", "2", "--timeout", "60", str(ROOT / "benchmarks" /
+           "resilience_ranks.py"), "loop", "--alloc", "--count", str(1 << 18), "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 60
+        while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()[0][-3000:]
+            time.sleep(0.02)
+        ready = [json.loads((tmp_path / f"ready{r}").read_text()) for r in range(2)]
+        job_id = ready[0]["job"]
+        assert _segments(job_id), "comm.alloc regions should be named while the job runs"
+        os.kill(ready[1]["pid"], signal.SIGKILL)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:]
+    assert "rank 1 exited" in out
+    assert _segments(job_id) == []
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: comm.alloc regions keep their names while the communicator "
+                   "lives (peers map them on demand), so a job killed entirely without its launcher leaves them")
+def test_alloc_regions_after_every_rank_is_killed_without_the_launcher(tmp_path: Path) -> None:
+    with Job(2, "loop", tmp_path, ["--alloc", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"]) as job:
+        job.wait_ready()
+        for r in range(2):
+            job.kill(r)
+        job.wait(30)
+        leaked = _segments(job.job_id)
+        from ringflow.runtime.launcher import cleanup_shm
+        cleanup_shm(job.job_id)  # what `ringflow run` does at exit; do not leave them on the machine
+        assert leaked == []
