@@ -28,8 +28,9 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
     survivors = [r for r in range(n) if r not in victims]
     orphan = transport == "shm" and victims == [1]  # rank 1 leaves a segment rank 0 never maps
+    alloc = len(victims) > 1  # buffers from comm.alloc: zero-copy sends, and named regions the victims leave
     with Job(n, "loop", tmp_path, ["--shrink", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"]
-             + (["--orphan"] if orphan else []), env=env) as job:
+             + (["--orphan"] if orphan else []) + (["--alloc"] if alloc else []), env=env) as job:
         job.wait_ready()
         if orphan:
             assert glob.glob(f"/dev/shm/ringflow-{job.job_id}-*-1-0-p77"), "the orphaned segment should exist"
