@@ -53,7 +53,7 @@ def main() -> None:
         for _ in range(2):
             comm.execute(scheds[name], x, y)
         best = float("inf")
-        for _batch in range(5):      # best of 5 medians: load from other processes only adds time
+        for _batch in range(8):      # best of 8 medians: load from other processes only adds time
             times = []
             for _ in range(iters_for(nbytes)):
                 comm.barrier()
@@ -68,7 +68,7 @@ def main() -> None:
     def iters_for(nbytes: int) -> int:
         from ..runtime.bench import default_iters
         it = default_iters(nbytes)
-        return max(5, it // 8) if quick else max(7, it // 3)
+        return max(5, it // 8) if quick else max(5, it // 6)
 
     for name in ("steps1", "steps8"):
         res["results"][name] = {"4": 1e6 * timed(name, 4)}
