@@ -81,8 +81,8 @@ class Doorbell:
 
 
 def spin_budget_s(local_ranks: int) -> float:
-    """How long to spin before sleeping: long when every rank has a core, short otherwise."""
-    return 1e-3 if local_ranks <= _ncpu else 50e-6
+    """How long to spin before sleeping (oversubscribed ranks spin yielding, which hands the core to a peer)."""
+    return 1e-3
 
 
 def oversubscribed(local_ranks: int) -> bool:
