@@ -23,7 +23,9 @@ Bounds printed beside the table (derived here, from measurements taken in the sa
   ``busbw = bytes per rank / time``.
   Bounds use best-of timings (optimistic limits, strict targets); library rows use medians.
 
-Open MPI and mpi4py are installed by this script if missing (apt-get openmpi-bin libopenmpi-dev;
+Placement is the same for all three: one core per rank when the ranks fit (`ringflow run`'s
+default, ``mpirun --bind-to core``, and the same affinity for the Gloo processes), unbound when
+they outnumber the cores. Open MPI and mpi4py are installed by this script if missing (apt-get openmpi-bin libopenmpi-dev;
 pip install --target ~/.cache/ringflow-baselines/mpi4py mpi4py). Open MPI runs with
 ``--mca btl self,vader`` (shared memory) or ``self,tcp`` with ``btl_tcp_if_include lo``; as root it
 needs --allow-run-as-root and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1. torch.distributed uses
@@ -145,7 +147,10 @@ def run_gloo(spec: dict, n: int, timeout_s: float) -> list[dict]:
         with open(spec_path, "w") as fh:
             json.dump(spec, fh)
         init = os.path.join(tmp, "init")
-        procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", spec_path, str(r), str(n), init, out])
+        from ringflow.runtime.launcher import binding
+        cores = binding(n)  # the same one-core-per-rank placement ringflow run and mpirun use
+        procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", spec_path, str(r), str(n), init, out],
+                                  preexec_fn=None if cores is None else (lambda c=cores[r]: os.sched_setaffinity(0, c)))
                  for r in range(n)]
         try:
             for p in procs:
@@ -247,7 +252,8 @@ def run_mpi(spec: dict, n: int, tcp: bool, timeout_s: float) -> list[dict]:
             json.dump(spec, fh)
         btl = ["--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"] if tcp else \
             ["--mca", "btl", "self,vader"]
-        cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+        fits = n <= len(os.sched_getaffinity(0))
+        cmd = ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "core" if fits else "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         cmd += [*btl, "--mca", "pml", "ob1", sys.executable, __file__, "--mpi-worker", spec_path, out,

@@ -17,11 +17,12 @@ def register(app: typer.Typer) -> None:
         timeout: Optional[float] = typer.Option(None, "--timeout", help="Kill the job after this many seconds "
                                                 "(exit code 124)."),
         no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with [rank]."),
+        bind: bool = typer.Option(True, "--bind/--no-bind", help="Pin each rank to its own core when they fit."),
         program: List[str] = typer.Argument(..., help="script.py [args...] (or -m module, or a command)"),
     ) -> None:
         """Start N local ranks with RINGFLOW_* set; stop all and exit with a failing rank's code."""
         from ..runtime.launcher import run
-        raise typer.Exit(run(nprocs, program, timeout_s=timeout, prefix=not no_prefix))
+        raise typer.Exit(run(nprocs, program, timeout_s=timeout, prefix=not no_prefix, bind=bind))
 
     @app.command("bench")
     def bench_cmd(

@@ -1,6 +1,7 @@
 """`ringflow run`: start N local ranks with the environment set, prefix their output, fail fast.
 
-The launcher serves the rendezvous store itself (127.0.0.1, a free port), generates the job secret
+Ranks are pinned one per core when they fit (`binding`), as mpirun does. The launcher serves the
+rendezvous store itself (127.0.0.1, a free port), generates the job secret
 and a job id, and sets RINGFLOW_RANK / _WORLD_SIZE / _LOCAL_RANK / _STORE_ADDR / _SECRET / _JOB_ID.
 If a rank exits non-zero the others are stopped (SIGTERM, then SIGKILL) and the launcher exits
 with that rank's code; past `timeout_s` everything is killed and the exit code is 124. Leftover
@@ -64,9 +65,22 @@ def cleanup_shm(job_id: str) -> int:
     return n
 
 
+def binding(nprocs: int, bind: bool | None = None) -> list[set[int]] | None:
+    """One core per rank (as `mpirun --bind-to core`) when this process may use at least nprocs cores.
+
+    Pinning stops the scheduler from pulling two ranks that wake each other onto one core (its
+    wake-affine heuristic), which turns every small collective into a context-switch ping-pong on a
+    busy machine. None (no binding) when asked, or when there are fewer cores than ranks.
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if bind is False or not cpus or nprocs > len(cpus):
+        return None
+    return [{cpus[r]} for r in range(nprocs)]
+
+
 def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, prefix: bool = True,
-        extra_env: dict[str, str] | None = None) -> int:
-    """Run argv as nprocs ranks; the job's exit code."""
+        extra_env: dict[str, str] | None = None, bind: bool | None = None) -> int:
+    """Run argv as nprocs ranks; the job's exit code. `bind`: pin ranks to cores (default: if they fit)."""
     if nprocs < 1:
         raise InvalidArgument(f"-n {nprocs}", "run at least one rank")
     cmd = command_for(argv)
@@ -74,6 +88,7 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     job_id = "j" + secrets.token_hex(5)
     server = StoreServer("127.0.0.1", 0, secret)
     addr = f"{server.address[0]}:{server.address[1]}"
+    cores = binding(nprocs, bind)
     lock = threading.Lock()
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
@@ -83,8 +98,9 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
             env = rank_env(r, nprocs, addr, secret, job_id)
             if extra_env:
                 env.update(extra_env)
+            pin = None if cores is None else (lambda c=cores[r]: os.sched_setaffinity(0, c))
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=False)
+                                 start_new_session=False, preexec_fn=pin)
             procs.append(p)
             pre = f"[{r}] ".encode() if prefix else b""
             for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
