@@ -492,6 +492,18 @@ def scenario_lossbench(a: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- parent side
+def take_leaked_names(since: int) -> list[str]:
+    """/dev/shm names of the Jobs started after the first `since`, removed (so a failure leaves nothing)."""
+    import glob
+    leaked = [p for j in Job.all_ids[since:] for p in glob.glob(f"/dev/shm/ringflow-{j}-*")]
+    for p in leaked:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return leaked
+
+
 def dropped_packets(cluster: Any) -> int:
     """Packets the loss rules of `NetnsCluster.set_loss` have dropped so far (their nftables counters)."""
     import re
@@ -536,6 +548,8 @@ class Job:
     namespace). Output of rank r goes to ``out/log<r>.txt``.
     """
 
+    all_ids: list[str] = []  # every job id started in this process, for leak checks
+
     def __init__(self, n: int, scenario: str, out: Path, args: list[str] | tuple[str, ...] = (),
                  env: dict[str, str] | None = None, store_addr: str | None = None,
                  wrap: Callable[[int, list[str]], list[str]] | None = None, job_id: str | None = None) -> None:
@@ -548,6 +562,7 @@ class Job:
         self.out.mkdir(parents=True, exist_ok=True)
         self.secret = auth.new_secret()
         self.job_id = job_id or "rs" + secrets.token_hex(4)
+        Job.all_ids.append(self.job_id)
         self.server = None
         if store_addr is None:
             self.server = StoreServer("127.0.0.1", 0, self.secret)

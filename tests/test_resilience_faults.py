@@ -12,7 +12,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job  # noqa: E402
+from resilience_ranks import Job, take_leaked_names  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_shared_memory():
+    """Every test of this file: its jobs leave no /dev/shm names behind."""
+    since = len(Job.all_ids)
+    yield
+    leaked = take_leaked_names(since)
+    assert not leaked, f"shared-memory names left behind: {leaked}"
+
 
 DETECT_BOUND_S = 5.0  # the issue's bound: survivors raise RemoteError naming the dead rank within 5 s
 SLACK_S = 1.5  # scheduling slack on a loaded 2-core machine for "within tolerance" checks

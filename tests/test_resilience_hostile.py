@@ -27,7 +27,17 @@ from ringflow.runtime.transport.tcp import TcpIn, interface_addresses
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import EXPECT_FRAMES, Job  # noqa: E402
+from resilience_ranks import EXPECT_FRAMES, Job, take_leaked_names  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_shared_memory():
+    """Every test of this file: its jobs leave no /dev/shm names behind."""
+    since = len(Job.all_ids)
+    yield
+    leaked = take_leaked_names(since)
+    assert not leaked, f"shared-memory names left behind: {leaked}"
+
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 REFUSED = re.compile(r"\[0\] WARN ringflow: refused connection from \('([\d.]+)', (\d+)\)")

@@ -15,7 +15,17 @@ from ringflow.testing import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job, dropped_packets, mtu_packets, tcp_retransmits  # noqa: E402
+from resilience_ranks import Job, dropped_packets, mtu_packets, take_leaked_names, tcp_retransmits  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_shared_memory():
+    """Every test of this file: its jobs leave no /dev/shm names behind."""
+    since = len(Job.all_ids)
+    yield
+    leaked = take_leaked_names(since)
+    assert not leaked, f"shared-memory names left behind: {leaked}"
+
 
 pytestmark = pytest.mark.netns
 TIMEOUT_S = 20.0  # the communicator timeout the ranks run with

@@ -11,7 +11,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job  # noqa: E402
+from resilience_ranks import Job, take_leaked_names  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_shared_memory():
+    """Every test of this file: its jobs leave no /dev/shm names behind."""
+    since = len(Job.all_ids)
+    yield
+    leaked = take_leaked_names(since)
+    assert not leaked, f"shared-memory names left behind: {leaked}"
+
 
 OPS, CYCLES = 10_000, 1_000
 # Tolerances, after the first checkpoint of each phase (10% in: caches, schedules, lazy imports are warm):
