@@ -28,7 +28,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Iterable
 
-from ..errors import Aborted, InvalidArgument, Timeout
+from ..errors import Aborted, InvalidArgument, InvalidUsage, Timeout
 from .store import PrefixStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,7 +121,6 @@ def shrink(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | N
     from .communicator import Communicator
 
     if comm._destroyed:
-        from ..errors import InvalidUsage
         raise InvalidUsage("shrink() on a destroyed communicator", "shrink before destroy()")
     t0 = time.monotonic()
     members = agree(comm, exclude, timeout)
