@@ -183,9 +183,9 @@ class Router:
                     out.append(pred[out[-1]])
                 self._intra_cache[(a, t, mode)] = out[::-1]
 
-    def _widest_values(self, a: str, nodes: set[str], ok: Callable[[dict], bool],
-                       blocked: tuple[NodeKind, ...]) -> dict[str, float]:
-        """Max-bottleneck value from a to every reachable node (modified Dijkstra)."""
+    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool],
+                       blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, float]:
+        """Max-bottleneck value from a to every reachable node (modified Dijkstra); stops at `target` if given."""
         g = self.g
         best = {a: float("inf")}
         heap = [(-float("inf"), a)]
@@ -195,6 +195,8 @@ class Router:
             if u in done:
                 continue
             done.add(u)
+            if u == target:
+                break
             if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
@@ -206,8 +208,8 @@ class Router:
                     heapq.heappush(heap, (-nb, v))
         return best
 
-    def _short_tree(self, a: str, nodes: set[str], ok: Callable[[dict], bool], floor: float,
-                    blocked: tuple[NodeKind, ...]) -> dict[str, str]:
+    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool], floor: float,
+                    blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, str]:
         """Predecessors of the fewest-hops-then-least-latency tree over edges at least `floor` wide."""
         g = self.g
         dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
@@ -219,6 +221,8 @@ class Router:
             if u in seen:
                 continue
             seen.add(u)
+            if u == target:
+                break
             if u != a and g.nodes[u]["kind"] in blocked:
                 continue
             for v, d in g._succ[u].items():
@@ -235,53 +239,13 @@ class Router:
                 blocked: tuple[NodeKind, ...] | None = None) -> list[str] | None:
         """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`;
         nodes of a `blocked` kind are never transit (default: GPU/PROC/NIC in a host, GPU/PROC globally)."""
-        g = self.g
         if blocked is None:
             blocked = _NO_TRANSIT if nodes is not None else (NodeKind.GPU, NodeKind.PROC)
-        best = {a: float("inf")}
-        heap = [(-float("inf"), a)]
-        done: set[str] = set()
-        while heap:
-            negbw, u = heapq.heappop(heap)
-            if u in done:
-                continue
-            done.add(u)
-            if u == b:
-                break
-            if u != a and g.nodes[u]["kind"] in blocked:
-                continue
-            for v, d in g._succ[u].items():
-                if (nodes is not None and v not in nodes) or not ok(d):
-                    continue
-                nb = min(-negbw, d["bw_GBps"])
-                if nb > best.get(v, -1.0) + _EPS:
-                    best[v] = nb
-                    heapq.heappush(heap, (-nb, v))
+        best = self._widest_values(a, nodes, ok, blocked, target=b)
         if b not in best:
             return None
-        floor = best[b] - _EPS
         # phase 2: fewest hops, then least latency, over edges at least as wide as the bottleneck
-        dist = {a: (0, 0.0)}
-        pred: dict[str, str] = {}
-        heap2: list[tuple[int, float, str]] = [(0, 0.0, a)]
-        seen: set[str] = set()
-        while heap2:
-            hops, lat, u = heapq.heappop(heap2)
-            if u in seen:
-                continue
-            seen.add(u)
-            if u == b:
-                break
-            if u != a and g.nodes[u]["kind"] in blocked:
-                continue
-            for v, d in g._succ[u].items():
-                if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
-                    continue
-                cand = (hops + 1, round(lat + d["latency_us"], 9))
-                if v not in dist or cand < dist[v]:
-                    dist[v] = cand
-                    pred[v] = u
-                    heapq.heappush(heap2, (cand[0], round(cand[1], 9), v))
+        pred = self._short_tree(a, nodes, ok, best[b] - _EPS, blocked, target=b)
         if b not in pred:
             return None
         out = [b]
