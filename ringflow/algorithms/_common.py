@@ -76,6 +76,15 @@ def resolve_rings(rings: Sequence[Sequence[int]] | None, nranks: int, nchannels:
     return tuple(rs[c % len(rs)] for c in range(nchannels))
 
 
+def tree_children(parent: Sequence[int]) -> list[list[int]]:
+    """Children lists from a parent array (parent[r] = -1 for the root)."""
+    kids: list[list[int]] = [[] for _ in parent]
+    for r, p in enumerate(parent):
+        if p >= 0:
+            kids[p].append(r)
+    return kids
+
+
 def pow2_floor(n: int) -> int:
     """Largest power of two <= n (n >= 1)."""
     return 1 << (n.bit_length() - 1)

@@ -17,21 +17,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
-from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, wrapped
+from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, tree_children, wrapped
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
 
-def _children(parent: Sequence[int]) -> list[list[int]]:
-    ch: list[list[int]] = [[] for _ in parent]
-    for v, p in enumerate(parent):
-        if p >= 0:
-            ch[p].append(v)
-    return ch
-
-
 def _heights(parent: Sequence[int], nodes: Sequence[int]) -> dict[int, int]:
-    ch = _children(parent)
+    ch = tree_children(parent)
     h: dict[int, int] = {}
 
     def height(v: int) -> int:
@@ -50,7 +42,7 @@ def tree_reduce_ops(b: ScheduleBuilder, parent: Sequence[int], nodes: Sequence[i
     Returns the step at which the root's last segment is complete (exclusive).
     Children arriving in the same step beyond the first go through scratch copies.
     """
-    lay, ch, h = b.layouts[OUT], _children(parent), _heights(parent, nodes)
+    lay, ch, h = b.layouts[OUT], tree_children(parent), _heights(parent, nodes)
     for v in nodes:
         kids = sorted(ch[v], key=lambda c: (h[c], c))
         for s in range(nsegs):
@@ -77,7 +69,7 @@ def tree_reduce_ops(b: ScheduleBuilder, parent: Sequence[int], nodes: Sequence[i
 def tree_bcast_ops(b: ScheduleBuilder, parent: Sequence[int], nodes: Sequence[int], block: int, nsegs: int,
                    step0: int, channel: int, root_buf: Buffer) -> int:
     """Pipelined broadcast down a tree: root sends segment s at step0+s, depth d forwards at step0+s+d."""
-    lay, ch = b.layouts[OUT], _children(parent)
+    lay, ch = b.layouts[OUT], tree_children(parent)
     root = next(v for v in nodes if parent[v] < 0)
     depth, last = {root: 0}, step0
     frontier = [root]
@@ -97,7 +89,7 @@ def tree_bcast_ops(b: ScheduleBuilder, parent: Sequence[int], nodes: Sequence[in
 
 
 def _max_same_step(parent: Sequence[int], nodes: Sequence[int]) -> int:
-    ch, h = _children(parent), _heights(parent, nodes)
+    ch, h = tree_children(parent), _heights(parent, nodes)
     worst = 1
     for v in nodes:
         cnt: dict[int, int] = {}

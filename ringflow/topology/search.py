@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
+from ..algorithms._common import tree_children  # noqa: F401 - re-exported: one parent->children helper
 from .. import config
 from ..errors import TopologyError
 from .graph import LinkType, NodeKind
@@ -147,15 +148,6 @@ def hierarchical_trees(topo: "Topology", endpoints: list[str] | None = None) -> 
             parent[chain[0]] = -1 if ht[h] == -1 else chains[ht[h]][0]
         out.append(parent)
     return out[0], out[1]
-
-
-def tree_children(parent: Sequence[int]) -> list[list[int]]:
-    """Children lists from a parent array."""
-    kids: list[list[int]] = [[] for _ in parent]
-    for r, p in enumerate(parent):
-        if p >= 0:
-            kids[p].append(r)
-    return kids
 
 
 # ----------------------------------------------------------------------------- ring evaluation
