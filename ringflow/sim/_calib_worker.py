@@ -17,7 +17,8 @@ def _schedules(n: int):
     lay = {Buffer.IN: BufferLayout(1), Buffer.OUT: BufferLayout(1)}
     IN0, OUT0 = ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0)
 
-    def build(name, steps, reduce=False, exchange=False):
+    def build(name: str, steps: int, reduce: bool = False, exchange: bool = False):  # noqa: ANN202
+        """`steps` steps of 0 -> 1 (and 1 -> 0 with exchange), receiving or reducing."""
         b = ScheduleBuilder("all_reduce", n, name, layouts=lay)
         for s in range(steps):
             b.transfer(s, 0, 1, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
@@ -34,6 +35,7 @@ def _schedules(n: int):
 
 
 def main() -> None:
+    """Time every calibration schedule and write rank 0's results."""
     import ringflow
     out_path = sys.argv[1]
     quick = len(sys.argv) > 2 and sys.argv[2] == "quick"
@@ -66,6 +68,7 @@ def main() -> None:
         return best
 
     def iters_for(nbytes: int) -> int:
+        """Iterations per batch: a fraction of `ringflow bench`'s count for that size."""
         from ..runtime.bench import default_iters
         it = default_iters(nbytes)
         return max(5, it // 8) if quick else max(5, it // 6)

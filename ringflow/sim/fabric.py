@@ -110,6 +110,7 @@ class Fabric:
 
     @property
     def nranks(self) -> int:
+        """Ranks placed (one per endpoint)."""
         return len(self.endpoints)
 
     def host(self, rank: int) -> int:

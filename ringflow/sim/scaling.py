@@ -40,6 +40,7 @@ def run(gpus: list[int], size_bytes: int = 2**30) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
+    """Print the timing table for the GPU counts in argv (default 64 256 1024 4096)."""
     gpus = [int(a) for a in argv] or [64, 256, 1024, 4096]
     print(f"{'GPUs':>5} {'algorithm':>12} {'engine':>8} {'first s':>8} {'repeat s':>9} {'rows':>8} "
           f"{'merge':>5} {'pred us':>10} {'busbw':>7}")

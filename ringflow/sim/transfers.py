@@ -47,6 +47,7 @@ class TransferTable:
 
     @property
     def ntransfers(self) -> int:
+        """Rows of the table."""
         return int(self.step.size)
 
     def wire_bytes(self, count_bytes: float) -> float:
