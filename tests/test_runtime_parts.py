@@ -95,15 +95,21 @@ def _ringflow(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_launcher_prefixes_output_and_fails_fast(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
-        import os, sys, time
+        import os, pathlib, sys, time
         r = int(os.environ["RINGFLOW_RANK"])
         print("hello from", r, os.environ["RINGFLOW_WORLD_SIZE"], flush=True)
+        flags = pathlib.Path(sys.argv[1])
+        (flags / f"printed{r}").touch()
         if r == 1:
+            # fail only once the others have printed, so the test sees every prefix however loaded the machine is
+            deadline = time.monotonic() + 20
+            while not all((flags / f"printed{k}").exists() for k in (0, 2)) and time.monotonic() < deadline:
+                time.sleep(0.01)
             sys.exit(3)
         time.sleep(60)
     """))
     t0 = time.monotonic()
-    p = _ringflow("run", "-n", "3", str(script))
+    p = _ringflow("run", "-n", "3", str(script), str(tmp_path))
     assert p.returncode == 3
     assert time.monotonic() - t0 < 30
     assert "[1] hello from 1 3" in p.stdout and "[0] hello from 0 3" in p.stdout
@@ -154,3 +160,11 @@ def test_runtime_reranks_tuner_choice_with_local_copy_cost() -> None:
     big = 64 << 20
     chosen = runtime_rank(tuner.choose("all_reduce", big, 2), Collective.ALL_REDUCE, 2, None, big, 4, registry)
     assert local_copy_bytes(chosen, CallShape(Collective.ALL_REDUCE, 2, big // 4, 4)) == 0
+
+
+def test_launcher_sets_one_blas_thread_per_rank_unless_chosen() -> None:
+    from ringflow.runtime.launcher import rank_env
+    env = rank_env(0, 4, "127.0.0.1:1", "s", "j", base={"MKL_NUM_THREADS": "3"})
+    assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
+    assert env["MKL_NUM_THREADS"] == "3"  # the user's choice stands
+    assert "OMP_NUM_THREADS" not in rank_env(0, 1, "127.0.0.1:1", "s", "j", base={})

@@ -33,7 +33,14 @@ def rank_env(rank: int, nprocs: int, store_addr: str, secret: str, job_id: str,
     env.update({"RINGFLOW_RANK": str(rank), "RINGFLOW_WORLD_SIZE": str(nprocs), "RINGFLOW_LOCAL_RANK": str(rank),
                 "RINGFLOW_STORE_ADDR": store_addr, "RINGFLOW_SECRET": secret, "RINGFLOW_JOB_ID": job_id,
                 "PYTHONUNBUFFERED": "1"})
+    if nprocs > 1:
+        # like torchrun: one BLAS/OpenMP thread per rank unless the user chose, or N ranks x N threads thrash
+        for var in THREAD_VARS:
+            env.setdefault(var, "1")
     return env
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
