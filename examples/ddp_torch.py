@@ -77,7 +77,7 @@ def main() -> None:
         in_order = np.array([float(all(o == list(range(len(ddp.buckets))) for o in ddp.stats.launch_order))])
         comm.all_reduce(in_order, op="min")          # 1 only if every rank issued every step's buckets in plan order
         print0(comm, f"torch {torch.__version__} ranks={comm.size} steps={a.steps} global batch={a.batch} float64")
-        print0(comm, f"buckets (param indices, reverse order): "
+        print0(comm, "buckets (param indices, reverse order): "
                      + ", ".join(f"#{b.index} {format_size(b.nbytes)} {list(b.params)}" for b in ddp.buckets))
         print0(comm, f"launch order during backward: {ddp.stats.launch_order[-1]} "
                      f"(plan order on every rank and step: {bool(in_order[0])})")

@@ -10,18 +10,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job, take_leaked_names  # noqa: E402
+from conftest import ROOT  # noqa: E402
+from resilience_ranks import Job  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_shared_memory():
-    """Every test of this file: its jobs leave no /dev/shm names behind."""
-    since = len(Job.all_ids)
-    yield
-    leaked = take_leaked_names(since)
-    assert not leaked, f"shared-memory names left behind: {leaked}"
+pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
 DETECT_BOUND_S = 5.0  # the issue's bound: survivors raise RemoteError naming the dead rank within 5 s

@@ -7,7 +7,6 @@ import os
 import re
 import socket
 import struct
-import sys
 import threading
 import time
 from pathlib import Path
@@ -25,18 +24,10 @@ from ringflow.runtime.transport.base import Sink
 from ringflow.runtime.transport.frames import HEADER_BYTES, Kind
 from ringflow.runtime.transport.tcp import TcpIn, interface_addresses
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import EXPECT_FRAMES, Job, take_leaked_names  # noqa: E402
+from resilience_ranks import EXPECT_FRAMES, Job  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_shared_memory():
-    """Every test of this file: its jobs leave no /dev/shm names behind."""
-    since = len(Job.all_ids)
-    yield
-    leaked = take_leaked_names(since)
-    assert not leaked, f"shared-memory names left behind: {leaked}"
+pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -3,7 +3,6 @@ RINGFLOW_DEBUG_FILE with %r gives one file per rank; bad levels are a typed erro
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,18 +11,10 @@ from ringflow import __version__, config
 from ringflow.errors import ConfigError
 from ringflow.runtime import logs
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job, take_leaked_names  # noqa: E402
+from resilience_ranks import Job  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_shared_memory():
-    """Every test of this file: its jobs leave no /dev/shm names behind."""
-    since = len(Job.all_ids)
-    yield
-    leaked = take_leaked_names(since)
-    assert not leaked, f"shared-memory names left behind: {leaked}"
+pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
 LINE = re.compile(r"^\S+:(\d+) \[(\d+)\] (TRACE|INFO|WARN|VERSION) ringflow: (.*)$")
@@ -86,5 +77,5 @@ def test_bad_level_is_a_config_error_and_file_names_expand() -> None:
     with config.override(DEBUG="LOUD"):
         with pytest.raises(ConfigError, match="VERSION, WARN, INFO or TRACE"):
             logs.setup(0)
-    assert logs.log_path("/tmp/rf-%h-%p-%r.log", 3).endswith(f"-3.log")
+    assert logs.log_path("/tmp/rf-%h-%p-%r.log", 3).endswith("-3.log")
     assert "%" not in logs.log_path("/tmp/rf-%h-%p-%r.log", 3)

@@ -5,7 +5,6 @@ namespaces cannot be made."""
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -13,21 +12,13 @@ import pytest
 
 from ringflow.testing import netns
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job, dropped_packets, mtu_packets, take_leaked_names, tcp_retransmits  # noqa: E402
+from resilience_ranks import Job, dropped_packets, mtu_packets, tcp_retransmits  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_shared_memory():
-    """Every test of this file: its jobs leave no /dev/shm names behind."""
-    since = len(Job.all_ids)
-    yield
-    leaked = take_leaked_names(since)
-    assert not leaked, f"shared-memory names left behind: {leaked}"
+pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
-pytestmark = pytest.mark.netns
+pytestmark.append(pytest.mark.netns)
 TIMEOUT_S = 20.0  # the communicator timeout the ranks run with
 
 

@@ -4,23 +4,14 @@ memory, open file descriptors and threads measured from /proc and asserted flat.
 from __future__ import annotations
 
 import glob
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from resilience_ranks import Job, take_leaked_names  # noqa: E402
+from resilience_ranks import Job  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_shared_memory():
-    """Every test of this file: its jobs leave no /dev/shm names behind."""
-    since = len(Job.all_ids)
-    yield
-    leaked = take_leaked_names(since)
-    assert not leaked, f"shared-memory names left behind: {leaked}"
+pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
 OPS, CYCLES = 10_000, 1_000

@@ -26,8 +26,7 @@ from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, SystemError, Timeout)
 from . import auth, logs
 from .env import detect
-from .executor import (CallContext, Waiter, _Broken, bind, check_exchange, compile_plan, describe, drive, run_bound,
-                       run_plan)
+from .executor import (CallContext, Waiter, _Broken, bind, check_exchange, compile_plan, describe, drive, run_bound)
 from .ops import UFUNCS, Buf, finish_avg, parse_op
 from .store import PrefixStore, Store, StoreServer
 from .transport import doorbell

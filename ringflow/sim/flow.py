@@ -92,7 +92,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     ent_s = np.concatenate([table.step, table.step, table.lstep])
     S1 = int(table.nsteps) + 1
     skey = np.unique(ent_r * S1 + ent_s)
-    slot_rank, slot_step = skey // S1, skey % S1
+    slot_rank = skey // S1
     nslots = skey.size
     rank_ptr = np.searchsorted(slot_rank, np.arange(R + 1))
     slot_of_src = np.searchsorted(skey, table.src * S1 + table.step)
