@@ -25,6 +25,7 @@ from collections import deque
 import numpy as np
 
 from ...errors import ProtocolError, SystemError
+from .. import reaper
 from . import doorbell
 from .base import Mismatch, Sink, XferOp
 from .frames import Kind
@@ -107,6 +108,7 @@ class Regions:
     def create(self, nbytes: int) -> tuple[int, mmap.mmap]:
         """A new named segment of nbytes (mode 0600); (region id, mapping)."""
         rid = len(self.maps)
+        reaper.guard(os.path.join(SHM_DIR, self.prefix + str(rid)))  # before the name exists: no window to leak
         mm = _create(self.prefix + str(rid), max(nbytes, 1))
         self.maps.append(mm)
         return rid, mm
@@ -130,6 +132,7 @@ class Regions:
         """Remove the names (mappings stay valid for arrays still in use)."""
         for rid in range(len(self.maps)):
             unlink_quiet(self.prefix + str(rid))
+            reaper.release(os.path.join(SHM_DIR, self.prefix + str(rid)))
 
 
 class ShmOut:
