@@ -88,7 +88,22 @@ class _BucketLauncher:
         self._drain()
 
 
-class NumpyDDP:
+class _OverlapSwitch:
+    """The `overlap` switch shared by the DDP wrappers (both hold a `_launcher`)."""
+
+    _launcher: _BucketLauncher
+
+    @property
+    def overlap(self) -> bool:
+        """Whether buckets are launched during backward."""
+        return self._launcher.overlap
+
+    @overlap.setter
+    def overlap(self, value: bool) -> None:
+        self._launcher.overlap = bool(value)
+
+
+class NumpyDDP(_OverlapSwitch):
     """Data-parallel training of a `Sequential` model: bucketed async all-reduce during backward."""
 
     def __init__(self, model: Sequential, comm: Any, *, bucket_cap_nbytes: int = DEFAULT_BUCKET_CAP_NBYTES,
@@ -106,15 +121,6 @@ class NumpyDDP:
         self._launcher = _BucketLauncher(self.buckets, overlap, self._launch)
         self._works: list[Any] = []
         self.stats = SyncStats()
-
-    @property
-    def overlap(self) -> bool:
-        """Whether buckets are launched during backward."""
-        return self._launcher.overlap
-
-    @overlap.setter
-    def overlap(self, value: bool) -> None:
-        self._launcher.overlap = bool(value)
 
     def _launch(self, b: Bucket) -> None:
         lo, hi = self._ranges[b.index]
@@ -154,7 +160,7 @@ class NumpyDDP:
         return loss
 
 
-class TorchDDP:
+class TorchDDP(_OverlapSwitch):
     """DDP for a torch.nn.Module on CPU: post-accumulate-grad hooks launch each bucket's async all-reduce.
 
     After `loss.backward()` returns, every `p.grad` holds the rank average (the
@@ -186,15 +192,6 @@ class TorchDDP:
         self.stats = SyncStats()
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._make_hook(i))
-
-    @property
-    def overlap(self) -> bool:
-        """Whether buckets are launched during backward."""
-        return self._launcher.overlap
-
-    @overlap.setter
-    def overlap(self, value: bool) -> None:
-        self._launcher.overlap = bool(value)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward."""

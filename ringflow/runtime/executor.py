@@ -209,23 +209,15 @@ class Waiter:
         self.failure()
         shm = [op for op in pending if op.is_shm]
         if shm:
-            t0 = time.monotonic()
-            if hot and self.hot_s > 0:
-                end = t0 + self.hot_s
-                while True:
-                    for op in shm:
-                        if op.ready():
-                            return
-                    if time.monotonic() > end:
-                        break
-            else:
-                end = t0 + self.spin_s
-                while True:
-                    for op in shm:
-                        if op.ready():
-                            return
-                    if time.monotonic() > end:
-                        break
+            hot_spin = hot and self.hot_s > 0
+            end = time.monotonic() + (self.hot_s if hot_spin else self.spin_s)
+            while True:
+                for op in shm:
+                    if op.ready():
+                        return
+                if time.monotonic() > end:
+                    break
+                if not hot_spin:
                     os.sched_yield()
         for op in shm:
             op.set_waiting(1)
