@@ -76,6 +76,20 @@ def resolve_rings(rings: Sequence[Sequence[int]] | None, nranks: int, nchannels:
     return tuple(rs[c % len(rs)] for c in range(nchannels))
 
 
+def reduce_copies_in_rank_order(b: ScheduleBuilder, rank: int, step: int, lay: dict[Buffer, BufferLayout],
+                                block: int = 0) -> None:
+    """`rank`'s OUT block := its scratch copies 0..n-1 summed in rank order, its own input copied in first.
+
+    The own input goes to scratch before OUT is written (OUT may alias IN), and every rank sums in the
+    same order, so results are bitwise identical on every rank.
+    """
+    li, lo, ls = lay[Buffer.IN], lay[Buffer.OUT], lay[Buffer.SCRATCH]
+    b.copy(rank, step, blk(Buffer.SCRATCH, ls, 0, copy=rank), blk(Buffer.IN, li, block))
+    b.copy(rank, step, blk(Buffer.OUT, lo, block), blk(Buffer.SCRATCH, ls, 0, copy=0))
+    for q in range(1, b.nranks):
+        b.reduce(rank, step, blk(Buffer.OUT, lo, block), blk(Buffer.SCRATCH, ls, 0, copy=q))
+
+
 def tree_children(parent: Sequence[int]) -> list[list[int]]:
     """Children lists from a parent array (parent[r] = -1 for the root)."""
     kids: list[list[int]] = [[] for _ in parent]

@@ -13,7 +13,7 @@ Direct gather / scatter (one step): the root exchanges with all n-1 other ranks 
 from __future__ import annotations
 
 from .schedule import Buffer, Collective, Schedule
-from ._common import blk, need_root, new_builder, std_layouts
+from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -64,10 +64,7 @@ def build_one_shot(collective: Collective | str, nranks: int, *, nsegs: int = 1,
             to = (r + i) % n
             b.transfer(0, r, to, blk(IN, li, 0), blk(SCR, ls, 0, copy=r))
     for r in range(n):
-        b.copy(r, 0, blk(SCR, ls, 0, copy=r), blk(IN, li, 0))   # own input first: OUT may alias IN
-        b.copy(r, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=0))
-        for q in range(1, n):
-            b.reduce(r, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=q))
+        reduce_copies_in_rank_order(b, r, 0, lay)
     return b.build()
 
 

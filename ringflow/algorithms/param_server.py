@@ -14,7 +14,7 @@ of 2(n-1), at the cost of n-1 concurrent peers per rank (NCCL/TensorRT-LLM call 
 from __future__ import annotations
 
 from .schedule import Buffer, BufferLayout, Collective, Schedule
-from ._common import blk, need_root, new_builder, std_layouts
+from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -35,10 +35,7 @@ def build_param_server(collective: Collective | str, nranks: int, *, root: int |
     for w in range(n):
         if w != server:
             b.transfer(0, w, server, blk(IN, li, 0), blk(SCR, ls, 0, copy=w))
-    b.copy(server, 0, blk(SCR, ls, 0, copy=server), blk(IN, li, 0))
-    b.copy(server, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=0))
-    for q in range(1, n):
-        b.reduce(server, 0, blk(OUT, lo, 0), blk(SCR, ls, 0, copy=q))
+    reduce_copies_in_rank_order(b, server, 0, lay)
     for i in range(1, n):
         b.transfer(1, server, (server + i) % n, blk(OUT, lo, 0), blk(OUT, lo, 0))
     return b.build()
@@ -62,10 +59,7 @@ def build_sharded(collective: Collective | str, nranks: int, *, nsegs: int = 1, 
             j = (r + i) % n
             b.transfer(0, r, j, blk(IN, li, j), blk(SCR, ls, 0, copy=r))
     for j in range(n):
-        b.copy(j, 0, blk(SCR, ls, 0, copy=j), blk(IN, li, j))
-        b.copy(j, 0, blk(OUT, lo, j), blk(SCR, ls, 0, copy=0))
-        for q in range(1, n):
-            b.reduce(j, 0, blk(OUT, lo, j), blk(SCR, ls, 0, copy=q))
+        reduce_copies_in_rank_order(b, j, 0, lay, block=j)
     for r in range(n):
         for i in range(1, n):
             b.transfer(1, r, (r + i) % n, blk(OUT, lo, r), blk(OUT, lo, r))
