@@ -137,6 +137,14 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
             seq += 1
             heapq.heappush(heap, (float(tm), seq, items[order[bounds[i]:bounds[i + 1]]]))
 
+    def flows_done(fl: np.ndarray, now: float) -> None:
+        """Flows `fl` delivered their bytes: a transfer with no flow left completes after its post latency."""
+        trs = flows.f_transfer[fl]
+        np.subtract.at(sub_left, trs, 1)
+        trs = np.unique(trs)
+        trs = trs[sub_left[trs] == 0]
+        push(done_heap, now + post_us[trs], trs)
+
     def enter(ranks: np.ndarray, times: np.ndarray) -> None:
         """Ranks enter their current slot at `times`; cascades through transfer-less slots."""
         while ranks.size:
@@ -205,12 +213,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
                 rem[fin] = 0.0
                 active = active[~done_mask]
                 dirty = True
-                trs = flows.f_transfer[fin]
-                np.subtract.at(sub_left, trs, 1)
-                trs = np.unique(trs)
-                trs = trs[sub_left[trs] == 0]
-                if trs.size:
-                    push(done_heap, now + post_us[trs], trs)
+                flows_done(fin, now)
         # transfers whose flows start now
         new: list[np.ndarray] = []
         while act_heap and act_heap[0][0] <= now + eps:
@@ -222,11 +225,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
             rem[fl] = f_bytes[fl]
             zero = f_bytes[fl] <= 0
             if zero.any():  # empty messages: only fixed costs
-                zf = fl[zero]
-                np.subtract.at(sub_left, flows.f_transfer[zf], 1)
-                zt = np.unique(flows.f_transfer[zf])
-                zt = zt[sub_left[zt] == 0]
-                push(done_heap, now + post_us[zt], zt)
+                flows_done(fl[zero], now)
                 fl = fl[~zero]
             if fl.size:
                 active = np.concatenate([active, fl])
