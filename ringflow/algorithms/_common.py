@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import InvalidArgument
-from .schedule import Buffer, BufferLayout, ChunkRef, Collective, ScheduleBuilder
+from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule, ScheduleBuilder
 
 
 def std_layouts(collective: Collective, nranks: int, blocks: int, nsegs: int,
@@ -74,6 +74,14 @@ def resolve_rings(rings: Sequence[Sequence[int]] | None, nranks: int, nchannels:
         return default_rings(nranks, nchannels)
     rs = [check_ring(r, nranks) for r in rings]
     return tuple(rs[c % len(rs)] for c in range(nchannels))
+
+
+def single_rank_copy(c: Collective, nsegs: int, name: str, **params: object) -> Schedule:
+    """The schedule of any algorithm on one rank: OUT := IN."""
+    lay = std_layouts(c, 1, 1, nsegs)
+    b = new_builder(c, 1, name, lay, 0 if c.has_root else None, nsegs=nsegs, **params)
+    b.copy(0, 0, blk(Buffer.OUT, lay[Buffer.OUT], 0), blk(Buffer.IN, lay[Buffer.IN], 0))
+    return b.build()
 
 
 def reduce_copies_in_rank_order(b: ScheduleBuilder, rank: int, step: int, lay: dict[Buffer, BufferLayout],

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from .schedule import Buffer, ChunkRef, Collective, Schedule, ScheduleBuilder
-from ._common import blk, need_root, new_builder, pow2_floor, std_layouts
+from ._common import blk, need_root, new_builder, pow2_floor, single_rank_copy, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -63,19 +63,12 @@ def _fold_out(b: ScheduleBuilder, f: Fold, step: int, src: ChunkRef, dst: ChunkR
     return step + 1
 
 
-def _copy_n1(c: Collective, nsegs: int, name: str) -> Schedule:
-    lay = std_layouts(c, 1, 1, nsegs)
-    b = new_builder(c, 1, name, lay, 0 if c.has_root else None, nsegs=nsegs)
-    b.copy(0, 0, blk(OUT, lay[OUT], 0), blk(IN, lay[IN], 0))
-    return b.build()
-
-
 def build_recursive_doubling(collective: Collective | str, nranks: int, *, nsegs: int = 1, **_: object) -> Schedule:
     """Recursive doubling all_reduce (whole vector per round) or all_gather."""
     c = Collective.parse(collective)
     n, f = nranks, Fold(nranks)
     if n == 1:
-        return _copy_n1(c, nsegs, "recursive_doubling")
+        return single_rank_copy(c, nsegs, "recursive_doubling")
     lay = std_layouts(c, n, 1, nsegs)
     b = new_builder(c, n, "recursive_doubling", lay, None, nsegs=nsegs)
     li, lo = lay[IN], lay[OUT]
@@ -151,7 +144,7 @@ def build_halving_doubling(collective: Collective | str, nranks: int, *, nsegs: 
     c = Collective.parse(collective)
     n, f = nranks, Fold(nranks)
     if n == 1:
-        return _copy_n1(c, nsegs, "halving_doubling")
+        return single_rank_copy(c, nsegs, "halving_doubling")
     if c == Collective.ALL_REDUCE:
         lay = std_layouts(c, n, f.p, nsegs)
         b = new_builder(c, n, "halving_doubling", lay, None, nsegs=nsegs)
@@ -200,7 +193,7 @@ def build_rabenseifner(collective: Collective | str, nranks: int, *, root: int |
     n, f = nranks, Fold(nranks)
     root = need_root(root, n)
     if n == 1:
-        return _copy_n1(c, nsegs, "rabenseifner")
+        return single_rank_copy(c, nsegs, "rabenseifner")
     lay = std_layouts(c, n, f.p, nsegs)
     b = new_builder(c, n, "rabenseifner", lay, root, nsegs=nsegs)
     lo = lay[OUT]

@@ -13,7 +13,7 @@ Direct gather / scatter (one step): the root exchanges with all n-1 other ranks 
 from __future__ import annotations
 
 from .schedule import Buffer, Collective, Schedule
-from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, std_layouts
+from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, single_rank_copy, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -52,13 +52,11 @@ def build_one_shot(collective: Collective | str, nranks: int, *, nsegs: int = 1,
     """One-shot all_reduce: everyone sends everything to everyone, then sums in rank order."""
     c = Collective.parse(collective)
     n = nranks
-    lay = std_layouts(c, n, 1, nsegs, scratch=(IN, n) if n > 1 else None)
-    b = new_builder(c, n, "one_shot", lay, None, nsegs=nsegs)
-    li, lo = lay[IN], lay[OUT]
     if n == 1:
-        b.copy(0, 0, blk(OUT, lo, 0), blk(IN, li, 0))
-        return b.build()
-    ls = lay[SCR]
+        return single_rank_copy(c, nsegs, "one_shot")
+    lay = std_layouts(c, n, 1, nsegs, scratch=(IN, n))
+    b = new_builder(c, n, "one_shot", lay, None, nsegs=nsegs)
+    li, ls = lay[IN], lay[SCR]
     for r in range(n):
         for i in range(1, n):
             to = (r + i) % n

@@ -14,7 +14,7 @@ of 2(n-1), at the cost of n-1 concurrent peers per rank (NCCL/TensorRT-LLM call 
 from __future__ import annotations
 
 from .schedule import Buffer, BufferLayout, Collective, Schedule
-from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, std_layouts
+from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, single_rank_copy, std_layouts
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -25,13 +25,11 @@ def build_param_server(collective: Collective | str, nranks: int, *, root: int |
     c = Collective.parse(collective)
     n = nranks
     server = need_root(root, n, default=0)
-    lay = std_layouts(c, n, 1, nsegs, scratch=(IN, n) if n > 1 else None)
-    b = new_builder(c, n, "param_server", lay, None, server=server, nsegs=nsegs)
-    li, lo = lay[IN], lay[OUT]
     if n == 1:
-        b.copy(0, 0, blk(OUT, lo, 0), blk(IN, li, 0))
-        return b.build()
-    ls = lay[SCR]
+        return single_rank_copy(c, nsegs, "param_server", server=server)
+    lay = std_layouts(c, n, 1, nsegs, scratch=(IN, n))
+    b = new_builder(c, n, "param_server", lay, None, server=server, nsegs=nsegs)
+    li, lo, ls = lay[IN], lay[OUT], lay[SCR]
     for w in range(n):
         if w != server:
             b.transfer(0, w, server, blk(IN, li, 0), blk(SCR, ls, 0, copy=w))
@@ -45,15 +43,12 @@ def build_sharded(collective: Collective | str, nranks: int, *, nsegs: int = 1, 
     """Sharded servers: rank j reduces block j (rank order) and pushes it to everyone."""
     c = Collective.parse(collective)
     n = nranks
-    lay = std_layouts(c, n, n, nsegs)
-    if n > 1:  # n copies of the server's own block only: S bytes of scratch, not n S
-        lay[SCR] = BufferLayout(n, nsegs, like=IN, copies=n, own_block=True)
-    b = new_builder(c, n, "sharded_ps", lay, None, nsegs=nsegs)
-    li, lo = lay[IN], lay[OUT]
     if n == 1:
-        b.copy(0, 0, blk(OUT, lo, 0), blk(IN, li, 0))
-        return b.build()
-    ls = lay[SCR]
+        return single_rank_copy(c, nsegs, "sharded_ps")
+    lay = std_layouts(c, n, n, nsegs)
+    lay[SCR] = BufferLayout(n, nsegs, like=IN, copies=n, own_block=True)  # own block only: S of scratch, not n S
+    b = new_builder(c, n, "sharded_ps", lay, None, nsegs=nsegs)
+    li, lo, ls = lay[IN], lay[OUT], lay[SCR]
     for r in range(n):
         for i in range(1, n):
             j = (r + i) % n

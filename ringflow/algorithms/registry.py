@@ -104,7 +104,7 @@ def _rd_cf(c: Collective) -> Callable[[int, int, int], ClosedForm]:
         if c == C.ALL_REDUCE:
             return _cf(steps, fo.log + (1 if fo.r else 0))
         # all_gather: survivor u sends/receives the blocks of aligned survivor groups of size 2^k
-        best = F(1 if fo.r else 0) if fo.r else F(0)
+        best = F(1) if fo.r else F(0)
         for u in range(fo.p):
             sent = sum(fo.lo((u & ~((1 << k) - 1)) + (1 << k)) - fo.lo(u & ~((1 << k) - 1)) for k in range(fo.log))
             recv = sum(fo.lo(((u ^ (1 << k)) & ~((1 << k) - 1)) + (1 << k)) - fo.lo((u ^ (1 << k)) & ~((1 << k) - 1))
