@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -79,6 +80,22 @@ def _iters(nbytes: int, quick: bool) -> int:
 
 
 # ------------------------------------------------------------------ Gloo worker
+def _median_time_s(call: Callable[[], None], nbytes: int, quick: bool, barrier: Callable[[], None],
+                   clock: Callable[[], float], slowest: Callable[[float], float]) -> float:
+    """Median over iterations of the slowest rank's mean time per call, after two warm-up calls."""
+    for _ in range(2):
+        call()
+    times = []
+    m = batch_size(nbytes)
+    for _ in range(_iters(nbytes, quick)):
+        barrier()
+        t0 = clock()
+        for _ in range(m):
+            call()
+        times.append(slowest((clock() - t0) / m))
+    return float(np.median(times))
+
+
 def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None:
     """One torch.distributed Gloo rank."""
     import torch
@@ -86,6 +103,11 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n)
     rows = []
     t = torch.zeros(1, dtype=torch.float64)
+
+    def slowest(seconds: float) -> float:
+        t[0] = seconds
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0])
     for coll in spec["collectives"]:
         for nbytes in spec["sizes"]:
             ein, eout = _elems(coll, nbytes, n)
@@ -106,19 +128,8 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
                 elif coll == "all_to_all":
                     dist.all_to_all_single(y, x)
             try:
-                for _ in range(2):
-                    call()
-                times = []
-                m = batch_size(nbytes)
-                for _ in range(_iters(nbytes, spec["quick"])):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(m):
-                        call()
-                    t[0] = (time.perf_counter() - t0) / m
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    times.append(float(t[0]))
-                rows.append(_row("gloo", coll, n, nbytes, float(np.median(times))))
+                rows.append(_row("gloo", coll, n, nbytes, _median_time_s(call, nbytes, spec["quick"], dist.barrier,
+                                                                         time.perf_counter, slowest)))
             except (RuntimeError, ValueError) as exc:
                 rows.append({"library": "gloo", "collective": coll, "nranks": n, "size_bytes": nbytes,
                              "error": str(exc).splitlines()[0][:120]})
@@ -175,6 +186,11 @@ def mpi_worker(spec: dict, out: str, label: str) -> None:
     rows = []
     t = np.zeros(1)
     tmax = np.zeros(1)
+
+    def slowest(seconds: float) -> float:
+        t[0] = seconds
+        comm.Allreduce(t, tmax, op=MPI.MAX)
+        return float(tmax[0])
     for coll in spec["collectives"]:
         for nbytes in spec["sizes"]:
             ein, eout = _elems(coll, nbytes, n)
@@ -194,19 +210,8 @@ def mpi_worker(spec: dict, out: str, label: str) -> None:
                     comm.Reduce_scatter_block(x, y)
                 elif coll == "all_to_all":
                     comm.Alltoall(x, y)
-            for _ in range(2):
-                call()
-            times = []
-            m = batch_size(nbytes)
-            for _ in range(_iters(nbytes, spec["quick"])):
-                comm.Barrier()
-                t0 = MPI.Wtime()
-                for _ in range(m):
-                    call()
-                t[0] = (MPI.Wtime() - t0) / m
-                comm.Allreduce(t, tmax, op=MPI.MAX)
-                times.append(float(tmax[0]))
-            rows.append(_row(label, coll, n, nbytes, float(np.median(times))))
+            rows.append(_row(label, coll, n, nbytes, _median_time_s(call, nbytes, spec["quick"], comm.Barrier,
+                                                                    MPI.Wtime, slowest)))
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(rows, fh)
