@@ -61,6 +61,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("SOCKET_IFNAME", "", _str, "Interfaces for TCP, NCCL syntax: `eth` prefix, `^docker` excludes, "
          "`=eth0` exact; loopback only when named.", "runtime"),
     Knob("SHM_DISABLE", False, _bool, "1 disables the shared-memory transport (everything goes over TCP).", "runtime"),
+    Knob("CMA_DISABLE", False, _bool, "1 turns off single-copy reads between same-host ranks "
+         "(process_vm_readv, Open MPI's smsc/cma); large messages then go through shared-memory slots.",
+         "runtime"),
     Knob("BUFFSIZE", 4 * 2**20, parse_size, "Staging buffer size per peer and channel in bytes "
          "(NCCL_BUFFSIZE, default 4 MiB).", "runtime"),
     Knob("NCHANNELS", 0, _int, "Number of channels (parallel rings/streams); 0 = chosen per size.", "runtime"),

@@ -531,8 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"rank{comm.rank}.json"), "w") as fh:
             transports = {str(p): comm._transport.kind(p) for p in range(comm.size) if p != comm.rank}
+            from .transport import cma
             json.dump({"rank": comm.rank, "size": comm.size, "cases": r.cases, "failures": r.failures,
-                       "transports": transports}, fh)
+                       "transports": transports, "cma_reads": cma.reads,
+                       "cma_links": comm._transport.cma_links()}, fh)
         comm.destroy()
     return 0
 

@@ -109,6 +109,11 @@ class Transport:
         self._in[(peer, key)] = c
         return c
 
+    def cma_links(self) -> int:
+        """Incoming shared-memory connections whose sender this rank proved it can read (single copy)."""
+        from .shm import W_CMA
+        return sum(1 for c in self._in.values() if isinstance(c, ShmIn) and c.m is not None and c.m.ctl[W_CMA] == 1)
+
     def flush(self, deadline: float, skip: set[int]) -> None:
         """Wait (until deadline) for same-host peers to consume what this rank sent them."""
         for (peer, _key), c in list(self._out.items()):

@@ -5,7 +5,9 @@ created by the sender, unlinked by the receiver as soon as it has mapped it, so 
 leaves nothing behind)::
 
     word 0 ready magic (written last by the creator) | 1 nslots | 2 slot_bytes
+    word 3 the segment's address in the sender       | 4 the sender's pid
     word 8 tail: slots consumed by the receiver     | 16 sender waiting | 24 receiver waiting
+    word 32 set to 1 by the receiver if it can read the sender's memory (single copy, `cma`)
     from byte 512: one 64-byte header per slot: flag (= slot number + 1, written after the data),
         message seq, message nbytes, slice offset, sig, kind, op_seq, tag
     from byte 4096: nslots data slots of slot_bytes each
@@ -15,6 +17,11 @@ free slot (one copy) and raises its flag; the receiver copies or reduces it stra
 slot into the destination (``np.add(src, slot, out=dst)``) and advances `tail`. Small messages
 ride with their flag in one slot (the LL idea). With `nslots` slots in flight, copy and reduce of
 consecutive slices overlap across the two processes.
+
+Messages from ZERO_COPY_MIN_BYTES up travel by reference in one slot instead: (region, offset)
+when the source lies in a `comm.alloc` buffer, else (address) when the receiver proved at connect
+time that it can read the sender's memory (`cma`, Open MPI's single-copy mechanism); the receiver
+then copies or reduces straight from the source and the send completes when it has.
 """
 from __future__ import annotations
 
@@ -26,12 +33,14 @@ import numpy as np
 
 from ...errors import ProtocolError, SystemError
 from .. import reaper
-from . import doorbell
+from . import cma, doorbell
 from .base import Mismatch, Sink, XferOp
 from .frames import Kind
 
 MAGIC_WORD = 0x52464C5753484D31  # 'RFLWSHM1'
 W_MAGIC, W_NSLOTS, W_SLOTB, W_TAIL, W_SWAIT, W_RWAIT = 0, 1, 2, 8, 16, 24
+W_ADDR, W_PID, W_CMA = 3, 4, 32
+REF_CMA = 0xFFFFFFFF  # the region field of a by-address (single-copy) slot
 SLOT_HDR_WORD = 64
 DATA_OFF = 4096
 MAX_SLOTS = (DATA_OFF - SLOT_HDR_WORD * 8) // 64
@@ -49,6 +58,7 @@ class _Mapped:
         self.ctl = memoryview(mm).cast("B")[:DATA_OFF].cast("Q")
         self.nslots, self.slot_bytes = nslots, slot_bytes
         arr = np.frombuffer(mm, dtype=np.uint8)
+        self.addr = arr.ctypes.data
         self.slots = [arr[DATA_OFF + i * slot_bytes: DATA_OFF + (i + 1) * slot_bytes] for i in range(nslots)]
 
     def close(self) -> None:
@@ -147,6 +157,7 @@ class ShmOut:
         self.m = _Mapped(mm, nslots, slot_bytes)
         c = self.m.ctl
         c[W_NSLOTS], c[W_SLOTB] = nslots, slot_bytes
+        c[W_ADDR], c[W_PID] = self.m.addr, os.getpid()
         c[W_MAGIC] = MAGIC_WORD
         self.head = 0
         self.tail = 0
@@ -177,8 +188,11 @@ class ShmSend(XferOp):
         self.started, self.done, self.peer, self.moved = False, False, o.peer, False
         self.ref = None
         self.posted = 0
-        if o.regions is not None and self.total >= ZERO_COPY_MIN_BYTES:
-            self.ref = o.regions.find(src_u8)
+        if self.total >= ZERO_COPY_MIN_BYTES:
+            if o.regions is not None:
+                self.ref = o.regions.find(src_u8)
+            if self.ref is None and o.m.ctl[W_CMA] == 1 and src_u8.flags.c_contiguous:
+                self.ref = (REF_CMA - 1, src_u8.ctypes.data)
 
     def _progress_ref(self) -> bool:
         """Zero copy: post one slot naming (region, offset); done once the receiver consumed it."""
@@ -202,7 +216,8 @@ class ShmSend(XferOp):
             c[b + 7] = self.tag
             c[b] = h + 1
             o.head = self.posted = h + 1
-            o.regions.zero_copy_sends += 1
+            if o.regions is not None:
+                o.regions.zero_copy_sends += 1
             moved = self.moved = True
             if c[W_RWAIT]:
                 doorbell.ring(o.peer_bell)
@@ -308,6 +323,9 @@ class ShmIn:
                                 f"({nslots} slots of {sb} bytes in {size} bytes)", "run one ringflow version")
         self.m = _Mapped(mm, nslots, sb)
         unlink_quiet(self.name)
+        c = self.m.ctl
+        if c[W_CMA] == 0 and cma.probe(int(c[W_PID]), int(c[W_ADDR]), MAGIC_WORD):
+            c[W_CMA] = 1
         return True
 
     def region(self, rid: int) -> np.ndarray:
@@ -375,13 +393,17 @@ class ShmRecv(XferOp):
             if self.first:
                 self._first(c, b, total)
             rid = c[b + 5] >> 32
-            if rid:  # zero copy: the data is in the sender's alloc region, at offset `off`
+            if rid == REF_CMA:  # single copy: the data is at address `off` in the sender
+                if not self.drain:
+                    cma.consume_remote(self.sink, int(c[W_PID]), i.peer, int(off), int(total))
+            elif rid:  # zero copy: the data is in the sender's alloc region, at offset `off`
                 if not self.drain:
                     reg = i.region(rid - 1)
                     if off + total > reg.shape[0]:
                         raise ProtocolError(f"rank {i.peer} referenced bytes {off}..{off + total} of a "
                                             f"{reg.shape[0]}-byte buffer", "the peer is corrupt")
                     self.sink.consume(0, reg[off:off + total])
+            if rid:
                 self.off = total
                 i.head = h + 1
                 c[W_TAIL] = h + 1
