@@ -4,9 +4,8 @@
     .venv/bin/python benchmarks/compare_baselines.py --nranks 2,4 --json results.json
 
 Every library is timed the same way (ringflow.runtime.bench): per size, warm-up calls, then
-samples; a sample is a barrier and `batch_size(size)` back-to-back calls (20 below 16 KiB, 1 from
-256 KiB); its time is the slowest rank's time per call (max all-reduce); the row shows the median
-sample. Bus bandwidth uses nccl-tests' factors.
+samples; a sample is a barrier and as many back-to-back calls as take 1 ms; its time is the slowest
+rank's time per call (max all-reduce); the row shows the median sample. Bus bandwidth uses nccl-tests' factors.
 
 Bounds printed beside the table (derived here, from measurements taken in the same run):
 
@@ -51,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ringflow.runtime.bench import batch_size, bus_factor, default_iters  # noqa: E402
+from ringflow.runtime.bench import bus_factor, median_call_s  # noqa: E402
 from ringflow.units import format_size, parse_size  # noqa: E402
 
 MPI_TARGET = Path.home() / ".cache" / "ringflow-baselines" / "mpi4py"
@@ -74,26 +73,10 @@ def _elems(coll: str, nbytes: int, n: int, itemsize: int = 4) -> tuple[int, int]
     return e, e
 
 
-def _iters(nbytes: int, quick: bool) -> int:
-    it = default_iters(nbytes)
-    return max(3, it // 4) if quick else it
-
-
-# ------------------------------------------------------------------ Gloo worker
 def _median_time_s(call: Callable[[], None], nbytes: int, quick: bool, barrier: Callable[[], None],
                    clock: Callable[[], float], slowest: Callable[[float], float]) -> float:
-    """Median over iterations of the slowest rank's mean time per call, after two warm-up calls."""
-    for _ in range(2):
-        call()
-    times = []
-    m = batch_size(nbytes)
-    for _ in range(_iters(nbytes, quick)):
-        barrier()
-        t0 = clock()
-        for _ in range(m):
-            call()
-        times.append(slowest((clock() - t0) / m))
-    return float(np.median(times))
+    """The timing loop of `ringflow bench` (median_call_s), for a baseline library's calls."""
+    return median_call_s(call, barrier, slowest, quick=quick, clock=clock)[0]
 
 
 def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None:

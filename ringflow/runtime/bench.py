@@ -5,9 +5,11 @@ all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, 
 gather, scatter (n-1)/n. ``algbw = size / time``, ``busbw = algbw x factor``, where size is the
 nccl-tests size: the whole buffer for all_reduce / broadcast / reduce, the whole output for
 all_gather / gather, the whole input for reduce_scatter / scatter and all_to_all.
-Time: a sample is a barrier followed by `batch_size(size)` back-to-back calls (20 for small
-messages, 1 from 256 KiB up) timed together; the sample's time is the slowest rank's time per
-call, and the row shows the median over samples.
+Time (`median_call_s`, shared with the baselines and calibration): a sample is a barrier followed by
+back-to-back calls timed together (as many as take SAMPLE_MIN_S, 1 ms); the sample's time is the
+slowest rank's time per call, and the row shows the median over samples (about ROW_TARGET_S of
+them). Values are not reset between calls, as in nccl-tests: resetting would rewrite the buffer
+into one core's cache before every sample and time a cache state no training step has.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,19 +41,48 @@ def bus_factor(collective: str, n: int) -> float:
             "broadcast": 1.0, "reduce": 1.0}[collective]
 
 
-def batch_size(nbytes: int) -> int:
-    """Calls timed back to back per sample: the barrier's exit skew (tens of us) is spread over
-    many small calls, as nccl-tests does by timing a loop of iterations."""
-    return max(1, min(20, (256 * 1024) // max(nbytes, 1)))
+SAMPLE_MIN_S = 1e-3   # a sample times back-to-back calls for at least this long (barrier skew is amortised)
+ROW_TARGET_S = 0.3    # samples per row: about this much timed work, between MIN_ and MAX_SAMPLES
+MIN_SAMPLES, MAX_SAMPLES = 10, 200
 
 
-def default_iters(nbytes: int) -> int:
-    """Enough iterations for a stable median without running for minutes."""
-    if nbytes <= 64 * 1024:
-        return 200
-    if nbytes <= 4 * 2**20:
-        return 40
-    return 10
+def batch_size(call_s: float) -> int:
+    """Calls timed back to back per sample, as nccl-tests times a loop of iterations: the barrier's
+    exit skew (tens of us) is spread over at least SAMPLE_MIN_S of work."""
+    return max(1, min(50, int(np.ceil(SAMPLE_MIN_S / max(call_s, 1e-7)))))
+
+
+def default_iters(call_s: float, batch: int) -> int:
+    """Samples per row: enough for a stable median without running for minutes."""
+    return int(np.clip(ROW_TARGET_S / max(call_s * batch, 1e-7), MIN_SAMPLES, MAX_SAMPLES))
+
+
+def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: Callable[[float], float], *,
+                  warmup: int = 2, iters: int = 0, quick: bool = False,
+                  clock: Callable[[], float] = time.perf_counter) -> tuple[float, int]:
+    """Median over samples of the slowest rank's mean time per call; (seconds, samples).
+
+    The one timing loop of every benchmark here (ringflow, Gloo and Open MPI baselines, calibration):
+    warm-up calls (the last one sizes the batch, agreed by all ranks through `slowest`), then
+    samples of a barrier and `batch_size` back-to-back calls."""
+    one = 0.0
+    for _ in range(max(1, warmup)):
+        t0 = clock()
+        call()
+        one = clock() - t0
+    one = slowest(one)
+    m = batch_size(one)
+    n = iters or default_iters(one, m)
+    if quick and not iters:
+        n = max(3, n // 4)
+    times = []
+    for _ in range(n):
+        barrier()
+        t0 = clock()
+        for _ in range(m):
+            call()
+        times.append(slowest((clock() - t0) / m))
+    return float(np.median(times)), n
 
 
 def _fill(comm: Any, coll: str, nelem: int, dtype: np.dtype, alloc: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -131,22 +162,17 @@ def worker(spec: dict) -> list[dict]:
             op = spec["op"] if coll in REDUCTIONS else None
             x, out = _fill(comm, coll, nelem, dtype, spec["alloc"])
             x0 = x.copy()
-            iters = spec["iters"] or default_iters(nbytes)
-            for _ in range(spec["warmup"]):
-                x[...] = x0
-                _call(comm, coll, x, out, op or "sum")
-            times = []
-            m = batch_size(nbytes)
-            for _ in range(iters):
-                if coll in ("all_reduce", "reduce", "broadcast"):
-                    x[...] = x0  # keep values bounded; excluded from the time
-                comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(m):
-                    _call(comm, coll, x, out, op or "sum")
-                timer[0] = (time.perf_counter() - t0) / m
+            x[...] = x0
+
+            def slowest(seconds: float) -> float:
+                timer[0] = seconds
                 comm.all_reduce(timer, "max")
-                times.append(float(timer[0]))
+                return float(timer[0])
+
+            with np.errstate(all="ignore"):  # values are not reset between calls: they may overflow
+                t, iters = median_call_s(lambda: _call(comm, coll, x, out, op or "sum"), comm.barrier, slowest,
+                                         warmup=spec["warmup"], iters=spec["iters"])
+            ran = getattr(comm, "last_schedule", None)  # the schedule the timed calls ran
             wrong = 0
             if spec["check"]:
                 x[...] = x0
@@ -159,14 +185,14 @@ def worker(spec: dict) -> list[dict]:
                 w = np.array([wrong], np.int64)
                 comm.all_reduce(w)
                 wrong = int(w[0])
-            t = float(np.median(times))
             size = nelem * dtype.itemsize
             algbw = size / t / 1e9 if t > 0 else 0.0
             rows.append({"collective": coll, "nranks": n, "size_bytes": size, "count": nelem, "dtype": str(dtype),
                          "redop": op or "none", "root": 0 if coll in ROOTED else -1, "time_us": t * 1e6,
                          "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(coll, n), "wrong": wrong,
                          "iters": iters, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
-                         "algorithm": spec.get("algo") or "auto"})
+                         "algorithm": ran.algorithm if ran is not None else (spec.get("algo") or "auto"),
+                         "nchannels": ran.nchannels if ran is not None else 1})
     comm.destroy()
     return rows if rank == 0 else []
 

@@ -103,6 +103,20 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
     return best
 
 
+def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
+                  single_ring_bytes: int) -> Schedule:
+    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`); the
+    simulator's validation asks the same function, so it predicts exactly what was measured."""
+    from ..algorithms import registry, tuner  # lazily: the algorithms package is large
+    tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
+    ch = tuner.choose(tc, nbytes, nranks, dtype_size=dtype_size, root=root)
+    if coll == Collective.ALL_TO_ALLV:
+        algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
+        return registry.get_schedule(coll, algo, nranks, root=root)
+    return runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry,
+                        single_channel=nbytes < single_ring_bytes, inplace=inplace)
+
+
 def _data_ptr(obj: Any) -> int | None:
     """A torch tensor's storage address (its storage can be swapped under the same object); None for
     NumPy arrays, whose memory cannot move while the binding holds a view of it."""
@@ -272,20 +286,8 @@ class Communicator:
         if s is not None:
             return s
         from .. import config as _cfg
-        from ..algorithms import registry, tuner  # lazily: the algorithms package is large
         with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
-            return self._pick(coll, nbytes, root, dtype_size, key, registry, tuner, inplace)
-
-    def _pick(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int, key: tuple, registry: Any,
-              tuner: Any, inplace: bool = False) -> Schedule:
-        tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
-        ch = tuner.choose(tc, nbytes, self.size, dtype_size=dtype_size, root=root)
-        if coll == Collective.ALL_TO_ALLV:
-            algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
-            s = registry.get_schedule(coll, algo, self.size, root=root)
-        else:
-            s = runtime_rank(ch, coll, self.size, root, nbytes, dtype_size, registry,
-                             single_channel=nbytes < self._single_ring_bytes, inplace=inplace)
+            s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes)
         if len(self._schedules) > 1024:
             self._schedules.clear()
         self._schedules[key] = s
@@ -326,6 +328,7 @@ class Communicator:
             if len(self._calls) > 4096:
                 self._calls.clear()
             self._calls[key] = prep
+        self.last_schedule = prep.schedule
         seq = self._op_seq
         self._op_seq += 1
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,

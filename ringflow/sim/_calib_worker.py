@@ -1,14 +1,12 @@
 """One rank of `ringflow calibrate`: times tiny hand-built schedules on the real runtime.
 
 Run under the launcher (`python -m ringflow.sim._calib_worker OUT.json [quick]`); rank 0 writes
-the times as JSON, taken the way `ringflow bench` takes them (barrier, one call, slowest rank, median).
+the times as JSON, taken the way `ringflow bench` takes them (`runtime.bench.median_call_s`).
 """
 from __future__ import annotations
 
 import json
 import sys
-import time
-
 import numpy as np
 
 
@@ -47,31 +45,21 @@ def main() -> None:
 
     timer = np.zeros(1)
 
+    def slowest(seconds: float) -> float:
+        timer[0] = seconds
+        comm.all_reduce(timer, "max")
+        return float(timer[0])
+
     def timed(name: str, nbytes: int) -> float:
-        """Like `ringflow bench`: barrier, one call, slowest rank's time; median of the iterations."""
+        """Timed like `ringflow bench` (runtime.bench.median_call_s); the median of a few batches."""
+        from ..runtime.bench import median_call_s
         count = max(1, nbytes // 4)
         x = np.ones(count, dtype=np.float32)
         y = np.zeros(count, dtype=np.float32)
-        for _ in range(2):
-            comm.execute(scheds[name], x, y)
-        best = float("inf")
-        for _batch in range(8):      # best of 8 medians: load from other processes only adds time
-            times = []
-            for _ in range(iters_for(nbytes)):
-                comm.barrier()
-                t0 = time.perf_counter()
-                comm.execute(scheds[name], x, y)
-                timer[0] = time.perf_counter() - t0
-                comm.all_reduce(timer, "max")
-                times.append(float(timer[0]))
-            best = min(best, float(np.median(times)))
-        return best
-
-    def iters_for(nbytes: int) -> int:
-        """Iterations per batch: a fraction of `ringflow bench`'s count for that size."""
-        from ..runtime.bench import default_iters
-        it = default_iters(nbytes)
-        return max(5, it // 8) if quick else max(5, it // 6)
+        with np.errstate(all="ignore"):
+            batches = [median_call_s(lambda: comm.execute(scheds[name], x, y), comm.barrier, slowest,
+                                     iters=5 if quick else 10)[0] for _ in range(3)]
+        return float(np.median(batches))
 
     for name in ("steps1", "steps8"):
         res["results"][name] = {"4": 1e6 * timed(name, 4)}

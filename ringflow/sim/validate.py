@@ -3,7 +3,7 @@
 For every transport (shm; TCP only with RINGFLOW_SHM_DISABLE=1), rank count and collective, the
 real benchmark runs (`runtime.bench.launch`, the code behind `ringflow bench --json`), and the
 simulator predicts each row with *the schedule the runtime ran*: the tuner's choice for that
-call, built by the registry exactly as `Communicator._pick` does, on the calibrated host-cpu
+call, chosen by `runtime.communicator.pick_schedule` as the runtime does, on the calibrated host-cpu
 topology.  Error = (predicted - measured) / measured.
 """
 from __future__ import annotations
@@ -16,12 +16,16 @@ TRANSPORTS = ("shm", "tcp")
 
 
 def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None) -> Any:
-    """The schedule ringflow's runtime runs for this call (its tuner + registry, same arguments)."""
-    from ..algorithms import registry, tuner
+    """The schedule ringflow's runtime runs for this `ringflow bench` call (same function, same arguments:
+    bench calls all_reduce, broadcast and reduce in place, the others out of place)."""
+    from .. import config
+    from ..runtime.communicator import pick_schedule
     c = Collective.parse(collective)
-    ch = tuner.choose(c, count * itemsize, nranks, dtype_size=itemsize, root=root)
-    return registry.get_schedule(c, ch.algorithm, nranks, root=root, nsegs=ch.nsegs, nchannels=ch.nchannels,
-                                 rings=ch.rings)
+    per_rank = c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
+                     Collective.ALL_TO_ALL)
+    nbytes = count * itemsize * (nranks if per_rank else 1)
+    inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
+    return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")))
 
 
 def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
@@ -38,6 +42,12 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
             count = int(r["count"]) // n
         root = 0 if c.has_root else None
         sched = runtime_schedule(coll, count, item, n, root)
+        ran = r.get("algorithm")
+        if ran not in (None, "auto") and ran != sched.algorithm:
+            from ..errors import InvalidUsage
+            raise InvalidUsage(f"bench ran {ran} for {coll} at {r['size_bytes']} bytes on {n} ranks but the "
+                               f"runtime's choice here is {sched.algorithm}",
+                               "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
         res = simulate_schedule(topo, sched, int(r["size_bytes"]), dtype=r["dtype"],
                                 params={"host_transport": transport}, endpoints=topo.endpoints()[:n])
         meas = float(r["time_us"])
