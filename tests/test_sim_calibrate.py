@@ -1,72 +1,100 @@
-"""Calibration round trip: fitted numbers -> topology file -> loaded -> the same numbers and times back."""
+"""Calibration round trip: synthetic calibration times -> fitted curves -> topology file -> loaded ->
+the calibration schedules' times back; and the validation path predicts every bench collective."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from ringflow.sim._calib_worker import _schedules
+from ringflow.algorithms.schedule import is_self_checking
+from ringflow.sim._calib_worker import SIZES, _schedules
 from ringflow.sim.api import simulate_schedule
-from ringflow.sim.calibrate import fit
+from ringflow.sim.calibrate import curves, fit, monotone
 from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 
-TRUE = {"shm": dict(alpha=20.0, base=100.0, per_peer=30.0, oneway=3.0, endpoint=4.0, reduce=5.0, copy=6.0),
-        "tcp": dict(alpha=45.0, base=160.0, per_peer=55.0, oneway=1.5, endpoint=2.5, reduce=5.0, copy=6.0)}
-SIZES = [2**16, 2**18, 2**20, 2**22, 2**24]
-CACHE = 32 * 2**20     # 2 x 16 MiB x 2 ranks does not fit: the 16 MiB points come from DRAM
-DRAM = 2.0
+SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
+# per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
+# per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
+# with every rank busy costs that many one-ways (below the single-copy size both ends copy: 2 on
+# 2 ranks; above it only receivers, sharing the memory bus: 1.5; 4 ranks share 2 cores: 3)
+TRUE = {"shm": {2: dict(alpha=8.0, base=20.0, check=25.0, oneway=1 / 6e3, exch=(2.0, 1.5), red=1 / 9e3, copy=1 / 12e3),
+                4: dict(alpha=25.0, base=60.0, check=120.0, oneway=1 / 5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3)},
+        "tcp": {2: dict(alpha=12.0, base=25.0, check=60.0, oneway=1 / 3e3, exch=(2.0, 2.0), red=1 / 9e3, copy=1 / 12e3),
+                4: dict(alpha=30.0, base=50.0, check=300.0, oneway=1 / 2.5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3)}}
 
 
 def synthetic(tr: str, n: int) -> dict:
-    p = TRUE[tr]
-    call = p["base"] + p["per_peer"] * (n - 1)
-    per_dir = p["endpoint"] / 2
+    """What `_calib_worker.measure` would report on a host that follows the model exactly."""
+    p = TRUE[tr][n]
+    t1 = p["base"] + p["alpha"]
+    # above the single-copy size a one-way costs the receiver alone and an exchange the same per rank
+    ow = {str(b): t1 + b * p["oneway"] for b in SIZES}
+    single = tr == "shm"
+    ex = {str(b): t1 + b * p["oneway"] * p["exch"][int(single and b >= SINGLE)] for b in SIZES}
+    res = {"steps1_checked": {"4": t1 + p["check"]}, "steps1": {"4": t1}, "steps8": {"4": t1 + 7 * p["alpha"]},
+           "oneway": ow, "exchange": ex,
+           "exchange_reduce": {str(b): ex[str(b)] + b * p["red"] for b in SIZES},
+           "copy": {str(b): p["base"] + b * p["copy"] for b in SIZES}}
+    if n > 2:
+        res["oneway_solo"] = dict(ow)
+    out = {"nranks": n, "results": res}
+    if tr == "shm":
+        out["single_copy_min_bytes"] = SINGLE
+    return out
 
-    def line(rate: float, extra: float = 0.0) -> dict:
-        slow = lambda b: DRAM if 2 * b * n > CACHE else 1.0  # noqa: E731
-        return {str(b): call + p["alpha"] + slow(b) * (b / (rate * 1e3) + b * extra) for b in SIZES}
-    return {"nranks": n, "results": {
-        "steps1": {"4": call + p["alpha"]}, "steps8": {"4": call + 8 * p["alpha"]},
-        "copy": {str(b): call + b / (p["copy"] * 1e3) * (DRAM if 2 * b * n > CACHE else 1.0) for b in SIZES},
-        "oneway": line(p["oneway"]), "exchange": line(per_dir),
-        "exchange_reduce": line(per_dir, 1.0 / (p["reduce"] * 1e3))}}
+
+def test_monotone_is_the_least_squares_non_decreasing_fit() -> None:
+    assert monotone([1, 3, 2, 4]).tolist() == [1, 2.5, 2.5, 4]
+    assert monotone([5, 4, 3]).tolist() == [4, 4, 4]
+    v = np.random.default_rng(0).random(30)
+    assert np.all(np.diff(monotone(list(v))) >= -1e-12)
 
 
-def test_fit_recovers_parameters_and_round_trips_through_a_file(tmp_path) -> None:
+def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_path) -> None:
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
-    topo, report = fit(measured, nprocs=4, cores=2, cache_bytes=CACHE)
-    for tr, p in TRUE.items():
-        assert report[f"{tr}.dram_factor"]["value"] == pytest.approx(DRAM)
-        assert report[f"{tr}.alpha_us"]["value"] == pytest.approx(p["alpha"])
-        assert report[f"{tr}.oneway_GBps"]["value"] == pytest.approx(p["oneway"])
-        assert report[f"{tr}.endpoint_GBps"]["value"] == pytest.approx(p["endpoint"])
-        assert report[f"{tr}.reduce_GBps"]["value"] == pytest.approx(p["reduce"])
-        assert report[f"{tr}.per_peer_us"]["value"] == pytest.approx(p["per_peer"])
-        assert report[f"{tr}.copy_GBps"]["value"] == pytest.approx(p["copy"])
+    topo, report = fit(measured, nprocs=4, cores=2)
+    for tr in TRUE:
+        for n, p in TRUE[tr].items():
+            assert report[f"{tr}.{n}ranks.alpha_us"]["value"] == pytest.approx(p["alpha"])
+            assert report[f"{tr}.{n}ranks.base_us"]["value"] == pytest.approx(p["base"])
+            assert report[f"{tr}.{n}ranks.check_us"]["value"] == pytest.approx(p["check"])
+            assert report[f"{tr}.{n}ranks.16MiB.copy_GBps"]["value"] == pytest.approx(1e-3 / p["copy"])
+            assert report[f"{tr}.{n}ranks.16MiB.reduce_GBps"]["value"] == pytest.approx(1e-3 / p["red"])
     path = str(tmp_path / "host.yaml")
     topo.save(path)
     loaded = Topology.load(path)
-    prm = params_for(loaded)
-    assert prm.endpoint_GBps == pytest.approx({"shm": 4.0, "tcp": 2.5})
-    assert prm.reduce_GBps == pytest.approx(5.0)
-    assert prm.host_cores == 2
-    assert prm.copy_GBps == pytest.approx(6.0)
-    # the loaded topology predicts the measured times of the calibration schedules back
-    sched = _schedules(2)
+    assert params_for(loaded).host_curves == topo.meta["sim"]["host_curves"]
     for tr in TRUE:
-        meas = synthetic(tr, 2)["results"]
-        for name in ("copy", "oneway", "exchange", "exchange_reduce"):
-            for b in (2**18, 2**22, 2**24):
-                res = simulate_schedule(loaded, sched[name], b, params={"host_transport": tr})
-                assert res.time_us == pytest.approx(meas[name][str(b)], rel=1e-6), (tr, name, b)
-                flow = simulate_schedule(loaded, sched[name], b, engine="flow", params={"host_transport": tr})
-                assert flow.time_us == pytest.approx(res.time_us, rel=1e-9)
+        for n, names in ((2, ("oneway", "exchange", "exchange_reduce", "copy")),
+                         (4, ("exchange", "exchange_reduce", "copy", "oneway_solo"))):
+            sched = _schedules(n)
+            meas = synthetic(tr, n)["results"]
+            check = TRUE[tr][n]["check"]
+            for name in names:
+                for b in (2**16, 2**20, 2**24):
+                    want = meas[name][str(b)] + (0.0 if is_self_checking(sched[name]) else check)
+                    res = simulate_schedule(loaded, sched[name], b, params={"host_transport": tr},
+                                            endpoints=loaded.endpoints()[:n])
+                    assert res.time_us == pytest.approx(want, rel=1e-6), (tr, n, name, b)
+                    flow = simulate_schedule(loaded, sched[name], b, engine="flow", params={"host_transport": tr},
+                                             endpoints=loaded.endpoints()[:n])
+                    assert flow.time_us == pytest.approx(res.time_us, rel=1e-6), (tr, n, name, b)
 
 
-def test_validate_predicts_every_bench_collective(tmp_path) -> None:
+def test_curves_clean_noise_that_inverts_sizes() -> None:
+    raw = synthetic("shm", 2)
+    bumped = dict(raw["results"]["exchange"])
+    bumped[str(2**18)] *= 3.0      # one noisy point must not make smaller sizes look slower later
+    c = curves({**raw, "results": {**raw["results"], "exchange": bumped}})
+    assert np.all(np.diff(c["exchange_us"]) >= 0)
+    assert np.all(np.asarray(c["exchange_reduce_us"]) >= np.asarray(c["exchange_us"]))
+
+
+def test_validate_predicts_every_bench_collective() -> None:
     from ringflow.runtime.bench import COLLECTIVES
     from ringflow.sim.validate import predict_rows, runtime_schedule
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
-    topo, _ = fit(measured, nprocs=4, cores=2, cache_bytes=CACHE)
+    topo, _ = fit(measured, nprocs=4, cores=2)
     rows = []
     for coll in COLLECTIVES:
         for n in (2, 4):

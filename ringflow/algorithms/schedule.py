@@ -356,3 +356,25 @@ class ScheduleBuilder:
         programs = tuple(tuple(tuple(steps.get(i, ())) for i in range(nsteps)) for steps in self._steps)
         return Schedule(self.collective, self.algorithm, self.nranks, dict(self.layouts), programs,
                         self.root, self.nchannels, dict(self.params))
+
+
+def is_self_checking(schedule: "Schedule") -> bool:
+    """True if step 0 moves exactly one channel-0 message each way between every pair of ranks: the
+    runtime then checks the call's arguments on those messages instead of a CHECK exchange first."""
+    n = schedule.nranks
+    if n == 1:
+        return True
+    for r in range(n):
+        prog = schedule.steps(r)
+        if not prog:
+            return False
+        sends, recvs = [], []
+        for op in prog[0]:
+            if op.kind == OpKind.SEND:
+                sends.append((op.peer, op.channel))
+            elif op.kind.is_recv:
+                recvs.append((op.peer, op.channel))
+        want = sorted((p, 0) for p in range(n) if p != r)
+        if sorted(sends) != want or sorted(recvs) != want:
+            return False
+    return True

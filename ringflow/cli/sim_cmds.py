@@ -122,7 +122,8 @@ def calibrate_command(
 
 
 def validate_command(
-    topo: Optional[str] = typer.Option(None, "--topo", help="calibrated topology (default: calibrate now)"),
+    topo: Optional[str] = typer.Option(None, "--topo", help="calibrated topology (default: every bench job "
+                                       "calibrates first, with the same processes)"),
     ranks: str = typer.Option("2,4", "--ranks", help="rank counts"),
     collectives: str = typer.Option("all", "--collectives", help="comma list or 'all'"),
     min_size: str = typer.Option("64KiB", "--min"),
@@ -130,7 +131,7 @@ def validate_command(
     tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
     json_out: Optional[str] = typer.Option(None, "--json"),
     quick: bool = typer.Option(False, "--quick"),
-    repeats: int = typer.Option(3, "--repeats", help="bench runs per configuration; the fastest counts"),
+    repeats: int = typer.Option(3, "--repeats", help="bench jobs per configuration (medians are compared)"),
     transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
     multihost: bool = typer.Option(False, "--multihost", help="instead: flat ring vs hierarchical all-reduce on "

@@ -150,8 +150,13 @@ def worker(spec: dict) -> list[dict]:
     comm = ringflow.init()
     n, rank = comm.size, comm.rank
     dtype = np.dtype(spec["dtype"]) if spec["dtype"] != "bfloat16" else np.dtype("bfloat16")
-    rows = []
+    rows: list[dict] = []
     timer = np.zeros(1, np.float64)
+    if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
+        from ..sim._calib_worker import measure
+        cal = measure(comm, quick=spec["calibrate"] == "quick")
+        if rank == 0:
+            rows.append({"calibration": cal})
     for coll in spec["collectives"]:
         for nbytes in spec["sizes"]:
             nelem = nbytes // dtype.itemsize
@@ -169,10 +174,14 @@ def worker(spec: dict) -> list[dict]:
                 comm.all_reduce(timer, "max")
                 return float(timer[0])
 
+            ran: list[Any] = [None]  # the schedule the timed calls ran (not the timer's all-reduce)
+
+            def call() -> None:
+                _call(comm, coll, x, out, op or "sum")
+                ran[0] = getattr(comm, "last_schedule", None)
+
             with np.errstate(all="ignore"):  # values are not reset between calls: they may overflow
-                t, iters = median_call_s(lambda: _call(comm, coll, x, out, op or "sum"), comm.barrier, slowest,
-                                         warmup=spec["warmup"], iters=spec["iters"])
-            ran = getattr(comm, "last_schedule", None)  # the schedule the timed calls ran
+                t, iters = median_call_s(call, comm.barrier, slowest, warmup=spec["warmup"], iters=spec["iters"])
             wrong = 0
             if spec["check"]:
                 x[...] = x0
@@ -191,8 +200,8 @@ def worker(spec: dict) -> list[dict]:
                          "redop": op or "none", "root": 0 if coll in ROOTED else -1, "time_us": t * 1e6,
                          "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(coll, n), "wrong": wrong,
                          "iters": iters, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
-                         "algorithm": ran.algorithm if ran is not None else (spec.get("algo") or "auto"),
-                         "nchannels": ran.nchannels if ran is not None else 1})
+                         "algorithm": ran[0].algorithm if ran[0] is not None else (spec.get("algo") or "auto"),
+                         "nchannels": ran[0].nchannels if ran[0] is not None else 1})
     comm.destroy()
     return rows if rank == 0 else []
 
@@ -200,10 +209,13 @@ def worker(spec: dict) -> list[dict]:
 def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
-           extra_env: dict[str, str] | None = None, sizes: list[int] | None = None) -> list[dict]:
+           extra_env: dict[str, str] | None = None, sizes: list[int] | None = None,
+           calibrate: str | None = None) -> list[dict]:
     """Run the benchmark on `nprocs` local ranks; the rows (as in --json).
 
     `collective` is one name, a comma list, or 'all'; `sizes` (bytes) overrides min/max/factor.
+    `calibrate` ('full' or 'quick'): the same job first runs the simulator's calibration schedules
+    (`sim._calib_worker.measure`) and the first row is {"calibration": ...}.
     """
     colls = list(COLLECTIVES) if collective == "all" else [c.strip().replace("-", "_")
                                                           for c in collective.split(",") if c.strip()]
@@ -213,7 +225,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
     if sizes is None:
         sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
-            "check": check, "alloc": alloc, "algo": algo}
+            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
         with open(spec_path, "w") as fh:

@@ -360,7 +360,8 @@ class Communicator:
             Buffer.IN) else xb.flat.size // self.size)
         opname = parse_op(op) if coll.is_reduction else None
         return self._run(LANE_COLL, lambda d: self._execute(schedule, coll, n, xb.flat, ob.flat, opname,
-                                                            schedule.root, d), async_op, timeout,
+                                                            schedule.root, d, ident=(xb.orig, ob.orig)),
+                         async_op, timeout,
                          f"{coll.value}/{schedule.algorithm}", out if out is not None else x)
 
     # ---------------------------------------------------------------- collectives

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms.layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
-from ..algorithms.schedule import Buffer, OpKind, Schedule
+from ..algorithms.schedule import Buffer, OpKind, Schedule, is_self_checking
 from ..errors import InvalidArgument, RingflowError, Timeout
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
@@ -75,27 +75,6 @@ class Plan:
     self_checking: bool
     peers: tuple[int, ...] = field(default=())
     max_xfer_bytes: int = 0
-
-
-def _self_checking(schedule: Schedule) -> bool:
-    """True if step 0 moves exactly one channel-0 message each way between every pair of ranks."""
-    n = schedule.nranks
-    if n == 1:
-        return True
-    for r in range(n):
-        prog = schedule.steps(r)
-        if not prog:
-            return False
-        sends, recvs = [], []
-        for op in prog[0]:
-            if op.kind == OpKind.SEND:
-                sends.append((op.peer, op.channel))
-            elif op.kind.is_recv:
-                recvs.append((op.peer, op.channel))
-        want = sorted((p, 0) for p in range(n) if p != r)
-        if sorted(sends) != want or sorted(recvs) != want:
-            return False
-    return True
 
 
 _PLANS: dict[tuple, tuple[Schedule, "Plan"]] = {}
@@ -160,7 +139,7 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
         steps.append(StepPlan(tuple(xf), tuple(loc)))
     scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0
     biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
-    return Plan(tuple(steps), scratch, _self_checking(schedule), tuple(sorted(peers)), biggest)
+    return Plan(tuple(steps), scratch, is_self_checking(schedule), tuple(sorted(peers)), biggest)
 
 
 STRIPE_MIN_BYTES = 4 * 2**20  # TCP transfers at least this big are striped over several streams

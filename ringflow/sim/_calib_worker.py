@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
+
 import numpy as np
 
 
@@ -15,13 +17,17 @@ def _schedules(n: int):
     lay = {Buffer.IN: BufferLayout(1), Buffer.OUT: BufferLayout(1)}
     IN0, OUT0 = ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0)
 
-    def build(name: str, steps: int, reduce: bool = False, exchange: bool = False):  # noqa: ANN202
-        """`steps` steps of 0 -> 1 (and 1 -> 0 with exchange), receiving or reducing."""
+    every = [(a, a + 1) for a in range(0, n - 1, 2)]   # every rank busy, as in a collective's step
+
+    def build(name: str, steps: int, reduce: bool = False, exchange: bool = False,
+              pairs: list[tuple[int, int]] = every):  # noqa: ANN202
+        """`steps` steps of a -> b on every pair (and b -> a with exchange), receiving or reducing."""
         b = ScheduleBuilder("all_reduce", n, name, layouts=lay)
         for s in range(steps):
-            b.transfer(s, 0, 1, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
-            if exchange:
-                b.transfer(s, 1, 0, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
+            for lo, hi in pairs:
+                b.transfer(s, lo, hi, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
+                if exchange:
+                    b.transfer(s, hi, lo, IN0, OUT0, reduce=reduce, local=IN0 if reduce else None)
         return b.build()
 
     cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
@@ -29,18 +35,19 @@ def _schedules(n: int):
         cp.copy(r, 0, OUT0, IN0)
     return {"copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
+            "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
             "steps1": build("cal-steps1", 1), "steps8": build("cal-steps8", 8)}
 
 
-def main() -> None:
-    """Time every calibration schedule and write rank 0's results."""
-    import ringflow
-    out_path = sys.argv[1]
-    quick = len(sys.argv) > 2 and sys.argv[2] == "quick"
-    comm = ringflow.init()
+SIZES = [2**12, 2**14] + [2**k for k in range(16, 25)]    # 4 KiB .. 16 MiB: the curves the simulator reads
+QUICK_SIZES = [2**12, 2**16, 2**20, 2**24]
+
+
+def measure(comm: Any, quick: bool = False) -> dict:
+    """Time every calibration schedule on `comm` (every rank calls it; rank 0's result counts)."""
     n = comm.size
     scheds = _schedules(n)
-    sizes = [2**16, 2**20, 2**22] if quick else [2**16, 2**18, 2**20, 2**22, 2**24]
+    sizes = QUICK_SIZES if quick else SIZES
     res: dict = {"nranks": n, "results": {}}
 
     timer = np.zeros(1)
@@ -61,10 +68,32 @@ def main() -> None:
                                      iters=5 if quick else 10)[0] for _ in range(3)]
         return float(np.median(batches))
 
-    for name in ("steps1", "steps8"):
-        res["results"][name] = {"4": 1e6 * timed(name, 4)}
-    for name in ("copy", "oneway", "exchange", "exchange_reduce"):
-        res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
+    # the runtime's cross-rank argument check (a CHECK exchange before schedules that cannot check
+    # themselves) is timed apart: once with it, once without; every curve is measured without it
+    res["results"]["steps1_checked"] = {"4": 1e6 * timed("steps1", 4)}
+    comm._checks = False
+    try:
+        for name in ("steps1", "steps8"):
+            res["results"][name] = {"4": 1e6 * timed(name, 4)}
+        # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
+        names = ("copy", "oneway", "exchange", "exchange_reduce") + (("oneway_solo",) if n > 2 else ())
+        for name in names:
+            res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
+    finally:
+        comm._checks = True
+    from ..runtime.transport import cma, shm
+    if cma.reads:   # large messages went by single copy: from which size the sender is free
+        res["single_copy_min_bytes"] = shm.CMA_MIN_BYTES
+    return res
+
+
+def main() -> None:
+    """Time every calibration schedule and write rank 0's results."""
+    import ringflow
+    out_path = sys.argv[1]
+    quick = len(sys.argv) > 2 and sys.argv[2] == "quick"
+    comm = ringflow.init()
+    res = measure(comm, quick)
     if comm.rank == 0:
         with open(out_path, "w") as fh:
             json.dump(res, fh)

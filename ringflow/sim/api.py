@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..algorithms.schedule import Collective, Schedule
+from ..algorithms.schedule import Collective, Schedule, is_self_checking
 from ..errors import InvalidArgument
 from . import analytic, flow
 from .fabric import Fabric, fabric_for
@@ -58,14 +58,17 @@ def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine:
                       timeline: bool = False, progress: Callable[[float], None] | None = None) -> SimResult:
     """Simulate one call of `schedule` moving an nccl-tests `size_bytes` on `topo`."""
     return simulate_table(topo, from_schedule(schedule), size_bytes, engine=engine, dtype=dtype, params=params,
-                          endpoints=endpoints, protocol=protocol, timeline=timeline, progress=progress)
+                          endpoints=endpoints, protocol=protocol, timeline=timeline, progress=progress,
+                          checked=not is_self_checking(schedule))
 
 
 def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: str = "analytic",
                    dtype: str = "float32", params: SimParams | Mapping[str, Any] | None = None,
                    endpoints: Sequence[str] | None = None, protocol: str | None = None,
-                   timeline: bool = False, progress: Callable[[float], None] | None = None) -> SimResult:
-    """Simulate a transfer table (from a schedule or the fast path) for one call size."""
+                   timeline: bool = False, progress: Callable[[float], None] | None = None,
+                   checked: bool = False) -> SimResult:
+    """Simulate a transfer table (from a schedule or the fast path) for one call size; `checked`:
+    the runtime runs a CHECK exchange first (`SimParams.check_us`)."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
@@ -75,9 +78,10 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         raise InvalidArgument(f"{tab.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
                               f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
     count_bytes = float(count * item)
-    if prm.cache_bytes:
+    if prm.cache_bytes or prm.host_curves:
         per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
-        prm = prm.for_call(count_bytes, per_host)
+        msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes if tab.ntransfers else count_bytes
+        prm = prm.for_call(count_bytes, per_host, msg)
     fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:
@@ -115,6 +119,8 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
+    if checked and prm.check_us:
+        t_us, finish = t_us + prm.check_us, np.asarray(finish) + prm.check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
                      str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
 

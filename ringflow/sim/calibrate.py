@@ -1,24 +1,29 @@
 """`ringflow calibrate`: measure this machine with ringflow's own runtime, write a host-cpu topology.
 
-Measurements (``_calib_worker``, real processes over the real transports, best of 3 batches):
+One job per transport (shm, and TCP with RINGFLOW_SHM_DISABLE=1) and rank count (2 and 4 by
+default) times tiny hand-built schedules on the real runtime (``_calib_worker``, the timing loop of
+`ringflow bench`), with every rank busy (pairs 0-1, 2-3, ... at once, as in a collective's step):
 
-- ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-message latency
-  alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha, at 2 and at 4 ranks (the runtime's
-  argument check talks to every peer: overhead = base + per_peer x (n - 1));
-- ``oneway``: rank 0 -> rank 1 at 64 KiB .. 16 MiB -> one-way bandwidth (1 / least-squares slope);
-- ``exchange``: 0 <-> 1 at once -> per-direction bandwidth; a rank's copy engine carries both
-  directions, so endpoint_GBps = 2 x that;
-- ``exchange_reduce``: the same with reduction -> extra seconds per reduced byte -> reduce_GBps;
-- ``copy``: every rank copies the buffer locally (a schedule of COPY ops) -> copy_GBps;
-- the lines are fitted on sizes whose working set (2 x bytes x ranks) fits the last-level cache;
-  larger sizes give ``dram_factor``, how much slower CPU-moved bytes are from DRAM.
+- ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-step latency
+  alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha;
+- ``oneway`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB messages;
+- ``oneway_solo`` (more than 2 ranks): one transfer while the other ranks idle.  A rank's engine
+  runs at the rate of a lone transfer (its receiver has a core and the memory bus to itself: the
+  one-way curve, or oneway_solo), the host's total at the rate of the exchange with every rank
+  busy; the simulator gives each rank the first and the host the second (a shared pool);
+- ``steps1_checked`` - ``steps1``: the cross-rank argument check (a CHECK exchange), which the
+  simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`).
+  Everything else is timed with the check off.
 
-Each transport (shm, and TCP with RINGFLOW_SHM_DISABLE=1) is measured separately.  `fit` turns
-the numbers into a topology whose SHM / LOOPBACK edges carry the one-way bandwidth and latency and
-whose ``meta["sim"]`` carries the rest; `tests/test_sim_calibrate.py` checks the round trip.
+A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
+sender's cache crosses cores slowly), DRAM beyond the last-level cache, and 4 ranks sharing 2
+cores each bend them.  So `fit` keeps the measured curves (``meta["sim"]["host_curves"]``) and
+the simulator reads them at each call's largest message (`SimParams.for_call`);
+`tests/test_sim_calibrate.py` checks the round trip.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -58,117 +63,98 @@ def measure(nranks: int, transport: str, quick: bool = False, timeout_s: float =
             return json.load(fh)
 
 
-def _line(points: dict[str, float]) -> tuple[float, float]:
-    """Least-squares t = a + b x over (bytes, microseconds): (a us, b us per byte).
-
-    Noisy points can tilt the line; a slope that is not positive falls back to the line through
-    the origin-free two largest sizes (timings only grow with size)."""
-    x = np.array([float(k) for k in points])
-    y = np.array([float(v) for v in points.values()])
-    A = np.stack([np.ones_like(x), x], axis=1)
-    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
-    if b <= 0 and x.size >= 2:
-        i = np.argsort(x)[-2:]
-        b = max((y[i[1]] - y[i[0]]) / max(x[i[1]] - x[i[0]], 1.0), y[i[1]] / x[i[1]] * 0.5)
-        a = float(np.min(y))
-    return float(a), float(max(b, 1e-9))
+def monotone(values: list[float]) -> np.ndarray:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []   # [sum, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return np.concatenate([np.full(int(c), s / c) for s, c in blocks]) if blocks else np.zeros(0)
 
 
-def llc_bytes() -> int | None:
-    """This machine's last-level cache size (sysfs), or None."""
-    best = None
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        entries = [d for d in os.listdir(base) if d.startswith("index")]
-    except OSError:
-        return None
-    for d in entries:
-        try:
-            with open(os.path.join(base, d, "size")) as fh:
-                txt = fh.read().strip().upper()
-            mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(txt[-1:], 1)
-            best = max(best or 0, int(txt.rstrip("KMG")) * mult)
-        except (OSError, ValueError):
-            continue
-    return best
+def curves(result: dict[str, Any]) -> dict[str, Any]:
+    """One calibration job's times -> the curve set `SimParams.host_curves` holds for its rank count."""
+    r = result["results"]
+    t1, t8 = float(r["steps1"]["4"]), float(r["steps8"]["4"])
+    alpha = max(0.0, (t8 - t1) / 7.0)
+    sizes = sorted(int(k) for k in r["oneway"])
+    series = {name: [float(r[name][str(b)]) for b in sizes]
+              for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo") if name in r}
+    # timings only grow with size and a reduction only adds work: clean what noise inverted
+    ex = monotone(series["exchange"])
+    xr = np.maximum(monotone(series["exchange_reduce"]), ex)
+    ow = monotone(series["oneway"])
+    cp = monotone(series["copy"])
+    solo = monotone(series["oneway_solo"]) if "oneway_solo" in series else ow
+    oneway_GBps = [b / max(t - t1, 1e-3) * 1e-3 for b, t in zip(sizes, ow)]
+    check = max(0.0, float(r["steps1_checked"]["4"]) - t1) if "steps1_checked" in r else 0.0
+    return {"nranks": int(result["nranks"]), "sizes": sizes, "alpha_us": alpha, "base_us": t1 - alpha,
+            "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"), "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
+            "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
+            "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
 def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: int | None = None,
         cache_bytes: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """measured[transport][nranks] = worker output -> (host-cpu Topology, report of fitted parameters)."""
-    cache = cache_bytes if cache_bytes is not None else (llc_bytes() or 2**62)
+    """measured[transport][nranks] = worker output -> (host-cpu Topology, report of fitted parameters).
+
+    The topology's SHM / LOOPBACK edges carry the highest one-way rate measured on that transport;
+    ``meta["sim"]["host_curves"]`` carries every job's curves (`SimParams.for_call` reads them at
+    each call's largest message).  The report lists, per transport and rank count, the per-step
+    latency, the per-call overhead and the rates at 64 KiB, 1 MiB and 16 MiB messages."""
     from ..topology import Topology
     from ..topology.presets import build_host_cpu
+    from .params import SimParams
     report: dict[str, dict[str, Any]] = {}
-    per: dict[str, dict[str, float]] = {}
+    host_curves: dict[str, dict[str, Any]] = {}
+    link: dict[str, float] = {}
     for tr, by_n in measured.items():
-        ns = sorted(by_n)
-        r2 = by_n[ns[0]]["results"]
-        t1, t8 = r2["steps1"]["4"], r2["steps8"]["4"]
-        alpha = max(0.0, (t8 - t1) / 7.0)
-        over = {n: max(0.0, by_n[n]["results"]["steps1"]["4"] - alpha) for n in ns}
-        if len(ns) > 1:
-            per_peer = max(0.0, (over[ns[-1]] - over[ns[0]]) / (ns[-1] - ns[0]))
-        else:
-            per_peer = 0.0
-        base = over[ns[0]] - per_peer * (ns[0] - 1)   # the line through the measured points (may be < 0 at n=1)
-        n0 = int(by_n[ns[0]]["nranks"])
-        fits = lambda pts: {k: v for k, v in pts.items() if 2 * int(k) * n0 <= cache}  # noqa: E731
-        a1, b1 = _line(fits(r2["oneway"]) if len(fits(r2["oneway"])) >= 2 else r2["oneway"])
-        ax, bx = _line(fits(r2["exchange"]) if len(fits(r2["exchange"])) >= 2 else r2["exchange"])
-        _, bxr = _line(fits(r2["exchange_reduce"]) if len(fits(r2["exchange_reduce"])) >= 2 else r2["exchange_reduce"])
-        # above the cache: how much slower than the in-cache line the large sizes are
-        slow = [(float(t) - a) / (int(k) * b) for series, a, b in ((r2["oneway"], a1, b1), (r2["exchange"], ax, bx))
-                for k, t in series.items() if 2 * int(k) * n0 > cache]
-        dram = float(np.clip(np.median(slow), 1.0, 8.0)) if slow else 1.0   # guard against noisy fits
-        oneway = 1e-3 / b1
-        endpoint = 2 * 1e-3 / bx
-        extra = max(bxr - bx, 1e-6)           # us per reduced byte (both sides reduce concurrently)
-        copy_GBps = None
-        if "copy" in r2:
-            _, bc = _line(fits(r2["copy"]) if len(fits(r2["copy"])) >= 2 else r2["copy"])
-            copy_GBps = 1e-3 / bc
-        per[tr] = {"alpha_us": alpha, "base_us": base, "per_peer_us": per_peer, "oneway_GBps": oneway,
-                   **({"copy_GBps": copy_GBps} if copy_GBps else {}),
-                   "endpoint_GBps": max(endpoint, oneway), "reduce_GBps": 1e-3 / extra,
-                   "dram_factor": max(1.0, dram)}
-        for k, v in per[tr].items():
-            report[f"{tr}.{k}"] = {"value": v, "from": _source(k)}
-    shm, tcp = per.get("shm"), per.get("tcp")
+        sets = {str(n): curves(res) for n, res in sorted(by_n.items())}
+        link[tr] = max(c["peak_oneway_GBps"] for c in sets.values())
+        for c in sets.values():
+            c["link_GBps"] = link[tr]
+        host_curves[tr] = sets
+    shm, tcp = link.get("shm"), link.get("tcp")
     ref = shm or tcp
     assert ref is not None
     topo = Topology("host-cpu-calibrated", meta={"preset": "host-cpu", "calibrated": True})
-    build_host_cpu(topo, 0, nprocs,
-                   shm_GBps=(shm or ref)["oneway_GBps"], loopback_GBps=(tcp or ref)["oneway_GBps"],
-                   shm_latency_us=(shm or ref)["alpha_us"], loopback_latency_us=(tcp or ref)["alpha_us"])
-    reduce_rates = [p["reduce_GBps"] for p in per.values()]
-    topo.meta["sim"] = {
-        "endpoint_GBps": {tr: p["endpoint_GBps"] for tr, p in per.items()},
-        "host_cores": int(cores or os.cpu_count() or 1),
-        "reduce_GBps": float(np.median(reduce_rates)),
-        **({"copy_GBps": float(np.median([p["copy_GBps"] for p in per.values() if "copy_GBps" in p]))}
-           if any("copy_GBps" in p for p in per.values()) else {}),
-        "protocols": [{"name": "simple", "bw_fraction": 1.0, "base_us": ref["base_us"], "msg_overhead_us": {}}],
-        "call_overhead_per_peer_us": ref["per_peer_us"],
-        "cache_bytes": int(cache) if cache < 2**62 else None,
-        "dram_factor": float(np.median([p["dram_factor"] for p in per.values()])),
-        "per_transport": {tr: {"base_us": p["base_us"], "call_overhead_per_peer_us": p["per_peer_us"],
-                               "msg_overhead_us": {"net": p["alpha_us"]}} for tr, p in per.items()},
-        "calibration": {"per_transport": per, "raw": measured},
-    }
+    build_host_cpu(topo, 0, nprocs, shm_GBps=shm or ref, loopback_GBps=tcp or ref,
+                   shm_latency_us=0.0, loopback_latency_us=0.0)
+    topo.meta["sim"] = {"host_curves": host_curves,
+                        "host_cores": int(cores or os.cpu_count() or 1),
+                        "calibration": {"raw": measured}}
+    base = SimParams(host_curves=host_curves)
+    for tr, sets in host_curves.items():
+        for n, c in sets.items():
+            p = f"{tr}.{n}ranks"
+            report[f"{p}.alpha_us"] = {"value": c["alpha_us"], "from": _source("alpha_us")}
+            report[f"{p}.base_us"] = {"value": c["base_us"], "from": _source("base_us")}
+            report[f"{p}.check_us"] = {"value": c["check_us"], "from": _source("check_us")}
+            for label, m in (("64KiB", 2**16), ("1MiB", 2**20), ("16MiB", 2**24)):
+                q = dataclasses.replace(base, host_transport=tr).for_call(m, int(n), m)
+                tier = "loopback" if tr == "tcp" else "shm"
+                report[f"{p}.{label}.oneway_GBps"] = {"value": q.link_efficiency[tier] * link[tr],
+                                                      "from": _source("oneway_GBps")}
+                report[f"{p}.{label}.endpoint_GBps"] = {"value": (q.endpoint_GBps or {})[tr],
+                                                        "from": _source("endpoint_GBps")}
+                report[f"{p}.{label}.reduce_GBps"] = {"value": q.reduce_GBps, "from": _source("reduce_GBps")}
+                report[f"{p}.{label}.copy_GBps"] = {"value": q.copy_GBps, "from": _source("copy_GBps")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"], "from": "os.cpu_count()"}
     return topo, report
 
 
 def _source(key: str) -> str:
-    return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages",
-            "base_us": "t 1 step - alpha, 2 ranks",
-            "per_peer_us": "growth of the call overhead from 2 to 4 ranks",
-            "oneway_GBps": "1 / slope of one-way time vs bytes (64 KiB..)",
-            "endpoint_GBps": "2 / slope of two-way exchange time vs bytes",
-            "reduce_GBps": "1 / (slope with reduction - slope without)",
-            "copy_GBps": "1 / slope of a local copy of the buffer (COPY ops: Bruck's rotations, ...)",
-            "dram_factor": "sizes whose working set exceeds the last-level cache: time over the in-cache line"}.get(key, "")
+    return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages, every rank busy",
+            "base_us": "t 1 step - alpha: the call overhead (Python, bookkeeping)",
+            "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
+            "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
+            "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
+            "reduce_GBps": "bytes / (exchange-with-reduction time - exchange time)",
+            "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
+            }.get(key, "")
 
 
 def calibrate(nprocs: int = 4, quick: bool = False, transports: tuple[str, ...] = ("shm", "tcp"),

@@ -74,10 +74,11 @@ class Fabric:
             self._ep_link.append(self.nlinks + len(caps))
             caps.append(rate * 1e3)
             names.append(((e, e), "endpoint"))
-        if self.params.host_cores:
+        if self.params.host_cores or self.params.host_pool_GBps:
+            pool = self.params.host_pool_GBps or rate * int(self.params.host_cores or 1)
             for h in sorted(set(self._hosts)):
                 self._pool_link[h] = self.nlinks + len(caps)
-                caps.append(rate * 1e3 * int(self.params.host_cores))
+                caps.append(pool * 1e3)
                 names.append(((f"cpu{h}", f"cpu{h}"), "cpu"))
         cap = np.asarray(caps)
         self.cap_Bpus = np.concatenate([self.cap_Bpus, cap])
@@ -92,10 +93,11 @@ class Fabric:
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
         if self._ep_link is None:
             return ids
-        head = [self._ep_link[src]]
+        head = [] if self.params.sender_free else [self._ep_link[src]]
         tail = [self._ep_link[dst]]
         if self._pool_link:
-            head.append(self._pool_link[self._hosts[src]])
+            if not self.params.sender_free:
+                head.append(self._pool_link[self._hosts[src]])
             tail.insert(0, self._pool_link[self._hosts[dst]])
         return np.concatenate([np.asarray(head, dtype=np.int64), ids, np.asarray(tail, dtype=np.int64)])
 

@@ -22,6 +22,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from ..errors import ConfigError
 
 # --- link classes -------------------------------------------------------------------------
@@ -112,8 +114,12 @@ class SimParams:
     cache_bytes: int | None = None
     dram_factor: float = 1.0
 
-    def for_call(self, count_bytes: float, ranks_per_host: int) -> "SimParams":
-        """These parameters for one call size: the DRAM variant above the cache size."""
+    def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None) -> "SimParams":
+        """These parameters for one call: the measured host curves at its largest message
+        (`msg_bytes`), else the DRAM variant above the cache size."""
+        curves = self.host_curves_for(ranks_per_host)
+        if curves is not None:
+            return self._from_curves(curves, float(msg_bytes if msg_bytes is not None else count_bytes))
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -126,10 +132,76 @@ class SimParams:
             reduce_GBps=self.reduce_GBps / f if self.reduce_GBps else None,
             copy_GBps=self.copy_GBps / f if self.copy_GBps else None)
     host_cores: int | None = None
+    # Measured cost curves of ringflow's CPU runtime (`ringflow calibrate`), per host transport and
+    # per number of ranks on the host: {transport: {str(ranks): {"sizes": [bytes...], "alpha_us",
+    # "base_us", "oneway_us": [...], "exchange_us": [...], "exchange_reduce_us": [...], "copy_us":
+    # [...], "t1_us"}}}.  When present they replace the scalar rates above for every call:
+    # `for_call` reads, at the call's largest message, the rates the calibration schedules ran at
+    # (one-way -> link efficiency, exchange -> per-rank engine, reduce and copy rates).  A CPU's
+    # rates depend on the message size (caches, the single-copy threshold, DRAM) and on how many
+    # ranks share its cores, so one line per transport cannot hold them (docs/simulator.md).
+    host_curves: dict[str, dict[str, dict[str, Any]]] | None = None
+    # ringflow's runtime checks a call's arguments across ranks with a CHECK exchange before any data
+    # moves, unless the schedule's first step already exchanges with every peer (self-checking):
+    # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
+    check_us: float = 0.0
+    # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
+    # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
+    # engine then carries only what a rank receives.
+    sender_free: bool = False
+    # Total rate of a host's CPU-moved bytes (all its ranks' engines together); None: host_cores x
+    # the per-rank rate.  Calibrated hosts measure it with every rank busy (oversubscription included).
+    host_pool_GBps: float | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
     max_transfers: int = 400_000
+
+    def host_curves_for(self, ranks_per_host: int) -> dict[str, Any] | None:
+        """The calibrated curves of this host transport for the nearest measured rank count."""
+        if not self.host_curves:
+            return None
+        by_n = self.host_curves.get("tcp" if self.host_transport == "tcp" else "shm")
+        if not by_n:
+            return None
+        n = min(by_n, key=lambda k: (abs(int(k) - ranks_per_host), -int(k)))
+        return by_n[n]
+
+    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float) -> "SimParams":
+        sizes = np.asarray(c["sizes"], dtype=np.float64)
+        m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
+
+        def at(key: str) -> float:   # log-log interpolation of a measured time curve
+            return float(np.exp(np.interp(np.log(m), np.log(sizes), np.log(np.maximum(c[key], 1e-9)))))
+        t1 = float(c["t1_us"])
+        tiny = 1e-6   # us per byte: the floor of a cost that noise made vanish
+        oneway = max(at("oneway_us") - t1, tiny * m) / m
+        exch = max(at("exchange_us") - t1, tiny * m) / m
+        solo = max(at("oneway_solo_us") - t1, tiny * m) / m if "oneway_solo_us" in c else oneway
+        single = c.get("single_copy_min_bytes")
+        sender_free = single is not None and msg_bytes >= float(single)
+        # a rank's engine carries its receive, and its send too unless the receiver does the copy;
+        # alone on a core it runs at the solo rate, and all ranks together at most at the host's total
+        per_byte = 1e-3 if sender_free else 2e-3
+        engine_GBps = 1e-3 / solo
+        pool_GBps = per_byte / exch * int(c.get("busy_ranks", 2))
+        red = max(at("exchange_reduce_us") - at("exchange_us"), tiny * m) / m
+        cpy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m
+        tier = "loopback" if self.host_transport == "tcp" else "shm"
+        eff = dict(self.link_efficiency)
+        eff[tier] = float(min(1.0, 1e-3 / oneway / float(c["link_GBps"])))
+        tr = "tcp" if self.host_transport == "tcp" else "shm"
+        alpha = float(c["alpha_us"])
+        protos = tuple(dataclasses.replace(p, base_us=float(c["base_us"]),
+                                           msg_overhead_us={**p.msg_overhead_us, "net": alpha, "shm": alpha,
+                                                            "tcp": alpha})
+                       for p in self.protocols)
+        return dataclasses.replace(
+            self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
+            copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
+            host_pool_GBps=pool_GBps,
+            check_us=float(c.get("check_us", 0.0)), sender_free=sender_free,
+            cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None)
 
     def __post_init__(self) -> None:
         for k, v in self.link_efficiency.items():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..algorithms.schedule import Collective
 
 TRANSPORTS = ("shm", "tcp")
@@ -61,42 +63,52 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
              min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
              console: Any = None, transports: Sequence[str] = TRANSPORTS,
              repeats: int = 2) -> tuple[list[dict], bool]:
-    """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance)."""
+    """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance).
+
+    Without `topo`, every bench job first calibrates with the same processes (`bench.launch(...,
+    calibrate=...)`) and its rows are predicted from that job's own calibration: this host's
+    speed drifts by tens of percent over minutes (shared CPUs and memory), so the model is fed the
+    state the measurement saw.  Each of `repeats` jobs predicts its own rows; a row shows the
+    median measured and the median predicted time, and `spread` how far the jobs' measurements
+    disagreed (the noise floor of the comparison)."""
     from ..runtime import bench
     from ..topology import load_topology
-    if topo is None:
-        from .calibrate import calibrate
-        if console is not None:
-            console.print("calibrating this machine first (ringflow calibrate)...")
-        t, _ = calibrate(nprocs=max(ranks), quick=quick)
-    elif isinstance(topo, str):
-        t = load_topology(topo)
-    else:
-        t = topo
-    if len(t.endpoints()) < max(ranks):
+    fixed = load_topology(topo) if isinstance(topo, str) else topo
+    if fixed is not None and len(fixed.endpoints()) < max(ranks):
         from ..errors import InvalidArgument
-        raise InvalidArgument(f"topology has {len(t.endpoints())} endpoints, validation needs {max(ranks)}",
+        raise InvalidArgument(f"topology has {len(fixed.endpoints())} endpoints, validation needs {max(ranks)}",
                               "calibrate with --nprocs >= the largest rank count")
     colls = list(collectives) if collectives else list(bench.COLLECTIVES)
+    groups = ",".join(colls)
     rows: list[dict] = []
     for tr in transports:
         env = {"RINGFLOW_SHM_DISABLE": "1" if tr == "tcp" else "0"}
         for n in ranks:
             if console is not None:
-                console.print(f"measuring {n} ranks over {tr}: {', '.join(colls)} ({min_size}..{max_size})")
-            groups = ["all"] if sorted(colls) == sorted(bench.COLLECTIVES) else colls
-            best: dict[tuple[str, int], dict] = {}
-            worst: dict[tuple[str, int], float] = {}
-            for c in groups:     # one job runs every collective; the fastest of `repeats` runs counts
-                for _ in range(max(1, repeats)):
-                    for row in bench.launch(c, n, min_size, max_size, factor=4 if quick else 2, extra_env=env):
-                        key = (row["collective"], int(row["size_bytes"]))
-                        worst[key] = max(worst.get(key, 0.0), float(row["time_us"]))
-                        if key not in best or row["time_us"] < best[key]["time_us"]:
-                            best[key] = row
-            pred = predict_rows(t, [best[k] for k in sorted(best)], tr)
-            for r in pred:   # how much the repeated runs disagreed: the noise floor of the comparison
-                r["spread"] = worst[(r["collective"], r["size_bytes"])] / r["measured_us"] - 1.0
-            rows += pred
+                console.print(f"measuring {n} ranks over {tr}: {groups} ({min_size}..{max_size})"
+                              + ("" if fixed is not None else ", each job calibrating first"))
+            meas: dict[tuple[str, int], list[float]] = {}
+            pred: dict[tuple[str, int], list[float]] = {}
+            first: dict[tuple[str, int], dict] = {}
+            for _ in range(max(1, repeats)):
+                got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
+                                   calibrate=None if fixed is not None else ("quick" if quick else "full"))
+                cal = [r["calibration"] for r in got if "calibration" in r]
+                job = [r for r in got if "calibration" not in r]
+                if fixed is not None:
+                    t = fixed
+                else:
+                    from .calibrate import fit
+                    t, _ = fit({tr: {n: cal[0]}}, nprocs=max(ranks))
+                for r in predict_rows(t, job, tr):
+                    key = (r["collective"], r["size_bytes"])
+                    meas.setdefault(key, []).append(r["measured_us"])
+                    pred.setdefault(key, []).append(r["predicted_us"])
+                    first.setdefault(key, r)
+            for key in sorted(first):
+                m, p = float(np.median(meas[key])), float(np.median(pred[key]))
+                rows.append({**first[key], "measured_us": m, "predicted_us": p,
+                             "error": (p - m) / m if m > 0 else 0.0,
+                             "spread": max(meas[key]) / min(meas[key]) - 1.0 if min(meas[key]) > 0 else 0.0})
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
