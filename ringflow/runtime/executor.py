@@ -135,6 +135,8 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
                 so, sn = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
                 if sn != n:
                     raise InvalidArgument(f"schedule {schedule.algorithm}: local op sizes differ ({sn} vs {n})")
+                if op.kind == OpKind.COPY and alias(op.dst.buffer) == alias(op.src.buffer) and o == so:
+                    continue   # in place, a copy onto itself (e.g. the root's IN -> OUT of a broadcast)
                 loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
         steps.append(StepPlan(tuple(xf), tuple(loc)))
     scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0

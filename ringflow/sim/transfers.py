@@ -124,10 +124,46 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
                     work.setdefault((r, s), [0, 0])[0] += length(op.dst)
                 elif k is red:
                     work.setdefault((r, s), [0, 0])[1] += length(op.dst)
+    return _table(schedule, t_step, t_src, t_dst, t_chan, [n * item for n in t_len],
+                  {k: [v[0] * item, v[1] * item] for k, v in work.items()}, denom)
+
+
+def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferTable:
+    """The table of what ringflow's runtime executes for one call (`runtime.executor.compile_plan`):
+    in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
+    from ..runtime.executor import compile_plan
+    t_step: list[int] = []
+    t_src: list[int] = []
+    t_dst: list[int] = []
+    t_chan: list[int] = []
+    t_bytes: list[int] = []
+    work: dict[tuple[int, int], list[int]] = {}
+    for r in range(schedule.nranks):
+        for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
+            for x in st.xfers:
+                if x.kind == OpKind.SEND:
+                    t_step.append(s)
+                    t_src.append(r)
+                    t_dst.append(x.peer)
+                    t_chan.append(int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0)
+                    t_bytes.append(x.nbytes)
+                    if x.snapshot:
+                        work.setdefault((r, s), [0, 0])[0] += x.nbytes
+                elif x.kind == OpKind.RECV_REDUCE:
+                    work.setdefault((r, s), [0, 0])[1] += x.nbytes
+            for lo in st.locals:
+                work.setdefault((r, s), [0, 0])[0 if lo.kind == OpKind.COPY else 1] += lo.n * shape.itemsize
+    return _table(schedule, t_step, t_src, t_dst, t_chan, t_bytes, work,
+                  float(max(shape.count, 1) * shape.itemsize))
+
+
+def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[int], t_chan: list[int],
+           t_bytes: list[int], work: dict[tuple[int, int], list[int]], denom: float) -> TransferTable:
+    """Transfer rows and per-(rank, step) [copy, reduce] bytes -> a TransferTable (fractions of denom)."""
     wk = sorted(work)
     to_i = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
     step, src, dst, chan = to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan)
-    frac = np.asarray(t_len, dtype=np.float64) * item / denom
+    frac = np.asarray(t_bytes, dtype=np.float64) / denom
     nmsg = np.ones(step.size, dtype=np.int64)
     if step.size:
         # several messages of one step between the same pair on the same channel (segments) travel
@@ -143,8 +179,8 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
         schedule.collective, schedule.algorithm, schedule.nranks, schedule.nsteps,
         step, src, dst, chan, frac, nmsg,
         to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
-        np.asarray([work[k][0] for k in wk], dtype=np.float64) * item / denom,
-        np.asarray([work[k][1] for k in wk], dtype=np.float64) * item / denom)
+        np.asarray([work[k][0] for k in wk], dtype=np.float64) / denom,
+        np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom)
 
 
 def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:

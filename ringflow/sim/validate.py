@@ -32,7 +32,10 @@ def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, ro
 
 def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
     """Predicted time for every measured bench row."""
-    from .api import itemsize_of, simulate_schedule
+    from ..algorithms.layout import CallShape
+    from ..algorithms.schedule import is_self_checking
+    from .api import itemsize_of, simulate_table
+    from .transfers import from_plans
     out = []
     for r in rows:
         coll, n = r["collective"], int(r["nranks"])
@@ -50,8 +53,11 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
             raise InvalidUsage(f"bench ran {ran} for {coll} at {r['size_bytes']} bytes on {n} ranks but the "
                                f"runtime's choice here is {sched.algorithm}",
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
-        res = simulate_schedule(topo, sched, int(r["size_bytes"]), dtype=r["dtype"],
-                                params={"host_transport": transport}, endpoints=topo.endpoints()[:n])
+        inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)   # as bench calls them
+        tab = from_plans(sched, CallShape(c, n, count, item), inplace)
+        res = simulate_table(topo, tab, int(r["size_bytes"]), dtype=r["dtype"],
+                             params={"host_transport": transport}, endpoints=topo.endpoints()[:n],
+                             checked=not is_self_checking(sched))
         meas = float(r["time_us"])
         out.append({"transport": transport, "nranks": n, "collective": coll, "algorithm": sched.algorithm,
                     "size_bytes": int(r["size_bytes"]), "measured_us": meas, "predicted_us": res.time_us,
