@@ -75,8 +75,8 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     calibrate=...)`) and its rows are predicted from that job's own calibration: this host's
     speed drifts by tens of percent over minutes (shared CPUs and memory), so the model is fed the
     state the measurement saw.  Each of `repeats` jobs predicts its own rows; a row shows the
-    median measured and the median predicted time, and `spread` how far the jobs' measurements
-    disagreed (the noise floor of the comparison)."""
+    median measured and the median predicted time, the median of the jobs' errors, and `spread`
+    how far the jobs' measurements disagreed (the noise floor of the comparison)."""
     from ..runtime import bench
     from ..topology import load_topology
     fixed = load_topology(topo) if isinstance(topo, str) else topo
@@ -95,6 +95,7 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                               + ("" if fixed is not None else ", each job calibrating first"))
             meas: dict[tuple[str, int], list[float]] = {}
             pred: dict[tuple[str, int], list[float]] = {}
+            errs: dict[tuple[str, int], list[float]] = {}
             first: dict[tuple[str, int], dict] = {}
             for _ in range(max(1, repeats)):
                 got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
@@ -110,11 +111,12 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                     key = (r["collective"], r["size_bytes"])
                     meas.setdefault(key, []).append(r["measured_us"])
                     pred.setdefault(key, []).append(r["predicted_us"])
+                    errs.setdefault(key, []).append(r["error"])
                     first.setdefault(key, r)
             for key in sorted(first):
                 m, p = float(np.median(meas[key])), float(np.median(pred[key]))
                 rows.append({**first[key], "measured_us": m, "predicted_us": p,
-                             "error": (p - m) / m if m > 0 else 0.0,
+                             "error": float(np.median(errs[key])), "jobs": len(errs[key]),
                              "spread": max(meas[key]) / min(meas[key]) - 1.0 if min(meas[key]) > 0 else 0.0})
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok

@@ -13,6 +13,7 @@ Default radix 64 = NVIDIA Quantum-2 QM9700 (64 x 400 Gb/s NDR ports, datasheet).
 """
 from __future__ import annotations
 
+import copy
 import math
 
 from ..errors import TopologyError
@@ -60,6 +61,8 @@ def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", ni
     topo = Topology(f"{nodes}x{name}-{fabric}", meta={"cluster": {
         "preset": name, "nodes": nodes, "fabric": fabric, "nic_gbps": nic_gbps, "oversubscription": oversubscription,
         "tiers": tiers, "radix": radix}})
+    if not isinstance(preset, str) and (preset.meta or {}).get("sim"):
+        topo.meta["sim"] = copy.deepcopy(preset.meta["sim"])   # a calibrated host's simulator parameters
     down = max(1, min(radix - 1, round(radix * oversubscription / (1 + oversubscription))))
     up = radix - down
     for h in range(nodes):
