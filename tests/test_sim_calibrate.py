@@ -109,3 +109,22 @@ def test_validate_predicts_every_bench_collective() -> None:
     # the schedule is the runtime's: same tuner choice, same registry build
     s = runtime_schedule("all_gather", 2**18 // 4, 4, 4, None)
     assert s.nranks == 4 and s.collective.value == "all_gather"
+
+
+@pytest.mark.parametrize("coll,algo,n", [("all_gather", "bruck", 4), ("all_reduce", "halving_doubling", 4),
+                                         ("broadcast", "binomial", 2), ("all_to_all", "pairwise", 3),
+                                         ("reduce_scatter", "ring", 4)])
+def test_runtime_plans_give_the_schedules_table_and_know_in_place(coll: str, algo: str, n: int) -> None:
+    """Out of place the runtime's compiled plans move what the schedule says; in place the root of a
+    broadcast copies nothing onto itself (the runtime skips that copy, so the simulator must too)."""
+    from ringflow.algorithms import registry
+    from ringflow.algorithms.layout import CallShape
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.transfers import from_plans, from_schedule
+    c = Collective.parse(coll)
+    s = registry.get_schedule(c, algo, n, root=0 if c.has_root else None)
+    ref, got = from_schedule(s), from_plans(s, CallShape(c, n, 1 << 16, 4), inplace=False)
+    assert np.allclose(np.sort(ref.frac), np.sort(got.frac))
+    assert ref.lcopy.sum() == pytest.approx(got.lcopy.sum()) and ref.lreduce.sum() == pytest.approx(got.lreduce.sum())
+    if coll == "broadcast":
+        assert ref.lcopy.sum() > 0 and from_plans(s, CallShape(c, n, 1 << 16, 4), inplace=True).lcopy.sum() == 0

@@ -93,12 +93,7 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
     if shape.collective == Collective.ALL_TO_ALLV and shape.splits is not None:
         denom = float(max(1, max(sum(r) for r in shape.splits)) * shape.itemsize)
     item = shape.itemsize
-    t_step: list[int] = []
-    t_src: list[int] = []
-    t_dst: list[int] = []
-    t_chan: list[int] = []
-    t_len: list[int] = []
-    work: dict[tuple[int, int], list[int]] = {}
+    rows = _Rows()
     send, rred, copy, red = OpKind.SEND, OpKind.RECV_REDUCE, OpKind.COPY, OpKind.REDUCE
     for r, prog in enumerate(schedule.programs):
         bounds: dict[Buffer, tuple] = {}
@@ -113,48 +108,59 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
             for op in ops:
                 k = op.kind
                 if k is send:
-                    t_step.append(s)
-                    t_src.append(r)
-                    t_dst.append(op.peer)
-                    t_chan.append(op.channel)
-                    t_len.append(length(op.src))
-                elif k is rred:
-                    work.setdefault((r, s), [0, 0])[1] += length(op.dst)
+                    rows.send(s, r, op.peer, op.channel, length(op.src) * item)
                 elif k is copy:
-                    work.setdefault((r, s), [0, 0])[0] += length(op.dst)
-                elif k is red:
-                    work.setdefault((r, s), [0, 0])[1] += length(op.dst)
-    return _table(schedule, t_step, t_src, t_dst, t_chan, [n * item for n in t_len],
-                  {k: [v[0] * item, v[1] * item] for k, v in work.items()}, denom)
+                    rows.work(r, s, 0, length(op.dst) * item)
+                elif k is rred or k is red:
+                    rows.work(r, s, 1, length(op.dst) * item)
+    return rows.table(schedule, denom)
 
 
 def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferTable:
     """The table of what ringflow's runtime executes for one call (`runtime.executor.compile_plan`):
     in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
     from ..runtime.executor import compile_plan
-    t_step: list[int] = []
-    t_src: list[int] = []
-    t_dst: list[int] = []
-    t_chan: list[int] = []
-    t_bytes: list[int] = []
-    work: dict[tuple[int, int], list[int]] = {}
+    rows = _Rows()
     for r in range(schedule.nranks):
         for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
             for x in st.xfers:
                 if x.kind == OpKind.SEND:
-                    t_step.append(s)
-                    t_src.append(r)
-                    t_dst.append(x.peer)
-                    t_chan.append(int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0)
-                    t_bytes.append(x.nbytes)
+                    rows.send(s, r, x.peer, int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0, x.nbytes)
                     if x.snapshot:
-                        work.setdefault((r, s), [0, 0])[0] += x.nbytes
+                        rows.work(r, s, 0, x.nbytes)
                 elif x.kind == OpKind.RECV_REDUCE:
-                    work.setdefault((r, s), [0, 0])[1] += x.nbytes
+                    rows.work(r, s, 1, x.nbytes)
             for lo in st.locals:
-                work.setdefault((r, s), [0, 0])[0 if lo.kind == OpKind.COPY else 1] += lo.n * shape.itemsize
-    return _table(schedule, t_step, t_src, t_dst, t_chan, t_bytes, work,
-                  float(max(shape.count, 1) * shape.itemsize))
+                rows.work(r, s, 0 if lo.kind == OpKind.COPY else 1, lo.n * shape.itemsize)
+    return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
+
+
+class _Rows:
+    """Transfer rows and per-(rank, step) [copy, reduce] bytes, collected for one TransferTable."""
+
+    def __init__(self) -> None:
+        self.step: list[int] = []
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.chan: list[int] = []
+        self.nbytes: list[int] = []
+        self.local: dict[tuple[int, int], list[int]] = {}
+
+    def send(self, step: int, src: int, dst: int, chan: int, nbytes: int) -> None:
+        """One message."""
+        self.step.append(step)
+        self.src.append(src)
+        self.dst.append(dst)
+        self.chan.append(chan)
+        self.nbytes.append(nbytes)
+
+    def work(self, rank: int, step: int, kind: int, nbytes: int) -> None:
+        """Local work of a rank in a step: kind 0 copy, 1 reduce."""
+        self.local.setdefault((rank, step), [0, 0])[kind] += nbytes
+
+    def table(self, schedule: Schedule, denom: float) -> TransferTable:
+        """The TransferTable (bytes as fractions of denom = count * itemsize)."""
+        return _table(schedule, self.step, self.src, self.dst, self.chan, self.nbytes, self.local, denom)
 
 
 def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[int], t_chan: list[int],
