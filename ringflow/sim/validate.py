@@ -30,7 +30,7 @@ def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, ro
     return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")))
 
 
-def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
+def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = "analytic") -> list[dict]:
     """Predicted time for every measured bench row."""
     from ..algorithms.layout import CallShape
     from ..algorithms.schedule import is_self_checking
@@ -55,7 +55,7 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str) -> list[dict]:
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
         inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)   # as bench calls them
         tab = from_plans(sched, CallShape(c, n, count, item), inplace)
-        res = simulate_table(topo, tab, int(r["size_bytes"]), dtype=r["dtype"],
+        res = simulate_table(topo, tab, int(r["size_bytes"]), dtype=r["dtype"], engine=engine,
                              params={"host_transport": transport}, endpoints=topo.endpoints()[:n],
                              checked=not is_self_checking(sched))
         meas = float(r["time_us"])
