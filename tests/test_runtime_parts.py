@@ -168,3 +168,50 @@ def test_launcher_sets_one_blas_thread_per_rank_unless_chosen() -> None:
     assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
     assert env["MKL_NUM_THREADS"] == "3"  # the user's choice stands
     assert "OMP_NUM_THREADS" not in rank_env(0, 1, "127.0.0.1:1", "s", "j", base={})
+
+
+_LAUNCHED = """
+import json, sys
+import numpy as np
+import ringflow
+with ringflow.init(timeout=30) as comm:
+    x = np.full(3, comm.rank + 1, np.float32)
+    comm.all_reduce(x)
+    print(json.dumps({"rank": comm.rank, "size": comm.size, "sum": float(x[0])}))
+"""
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "Slurm", "Open MPI"])
+def test_ranks_started_by_each_launchers_environment_form_one_job(launcher: str) -> None:
+    """Real processes given only the variables torchrun, Slurm or Open MPI set find each other."""
+    n, port = 3, _free_port()
+    procs = []
+    for r in range(n):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGFLOW_", "SLURM_", "OMPI_"))
+               and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        env["RINGFLOW_SECRET"] = "launcher-test"
+        if launcher == "torchrun":
+            env.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port - 1), TORCHELASTIC_RUN_ID=f"t{port}")
+        elif launcher == "Slurm":
+            env.update(SLURM_PROCID=str(r), SLURM_NTASKS=str(n), SLURM_LOCALID=str(r), SLURM_JOB_ID=f"s{port}",
+                       RINGFLOW_STORE_ADDR=f"127.0.0.1:{port}")
+        else:
+            env.update(OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE=str(n), OMPI_COMM_WORLD_LOCAL_RANK=str(r),
+                       RINGFLOW_STORE_ADDR=f"127.0.0.1:{port}", RINGFLOW_JOB_ID=f"o{port}")
+        procs.append(subprocess.Popen([sys.executable, "-c", _LAUNCHED], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(o["rank"] for o in outs) == list(range(n))
+    assert all(o["size"] == n and o["sum"] == n * (n + 1) / 2 for o in outs)
