@@ -111,12 +111,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         steps_present = starts = np.zeros(0, dtype=np.int64)
     local_c = np.zeros(max(table.nsteps, 1))
     if table.lrank.size:
-        per = np.zeros(table.lrank.size)
-        if params.copy_GBps:
-            per += table.lcopy / (params.copy_GBps * 1e3)
-        if params.reduce_GBps:
-            per += table.lreduce / (params.reduce_GBps * 1e3)
-        np.maximum.at(local_c, table.lstep, per * fab.local_slowdown(table.nranks)[table.lrank])
+        np.maximum.at(local_c, table.lstep, fab.local_us_per_byte(table))
     last = np.full(table.nranks, -1, dtype=np.int64)
     np.maximum.at(last, table.src, table.step)
     np.maximum.at(last, table.dst, table.step)

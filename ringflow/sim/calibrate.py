@@ -6,7 +6,7 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 
 - ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-step latency
   alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha;
-- ``oneway`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB messages;
+- ``oneway`` / ``oneway_reduce`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB;
 - ``oneway_solo`` (more than 2 ranks): one transfer while the other ranks idle.  A rank's engine
   runs at the rate of a lone transfer (its receiver has a core and the memory bus to itself: the
   one-way curve, or oneway_solo), the host's total at the rate of the exchange with every rank
@@ -82,18 +82,21 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     alpha = max(0.0, (t8 - t1) / 7.0)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
-              for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo") if name in r}
+              for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo", "oneway_reduce")
+              if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     ex = monotone(series["exchange"])
     xr = np.maximum(monotone(series["exchange_reduce"]), ex)
     ow = monotone(series["oneway"])
     cp = monotone(series["copy"])
     solo = monotone(series["oneway_solo"]) if "oneway_solo" in series else ow
+    owr = np.maximum(monotone(series["oneway_reduce"]), ow) if "oneway_reduce" in series else None
     oneway_GBps = [b / max(t - t1, 1e-3) * 1e-3 for b, t in zip(sizes, ow)]
     check = max(0.0, float(r["steps1_checked"]["4"]) - t1) if "steps1_checked" in r else 0.0
     return {"nranks": int(result["nranks"]), "sizes": sizes, "alpha_us": alpha, "base_us": t1 - alpha,
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"), "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
+            **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -152,7 +155,8 @@ def _source(key: str) -> str:
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
-            "reduce_GBps": "bytes / (exchange-with-reduction time - exchange time)",
+            "reduce_GBps": "bytes / (one-way-with-reduction time - one-way time): one rank reducing alone "
+                           "(every rank at once: the exchange's, as reduce_busy_slowdown)",
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             }.get(key, "")
 

@@ -101,6 +101,24 @@ class Fabric:
             tail.insert(0, self._pool_link[self._hosts[dst]])
         return np.concatenate([np.asarray(head, dtype=np.int64), ids, np.asarray(tail, dtype=np.int64)])
 
+    def local_us_per_byte(self, table: Any) -> np.ndarray:
+        """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
+        copy_GBps, reductions at reduce_GBps, slower when the host has fewer cores than ranks, and
+        reductions slower still when several ranks of the step reduce at once
+        (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone)."""
+        p = self.params
+        per = np.zeros(table.lrank.size)
+        if p.copy_GBps:
+            per += table.lcopy / (p.copy_GBps * 1e3)
+        if p.reduce_GBps:
+            red = table.lreduce / (p.reduce_GBps * 1e3)
+            if p.reduce_busy_slowdown > 1.0 and table.nranks > 1 and red.size:
+                busy = np.bincount(table.lstep[table.lreduce > 0], minlength=int(table.lstep.max()) + 1)
+                k = busy[table.lstep]
+                red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
+            per += red
+        return per * self.local_slowdown(table.nranks)[table.lrank]
+
     def local_slowdown(self, nranks: int) -> np.ndarray:
         """Per rank: how much slower its local work runs when its host has fewer cores than ranks."""
         cores = self.params.host_cores

@@ -99,12 +99,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     slot_of_dst = np.searchsorted(skey, table.dst * S1 + table.step)
     local_us = np.zeros(nslots)
     if table.lrank.size:
-        per = np.zeros(table.lrank.size)
-        if params.copy_GBps:
-            per += table.lcopy * count_bytes / (params.copy_GBps * 1e3)
-        if params.reduce_GBps:
-            per += table.lreduce * count_bytes / (params.reduce_GBps * 1e3)
-        per = per * fab.local_slowdown(R)[table.lrank]
+        per = fab.local_us_per_byte(table) * count_bytes
         np.add.at(local_us, np.searchsorted(skey, table.lrank * S1 + table.lstep), per)
     inc_slot = np.concatenate([slot_of_src, slot_of_dst])
     inc_tr = np.concatenate([np.arange(T), np.arange(T)])

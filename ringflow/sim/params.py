@@ -152,6 +152,9 @@ class SimParams:
     # Total rate of a host's CPU-moved bytes (all its ranks' engines together); None: host_cores x
     # the per-rank rate.  Calibrated hosts measure it with every rank busy (oversubscription included).
     host_pool_GBps: float | None = None
+    # How much slower a reduction runs when every rank of the host reduces at once than when one rank
+    # does (they share the memory bus); steps in between scale linearly with the ranks reducing.
+    reduce_busy_slowdown: float = 1.0
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -185,7 +188,10 @@ class SimParams:
         per_byte = 1e-3 if sender_free else 2e-3
         engine_GBps = 1e-3 / solo
         pool_GBps = per_byte / exch * int(c.get("busy_ranks", 2))
-        red = max(at("exchange_reduce_us") - at("exchange_us"), tiny * m) / m
+        # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's)
+        red_busy = max(at("exchange_reduce_us") - at("exchange_us"), tiny * m) / m
+        red = max(at("oneway_reduce_us") - at("oneway_us"), tiny * m) / m if "oneway_reduce_us" in c else red_busy
+        red = min(red, red_busy)
         cpy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
@@ -198,6 +204,7 @@ class SimParams:
                        for p in self.protocols)
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
+            reduce_busy_slowdown=float(red_busy / red),
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free,
