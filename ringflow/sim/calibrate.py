@@ -100,8 +100,8 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
-def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4, cores: int | None = None,
-        cache_bytes: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
+def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
+        cores: int | None = None) -> tuple[Any, dict[str, dict[str, Any]]]:
     """measured[transport][nranks] = worker output -> (host-cpu Topology, report of fitted parameters).
 
     The topology's SHM / LOOPBACK edges carry the highest one-way rate measured on that transport;

@@ -105,8 +105,8 @@ def unlink_quiet(name: str) -> None:
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to hand over by reference
 # a kernel copy pins both sides' pages and runs at about half the speed of an in-cache memcpy; it wins
-# only where the slot path's two copies go to DRAM (RINGFLOW_CMA_MIN_BYTES overrides, for measuring)
-CMA_MIN_BYTES = int(os.environ.get("RINGFLOW_CMA_MIN_BYTES", 2**20))
+# only where the slot path's two copies go to DRAM
+CMA_MIN_BYTES = 2**20
 
 
 class Regions:
