@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -46,6 +46,7 @@ class Xfer:
     src_buf: Buffer | None = None
     src_off: int = 0
     snapshot: bool = False
+    lone: bool = False  # a send that is this rank's only transfer of the step: the rank has nothing else to do
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
                 if op.kind == OpKind.COPY and alias(op.dst.buffer) == alias(op.src.buffer) and o == so:
                     continue   # in place, a copy onto itself (e.g. the root's IN -> OUT of a broadcast)
                 loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
+        if len(xf) == 1 and xf[0].kind == OpKind.SEND:
+            xf[0] = replace(xf[0], lone=True)
         steps.append(StepPlan(tuple(xf), tuple(loc)))
     scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0
     biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
@@ -300,7 +303,7 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
                 key = x.key if j == 0 else stream_key(x.key, j)
                 if x.kind == OpKind.SEND:
                     sends.append((t.out(x.peer, key, ctx.deadline), u8[x.buf][x.off + po:x.off + po + pn],
-                                  x.snapshot))
+                                  x.snapshot, x.lone))
                     continue
                 o = x.off + po
                 if x.kind == OpKind.RECV:
@@ -338,7 +341,8 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
             step = plan.steps[si]
             trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
         if sends or recvs:
-            ops: list[XferOp] = [c.send(v.copy() if snap else v, Kind.DATA, sig, seq, 0) for c, v, snap in sends]
+            ops: list[XferOp] = [c.send(v.copy() if snap else v, Kind.DATA, sig, seq, 0, lone=lone)
+                                 for c, v, snap, lone in sends]
             rops = [c.recv(sink, nb, sig, check=True, op_seq=seq, tag=0) for c, sink, nb in recvs]
             drive(ops + rops if ops else rops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
             for op in rops:

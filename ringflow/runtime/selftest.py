@@ -483,6 +483,23 @@ def large_cases(r: Runner) -> None:
         _eq(out, big[root][me * c:(me + 1) * c], "large binomial scatter")
     r.check("large binomial scatter", scatter_tree)
 
+    def lone_send() -> None:
+        # a 2-rank broadcast is one send the root has nothing else to do during: with a core per
+        # local rank it goes through the slots (both ranks copy), otherwise by single copy
+        from .transport import cma, shm
+        if n != 2 or comm._transport.kind(1 - me) != "shm":
+            return
+        c = shm.PIPELINE_MIN_BYTES // 4 + 3
+        x = values(0, n, c, "float32", salt=6) if me == 0 else np.zeros(c, np.float32)
+        before = cma.reads
+        comm.broadcast(x, 0)
+        _eq(x, values(0, n, c, "float32", salt=6), "lone-send broadcast")
+        if me == 1 and comm._transport.cma_links():
+            spare = not shm.doorbell.oversubscribed(comm._transport.local_ranks)
+            assert (cma.reads == before) == spare, \
+                f"single-copy reads {cma.reads - before} with a spare core {spare}"
+    r.check("lone-send broadcast", lone_send)
+
 
 def traffic_class(r: Runner) -> None:
     """With a traffic class set, every TCP data and control socket carries it in IP_TOS."""

@@ -17,7 +17,35 @@ import time
 from typing import Iterable
 
 SLEEP_CAP_S = 0.005
-_ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _parse_cpulist(text: str) -> int:
+    """Number of CPUs in a Linux cpu list such as '0-3,8'."""
+    n = 0
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def host_cores() -> int:
+    """Cores this host gives the job: the cgroup's cpuset when readable, else every online CPU.
+
+    Not this process's affinity: the launcher pins each rank to one core, which says nothing about
+    whether the host's ranks outnumber its cores.
+    """
+    try:
+        with open("/sys/fs/cgroup/cpuset.cpus.effective") as fh:
+            n = _parse_cpulist(fh.read())
+        if n > 0:
+            return n
+    except (OSError, ValueError):
+        pass
+    return os.cpu_count() or 1
+
+
+_ncpu = host_cores()
 
 _tx_lock = threading.Lock()
 _tx: socket.socket | None = None

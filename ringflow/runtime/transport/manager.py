@@ -83,7 +83,8 @@ class Transport:
         bell = self.bell(peer, lane_of(key, sending=False))
         if peer in self.shm_peers:
             name = segment_name(self.job, self.uid, self.rank, peer, key)
-            c = ShmOut(name, NSLOTS, self.slot_bytes, peer, bell, self.regions)
+            c = ShmOut(name, NSLOTS, self.slot_bytes, peer, bell, self.regions,
+                       spare_core=not doorbell.oversubscribed(self.local_ranks))
             self._created.append(name)
             doorbell.ring(bell)
         else:
