@@ -7,7 +7,10 @@ import pytest
 
 from ringflow.algorithms.schedule import is_self_checking
 from ringflow.sim._calib_worker import SIZES, _schedules
-from ringflow.sim.api import simulate_schedule
+from ringflow.algorithms.layout import CallShape
+from ringflow.algorithms.schedule import Collective
+from ringflow.sim.api import simulate_schedule, simulate_table
+from ringflow.sim.transfers import from_plans
 from ringflow.sim.calibrate import curves, fit, monotone
 from ringflow.sim.params import params_for
 from ringflow.topology import Topology
@@ -36,6 +39,8 @@ def synthetic(tr: str, n: int) -> dict:
            "exchange_reduce": {str(b): ex[str(b)] + b * p["red"] for b in SIZES},
            # one rank reducing alone runs faster than every rank at once (they share the memory bus)
            "oneway_reduce": {str(b): ow[str(b)] + b * p["red"] / 1.6 for b in SIZES},
+           # into its own operand (in-place all-reduce and reduce) faster still: one buffer fewer
+           "oneway_reduce_inplace": {str(b): ow[str(b)] + b * p["red"] / 2.5 for b in SIZES},
            "copy": {str(b): p["base"] + b * p["copy"] for b in SIZES}}
     if n > 2:
         res["oneway_solo"] = dict(ow)
@@ -62,6 +67,7 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
             assert report[f"{tr}.{n}ranks.check_us"]["value"] == pytest.approx(p["check"])
             assert report[f"{tr}.{n}ranks.16MiB.copy_GBps"]["value"] == pytest.approx(1e-3 / p["copy"])
             assert report[f"{tr}.{n}ranks.16MiB.reduce_GBps"]["value"] == pytest.approx(1.6e-3 / p["red"])  # alone
+            assert report[f"{tr}.{n}ranks.16MiB.reduce_inplace_GBps"]["value"] == pytest.approx(2.5e-3 / p["red"])
     path = str(tmp_path / "host.yaml")
     topo.save(path)
     loaded = Topology.load(path)
@@ -81,6 +87,16 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
                     flow = simulate_schedule(loaded, sched[name], b, engine="flow", params={"host_transport": tr},
                                              endpoints=loaded.endpoints()[:n])
                     assert flow.time_us == pytest.approx(res.time_us, rel=1e-6), (tr, n, name, b)
+        # the runtime's plan of the one-way reduction called in place: its reduction is priced in place
+        for b in (2**16, 2**20, 2**24):
+            s2 = _schedules(2)["oneway_reduce"]
+            tab = from_plans(s2, CallShape(Collective.ALL_REDUCE, 2, b // 4, 4), inplace=True)
+            assert tab.lreduce_inplace is not None and tab.lreduce_inplace.sum() == tab.lreduce.sum() > 0
+            want = synthetic(tr, 2)["results"]["oneway_reduce_inplace"][str(b)] + TRUE[tr][2]["check"]
+            for engine in ("analytic", "flow"):
+                res = simulate_table(loaded, tab, b, dtype="float32", engine=engine, params={"host_transport": tr},
+                                     endpoints=loaded.endpoints()[:2], checked=not is_self_checking(s2))
+                assert res.time_us == pytest.approx(want, rel=1e-6), (tr, engine, b)
 
 
 def test_curves_clean_noise_that_inverts_sizes() -> None:

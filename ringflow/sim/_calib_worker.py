@@ -59,13 +59,15 @@ def measure(comm: Any, quick: bool = False) -> dict:
         return float(timer[0])
 
     def timed(name: str, nbytes: int) -> float:
-        """Timed like `ringflow bench` (runtime.bench.median_call_s); the median of a few batches."""
+        """Timed like `ringflow bench` (runtime.bench.median_call_s); the median of a few batches.
+        A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
         from ..runtime.bench import median_call_s
         count = max(1, nbytes // 4)
-        x = np.ones(count, dtype=np.float32)
+        sched = scheds[name.removesuffix("_inplace")]
         y = np.zeros(count, dtype=np.float32)
+        x = y if name.endswith("_inplace") else np.ones(count, dtype=np.float32)
         with np.errstate(all="ignore"):
-            batches = [median_call_s(lambda: comm.execute(scheds[name], x, y), comm.barrier, slowest,
+            batches = [median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
                                      iters=5 if quick else 10)[0] for _ in range(3)]
         return float(np.median(batches))
 
@@ -84,7 +86,8 @@ def measure(comm: Any, quick: bool = False) -> dict:
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * float(np.median(diffs))}
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
-        names = ("copy", "oneway", "oneway_reduce", "exchange", "exchange_reduce") + \
+        # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
+        names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce") + \
             (("oneway_solo",) if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}

@@ -103,7 +103,8 @@ class Fabric:
 
     def local_us_per_byte(self, table: Any) -> np.ndarray:
         """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
-        copy_GBps, reductions at reduce_GBps, slower when the host has fewer cores than ranks, and
+        copy_GBps, reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
+        when the host has fewer cores than ranks, and
         reductions slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone)."""
         p = self.params
@@ -112,6 +113,9 @@ class Fabric:
             per += table.lcopy / (p.copy_GBps * 1e3)
         if p.reduce_GBps:
             red = table.lreduce / (p.reduce_GBps * 1e3)
+            ip = getattr(table, "lreduce_inplace", None)
+            if ip is not None and p.reduce_inplace_GBps:
+                red = red + ip * (1.0 / (p.reduce_inplace_GBps * 1e3) - 1.0 / (p.reduce_GBps * 1e3))
             if p.reduce_busy_slowdown > 1.0 and table.nranks > 1 and red.size:
                 busy = np.bincount(table.lstep[table.lreduce > 0], minlength=int(table.lstep.max()) + 1)
                 k = busy[table.lstep]

@@ -87,6 +87,9 @@ class SimParams:
     # CPU runtime reduces with numpy after receiving: `ringflow calibrate` measures both.
     copy_GBps: float | None = None
     reduce_GBps: float | None = None
+    # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
+    # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
+    reduce_inplace_GBps: float | None = None
     # Routing across equal-cost paths: "spray" splits a message evenly over all of them (NVLink
     # striping over NVSwitch planes; IB adaptive routing), "ecmp" hashes (src, dst, channel) to
     # one path, "fixed" always takes topo.path().  Intra-host and inter-host separately.
@@ -130,6 +133,7 @@ class SimParams:
             self, link_efficiency=eff, cache_bytes=None,
             endpoint_GBps={k: v / f for k, v in self.endpoint_GBps.items()} if self.endpoint_GBps else None,
             reduce_GBps=self.reduce_GBps / f if self.reduce_GBps else None,
+            reduce_inplace_GBps=self.reduce_inplace_GBps / f if self.reduce_inplace_GBps else None,
             copy_GBps=self.copy_GBps / f if self.copy_GBps else None)
     host_cores: int | None = None
     # Measured cost curves of ringflow's CPU runtime (`ringflow calibrate`), per host transport and
@@ -192,6 +196,8 @@ class SimParams:
         red_busy = max(at("exchange_reduce_us") - at("exchange_us"), tiny * m) / m
         red = max(at("oneway_reduce_us") - at("oneway_us"), tiny * m) / m if "oneway_reduce_us" in c else red_busy
         red = min(red, red_busy)
+        red_ip = max(at("oneway_reduce_inplace_us") - at("oneway_us"), tiny * m) / m \
+            if "oneway_reduce_inplace_us" in c else red
         cpy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
@@ -204,6 +210,7 @@ class SimParams:
                        for p in self.protocols)
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
+            reduce_inplace_GBps=1e-3 / red_ip,
             reduce_busy_slowdown=float(red_busy / red),
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
@@ -227,7 +234,8 @@ class SimParams:
                 raise ConfigError(f"sim endpoint_GBps[{k!r}]={v} must be > 0", "give a measured GB/s")
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
-        for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps")):
+        for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
+                           (self.reduce_inplace_GBps, "reduce_inplace_GBps")):
             if rate is not None and rate <= 0:
                 raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")
 

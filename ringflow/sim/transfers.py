@@ -38,6 +38,8 @@ class TransferTable:
     lstep: np.ndarray   # int64 [W] local work: step
     lcopy: np.ndarray   # float64 [W] bytes copied / (count * itemsize)
     lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
+    # float64 [W] the part of lreduce whose destination is also its local operand (in place); None: none known
+    lreduce_inplace: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
 
@@ -120,6 +122,10 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
     """The table of what ringflow's runtime executes for one call (`runtime.executor.compile_plan`):
     in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
     from ..runtime.executor import compile_plan
+
+    def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array, after aliasing
+        alias = (lambda b: Buffer.OUT if inplace and b == Buffer.IN else b)
+        return alias(b1) == alias(b2) and o1 == o2
     rows = _Rows()
     for r in range(schedule.nranks):
         for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
@@ -129,14 +135,15 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
                     if x.snapshot:
                         rows.work(r, s, 0, x.nbytes)
                 elif x.kind == OpKind.RECV_REDUCE:
-                    rows.work(r, s, 1, x.nbytes)
+                    rows.work(r, s, 1, x.nbytes, same(x.buf, x.off, x.src_buf, x.src_off))
             for lo in st.locals:
-                rows.work(r, s, 0 if lo.kind == OpKind.COPY else 1, lo.n * shape.itemsize)
+                red = lo.kind != OpKind.COPY
+                rows.work(r, s, int(red), lo.n * shape.itemsize, red and same(lo.dst, lo.dst_off, lo.src, lo.src_off))
     return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
 
 
 class _Rows:
-    """Transfer rows and per-(rank, step) [copy, reduce] bytes, collected for one TransferTable."""
+    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place] bytes, for one TransferTable."""
 
     def __init__(self) -> None:
         self.step: list[int] = []
@@ -154,9 +161,12 @@ class _Rows:
         self.chan.append(chan)
         self.nbytes.append(nbytes)
 
-    def work(self, rank: int, step: int, kind: int, nbytes: int) -> None:
-        """Local work of a rank in a step: kind 0 copy, 1 reduce."""
-        self.local.setdefault((rank, step), [0, 0])[kind] += nbytes
+    def work(self, rank: int, step: int, kind: int, nbytes: int, inplace: bool = False) -> None:
+        """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand)."""
+        w = self.local.setdefault((rank, step), [0, 0, 0])
+        w[kind] += nbytes
+        if inplace:
+            w[2] += nbytes
 
     def table(self, schedule: Schedule, denom: float) -> TransferTable:
         """The TransferTable (bytes as fractions of denom = count * itemsize)."""
@@ -165,7 +175,7 @@ class _Rows:
 
 def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[int], t_chan: list[int],
            t_bytes: list[int], work: dict[tuple[int, int], list[int]], denom: float) -> TransferTable:
-    """Transfer rows and per-(rank, step) [copy, reduce] bytes -> a TransferTable (fractions of denom)."""
+    """Transfer rows and per-(rank, step) [copy, reduce, in place] bytes -> a TransferTable (fractions of denom)."""
     wk = sorted(work)
     to_i = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
     step, src, dst, chan = to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan)
@@ -186,7 +196,8 @@ def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[
         step, src, dst, chan, frac, nmsg,
         to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
         np.asarray([work[k][0] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom)
+        np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom,
+        np.asarray([work[k][2] for k in wk], dtype=np.float64) / denom)
 
 
 def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
@@ -234,8 +245,10 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
         linv = linv.reshape(-1)
         lc = np.bincount(linv, weights=table.lcopy, minlength=lu.shape[1])
         lr = np.bincount(linv, weights=table.lreduce, minlength=lu.shape[1])
+        li = None if table.lreduce_inplace is None else \
+            np.bincount(linv, weights=table.lreduce_inplace, minlength=lu.shape[1])
     else:
-        lu, lc, lr = lkey, table.lcopy, table.lreduce
+        lu, lc, lr, li = lkey, table.lcopy, table.lreduce, table.lreduce_inplace
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
-                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
+                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr, lreduce_inplace=li,
                    coarsened=max(table.coarsened, factor))
