@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ringflow.algorithms.schedule import is_self_checking
-from ringflow.sim._calib_worker import SIZES, _schedules
 from ringflow.algorithms.layout import CallShape
-from ringflow.algorithms.schedule import Collective
+from ringflow.algorithms.schedule import Collective, is_self_checking
+from ringflow.sim._calib_worker import SIZES, _schedules
 from ringflow.sim.api import simulate_schedule, simulate_table
-from ringflow.sim.transfers import from_plans
 from ringflow.sim.calibrate import curves, fit, monotone
+from ringflow.sim.transfers import from_plans
 from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 

@@ -95,13 +95,18 @@ def compile_plan(schedule: Schedule, shape: CallShape, rank: int, inplace: bool)
     return plan
 
 
+def aliased(b: Buffer, inplace: bool) -> Buffer:
+    """The array a schedule buffer names in a call: in place, IN is OUT."""
+    return Buffer.OUT if (inplace and b == Buffer.IN) else b
+
+
 def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
     """Flatten one rank's program into byte ranges for this call shape."""
     isz = shape.itemsize
     bounds = {b: chunk_bounds(shape, schedule, b, rank) for b in schedule.layouts}
 
     def alias(b: Buffer) -> Buffer:
-        return Buffer.OUT if (inplace and b == Buffer.IN) else b
+        return aliased(b, inplace)
 
     steps = []
     peers = set()

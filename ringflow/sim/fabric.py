@@ -113,9 +113,8 @@ class Fabric:
             per += table.lcopy / (p.copy_GBps * 1e3)
         if p.reduce_GBps:
             red = table.lreduce / (p.reduce_GBps * 1e3)
-            ip = getattr(table, "lreduce_inplace", None)
-            if ip is not None and p.reduce_inplace_GBps:
-                red = red + ip * (1.0 / (p.reduce_inplace_GBps * 1e3) - 1.0 / (p.reduce_GBps * 1e3))
+            if table.lreduce_inplace is not None and p.reduce_inplace_GBps:
+                red = red + table.lreduce_inplace * (1.0 / (p.reduce_inplace_GBps * 1e3) - 1.0 / (p.reduce_GBps * 1e3))
             if p.reduce_busy_slowdown > 1.0 and table.nranks > 1 and red.size:
                 busy = np.bincount(table.lstep[table.lreduce > 0], minlength=int(table.lstep.max()) + 1)
                 k = busy[table.lstep]

@@ -121,11 +121,10 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
 def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferTable:
     """The table of what ringflow's runtime executes for one call (`runtime.executor.compile_plan`):
     in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
-    from ..runtime.executor import compile_plan
+    from ..runtime.executor import aliased, compile_plan
 
-    def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array, after aliasing
-        alias = (lambda b: Buffer.OUT if inplace and b == Buffer.IN else b)
-        return alias(b1) == alias(b2) and o1 == o2
+    def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array
+        return aliased(b1, inplace) == aliased(b2, inplace) and o1 == o2
     rows = _Rows()
     for r in range(schedule.nranks):
         for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
