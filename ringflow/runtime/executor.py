@@ -269,7 +269,7 @@ def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
     for p in peers:
         ops.append(t.out(p, "c0", ctx.deadline).send(payload, Kind.CHECK, ctx.sig, ctx.op_seq, 0))
     recvs = [t.inn(p, "c0").recv(None, -1, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0) for p in peers]
-    drive(ops + recvs, ctx.waiter, ctx.deadline, "argument check")
+    drive(ops + recvs, ctx.waiter, ctx.deadline, "argument check", ctx.ll)
     _raise_mismatch(recvs, ctx)
 
 

@@ -500,6 +500,32 @@ def large_cases(r: Runner) -> None:
                 f"single-copy reads {cma.reads - before} with a spare core {spare}"
     r.check("lone-send broadcast", lone_send)
 
+    def one_slot_slices() -> None:
+        # a message that fits one slot is cut into slices (the receiver drains one while the sender
+        # fills the next): every byte arrives, and the sender used as many slots as slices
+        from .transport import shm
+        if n != 2 or comm._transport.kind(1 - me) != "shm":
+            return
+        slot = comm._transport.slot_bytes
+        wrong = []
+        for k, nbytes in enumerate((2 * shm.MIN_SLICE_BYTES + 4, 300_004, slot, slot + 4)):
+            c = nbytes // 4
+            want = values(0, n, c, "int32", salt=10 + k)
+            outs = [o for (p, _), o in comm._transport._out.items() if p == 1 - me and isinstance(o, shm.ShmOut)]
+            heads = sum(o.head for o in outs)
+            if me == 0:
+                comm.send(want, 1)
+                outs = [o for (p, _), o in comm._transport._out.items() if p == 1 and isinstance(o, shm.ShmOut)]
+                per, used = shm.slice_bytes(c * 4, slot), sum(o.head for o in outs) - heads
+                if not used == -(-c * 4 // per) > 1:
+                    wrong.append(f"{c * 4} bytes took {used} slots, slices of {per}")
+            else:
+                got = np.zeros(c, np.int32)
+                comm.recv(got, 0)
+                _eq(got, want, f"one-slot message of {c * 4} bytes")
+        assert not wrong, "; ".join(wrong)
+    r.check("one-slot messages in slices", one_slot_slices)
+
 
 def traffic_class(r: Runner) -> None:
     """With a traffic class set, every TCP data and control socket carries it in IP_TOS."""

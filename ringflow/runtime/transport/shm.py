@@ -12,8 +12,9 @@ leaves nothing behind)::
         message seq, message nbytes, slice offset, sig, kind, op_seq, tag
     from byte 4096: nslots data slots of slot_bytes each
 
-A message of N bytes is cut into slices of at most slot_bytes; the sender copies a slice into a
-free slot (one copy) and raises its flag; the receiver copies or reduces it straight from the
+A message of N bytes is cut into slices of at most slot_bytes (a message that fits one slot into a
+few slices of at least MIN_SLICE_BYTES, `slice_bytes`); the sender copies a slice into a free slot
+(one copy) and raises its flag; the receiver copies or reduces it straight from the
 slot into the destination (``np.add(src, slot, out=dst)``) and advances `tail`. Small messages
 ride with their flag in one slot (the LL idea). With `nslots` slots in flight, copy and reduce of
 consecutive slices overlap across the two processes.
@@ -112,6 +113,18 @@ CMA_MIN_BYTES = 2**20
 # fast; once source and destination leave the cache it is not (2-rank broadcast on this VM: equal at
 # 32 MiB, 12.5 vs 8 GB/s at 64 MiB; 10.5 vs 12 GB/s the other way round at 8 MiB)
 PIPELINE_MIN_BYTES = 32 * 2**20
+# a message that fits in one slot is still cut into a few slices, so the receiver copies one slice
+# while the sender fills the next (one copy's latency instead of two in a row); never below this
+MIN_SLICE_BYTES = 64 * 1024
+SLICES_PER_SLOT_MESSAGE = 4
+
+
+def slice_bytes(total: int, slot_bytes: int) -> int:
+    """Bytes per slice of a `total`-byte message (both ends derive it from the header's total)."""
+    if total <= 2 * MIN_SLICE_BYTES:
+        return slot_bytes
+    per = -(-total // SLICES_PER_SLOT_MESSAGE)
+    return min(slot_bytes, max(MIN_SLICE_BYTES, per + (-per) % 64))
 
 
 class Regions:
@@ -198,6 +211,7 @@ class ShmSend(XferOp):
         self.started, self.done, self.peer, self.moved = False, False, o.peer, False
         self.ref = None
         self.posted = 0
+        self.slice = slice_bytes(self.total, o.m.slot_bytes)
         if self.total >= ZERO_COPY_MIN_BYTES:
             if o.regions is not None:
                 self.ref = o.regions.find(src_u8)
@@ -257,7 +271,7 @@ class ShmSend(XferOp):
                     return moved
             i = h % nslots
             off = self.off
-            n = min(sb, self.total - off)
+            n = min(self.slice, self.total - off)
             if n:
                 m.slots[i][:n] = self.src[off:off + n]
             b = SLOT_HDR_WORD + i * 8
@@ -430,7 +444,7 @@ class ShmRecv(XferOp):
                 raise ProtocolError(f"shared-memory slice from rank {i.peer} out of order "
                                     f"(offset {off} of {total}, expected {self.off} of {self.total})",
                                     "a peer process is corrupt or from another ringflow version")
-            n = min(sb, total - off)
+            n = min(slice_bytes(total, sb), total - off)
             if self.drain:
                 if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
                     self.detail += m.slots[s][:n].tobytes()
