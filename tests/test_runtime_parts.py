@@ -215,3 +215,24 @@ def test_ranks_started_by_each_launchers_environment_form_one_job(launcher: str)
         outs.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(o["rank"] for o in outs) == list(range(n))
     assert all(o["size"] == n and o["sum"] == n * (n + 1) / 2 for o in outs)
+
+
+def test_plan_marks_sends_a_receiver_copies_from_a_source_not_yet_written() -> None:
+    """`Xfer.cold_copy` (single copy from 256 KiB) only where the peer copies and the rank has not
+    written the source earlier in the call; reductions and freshly written data keep the 1 MiB rule."""
+    from ringflow.algorithms import registry
+    from ringflow.algorithms.layout import CallShape
+    from ringflow.algorithms.schedule import Collective, OpKind
+    from ringflow.runtime.executor import compile_plan
+
+    def sends(coll: str, algo: str, inplace: bool) -> list:
+        sched = registry.get_schedule(coll, algo, 2)
+        shape = CallShape(Collective.parse(coll), 2, 1 << 16, 4)
+        return [[x.cold_copy for x in st.xfers if x.kind == OpKind.SEND]
+                for st in compile_plan(sched, shape, 0, inplace).steps]
+
+    assert sends("all_gather", "ring", False) == [[True]]           # the rank's own input, copied
+    assert sends("reduce_scatter", "ring", False) == [[False]]      # the peer reduces it
+    # ring all-reduce: reduce-scatter step (peer reduces), then the all-gather step sends the chunk
+    # this rank has just reduced (dirty in its cache)
+    assert sends("all_reduce", "ring", True) == [[False], [False]]

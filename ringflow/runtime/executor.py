@@ -47,6 +47,9 @@ class Xfer:
     src_off: int = 0
     snapshot: bool = False
     lone: bool = False  # a send that is this rank's only transfer of the step: the rank has nothing else to do
+    # a send whose receiver copies it (not reduces) from a source this rank has not written in this call
+    # (a freshly written source is dirty in this core's cache: a kernel copy from it crosses cores slowly)
+    cold_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,12 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
 
     steps = []
     peers = set()
-    for step in schedule.steps(rank):
+    written: list[tuple[Buffer, int, int]] = []   # (array, first, end element) this rank wrote so far
+
+    def overlaps(ranges: list[tuple[Buffer, int, int]], b: Buffer, o: int, n: int) -> bool:
+        return any(alias(b) == rb and o < hi and lo < o + n for rb, lo, hi in ranges)
+
+    for si, step in enumerate(schedule.steps(rank)):
         xf, loc = [], []
         recv_ranges = []
         for op in step:
@@ -121,8 +129,11 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
             if op.kind == OpKind.SEND:
                 o, n = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
                 b = op.src.buffer
-                snap = any(alias(b) == rb and o < hi and lo < o + n for rb, lo, hi in recv_ranges)
-                xf.append(Xfer(OpKind.SEND, op.peer, f"c{op.channel}", b, o * isz, n * isz, snapshot=snap))
+                snap = overlaps(recv_ranges, b, o, n)
+                reduces = any(q.kind == OpKind.RECV_REDUCE and q.peer == rank and q.channel == op.channel
+                              for q in schedule.steps(op.peer)[si])
+                xf.append(Xfer(OpKind.SEND, op.peer, f"c{op.channel}", b, o * isz, n * isz, snapshot=snap,
+                               cold_copy=not reduces and not overlaps(written, b, o, n)))
                 peers.add(op.peer)
             elif op.kind == OpKind.RECV:
                 o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
@@ -144,6 +155,7 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
                 if op.kind == OpKind.COPY and alias(op.dst.buffer) == alias(op.src.buffer) and o == so:
                     continue   # in place, a copy onto itself (e.g. the root's IN -> OUT of a broadcast)
                 loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
+        written += recv_ranges + [(alias(lo.dst), lo.dst_off, lo.dst_off + lo.n) for lo in loc]
         if len(xf) == 1 and xf[0].kind == OpKind.SEND:
             xf[0] = replace(xf[0], lone=True)
         steps.append(StepPlan(tuple(xf), tuple(loc)))
@@ -308,7 +320,7 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
                 key = x.key if j == 0 else stream_key(x.key, j)
                 if x.kind == OpKind.SEND:
                     sends.append((t.out(x.peer, key, ctx.deadline), u8[x.buf][x.off + po:x.off + po + pn],
-                                  x.snapshot, x.lone))
+                                  x.snapshot, x.lone, x.cold_copy))
                     continue
                 o = x.off + po
                 if x.kind == OpKind.RECV:
@@ -346,8 +358,8 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
             step = plan.steps[si]
             trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
         if sends or recvs:
-            ops: list[XferOp] = [c.send(v.copy() if snap else v, Kind.DATA, sig, seq, 0, lone=lone)
-                                 for c, v, snap, lone in sends]
+            ops: list[XferOp] = [c.send(v.copy() if snap else v, Kind.DATA, sig, seq, 0, lone=lone, copied=cp)
+                                 for c, v, snap, lone, cp in sends]
             rops = [c.recv(sink, nb, sig, check=True, op_seq=seq, tag=0) for c, sink, nb in recvs]
             drive(ops + rops if ops else rops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
             for op in rops:

@@ -108,6 +108,12 @@ ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to 
 # a kernel copy pins both sides' pages and runs at about half the speed of an in-cache memcpy; it wins
 # only where the slot path's two copies go to DRAM
 CMA_MIN_BYTES = 2**20
+# ... for a receiver that copies from a source the sender has not just written: a kernel copy into the
+# destination replaces two memcpys (into the slot, out of it) already from here (2-rank all_gather of
+# 512 KiB: 74 -> 62 us); a reduction from a single copy goes through a bounce buffer, and a source
+# dirty in the sender's cache crosses cores slowly (2-rank all_reduce 512 KiB: 119 -> 194 us): those
+# wait for CMA_MIN_BYTES
+CMA_COPY_MIN_BYTES = 256 * 1024
 # a lone sender (nothing else to do in its step) with a core of its own copies slices into the slots
 # while the receiver drains them: two cores on one message. A single kernel copy from cache is as
 # fast; once source and destination leave the cache it is not (2-rank broadcast on this VM: equal at
@@ -187,9 +193,12 @@ class ShmOut:
         self.regions = regions
         self.spare_core = spare_core  # the host has a core per local rank: an idle sender may copy
 
-    def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False) -> "ShmSend":
-        """Start sending one message; `lone`: the sender has nothing else to do until it is taken."""
-        op = ShmSend(self, src_u8, kind, sig, op_seq, tag, lone and self.spare_core)
+    def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
+             copied: bool = True) -> "ShmSend":
+        """Start sending one message; `lone`: the sender has nothing else to do until it is taken;
+        `copied`: the receiver copies it and the source is not freshly written (executor.Xfer.cold_copy)."""
+        op = ShmSend(self, src_u8, kind, sig, op_seq, tag, lone and self.spare_core,
+                     CMA_COPY_MIN_BYTES if copied else CMA_MIN_BYTES)
         op._post(self)
         return op
 
@@ -205,7 +214,7 @@ class ShmSend(XferOp):
     is_shm = True
 
     def __init__(self, o: ShmOut, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int,
-                 pipelined: bool = False) -> None:
+                 pipelined: bool = False, cma_min_bytes: int = CMA_MIN_BYTES) -> None:
         self.o, self.src, self.total = o, src_u8, int(src_u8.shape[0])
         self.off, self.kind, self.sig, self.op_seq, self.tag = 0, int(kind), sig & 0xFFFFFFFF, op_seq, tag & 0xFFFFFFFF
         self.started, self.done, self.peer, self.moved = False, False, o.peer, False
@@ -216,7 +225,7 @@ class ShmSend(XferOp):
             if o.regions is not None:
                 self.ref = o.regions.find(src_u8)
             pipelined = pipelined and self.total >= PIPELINE_MIN_BYTES
-            if self.ref is None and self.total >= CMA_MIN_BYTES and o.m.ctl[W_CMA] == 1 \
+            if self.ref is None and self.total >= cma_min_bytes and o.m.ctl[W_CMA] == 1 \
                     and src_u8.flags.c_contiguous and not pipelined:
                 self.ref = (REF_CMA - 1, src_u8.ctypes.data)
 

@@ -249,8 +249,9 @@ class TcpOut:
         self.seq = 1  # frame 0 was HELLO
         self.queue: deque = deque()
 
-    def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False) -> "TcpSend":
-        """Start sending one message (`lone` is a shared-memory hint; sockets ignore it)."""
+    def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
+             copied: bool = True) -> "TcpSend":
+        """Start sending one message (`lone` and `copied` are shared-memory hints; sockets ignore them)."""
         hdr = frames.pack(kind, self.seq, int(src_u8.shape[0]), channel=self.channel, op_seq=op_seq,
                           sig=sig, tag=tag)
         self.seq += 1
