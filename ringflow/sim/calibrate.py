@@ -113,6 +113,7 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
     ``meta["sim"]["host_curves"]`` carries every job's curves (`SimParams.for_call` reads them at
     each call's largest message).  The report lists, per transport and rank count, the per-step
     latency, the per-call overhead and the rates at 64 KiB, 1 MiB and 16 MiB messages."""
+    from ..runtime.transport.doorbell import host_cores
     from ..topology import Topology
     from ..topology.presets import build_host_cpu
     from .params import SimParams
@@ -132,7 +133,7 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
     build_host_cpu(topo, 0, nprocs, shm_GBps=shm or ref, loopback_GBps=tcp or ref,
                    shm_latency_us=0.0, loopback_latency_us=0.0)
     topo.meta["sim"] = {"host_curves": host_curves,
-                        "host_cores": int(cores or os.cpu_count() or 1),
+                        "host_cores": int(cores or host_cores()),
                         "calibration": {"raw": measured}}
     base = SimParams(host_curves=host_curves)
     for tr, sets in host_curves.items():
@@ -152,7 +153,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                 report[f"{p}.{label}.reduce_inplace_GBps"] = {"value": q.reduce_inplace_GBps,
                                                               "from": _source("reduce_inplace_GBps")}
                 report[f"{p}.{label}.copy_GBps"] = {"value": q.copy_GBps, "from": _source("copy_GBps")}
-    report["host_cores"] = {"value": topo.meta["sim"]["host_cores"], "from": "os.cpu_count()"}
+    report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
+                            "from": "runtime.transport.doorbell.host_cores (cgroup cpuset, else online CPUs)"}
     return topo, report
 
 
