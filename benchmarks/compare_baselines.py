@@ -391,6 +391,11 @@ def print_table(rows: list[dict], bounds: dict) -> None:
         print(f"  {n} ranks: loopback-TCP ring limit (raw bytes of a ring all-reduce) = {v:.2f} GB/s")
 
 
+def speedups(rf: dict, base: dict) -> list[float]:
+    """Per round, the baseline's time over ringflow's (round k against round k: they ran side by side)."""
+    return [tb / ta for ta, tb in zip(rf.get("round_times_us", []), base.get("round_times_us", []))]
+
+
 def targets(rows: list[dict], bounds: dict, big: int) -> list[dict]:
     """The issue's performance targets, evaluated on this run's rows."""
     idx = {(r["library"], r["collective"], r["nranks"], r["size_bytes"]): r for r in rows if "error" not in r}
@@ -401,9 +406,7 @@ def targets(rows: list[dict], bounds: dict, big: int) -> list[dict]:
         lim = bounds["shm_allreduce_limit_GBps"].get(str(n))
         if rf and mpi:
             out.append({"target": f"all_reduce {format_size(big)} busbw >= 2x Open MPI", "nranks": n,
-                        "value": rf["busbw_GBps"] / mpi["busbw_GBps"], "need": 2.0,
-                        "per_round": [tb / ta for ta, tb in zip(rf.get("round_times_us", []),
-                                                                mpi.get("round_times_us", []))]})
+                        "value": rf["busbw_GBps"] / mpi["busbw_GBps"], "need": 2.0, "per_round": speedups(rf, mpi)})
         if rf and lim:
             out.append({"target": f"all_reduce {format_size(big)} busbw >= 40% of the memory limit", "nranks": n,
                         "value": rf["busbw_GBps"] / lim, "need": 0.4})
@@ -411,9 +414,7 @@ def targets(rows: list[dict], bounds: dict, big: int) -> list[dict]:
             a, b = idx.get(("ringflow", c, n, big)), idx.get(("openmpi", c, n, big))
             if a and b:
                 out.append({"target": f"{c} {format_size(big)} >= Open MPI", "nranks": n,
-                            "value": b["time_us"] / a["time_us"], "need": 1.0,
-                            "per_round": [tb / ta for ta, tb in zip(a.get("round_times_us", []),
-                                                                    b.get("round_times_us", []))]})
+                            "value": b["time_us"] / a["time_us"], "need": 1.0, "per_round": speedups(a, b)})
         small = idx.get(("ringflow", "all_reduce", n, 8))
         if small:
             out.append({"target": "all_reduce 8B median <= 30 us", "nranks": n, "value": small["time_us"],

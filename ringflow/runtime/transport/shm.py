@@ -402,7 +402,7 @@ class ShmRecv(XferOp):
     def __init__(self, i: ShmIn, sink: Sink | None, nbytes: int, sig: int, check: bool, op_seq: int, tag: int) -> None:
         self.i, self.sink, self.want, self.sig, self.check = i, sink, nbytes, sig & 0xFFFFFFFF, check
         self.op_seq, self.tag = op_seq, tag & 0xFFFFFFFF
-        self.off, self.total, self.first = 0, -1, True
+        self.off, self.total, self.first, self.slice = 0, -1, True, 0
         self.drain = False
         self.done, self.peer, self.mismatch, self.moved = False, i.peer, None, False
         self.detail = bytearray()
@@ -453,7 +453,7 @@ class ShmRecv(XferOp):
                 raise ProtocolError(f"shared-memory slice from rank {i.peer} out of order "
                                     f"(offset {off} of {total}, expected {self.off} of {self.total})",
                                     "a peer process is corrupt or from another ringflow version")
-            n = min(slice_bytes(total, sb), total - off)
+            n = min(self.slice, total - off)
             if self.drain:
                 if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
                     self.detail += m.slots[s][:n].tobytes()
@@ -476,6 +476,7 @@ class ShmRecv(XferOp):
     def _first(self, c: memoryview, b: int, total: int) -> None:
         self.first = False
         self.total = total
+        self.slice = slice_bytes(total, self.i.m.slot_bytes)
         if c[b + 1] != self.i.msg_seq:
             raise ProtocolError(f"out-of-sequence message from rank {self.i.peer} on shared memory: "
                                 f"seq {c[b + 1]}, expected {self.i.msg_seq}", "the connection cannot be trusted")
