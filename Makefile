@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test venv clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

@@ -64,6 +64,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("CMA_DISABLE", False, _bool, "1 turns off single-copy reads between same-host ranks "
          "(process_vm_readv, Open MPI's smsc/cma); large messages then go through shared-memory slots.",
          "runtime"),
+    Knob("STREAM_COPY_MIN_BYTES", 4 * 2**20, parse_size, "Local copies of at least this many bytes use "
+         "streaming (non-temporal) stores, which skip reading the destination; 0 turns them off. Needs the "
+         "native module built at install (a C compiler).", "runtime"),
     Knob("BUFFSIZE", 4 * 2**20, parse_size, "Staging buffer size per peer and channel in bytes "
          "(NCCL_BUFFSIZE, default 4 MiB).", "runtime"),
     Knob("NCHANNELS", 0, _int, "Number of channels (parallel rings/streams); 0 = chosen per size.", "runtime"),

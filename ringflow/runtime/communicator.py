@@ -27,6 +27,7 @@ from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, Ringf
 from . import auth, logs
 from .env import detect
 from .executor import (CallContext, Waiter, _Broken, bind, check_exchange, compile_plan, describe, drive, run_bound)
+from .native import copy_into
 from .ops import UFUNCS, Buf, finish_avg, parse_op
 from .store import PrefixStore, Store, StoreServer
 from .transport import doorbell
@@ -371,7 +372,7 @@ class Communicator:
         def fn(deadline: float) -> None:
             if self.size == 1:
                 if out.flat is not x.flat and out.flat.size:
-                    np.copyto(out.flat, x.flat[:out.flat.size] if x.flat.size >= out.flat.size else x.flat)
+                    copy_into(out.flat, x.flat[:out.flat.size] if x.flat.size >= out.flat.size else x.flat)
                 return
             self._execute(None, Collective.ALL_TO_ALLV if splits is not None else coll, count, x.flat, out.flat,
                           opname, root, deadline, splits, (x.orig, out.orig))

@@ -26,6 +26,7 @@ import numpy as np
 from ..algorithms.layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
 from ..algorithms.schedule import Buffer, OpKind, Schedule, is_self_checking
 from ..errors import InvalidArgument, RingflowError, Timeout
+from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
 from .transport.frames import Kind
@@ -369,7 +370,7 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
                     raise _Broken(op.mismatch)
         for is_copy, dst, src in locs:
             if is_copy:
-                np.copyto(dst, src)
+                copy_into(dst, src)
             else:
                 ufunc(dst, src, out=dst)
 

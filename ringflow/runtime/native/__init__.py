@@ -1,0 +1,43 @@
+"""Optional native helpers, built from C when the package is installed (see setup.py).
+
+Only one today: copies with streaming stores for buffers larger than the cache. Without a C
+compiler at install time `available()` is False and every copy is NumPy's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import config
+
+try:
+    from . import _streamcopy
+except ImportError:  # no compiler when the package was installed
+    _streamcopy = None
+
+# below this a copy never streams, whatever the knob says: the data is likely still in cache
+_FLOOR_BYTES = 256 * 1024
+
+
+def available() -> bool:
+    """True if the native streaming copy was built (and the CPU has streaming stores)."""
+    return _streamcopy is not None and bool(_streamcopy.STREAMING)
+
+
+def stream_min_bytes() -> int:
+    """Copies of at least this many bytes stream (RINGFLOW_STREAM_COPY_MIN_BYTES); 0 when they never do."""
+    if not available():
+        return 0
+    n = int(config.get("STREAM_COPY_MIN_BYTES"))
+    return max(n, _FLOOR_BYTES) if n > 0 else 0
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src; a large contiguous copy of one dtype uses streaming stores (no read of dst)."""
+    n = dst.nbytes
+    if n >= _FLOOR_BYTES and src.nbytes == n and src.dtype == dst.dtype and dst.flags.c_contiguous \
+            and src.flags.c_contiguous and not np.may_share_memory(dst, src):
+        lo = stream_min_bytes()
+        if lo and n >= lo:
+            _streamcopy.copy(dst.ctypes.data, src.ctypes.data, n)
+            return
+    np.copyto(dst, src)
