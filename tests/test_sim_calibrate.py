@@ -145,3 +145,24 @@ def test_runtime_plans_give_the_schedules_table_and_know_in_place(coll: str, alg
     assert ref.lcopy.sum() == pytest.approx(got.lcopy.sum()) and ref.lreduce.sum() == pytest.approx(got.lreduce.sum())
     if coll == "broadcast":
         assert ref.lcopy.sum() > 0 and from_plans(s, CallShape(c, n, 1 << 16, 4), inplace=True).lcopy.sum() == 0
+
+
+def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_hop() -> None:
+    """Direct scatter on a calibrated host, single-copy sizes: the three receivers copy at once, so
+    the step costs what the host's cores allow (the pool: exchange rate x busy ranks), not three
+    one-ways in a row over the root's shared-memory hop."""
+    from ringflow.sim.validate import runtime_schedule
+    topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
+    p = TRUE["shm"][4]
+    m = 4 * SINGLE   # bytes each receiver gets
+    sched = runtime_schedule("scatter", m // 4, 4, 4, 0)
+    assert sched.algorithm == "direct"
+    tab = from_plans(sched, CallShape(Collective.SCATTER, 4, m // 4, 4), inplace=False)
+    res = simulate_table(topo, tab, 4 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4],
+                         checked=not is_self_checking(sched))
+    pool_us = 3 * m * p["oneway"] * p["exch"][1] / 4   # three messages through the pool of 4 busy ranks
+    own_us = m * p["copy"]   # then the root copies its own chunk
+    want = p["base"] + p["alpha"] + p["check"] + max(pool_us, m * p["oneway"]) + own_us
+    # rel: the copy curve is read between two calibrated sizes (log-log), not exactly on the line
+    assert res.time_us == pytest.approx(want, rel=1e-3)
+    assert want < p["base"] + p["alpha"] + p["check"] + 3 * m * p["oneway"] + own_us   # a shared hop: 3 in a row

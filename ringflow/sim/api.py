@@ -12,7 +12,7 @@ from ..errors import InvalidArgument
 from . import analytic, flow
 from .fabric import Fabric, fabric_for
 from .params import SimParams, params_for
-from .results import SimResult, count_for_size, size_for_count
+from .results import SimResult, count_for_size, footprint_bytes, size_for_count
 from .transfers import TransferTable, coarsen, from_schedule
 
 ENGINES = ("analytic", "flow")
@@ -81,7 +81,8 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
     if prm.cache_bytes or prm.host_curves:
         per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
         msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes if tab.ntransfers else count_bytes
-        prm = prm.for_call(count_bytes, per_host, msg)
+        prm = prm.for_call(count_bytes, per_host, msg, footprint_bytes(tab.collective, tab.nranks, size_bytes),
+                           tab.warm_sends)
     fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:

@@ -59,6 +59,7 @@ class Fabric:
         self._hosts = [topo.host_of(e) for e in self.endpoints]
         self._ep_link: list[int] | None = None
         self._pool_link: dict[int, int] = {}
+        self._pair_link: dict[tuple[int, int], int] = {}
         self._add_cpu_links()
 
     def _add_cpu_links(self) -> None:
@@ -80,15 +81,28 @@ class Fabric:
                 self._pool_link[h] = self.nlinks + len(caps)
                 caps.append(pool * 1e3)
                 names.append(((f"cpu{h}", f"cpu{h}"), "cpu"))
-        cap = np.asarray(caps)
+        self._append_links(np.asarray(caps), np.zeros(len(caps)), names)
+
+    def _append_links(self, cap: np.ndarray, lat_us: np.ndarray, names: list) -> None:
         self.cap_Bpus = np.concatenate([self.cap_Bpus, cap])
         self.line_Bpus = np.concatenate([self.line_Bpus, cap])
-        self.lat_us = np.concatenate([self.lat_us, np.zeros(cap.size)])
+        self.lat_us = np.concatenate([self.lat_us, lat_us])
         for (edge, tier) in names:
             self.edges.append(edge)
             self.link_type.append(tier)
             self.link_tier.append(tier)
         self.nlinks += cap.size
+
+    def _pair_path(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
+        """One private link for the pair (src, dst) at the bottleneck of its typed path (see
+        SimParams.pair_links): what ranks share on a calibrated CPU host are its cores (the
+        engine and pool links), not the virtual shared-memory or loopback hops."""
+        hit = self._pair_link.get((src, dst))
+        if hit is None:
+            hit = self._pair_link[(src, dst)] = self.nlinks
+            self._append_links(np.array([self.cap_Bpus[ids].min()]), np.array([self.lat_us[ids].sum()]),
+                               [((self.endpoints[src], self.endpoints[dst]), self.link_type[int(ids[0])])])
+        return np.array([hit], dtype=np.int64)
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
         if self._ep_link is None:
@@ -192,6 +206,12 @@ class Fabric:
         restrict = self._host_types(src, dst)
         if restrict is not None:
             paths = [self._typed_path(a, b, restrict)]
+            if self.params.pair_links:
+                ids0 = self._pair_path(src, dst, self._link_ids(paths[0]))
+                route = PairRoute([self._cpu_wrap(src, dst, ids0)], np.ones(1), float(self.lat_us[ids0].sum()),
+                                  self._classify(ids0))
+                self._routes[key] = route
+                return route
         elif mode == "fixed":
             paths = [self.topo.path(a, b)]
         else:

@@ -117,12 +117,15 @@ class SimParams:
     cache_bytes: int | None = None
     dram_factor: float = 1.0
 
-    def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None) -> "SimParams":
+    def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None,
+                 footprint_bytes: float | None = None, warm_sends: bool = False) -> "SimParams":
         """These parameters for one call: the measured host curves at its largest message
-        (`msg_bytes`), else the DRAM variant above the cache size."""
+        (`msg_bytes`; local copies where the calibration's copy touched `footprint_bytes`, the call's
+        working set; `warm_sends`: see TransferTable), else the DRAM variant above the cache size."""
         curves = self.host_curves_for(ranks_per_host)
         if curves is not None:
-            return self._from_curves(curves, float(msg_bytes if msg_bytes is not None else count_bytes))
+            m = float(msg_bytes if msg_bytes is not None else count_bytes)
+            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), warm_sends)
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -159,6 +162,11 @@ class SimParams:
     # How much slower a reduction runs when every rank of the host reduces at once than when one rank
     # does (they share the memory bus); steps in between scale linearly with the ranks reducing.
     reduce_busy_slowdown: float = 1.0
+    # Same-host transfers between CPU ranks each get a private link at the one-way rate instead of
+    # sharing the topology's shared-memory / loopback hops: set from calibrated curves, where the
+    # cores a host's ranks share are modelled by the engine and pool links (a rank sending to three
+    # peers at once is not three times slower when the receivers do the copying).
+    pair_links: bool = False
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -174,18 +182,20 @@ class SimParams:
         n = min(by_n, key=lambda k: (abs(int(k) - ranks_per_host), -int(k)))
         return by_n[n]
 
-    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float) -> "SimParams":
+    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float,
+                     warm_sends: bool = False) -> "SimParams":
         sizes = np.asarray(c["sizes"], dtype=np.float64)
         m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
 
-        def at(key: str) -> float:   # log-log interpolation of a measured time curve
-            return float(np.exp(np.interp(np.log(m), np.log(sizes), np.log(np.maximum(c[key], 1e-9)))))
+        def at(key: str, x: float = m) -> float:   # log-log interpolation of a measured time curve
+            return float(np.exp(np.interp(np.log(x), np.log(sizes), np.log(np.maximum(c[key], 1e-9)))))
         t1 = float(c["t1_us"])
         tiny = 1e-6   # us per byte: the floor of a cost that noise made vanish
         oneway = max(at("oneway_us") - t1, tiny * m) / m
         exch = max(at("exchange_us") - t1, tiny * m) / m
         solo = max(at("oneway_solo_us") - t1, tiny * m) / m if "oneway_solo_us" in c else oneway
-        single = c.get("single_copy_min_bytes")
+        single = c.get("single_copy_warm_min_bytes" if warm_sends else "single_copy_min_bytes",
+                       c.get("single_copy_min_bytes"))
         sender_free = single is not None and msg_bytes >= float(single)
         # a rank's engine carries its receive, and its send too unless the receiver does the copy;
         # alone on a core it runs at the solo rate, and all ranks together at most at the host's total
@@ -198,7 +208,10 @@ class SimParams:
         red = min(red, red_busy)
         red_ip = max(at("oneway_reduce_inplace_us") - at("oneway_us"), tiny * m) / m \
             if "oneway_reduce_inplace_us" in c else red
-        cpy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m
+        # a local copy runs from the cache level the call's working set fits in (the calibration's copy
+        # of x bytes touches 2x)
+        mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
+        cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / oneway / float(c["link_GBps"])))
@@ -214,7 +227,7 @@ class SimParams:
             reduce_busy_slowdown=float(red_busy / red),
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
-            check_us=float(c.get("check_us", 0.0)), sender_free=sender_free,
+            check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None)
 
     def __post_init__(self) -> None:

@@ -33,6 +33,17 @@ def count_for_size(collective: Collective | str, nranks: int, size_bytes: int, i
     return elems // max(1, nranks) if c in _PER_RANK_SIZED else elems
 
 
+def footprint_bytes(collective: Collective | str, nranks: int, size_bytes: int) -> int:
+    """Bytes of input and output one rank touches in a call of nccl-tests `size_bytes` (all-reduce,
+    broadcast and reduce in place): the working set that decides which cache level it runs from."""
+    c = Collective.parse(collective)
+    if c in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
+        return 2 * size_bytes
+    if c in _PER_RANK_SIZED:
+        return size_bytes + size_bytes // max(1, nranks)
+    return size_bytes
+
+
 def size_for_count(collective: Collective | str, nranks: int, count: int, itemsize: int) -> int:
     """The nccl-tests "size" in bytes of a call of `count` elements."""
     c = Collective.parse(collective)
