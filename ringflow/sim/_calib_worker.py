@@ -95,8 +95,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         comm._checks = True
     from ..runtime.transport import cma, shm
     if cma.reads:   # large messages went by single copy: from which size the sender is free
-        res["single_copy_min_bytes"] = shm.CMA_COPY_MIN_BYTES   # plain copies of a source not yet written
-        res["single_copy_warm_min_bytes"] = shm.CMA_MIN_BYTES   # every other send
+        res["single_copy_min_bytes"] = shm.CMA_COPY_MIN_BYTES
     return res
 
 

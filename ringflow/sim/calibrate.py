@@ -99,8 +99,6 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     check = max(0.0, float(r["steps1_checked"]["4"]) - t1) if "steps1_checked" in r else 0.0
     return {"nranks": int(result["nranks"]), "sizes": sizes, "alpha_us": alpha, "base_us": t1 - alpha,
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"),
-            "single_copy_warm_min_bytes": result.get("single_copy_warm_min_bytes",
-                                                     result.get("single_copy_min_bytes")),
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),

@@ -118,14 +118,14 @@ class SimParams:
     dram_factor: float = 1.0
 
     def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None,
-                 footprint_bytes: float | None = None, warm_sends: bool = False) -> "SimParams":
+                 footprint_bytes: float | None = None) -> "SimParams":
         """These parameters for one call: the measured host curves at its largest message
         (`msg_bytes`; local copies where the calibration's copy touched `footprint_bytes`, the call's
-        working set; `warm_sends`: see TransferTable), else the DRAM variant above the cache size."""
+        working set), else the DRAM variant above the cache size."""
         curves = self.host_curves_for(ranks_per_host)
         if curves is not None:
             m = float(msg_bytes if msg_bytes is not None else count_bytes)
-            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), warm_sends)
+            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2))
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -182,8 +182,7 @@ class SimParams:
         n = min(by_n, key=lambda k: (abs(int(k) - ranks_per_host), -int(k)))
         return by_n[n]
 
-    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float,
-                     warm_sends: bool = False) -> "SimParams":
+    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float) -> "SimParams":
         sizes = np.asarray(c["sizes"], dtype=np.float64)
         m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
 
@@ -194,8 +193,9 @@ class SimParams:
         oneway = max(at("oneway_us") - t1, tiny * m) / m
         exch = max(at("exchange_us") - t1, tiny * m) / m
         solo = max(at("oneway_solo_us") - t1, tiny * m) / m if "oneway_solo_us" in c else oneway
-        single = c.get("single_copy_warm_min_bytes" if warm_sends else "single_copy_min_bytes",
-                       c.get("single_copy_min_bytes"))
+        # the curves were measured with plain copies (single copy from this size): the runtime's
+        # reductions keep slot copies up to 1 MiB, but that cost is in the reduction curves
+        single = c.get("single_copy_min_bytes")
         sender_free = single is not None and msg_bytes >= float(single)
         # a rank's engine carries its receive, and its send too unless the receiver does the copy;
         # alone on a core it runs at the solo rate, and all ranks together at most at the host's total

@@ -42,10 +42,6 @@ class TransferTable:
     lreduce_inplace: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
-    # some send is not a plain copy of a source the sender has not written in this call (the
-    # receiver reduces, or the data is fresh in the sender's cache): ringflow's runtime then keeps
-    # single-copy transfers for larger messages (runtime.executor.Xfer.cold_copy)
-    warm_sends: bool = False
 
     def serial(self) -> np.ndarray:
         """Latencies paid in sequence per row (1 unless steps were coarsened)."""
@@ -130,12 +126,10 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
     def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array
         return aliased(b1, inplace) == aliased(b2, inplace) and o1 == o2
     rows = _Rows()
-    warm = False
     for r in range(schedule.nranks):
         for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
             for x in st.xfers:
                 if x.kind == OpKind.SEND:
-                    warm = warm or not x.cold_copy
                     rows.send(s, r, x.peer, int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0, x.nbytes)
                     if x.snapshot:
                         rows.work(r, s, 0, x.nbytes)
@@ -144,7 +138,7 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
             for lo in st.locals:
                 red = lo.kind != OpKind.COPY
                 rows.work(r, s, int(red), lo.n * shape.itemsize, red and same(lo.dst, lo.dst_off, lo.src, lo.src_off))
-    return replace(rows.table(schedule, float(max(shape.count, 1) * shape.itemsize)), warm_sends=warm)
+    return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
 
 
 class _Rows:
