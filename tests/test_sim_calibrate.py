@@ -166,3 +166,29 @@ def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_
     # rel: the copy curve is read between two calibrated sizes (log-log), not exactly on the line
     assert res.time_us == pytest.approx(want, rel=1e-3)
     assert want < p["base"] + p["alpha"] + p["check"] + 3 * m * p["oneway"] + own_us   # a shared hop: 3 in a row
+
+
+def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(tmp_path) -> None:
+    """`ringflow validate --record` then `--replay`: each job's rows are predicted from that job's
+    calibration; a job that measured twice the model's time shows -50 %, and the row's spread."""
+    import json
+
+    from ringflow.errors import InvalidArgument
+    from ringflow.sim.validate import predict_rows, replay
+    cal = synthetic("shm", 2)
+    topo, _ = fit({"shm": {2: cal}}, nprocs=2)
+    bench_rows = [{"collective": c, "nranks": 2, "size_bytes": 2**20, "count": 2**18, "dtype": "float32",
+                   "time_us": 1.0} for c in ("all_reduce", "all_gather")]
+    model = {r["collective"]: r["predicted_us"] for r in predict_rows(topo, bench_rows, "shm")}
+    jobs = [{"transport": "shm", "nranks": 2, "calibration": cal,
+             "rows": [{**r, "time_us": model[r["collective"]] * k} for r in bench_rows]} for k in (1.0, 2.0, 2.0)]
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"version": 1, "max_ranks": 2, "jobs": jobs}))
+    rows, ok = replay(str(path))
+    assert not ok and len(rows) == 2
+    for r in rows:
+        assert r["predicted_us"] == pytest.approx(model[r["collective"]])
+        assert r["error"] == pytest.approx(-0.5) and r["jobs"] == 3 and r["spread"] == pytest.approx(1.0)
+    path.write_text("{}")
+    with pytest.raises(InvalidArgument, match="not a validation record"):
+        replay(str(path))

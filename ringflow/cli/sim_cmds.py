@@ -139,6 +139,10 @@ def validate_command(
     hosts: int = typer.Option(2, "--hosts", help="--multihost: emulated hosts"),
     per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
     rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
+    record: Optional[str] = typer.Option(None, "--record", help="also write every bench job (calibration and "
+                                         "rows) to this file"),
+    replay_file: Optional[str] = typer.Option(None, "--replay", help="measure nothing: predict the jobs a "
+                                              "--record file holds with this code's model"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
     if gpu:
@@ -148,14 +152,18 @@ def validate_command(
         _multihost(topo, hosts, per_host, rate_mbit, tolerance, json_out, quick)
         return
     from ..sim.calibrate import busy_warning
-    from ..sim.validate import validate
-    warn = busy_warning()
-    if warn:
-        console.print(f"[yellow]warning:[/] {warn}")
-    rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
-                        collectives=None if collectives == "all" else collectives.split(","),
-                        min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
-                        console=console, repeats=repeats, transports=tuple(transports.split(",")))
+    from ..sim.validate import replay, validate
+    if replay_file:
+        rows, ok = replay(replay_file, topo, tolerance)
+    else:
+        warn = busy_warning()
+        if warn:
+            console.print(f"[yellow]warning:[/] {warn}")
+        rows, ok = validate(topo=topo, ranks=[int(x) for x in ranks.split(",") if x],
+                            collectives=None if collectives == "all" else collectives.split(","),
+                            min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
+                            console=console, repeats=repeats, transports=tuple(transports.split(",")),
+                            record=record)
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
                 ["transport", "n", "collective", "algorithm", "size", "measured(us)", "run spread", "predicted(us)",

@@ -68,7 +68,7 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
 def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), collectives: Sequence[str] | None = None,
              min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
              console: Any = None, transports: Sequence[str] = TRANSPORTS,
-             repeats: int = 2) -> tuple[list[dict], bool]:
+             repeats: int = 2, record: str | None = None) -> tuple[list[dict], bool]:
     """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance).
 
     Without `topo`, every bench job first calibrates with the same processes (`bench.launch(...,
@@ -76,7 +76,8 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     speed drifts by tens of percent over minutes (shared CPUs and memory), so the model is fed the
     state the measurement saw.  Each of `repeats` jobs predicts its own rows; a row shows the
     median measured and the median predicted time, the median of the jobs' errors, and `spread`
-    how far the jobs' measurements disagreed (the noise floor of the comparison)."""
+    how far the jobs' measurements disagreed (the noise floor of the comparison).  `record`: also
+    write every job (its calibration and bench rows) to this file, for `replay`."""
     from ..runtime import bench
     from ..topology import load_topology
     fixed = load_topology(topo) if isinstance(topo, str) else topo
@@ -86,37 +87,75 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                               "calibrate with --nprocs >= the largest rank count")
     colls = list(collectives) if collectives else list(bench.COLLECTIVES)
     groups = ",".join(colls)
-    rows: list[dict] = []
+    jobs: list[dict] = []
     for tr in transports:
         env = {"RINGFLOW_SHM_DISABLE": "1" if tr == "tcp" else "0"}
         for n in ranks:
             if console is not None:
                 console.print(f"measuring {n} ranks over {tr}: {groups} ({min_size}..{max_size})"
                               + ("" if fixed is not None else ", each job calibrating first"))
-            meas: dict[tuple[str, int], list[float]] = {}
-            pred: dict[tuple[str, int], list[float]] = {}
-            errs: dict[tuple[str, int], list[float]] = {}
-            first: dict[tuple[str, int], dict] = {}
             for _ in range(max(1, repeats)):
                 got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
                                    calibrate=None if fixed is not None else ("quick" if quick else "full"))
                 cal = [r["calibration"] for r in got if "calibration" in r]
-                job = [r for r in got if "calibration" not in r]
-                if fixed is not None:
-                    t = fixed
-                else:
-                    from .calibrate import fit
-                    t, _ = fit({tr: {n: cal[0]}}, nprocs=max(ranks))
-                for r in predict_rows(t, job, tr):
-                    key = (r["collective"], r["size_bytes"])
-                    meas.setdefault(key, []).append(r["measured_us"])
-                    pred.setdefault(key, []).append(r["predicted_us"])
-                    errs.setdefault(key, []).append(r["error"])
-                    first.setdefault(key, r)
-            for key in sorted(first):
-                m, p = float(np.median(meas[key])), float(np.median(pred[key]))
-                rows.append({**first[key], "measured_us": m, "predicted_us": p,
-                             "error": float(np.median(errs[key])), "jobs": len(errs[key]),
-                             "spread": max(meas[key]) / min(meas[key]) - 1.0 if min(meas[key]) > 0 else 0.0})
+                jobs.append({"transport": tr, "nranks": n, "calibration": cal[0] if cal else None,
+                             "rows": [r for r in got if "calibration" not in r]})
+    if record:
+        import json
+        with open(record, "w") as fh:
+            json.dump({"version": 1, "max_ranks": max(ranks), "jobs": jobs}, fh)
+    return compare_jobs(jobs, fixed, max(ranks), tolerance)
+
+
+def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) -> tuple[list[dict], bool]:
+    """`validate`'s comparison again from a file its `record` wrote: the same measurements and
+    calibrations, this code's model (tells a model change from the machine's drift)."""
+    import json
+
+    from ..errors import InvalidArgument
+    from ..topology import load_topology
+    try:
+        with open(path) as fh:
+            rec = json.load(fh)
+        jobs, max_ranks = rec["jobs"], int(rec["max_ranks"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgument(f"{path} is not a validation record: {exc}",
+                              "write one with `ringflow validate --record FILE`") from None
+    fixed = load_topology(topo) if isinstance(topo, str) else topo
+    if fixed is None and any(j["calibration"] is None for j in jobs):
+        raise InvalidArgument(f"{path} was measured against a fixed topology (no calibrations inside)",
+                              "replay it with --topo FILE")
+    return compare_jobs(jobs, fixed, max_ranks, tolerance)
+
+
+def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: float) -> tuple[list[dict], bool]:
+    """Predict every job's bench rows (from its own calibration, or `fixed`) and merge the jobs of one
+    (transport, ranks) into rows: medians, the median error, and the measurement's spread."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for j in jobs:
+        groups.setdefault((j["transport"], int(j["nranks"])), []).append(j)
+    rows: list[dict] = []
+    for (tr, n), js in groups.items():
+        meas: dict[tuple[str, int], list[float]] = {}
+        pred: dict[tuple[str, int], list[float]] = {}
+        errs: dict[tuple[str, int], list[float]] = {}
+        first: dict[tuple[str, int], dict] = {}
+        for j in js:
+            if fixed is not None:
+                t = fixed
+            else:
+                from .calibrate import fit
+                t, _ = fit({tr: {n: j["calibration"]}}, nprocs=max_ranks)
+            for r in predict_rows(t, j["rows"], tr):
+                key = (r["collective"], r["size_bytes"])
+                meas.setdefault(key, []).append(r["measured_us"])
+                pred.setdefault(key, []).append(r["predicted_us"])
+                errs.setdefault(key, []).append(r["error"])
+                first.setdefault(key, r)
+        for key in sorted(first):
+            m, p = float(np.median(meas[key])), float(np.median(pred[key]))
+            rows.append({**first[key], "measured_us": m, "predicted_us": p,
+                         "error": float(np.median(errs[key])), "jobs": len(errs[key]),
+                         "spread": max(meas[key]) / min(meas[key]) - 1.0 if min(meas[key]) > 0 else 0.0})
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
