@@ -20,7 +20,8 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
 sender's cache crosses cores slowly), DRAM beyond the last-level cache, and 4 ranks sharing 2
 cores each bend them.  So `fit` keeps the measured curves (``meta["sim"]["host_curves"]``) and
-the simulator reads them at each call's largest message (`SimParams.for_call`);
+the simulator reads them at each call's largest message, local copies at the call's working set
+(`SimParams.for_call`);
 `tests/test_sim_calibrate.py` checks the round trip.
 """
 from __future__ import annotations
@@ -112,7 +113,7 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
 
     The topology's SHM / LOOPBACK edges carry the highest one-way rate measured on that transport;
     ``meta["sim"]["host_curves"]`` carries every job's curves (`SimParams.for_call` reads them at
-    each call's largest message).  The report lists, per transport and rank count, the per-step
+    each call's largest message, local copies at its working set).  The report lists, per transport and rank count, the per-step
     latency, the per-call overhead and the rates at 64 KiB, 1 MiB and 16 MiB messages."""
     from ..runtime.transport.doorbell import host_cores
     from ..topology import Topology

@@ -206,17 +206,13 @@ class Fabric:
         restrict = self._host_types(src, dst)
         if restrict is not None:
             paths = [self._typed_path(a, b, restrict)]
-            if self.params.pair_links:
-                ids0 = self._pair_path(src, dst, self._link_ids(paths[0]))
-                route = PairRoute([self._cpu_wrap(src, dst, ids0)], np.ones(1), float(self.lat_us[ids0].sum()),
-                                  self._classify(ids0))
-                self._routes[key] = route
-                return route
         elif mode == "fixed":
             paths = [self.topo.path(a, b)]
         else:
             paths = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]
         ids = [self._link_ids(p) for p in paths]
+        if restrict is not None and self.params.pair_links:
+            ids = [self._pair_path(src, dst, ids[0])]
         if mode == "ecmp" and len(ids) > 1:
             pick = (src * 1_000_003 + dst * 7919 + chan * 104_729) % len(ids)
             ids = [ids[pick]]
