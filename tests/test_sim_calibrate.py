@@ -192,3 +192,20 @@ def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(t
     path.write_text("{}")
     with pytest.raises(InvalidArgument, match="not a validation record"):
         replay(str(path))
+
+
+def test_a_noisy_reduction_point_does_not_blow_up_the_reduction_rate() -> None:
+    """One size where one-way-with-reduction measured no slower than the one-way (noise) used to make a
+    lone reduction look free and so every rank reducing at once hundreds of times slower than it."""
+    raw = synthetic("tcp", 4)
+    res = raw["results"]
+    b = str(2**17)
+    bumped = {**res, "oneway_reduce": {**res["oneway_reduce"], b: res["oneway"][b] * 0.9}}
+    c = curves({**raw, "results": bumped})
+    c["link_GBps"] = c["peak_oneway_GBps"]
+    base = params_for(fit({"tcp": {4: synthetic("tcp", 4)}}, nprocs=4, cores=2)[0], {"host_transport": "tcp"})
+    clean = base.for_call(2**17, 4, 2**17)
+    noisy = base._from_curves(c, 2**17, 2**17)
+    assert 1.0 <= noisy.reduce_busy_slowdown <= c["busy_ranks"]
+    # the rate comes from the neighbouring sizes too: within 2x of the clean one, not 1000x
+    assert clean.reduce_GBps / 2 <= noisy.reduce_GBps <= clean.reduce_GBps * 2

@@ -201,13 +201,19 @@ class SimParams:
         # alone on a core it runs at the solo rate, and all ranks together at most at the host's total
         per_byte = 1e-3 if sender_free else 2e-3
         engine_GBps = 1e-3 / solo
-        pool_GBps = per_byte / exch * int(c.get("busy_ranks", 2))
+        busy = int(c.get("busy_ranks", 2))
+        pool_GBps = per_byte / exch * busy
+        def extra(hi: str, lo: str) -> float:
+            # us per byte that curve `hi` adds to `lo`: the least-squares slope through the origin over
+            # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times
+            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            d = np.array([at(hi, x) - at(lo, x) for x in xs])
+            return max(float(np.dot(d, xs) / np.dot(xs, xs)), tiny)
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's)
-        red_busy = max(at("exchange_reduce_us") - at("exchange_us"), tiny * m) / m
-        red = max(at("oneway_reduce_us") - at("oneway_us"), tiny * m) / m if "oneway_reduce_us" in c else red_busy
-        red = min(red, red_busy)
-        red_ip = max(at("oneway_reduce_inplace_us") - at("oneway_us"), tiny * m) / m \
-            if "oneway_reduce_inplace_us" in c else red
+        red_busy = extra("exchange_reduce_us", "exchange_us")
+        red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
+        red_ip = extra("oneway_reduce_inplace_us", "oneway_us") if "oneway_reduce_inplace_us" in c else red
+        # n ranks reducing at once are at worst n reductions in a row
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
@@ -224,7 +230,7 @@ class SimParams:
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
             reduce_inplace_GBps=1e-3 / red_ip,
-            reduce_busy_slowdown=float(red_busy / red),
+            reduce_busy_slowdown=float(min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
