@@ -104,10 +104,10 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
                     dist.all_reduce(x)
                 elif coll == "broadcast":
                     dist.broadcast(x, 0)
-                elif coll == "all_gather":
-                    dist.all_gather_into_tensor(y, x)
+                elif coll == "all_gather":   # torch 2.13 names; *_tensor are deprecated aliases
+                    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(y, x)
                 elif coll == "reduce_scatter":
-                    dist.reduce_scatter_tensor(y, x)
+                    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(y, x)
                 elif coll == "all_to_all":
                     dist.all_to_all_single(y, x)
             try:
