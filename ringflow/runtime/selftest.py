@@ -466,6 +466,14 @@ def large_cases(r: Runner) -> None:
         _eq(x, reduce_ref(xs, "sum"), "large all_reduce")
     r.check("large all_reduce", ar)
 
+    def ar_huge() -> None:   # reductions of 16 MiB and more read a peer 1 MiB per syscall (cma.chunk_bytes)
+        big = 9_000_001
+        xs = [values(q, n, big, "float32") for q in range(n)]
+        x = xs[me].copy()
+        comm.all_reduce(x)
+        _eq(x, reduce_ref(xs, "sum"), "36 MB all_reduce")
+    r.check("36 MB all_reduce", ar_huge)
+
     def ag() -> None:
         c = count // n
         xs = [values(q, n, c, "int32", salt=4) for q in range(n)]
