@@ -14,6 +14,7 @@ from ringflow.sim.transfers import from_plans
 from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 
+A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many one-ways of b
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
 # per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
 # per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
@@ -43,6 +44,8 @@ def synthetic(tr: str, n: int) -> dict:
            "copy": {str(b): p["base"] + b * p["copy"] for b in SIZES}}
     if n > 2:
         res["oneway_solo"] = dict(ow)
+        # every rank sends 1/n of b to each peer: n - 1 messages per rank, each paying its own costs
+        res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
     out = {"nranks": n, "results": res}
     if tr == "shm":
         out["single_copy_min_bytes"] = SINGLE
@@ -73,7 +76,7 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
     assert params_for(loaded).host_curves == topo.meta["sim"]["host_curves"]
     for tr in TRUE:
         for n, names in ((2, ("oneway", "exchange", "exchange_reduce", "oneway_reduce", "copy")),
-                         (4, ("exchange", "exchange_reduce", "copy", "oneway_solo"))):
+                         (4, ("exchange", "exchange_reduce", "copy", "oneway_solo", "alltoall"))):
             sched = _schedules(n)
             meas = synthetic(tr, n)["results"]
             check = TRUE[tr][n]["check"]
@@ -149,8 +152,8 @@ def test_runtime_plans_give_the_schedules_table_and_know_in_place(coll: str, alg
 
 def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_hop() -> None:
     """Direct scatter on a calibrated host, single-copy sizes: the three receivers copy at once, so
-    the step costs what the host's cores allow (the pool: exchange rate x busy ranks), not three
-    one-ways in a row over the root's shared-memory hop."""
+    the step costs what the host's cores allow (the pool, measured by the all-to-all step since the
+    root has several peers at once), not three one-ways in a row over the root's shared-memory hop."""
     from ringflow.sim.validate import runtime_schedule
     topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
     p = TRUE["shm"][4]
@@ -160,7 +163,9 @@ def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_
     tab = from_plans(sched, CallShape(Collective.SCATTER, 4, m // 4, 4), inplace=False)
     res = simulate_table(topo, tab, 4 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4],
                          checked=not is_self_checking(sched))
-    pool_us = 3 * m * p["oneway"] * p["exch"][1] / 4   # three messages through the pool of 4 busy ranks
+    # three messages through the host's pool, whose rate the calibration's all-to-all step gave
+    # (the root has three peers in the step): 4 x 3 messages of m in A2A one-ways of 4 m
+    pool_us = 3 * m * (4 * m * p["oneway"] * A2A) / (4 * 3 * m)
     own_us = m * p["copy"]   # then the root copies its own chunk
     want = p["base"] + p["alpha"] + p["check"] + max(pool_us, m * p["oneway"]) + own_us
     # rel: the copy curve is read between two calibrated sizes (log-log), not exactly on the line
@@ -209,3 +214,12 @@ def test_a_noisy_reduction_point_does_not_blow_up_the_reduction_rate() -> None:
     assert 1.0 <= noisy.reduce_busy_slowdown <= c["busy_ranks"]
     # the rate comes from the neighbouring sizes too: within 2x of the clean one, not 1000x
     assert clean.reduce_GBps / 2 <= noisy.reduce_GBps <= clean.reduce_GBps * 2
+
+
+@pytest.mark.parametrize("coll,algo,want", [("all_reduce", "sharded_ps", 3), ("gather", "direct", 3),
+                                             ("all_reduce", "ring", 1), ("broadcast", "binomial", 1)])
+def test_peers_per_step_counts_a_rank_s_distinct_peers_in_one_step(coll: str, algo: str, want: int) -> None:
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    sched = get_schedule(coll, algo, 4, root=0 if Collective.parse(coll).has_root else None)
+    assert from_schedule(sched).peers_per_step() == want

@@ -33,10 +33,18 @@ def _schedules(n: int):
     cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
     for r in range(n):
         cp.copy(r, 0, OUT0, IN0)
+    # one step in which every rank sends block q of its buffer to rank q (n - 1 messages of 1/n each
+    # way, sharded_ps's step): what a rank's messages cost when it has several peers at once
+    blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
+    a2a = ScheduleBuilder("all_to_all", n, "cal-alltoall", layouts=blocks)
+    for src in range(n):
+        for dst in range(n):
+            if src != dst:
+                a2a.transfer(0, src, dst, ChunkRef(Buffer.IN, dst), ChunkRef(Buffer.OUT, src))
     return {"copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
-            "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
+            "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]), "alltoall": a2a.build(),
             "steps1": build("cal-steps1", 1), "steps8": build("cal-steps8", 8)}
 
 
@@ -88,7 +96,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce") + \
-            (("oneway_solo",) if n > 2 else ())
+            (("oneway_solo", "alltoall") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
     finally:

@@ -9,6 +9,9 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``oneway`` / ``oneway_reduce`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB;
 - ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array, as in-place all-reduce and
   reduce call it: a reduction into its own operand streams one buffer fewer (1.4-1.8x faster here);
+- ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
+  peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
+  show (the simulator prices steps with several peers per rank from it);
 - ``oneway_solo`` (more than 2 ranks): one transfer while the other ranks idle.  A rank's engine
   runs at the rate of a lone transfer (its receiver has a core and the memory bus to itself: the
   one-way curve, or oneway_solo), the host's total at the rate of the exchange with every rank
@@ -86,7 +89,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
               for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo", "oneway_reduce",
-                           "oneway_reduce_inplace")
+                           "oneway_reduce_inplace", "alltoall")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     ex = monotone(series["exchange"])
@@ -104,6 +107,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
+            **({"alltoall_us": monotone(series["alltoall"]).tolist()} if "alltoall" in series else {}),
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 

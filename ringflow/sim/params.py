@@ -118,14 +118,15 @@ class SimParams:
     dram_factor: float = 1.0
 
     def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None,
-                 footprint_bytes: float | None = None) -> "SimParams":
+                 footprint_bytes: float | None = None, peers_per_step: int = 1) -> "SimParams":
         """These parameters for one call: the measured host curves at its largest message
         (`msg_bytes`; local copies where the calibration's copy touched `footprint_bytes`, the call's
-        working set), else the DRAM variant above the cache size."""
+        working set; the host's total rate from the all-to-all step when a rank has several peers in
+        one step, `peers_per_step`), else the DRAM variant above the cache size."""
         curves = self.host_curves_for(ranks_per_host)
         if curves is not None:
             m = float(msg_bytes if msg_bytes is not None else count_bytes)
-            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2))
+            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), peers_per_step)
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -182,7 +183,8 @@ class SimParams:
         n = min(by_n, key=lambda k: (abs(int(k) - ranks_per_host), -int(k)))
         return by_n[n]
 
-    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float) -> "SimParams":
+    def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float,
+                     peers_per_step: int = 1) -> "SimParams":
         sizes = np.asarray(c["sizes"], dtype=np.float64)
         m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
 
@@ -203,6 +205,12 @@ class SimParams:
         engine_GBps = 1e-3 / solo
         busy = int(c.get("busy_ranks", 2))
         pool_GBps = per_byte / exch * busy
+        n = int(c.get("nranks", 2))
+        if peers_per_step > 1 and "alltoall_us" in c:
+            # a rank with several peers in a step: the host moves n (n - 1) messages of m in the
+            # calibration's all-to-all step (its buffer is n m); per-message costs are in that rate
+            a2a = max(at("alltoall_us", n * m) - t1, tiny * m)
+            pool_GBps = per_byte * n * (n - 1) * m / a2a
         def extra(hi: str, lo: str) -> float:
             # us per byte that curve `hi` adds to `lo`: the least-squares slope through the origin over
             # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times

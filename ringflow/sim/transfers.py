@@ -52,6 +52,16 @@ class TransferTable:
         """Rows of the table."""
         return int(self.step.size)
 
+    def peers_per_step(self) -> int:
+        """The most distinct peers one rank sends to, or receives from, in one step."""
+        if not self.ntransfers:
+            return 0
+        n = self.nranks
+        pairs = np.unique((self.step * n + self.src) * n + self.dst)
+        sends = np.unique(pairs // n, return_counts=True)[1].max()
+        recvs = np.unique((pairs // (n * n)) * n + pairs % n, return_counts=True)[1].max()
+        return int(max(sends, recvs))
+
     def wire_bytes(self, count_bytes: float) -> float:
         """Total bytes all transfers put on the wire for a call of `count_bytes`."""
         return float(self.frac.sum() * count_bytes)
