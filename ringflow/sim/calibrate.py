@@ -170,10 +170,12 @@ def _source(key: str) -> str:
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
-            "reduce_GBps": "bytes / (one-way-with-reduction time - one-way time): one rank reducing alone "
-                           "(every rank at once: the exchange's, as reduce_busy_slowdown)",
-            "reduce_inplace_GBps": "bytes / (one-way-with-reduction time, IN = OUT - one-way time): a rank "
-                                   "reducing into its own operand (in-place all-reduce, reduce)",
+            "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "
+                           "m/2..2m: one rank reducing alone (every rank at once: the exchange's, as "
+                           "reduce_busy_slowdown, at most the ranks reducing)",
+            "reduce_inplace_GBps": "1 / slope of (one-way-with-reduction time, IN = OUT - one-way time) over "
+                                   "the sizes within m/2..2m: a rank reducing into its own operand "
+                                   "(in-place all-reduce, reduce)",
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             }.get(key, "")
 

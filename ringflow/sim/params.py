@@ -211,6 +211,7 @@ class SimParams:
             # calibration's all-to-all step (its buffer is n m); per-message costs are in that rate
             a2a = max(at("alltoall_us", n * m) - t1, tiny * m)
             pool_GBps = per_byte * n * (n - 1) * m / a2a
+
         def extra(hi: str, lo: str) -> float:
             # us per byte that curve `hi` adds to `lo`: the least-squares slope through the origin over
             # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times
@@ -221,7 +222,6 @@ class SimParams:
         red_busy = extra("exchange_reduce_us", "exchange_us")
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
         red_ip = extra("oneway_reduce_inplace_us", "oneway_us") if "oneway_reduce_inplace_us" in c else red
-        # n ranks reducing at once are at worst n reductions in a row
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
@@ -238,6 +238,7 @@ class SimParams:
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
             reduce_inplace_GBps=1e-3 / red_ip,
+            # n ranks reducing at once are at worst n reductions in a row
             reduce_busy_slowdown=float(min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
