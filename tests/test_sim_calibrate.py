@@ -15,15 +15,18 @@ from ringflow.sim.params import params_for
 from ringflow.topology import Topology
 
 A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many one-ways of b
+FAN = {"fanin": 0.5, "fanout": 0.6}   # one rank receiving (sending) b/4 from (to) each of 3 peers: one-ways of b
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
 # per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
 # per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
 # with every rank busy costs that many one-ways (below the single-copy size both ends copy: 2 on
 # 2 ranks; above it only receivers, sharing the memory bus: 1.5; 4 ranks share 2 cores: 3)
 TRUE = {"shm": {2: dict(alpha=8.0, base=20.0, check=25.0, oneway=1 / 6e3, exch=(2.0, 1.5), red=1 / 9e3, copy=1 / 12e3),
-                4: dict(alpha=25.0, base=60.0, check=120.0, oneway=1 / 5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3)},
+                4: dict(alpha=25.0, base=60.0, check=120.0, oneway=1 / 5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3,
+                        check_rooted=110.0)},
         "tcp": {2: dict(alpha=12.0, base=25.0, check=60.0, oneway=1 / 3e3, exch=(2.0, 2.0), red=1 / 9e3, copy=1 / 12e3),
-                4: dict(alpha=30.0, base=50.0, check=300.0, oneway=1 / 2.5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3)}}
+                4: dict(alpha=30.0, base=50.0, check=300.0, oneway=1 / 2.5e3, exch=(3.0, 3.0), red=1 / 4e3, copy=1 / 6e3,
+                        check_rooted=220.0)}}
 
 
 def synthetic(tr: str, n: int) -> dict:
@@ -46,6 +49,10 @@ def synthetic(tr: str, n: int) -> dict:
         res["oneway_solo"] = dict(ow)
         # every rank sends 1/n of b to each peer: n - 1 messages per rank, each paying its own costs
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
+        for name, k in FAN.items():
+            res[name] = {str(b): t1 + b * p["oneway"] * k for b in SIZES}
+        # the check before a rooted step, where part of it overlaps the previous call
+        res["check_rooted"] = {str(2**16): p["check_rooted"]}
     out = {"nranks": n, "results": res}
     if tr == "shm":
         out["single_copy_min_bytes"] = SINGLE
@@ -67,6 +74,8 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
             assert report[f"{tr}.{n}ranks.alpha_us"]["value"] == pytest.approx(p["alpha"])
             assert report[f"{tr}.{n}ranks.base_us"]["value"] == pytest.approx(p["base"])
             assert report[f"{tr}.{n}ranks.check_us"]["value"] == pytest.approx(p["check"])
+            if n > 2:
+                assert report[f"{tr}.{n}ranks.check_rooted_us"]["value"] == pytest.approx(p["check_rooted"])
             assert report[f"{tr}.{n}ranks.16MiB.copy_GBps"]["value"] == pytest.approx(1e-3 / p["copy"])
             assert report[f"{tr}.{n}ranks.16MiB.reduce_GBps"]["value"] == pytest.approx(1.6e-3 / p["red"])  # alone
             assert report[f"{tr}.{n}ranks.16MiB.reduce_inplace_GBps"]["value"] == pytest.approx(2.5e-3 / p["red"])
@@ -76,7 +85,8 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
     assert params_for(loaded).host_curves == topo.meta["sim"]["host_curves"]
     for tr in TRUE:
         for n, names in ((2, ("oneway", "exchange", "exchange_reduce", "oneway_reduce", "copy")),
-                         (4, ("exchange", "exchange_reduce", "copy", "oneway_solo", "alltoall"))):
+                         (4, ("exchange", "exchange_reduce", "copy", "oneway_solo", "alltoall", "fanin",
+                              "fanout"))):
             sched = _schedules(n)
             meas = synthetic(tr, n)["results"]
             check = TRUE[tr][n]["check"]
@@ -152,8 +162,9 @@ def test_runtime_plans_give_the_schedules_table_and_know_in_place(coll: str, alg
 
 def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_hop() -> None:
     """Direct scatter on a calibrated host, single-copy sizes: the three receivers copy at once, so
-    the step costs what the host's cores allow (the pool, measured by the all-to-all step since the
-    root has several peers at once), not three one-ways in a row over the root's shared-memory hop."""
+    the step costs what the host's cores allow (the pool, measured by the calibration's fan-out step
+    since the root sends to several peers at once), not three one-ways in a row over the root's
+    shared-memory hop."""
     from ringflow.sim.validate import runtime_schedule
     topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
     p = TRUE["shm"][4]
@@ -163,14 +174,14 @@ def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_
     tab = from_plans(sched, CallShape(Collective.SCATTER, 4, m // 4, 4), inplace=False)
     res = simulate_table(topo, tab, 4 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4],
                          checked=not is_self_checking(sched))
-    # three messages through the host's pool, whose rate the calibration's all-to-all step gave
-    # (the root has three peers in the step): 4 x 3 messages of m in A2A one-ways of 4 m
-    pool_us = 3 * m * (4 * m * p["oneway"] * A2A) / (4 * 3 * m)
+    # three messages through the host's pool, whose rate the calibration's fan-out step gave (the
+    # root sends to three peers in the step): 3 messages of m in FAN["fanout"] one-ways of 4 m
+    pool_us = 3 * m * (4 * m * p["oneway"] * FAN["fanout"]) / (3 * m)
     own_us = m * p["copy"]   # then the root copies its own chunk
-    want = p["base"] + p["alpha"] + p["check"] + max(pool_us, m * p["oneway"]) + own_us
+    want = p["base"] + p["alpha"] + p["check_rooted"] + max(pool_us, m * p["oneway"]) + own_us
     # rel: the copy curve is read between two calibrated sizes (log-log), not exactly on the line
     assert res.time_us == pytest.approx(want, rel=1e-3)
-    assert want < p["base"] + p["alpha"] + p["check"] + 3 * m * p["oneway"] + own_us   # a shared hop: 3 in a row
+    assert want < p["base"] + p["alpha"] + p["check_rooted"] + 3 * m * p["oneway"] + own_us   # a shared hop
 
 
 def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(tmp_path) -> None:
@@ -223,3 +234,43 @@ def test_peers_per_step_counts_a_rank_s_distinct_peers_in_one_step(coll: str, al
     from ringflow.sim.transfers import from_schedule
     sched = get_schedule(coll, algo, 4, root=0 if Collective.parse(coll).has_root else None)
     assert from_schedule(sched).peers_per_step() == want
+
+
+@pytest.mark.parametrize("coll,algo,want", [("gather", "direct", "in"), ("scatter", "direct", "out"),
+                                             ("all_reduce", "sharded_ps", "all"), ("broadcast", "binomial", "all")])
+def test_step_pattern_tells_fan_in_and_fan_out_from_all_to_all(coll: str, algo: str, want: str) -> None:
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    sched = get_schedule(coll, algo, 4, root=0 if Collective.parse(coll).has_root else None)
+    assert from_schedule(sched).step_pattern() == want
+
+
+def test_a_direct_gather_is_priced_from_the_fan_in_step_not_the_all_to_all() -> None:
+    """A root receiving from 3 peers at once: the calibration's fan-in step, not the all-to-all's rate."""
+    from ringflow.algorithms.registry import get_schedule
+    topo, _ = fit({"tcp": {4: synthetic("tcp", 4)}}, nprocs=4, cores=2)
+    p, t1 = TRUE["tcp"][4], TRUE["tcp"][4]["base"] + TRUE["tcp"][4]["alpha"]
+    for coll, name in (("gather", "fanin"), ("scatter", "fanout")):
+        sched = get_schedule(coll, "direct", 4, root=0)
+        b = 2**22      # bench size: the whole gathered buffer, b / 4 per rank
+        got = simulate_schedule(topo, sched, b, params={"host_transport": "tcp"}, endpoints=topo.endpoints()[:4])
+        own_us = b / 4 * p["copy"]   # and the root copies its own block
+        want = t1 + b * p["oneway"] * FAN[name] + p["check_rooted"] + own_us
+        assert got.time_us == pytest.approx(want, rel=1e-3), coll
+
+
+def test_rooted_collectives_pay_the_check_measured_before_a_rooted_step() -> None:
+    """Broadcast, reduce, gather, scatter: the CHECK exchange's cost measured before the fan-out step
+    (part of it overlaps the previous call); the others: the one measured before a 1-step call."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    topo, _ = fit({"tcp": {4: synthetic("tcp", 4)}}, nprocs=4, cores=2)
+    p = TRUE["tcp"][4]
+    for coll, algo, check in (("broadcast", "binomial", p["check_rooted"]), ("reduce", "binomial", p["check_rooted"]),
+                              ("all_gather", "ring", p["check"])):
+        sched = get_schedule(coll, algo, 4, root=0 if Collective.parse(coll).has_root else None)
+        assert not is_self_checking(sched)
+        tab = from_schedule(sched)
+        t = [simulate_table(topo, tab, 2**20, params={"host_transport": "tcp"}, endpoints=topo.endpoints()[:4],
+                            checked=c).time_us for c in (True, False)]
+        assert t[0] - t[1] == pytest.approx(check, rel=1e-6), coll

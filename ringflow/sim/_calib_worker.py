@@ -41,7 +41,16 @@ def _schedules(n: int):
         for dst in range(n):
             if src != dst:
                 a2a.transfer(0, src, dst, ChunkRef(Buffer.IN, dst), ChunkRef(Buffer.OUT, src))
-    return {"copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
+    # one step in which one rank receives a block from every peer (fan-in, a direct gather) or sends
+    # one to each (fan-out, a direct scatter): the root's n - 1 messages of 1/n each, measured as a whole
+    fan = {}
+    for name in ("fanin", "fanout"):
+        fb = ScheduleBuilder("all_to_all", n, f"cal-{name}", layouts=blocks)
+        for q in range(1, n):
+            src, dst = (q, 0) if name == "fanin" else (0, q)
+            fb.transfer(0, src, dst, ChunkRef(Buffer.IN, q), ChunkRef(Buffer.OUT, q))
+        fan[name] = fb.build()
+    return {**fan, "copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]), "alltoall": a2a.build(),
@@ -50,6 +59,7 @@ def _schedules(n: int):
 
 SIZES = [2**12, 2**14] + [2**k for k in range(16, 25)]    # 4 KiB .. 16 MiB: the curves the simulator reads
 QUICK_SIZES = [2**12, 2**16, 2**20, 2**24]
+ROOTED_CHECK_BYTES = 2**16
 
 
 def measure(comm: Any, quick: bool = False) -> dict:
@@ -82,21 +92,29 @@ def measure(comm: Any, quick: bool = False) -> dict:
     # the runtime's cross-rank argument check (a CHECK exchange before schedules that cannot check
     # themselves) is timed apart: once with it, once without; every curve is measured without it
     # the check's cost is the noisiest figure here (waking every peer): the median of interleaved pairs
-    diffs = []
-    for _ in range(3 if quick else 5):
-        with_check = timed("steps1", 4)
-        comm._checks = False
-        diffs.append(with_check - timed("steps1", 4))
-        comm._checks = True
+    def check_cost(name: str, nbytes: int) -> float:
+        diffs = []
+        for _ in range(3 if quick else 5):
+            with_check = timed(name, nbytes)
+            comm._checks = False
+            diffs.append(with_check - timed(name, nbytes))
+            comm._checks = True
+        return float(np.median(diffs))
+    check_s = check_cost("steps1", 4)
+    # before a rooted step (the root sends, its peers wait for one message each) part of the check
+    # overlaps the previous call's tail: timed apart, on the fan-out step at 64 KiB
+    rooted_s = check_cost("fanout", ROOTED_CHECK_BYTES) if n > 2 else None
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
-        res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * float(np.median(diffs))}
+        res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
+        if rooted_s is not None:
+            res["results"]["check_rooted"] = {str(ROOTED_CHECK_BYTES): 1e6 * rooted_s}
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce") + \
-            (("oneway_solo", "alltoall") if n > 2 else ())
+            (("oneway_solo", "alltoall", "fanin", "fanout") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
     finally:

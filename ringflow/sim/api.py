@@ -68,7 +68,8 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
                    timeline: bool = False, progress: Callable[[float], None] | None = None,
                    checked: bool = False) -> SimResult:
     """Simulate a transfer table (from a schedule or the fast path) for one call size; `checked`:
-    the runtime runs a CHECK exchange first (`SimParams.check_us`)."""
+    the runtime runs a CHECK exchange first (`SimParams.check_us`, before rooted collectives
+    `check_rooted_us`)."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
@@ -82,7 +83,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
         msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes if tab.ntransfers else count_bytes
         prm = prm.for_call(count_bytes, per_host, msg, footprint_bytes(tab.collective, tab.nranks, size_bytes),
-                           tab.peers_per_step())
+                           tab.peers_per_step(), tab.step_pattern())
     fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:
@@ -120,8 +121,9 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
-    if checked and prm.check_us:
-        t_us, finish = t_us + prm.check_us, np.asarray(finish) + prm.check_us
+    check_us = prm.check_rooted_us if tab.collective.has_root and prm.check_rooted_us is not None else prm.check_us
+    if checked and check_us:
+        t_us, finish = t_us + check_us, np.asarray(finish) + check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
                      str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
 

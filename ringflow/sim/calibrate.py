@@ -12,12 +12,19 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
   peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
   show (the simulator prices steps with several peers per rank from it);
+- ``fanin`` / ``fanout`` (more than 2 ranks): one step in which rank 0 receives 1/n of the buffer
+  from every peer (a direct gather) or sends one to each (a direct scatter).  Only the root has
+  several peers, its peers idle after one message, and over TCP receiving costs the root less than
+  sending: the simulator prices a step of that shape from its own curve, not the all-to-all's;
 - ``oneway_solo`` (more than 2 ranks): one transfer while the other ranks idle.  A rank's engine
   runs at the rate of a lone transfer (its receiver has a core and the memory bus to itself: the
   one-way curve, or oneway_solo), the host's total at the rate of the exchange with every rank
   busy; the simulator gives each rank the first and the host the second (a shared pool);
 - ``steps1_checked`` - ``steps1``: the cross-rank argument check (a CHECK exchange), which the
-  simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`).
+  simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`);
+  ``check_rooted`` (more than 2 ranks): the same difference on the fan-out step at 64 KiB, the
+  check's visible cost before a rooted collective (the root's peers wait for one message and
+  start the next call's check early, so part of it overlaps; over TCP on this VM about 3/4 shows).
   Everything else is timed with the check off.
 
 A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
@@ -89,7 +96,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
               for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo", "oneway_reduce",
-                           "oneway_reduce_inplace", "alltoall")
+                           "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     ex = monotone(series["exchange"])
@@ -103,11 +110,13 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     check = max(0.0, float(r["steps1_checked"]["4"]) - t1) if "steps1_checked" in r else 0.0
     return {"nranks": int(result["nranks"]), "sizes": sizes, "alpha_us": alpha, "base_us": t1 - alpha,
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"),
+            **({"check_rooted_us": max(0.0, float(next(iter(r["check_rooted"].values()))))}
+               if "check_rooted" in r else {}),
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
-            **({"alltoall_us": monotone(series["alltoall"]).tolist()} if "alltoall" in series else {}),
+            **{f"{k}_us": monotone(series[k]).tolist() for k in ("alltoall", "fanin", "fanout") if k in series},
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -148,6 +157,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
             report[f"{p}.alpha_us"] = {"value": c["alpha_us"], "from": _source("alpha_us")}
             report[f"{p}.base_us"] = {"value": c["base_us"], "from": _source("base_us")}
             report[f"{p}.check_us"] = {"value": c["check_us"], "from": _source("check_us")}
+            if "check_rooted_us" in c:
+                report[f"{p}.check_rooted_us"] = {"value": c["check_rooted_us"], "from": _source("check_rooted_us")}
             for label, m in (("64KiB", 2**16), ("1MiB", 2**20), ("16MiB", 2**24)):
                 q = dataclasses.replace(base, host_transport=tr).for_call(m, int(n), m)
                 tier = "loopback" if tr == "tcp" else "shm"
@@ -168,6 +179,8 @@ def _source(key: str) -> str:
     return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages, every rank busy",
             "base_us": "t 1 step - alpha: the call overhead (Python, bookkeeping)",
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
+            "check_rooted_us": "the same on the fan-out step at 64 KiB (rooted collectives: the check partly "
+                               "overlaps the previous call's tail)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
             "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "

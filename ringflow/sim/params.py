@@ -118,15 +118,18 @@ class SimParams:
     dram_factor: float = 1.0
 
     def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None,
-                 footprint_bytes: float | None = None, peers_per_step: int = 1) -> "SimParams":
+                 footprint_bytes: float | None = None, peers_per_step: int = 1,
+                 step_pattern: str = "all") -> "SimParams":
         """These parameters for one call: the measured host curves at its largest message
         (`msg_bytes`; local copies where the calibration's copy touched `footprint_bytes`, the call's
-        working set; the host's total rate from the all-to-all step when a rank has several peers in
-        one step, `peers_per_step`), else the DRAM variant above the cache size."""
+        working set; when a rank has several peers in one step, `peers_per_step`, the host's rate
+        from the calibration step of that `step_pattern`: fan-in, fan-out or all-to-all), else the
+        DRAM variant above the cache size."""
         curves = self.host_curves_for(ranks_per_host)
         if curves is not None:
             m = float(msg_bytes if msg_bytes is not None else count_bytes)
-            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), peers_per_step)
+            return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), peers_per_step,
+                                     step_pattern)
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -153,6 +156,9 @@ class SimParams:
     # moves, unless the schedule's first step already exchanges with every peer (self-checking):
     # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
     check_us: float = 0.0
+    # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), where
+    # ranks idle in the call's tail start the next check early; None: check_us.
+    check_rooted_us: float | None = None
     # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
     # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
     # engine then carries only what a rank receives.
@@ -184,7 +190,7 @@ class SimParams:
         return by_n[n]
 
     def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float,
-                     peers_per_step: int = 1) -> "SimParams":
+                     peers_per_step: int = 1, step_pattern: str = "all") -> "SimParams":
         sizes = np.asarray(c["sizes"], dtype=np.float64)
         m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
 
@@ -206,11 +212,21 @@ class SimParams:
         busy = int(c.get("busy_ranks", 2))
         pool_GBps = per_byte / exch * busy
         n = int(c.get("nranks", 2))
-        if peers_per_step > 1 and "alltoall_us" in c:
-            # a rank with several peers in a step: the host moves n (n - 1) messages of m in the
-            # calibration's all-to-all step (its buffer is n m); per-message costs are in that rate
-            a2a = max(at("alltoall_us", n * m) - t1, tiny * m)
-            pool_GBps = per_byte * n * (n - 1) * m / a2a
+        pair = oneway
+        step_key = {"in": "fanin_us", "out": "fanout_us"}.get(step_pattern, "alltoall_us")
+        if peers_per_step > 1 and step_key not in c:
+            step_key = "alltoall_us"
+        if peers_per_step > 1 and step_key in c:
+            # a rank with several peers in a step: the host moves the calibration step's messages of m
+            # (its buffer is n m: n (n - 1) of them all-to-all, n - 1 to or from the root), per-message
+            # costs included, in the time that step took
+            msgs = n * (n - 1) if step_key == "alltoall_us" else n - 1
+            t_step = max(at(step_key, n * m) - t1, tiny * m)
+            pool_GBps = per_byte * msgs * m / t_step
+            if step_key != "alltoall_us":
+                # the root's engine moved all of them and each pair ran as fast as a lone one-way
+                engine_GBps = max(engine_GBps, 1e-3 * msgs * m / t_step)
+                pair = solo
 
         def extra(hi: str, lo: str) -> float:
             # us per byte that curve `hi` adds to `lo`: the least-squares slope through the origin over
@@ -228,7 +244,7 @@ class SimParams:
         cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
-        eff[tier] = float(min(1.0, 1e-3 / oneway / float(c["link_GBps"])))
+        eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
         tr = "tcp" if self.host_transport == "tcp" else "shm"
         alpha = float(c["alpha_us"])
         protos = tuple(dataclasses.replace(p, base_us=float(c["base_us"]),
@@ -243,6 +259,7 @@ class SimParams:
             copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
+            check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None)
 
     def __post_init__(self) -> None:

@@ -52,15 +52,25 @@ class TransferTable:
         """Rows of the table."""
         return int(self.step.size)
 
-    def peers_per_step(self) -> int:
-        """The most distinct peers one rank sends to, or receives from, in one step."""
+    def step_peers(self) -> tuple[int, int]:
+        """(the most distinct peers one rank sends to, the most one rank receives from) in one step."""
         if not self.ntransfers:
-            return 0
+            return 0, 0
         n = self.nranks
         pairs = np.unique((self.step * n + self.src) * n + self.dst)
         sends = np.unique(pairs // n, return_counts=True)[1].max()
         recvs = np.unique((pairs // (n * n)) * n + pairs % n, return_counts=True)[1].max()
-        return int(max(sends, recvs))
+        return int(sends), int(recvs)
+
+    def peers_per_step(self) -> int:
+        """The most distinct peers one rank sends to, or receives from, in one step."""
+        return max(self.step_peers())
+
+    def step_pattern(self) -> str:
+        """'in' when some rank receives from several peers in a step and every rank sends to one
+        (a direct gather), 'out' for the reverse (a direct scatter), 'all' otherwise."""
+        sends, recvs = self.step_peers()
+        return "in" if sends == 1 and recvs > 1 else "out" if recvs == 1 and sends > 1 else "all"
 
     def wire_bytes(self, count_bytes: float) -> float:
         """Total bytes all transfers put on the wire for a call of `count_bytes`."""
