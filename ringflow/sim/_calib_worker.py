@@ -33,27 +33,24 @@ def _schedules(n: int):
     cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
     for r in range(n):
         cp.copy(r, 0, OUT0, IN0)
-    # one step in which every rank sends block q of its buffer to rank q (n - 1 messages of 1/n each
-    # way, sharded_ps's step): what a rank's messages cost when it has several peers at once
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
-    a2a = ScheduleBuilder("all_to_all", n, "cal-alltoall", layouts=blocks)
-    for src in range(n):
-        for dst in range(n):
-            if src != dst:
-                a2a.transfer(0, src, dst, ChunkRef(Buffer.IN, dst), ChunkRef(Buffer.OUT, src))
-    # one step in which one rank receives a block from every peer (fan-in, a direct gather) or sends
-    # one to each (fan-out, a direct scatter): the root's n - 1 messages of 1/n each, measured as a whole
-    fan = {}
-    for name in ("fanin", "fanout"):
-        fb = ScheduleBuilder("all_to_all", n, f"cal-{name}", layouts=blocks)
-        for q in range(1, n):
-            src, dst = (q, 0) if name == "fanin" else (0, q)
-            fb.transfer(0, src, dst, ChunkRef(Buffer.IN, q), ChunkRef(Buffer.OUT, q))
-        fan[name] = fb.build()
-    return {**fan, "copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
+
+    def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
+        """One step: each src sends block dst of its buffer into block src of dst's (1/n each)."""
+        b = ScheduleBuilder("all_to_all", n, name, layouts=blocks)
+        for src, dst in pairs:
+            b.transfer(0, src, dst, ChunkRef(Buffer.IN, dst), ChunkRef(Buffer.OUT, src))
+        return b.build()
+    # every rank to every peer (sharded_ps's step: what a rank's messages cost with several peers at
+    # once), and one rank receiving from every peer (fan-in, a direct gather) or sending to each
+    # (fan-out, a direct scatter): the root's n - 1 messages measured as a whole
+    block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
+           "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
+           "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
+    return {**block_steps, "copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
-            "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]), "alltoall": a2a.build(),
+            "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
             "steps1": build("cal-steps1", 1), "steps8": build("cal-steps8", 8)}
 
 

@@ -213,8 +213,8 @@ class SimParams:
         pool_GBps = per_byte / exch * busy
         n = int(c.get("nranks", 2))
         pair = oneway
-        step_key = {"in": "fanin_us", "out": "fanout_us"}.get(step_pattern, "alltoall_us")
-        if peers_per_step > 1 and step_key not in c:
+        step_key = {"in": "fanin_us", "out": "fanout_us"}.get(step_pattern)
+        if step_key not in c:   # "all", or a calibration without fan steps
             step_key = "alltoall_us"
         if peers_per_step > 1 and step_key in c:
             # a rank with several peers in a step: the host moves the calibration step's messages of m

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -52,8 +53,8 @@ class TransferTable:
         """Rows of the table."""
         return int(self.step.size)
 
-    def step_peers(self) -> tuple[int, int]:
-        """(the most distinct peers one rank sends to, the most one rank receives from) in one step."""
+    @cached_property
+    def _step_peers(self) -> tuple[int, int]:
         if not self.ntransfers:
             return 0, 0
         n = self.nranks
@@ -61,6 +62,10 @@ class TransferTable:
         sends = np.unique(pairs // n, return_counts=True)[1].max()
         recvs = np.unique((pairs // (n * n)) * n + pairs % n, return_counts=True)[1].max()
         return int(sends), int(recvs)
+
+    def step_peers(self) -> tuple[int, int]:
+        """(the most distinct peers one rank sends to, the most one rank receives from) in one step."""
+        return self._step_peers
 
     def peers_per_step(self) -> int:
         """The most distinct peers one rank sends to, or receives from, in one step."""
