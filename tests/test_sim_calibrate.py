@@ -16,6 +16,7 @@ from ringflow.topology import Topology
 
 A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many one-ways of b
 FAN = {"fanin": 0.5, "fanout": 0.6}   # one rank receiving (sending) b/4 from (to) each of 3 peers: one-ways of b
+SOLO = 1.25   # on 4 ranks a lone one-way (the other ranks idle) is that much faster than one on every pair
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
 # per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
 # per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
@@ -46,7 +47,7 @@ def synthetic(tr: str, n: int) -> dict:
            "oneway_reduce_inplace": {str(b): ow[str(b)] + b * p["red"] / 2.5 for b in SIZES},
            "copy": {str(b): p["base"] + b * p["copy"] for b in SIZES}}
     if n > 2:
-        res["oneway_solo"] = dict(ow)
+        res["oneway_solo"] = {str(b): t1 + b * p["oneway"] / SOLO for b in SIZES}
         # every rank sends 1/n of b to each peer: n - 1 messages per rank, each paying its own costs
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
         for name, k in FAN.items():
@@ -274,3 +275,27 @@ def test_rooted_collectives_pay_the_check_measured_before_a_rooted_step() -> Non
         t = [simulate_table(topo, tab, 2**20, params={"host_transport": "tcp"}, endpoints=topo.endpoints()[:4],
                             checked=c).time_us for c in (True, False)]
         assert t[0] - t[1] == pytest.approx(check, rel=1e-6), coll
+
+
+def test_a_transfer_alone_on_its_host_moves_at_the_lone_one_way_rate() -> None:
+    """Binomial broadcast on 4 ranks: step 0 (0 -> 2, the others idle) at the calibrated lone one-way
+    rate, step 1 (0 -> 1 and 2 -> 3 at once) at the every-pair one-way rate; the flow engine agrees."""
+    from ringflow.algorithms.registry import get_schedule
+    topo, _ = fit({"shm": {4: synthetic("shm", 4)}}, nprocs=4, cores=2)
+    p = TRUE["shm"][4]
+    b = 2**18   # below the single-copy size: both ends copy
+    # in place, as `ringflow bench` calls it: the root copies nothing, so every step is transfers only
+    tab = from_plans(get_schedule("broadcast", "binomial", 4, root=0),
+                     CallShape(Collective.BROADCAST, 4, b // 4, 4), inplace=True)
+    got = {e: simulate_table(topo, tab, b, engine=e, params={"host_transport": "shm"},
+                             endpoints=topo.endpoints()[:4], timeline=True) for e in ("analytic", "flow")}
+    assert got["flow"].time_us == pytest.approx(got["analytic"].time_us, rel=1e-6)
+    spans = {}
+    for step, src, dst, _, t0, t1 in got["flow"].timeline:
+        spans.setdefault(step, []).append(t1 - t0)
+    assert spans[0] == pytest.approx([p["alpha"] + b * p["oneway"] / SOLO], rel=1e-6)
+    # step 1 is the calibration's one-way step (pairs 0-1 and 2-3 at once): priced as that step is
+    pairs = simulate_schedule(topo, _schedules(4)["oneway"], b, params={"host_transport": "shm"},
+                              endpoints=topo.endpoints()[:4], timeline=True).timeline
+    assert spans[1] == pytest.approx([t1 - t0 for *_, t0, t1 in pairs], rel=1e-6)
+    assert spans[1][0] > spans[0][0] * 1.2

@@ -104,6 +104,27 @@ class Fabric:
                                [((self.endpoints[src], self.endpoints[dst]), self.link_type[int(ids[0])])])
         return np.array([hit], dtype=np.int64)
 
+    def lone_pair_factor(self, group: np.ndarray, transfer: np.ndarray, link: np.ndarray) -> np.ndarray:
+        """Per (group, transfer, link) entry, the capacity factor of its link: `lone_pair_speedup`
+        where the link is a private pair link and its transfer is the only one on that host's pair
+        links within the group (a step, or the flows in flight), else 1."""
+        out = np.ones(link.size)
+        speedup = float(self.params.lone_pair_speedup)
+        if speedup <= 1.0 or not self._pair_link or not link.size:
+            return out
+        host = np.full(self.nlinks, -1, dtype=np.int64)
+        hid = {h: i for i, h in enumerate(dict.fromkeys(self._hosts))}
+        for (src, _), lid in self._pair_link.items():
+            host[lid] = hid[self._hosts[src]]
+        on = np.flatnonzero(host[link] >= 0)
+        if not on.size:
+            return out
+        key = np.asarray(group)[on] * len(hid) + host[link[on]]
+        pairs = np.unique(np.stack([key, np.asarray(transfer)[on]]), axis=1)   # distinct (key, transfer)
+        keys, ntr = np.unique(pairs[0], return_counts=True)
+        out[on[ntr[np.searchsorted(keys, key)] == 1]] = speedup
+        return out
+
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
         if self._ep_link is None:
             return ids

@@ -185,7 +185,13 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
             if dirty:
                 cnt = flows.f_pair_ptr[active + 1] - flows.f_pair_ptr[active]
                 pidx, owner = ragged(flows.f_pair_ptr[active], cnt)
-                rate[active] = maxmin_rates(owner, flows.p_link[pidx], cap, active.size)
+                plink = flows.p_link[pidx]
+                boost = fab.lone_pair_factor(np.zeros(pidx.size, dtype=np.int64), flows.f_transfer[active][owner], plink)
+                now_cap = cap
+                if np.any(boost > 1.0):   # a transfer alone on its host's pair links
+                    now_cap = cap.copy()
+                    now_cap[plink[boost > 1.0]] *= boost[boost > 1.0]
+                rate[active] = maxmin_rates(owner, plink, now_cap, active.size)
                 solves += 1
                 dirty = False
             with np.errstate(divide="ignore"):

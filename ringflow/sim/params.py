@@ -174,6 +174,11 @@ class SimParams:
     # cores a host's ranks share are modelled by the engine and pool links (a rank sending to three
     # peers at once is not three times slower when the receivers do the copying).
     pair_links: bool = False
+    # A pair link's transfer that is the only one on its host's pair links (in its step, or in flight
+    # in the flow engine) moves this much faster: the calibrated lone one-way rate (oneway_solo) over
+    # the every-pair one-way rate the pair links carry; on a host with fewer cores than ranks a lone
+    # transfer has the cores and the memory bus to itself (a binomial tree's first step).
+    lone_pair_speedup: float = 1.0
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -260,7 +265,8 @@ class SimParams:
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,
-            cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None)
+            cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
+            lone_pair_speedup=float(max(1.0, pair / solo)))
 
     def __post_init__(self) -> None:
         for k, v in self.link_efficiency.items():
@@ -277,6 +283,9 @@ class SimParams:
         for k, v in (self.endpoint_GBps or {}).items():
             if not float(v) > 0:
                 raise ConfigError(f"sim endpoint_GBps[{k!r}]={v} must be > 0", "give a measured GB/s")
+        if not float(self.lone_pair_speedup) >= 1.0:
+            raise ConfigError(f"sim lone_pair_speedup={self.lone_pair_speedup} must be >= 1",
+                              "give the lone one-way rate over the every-pair one-way rate (1: no effect)")
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
