@@ -52,7 +52,7 @@ def synthetic(tr: str, n: int) -> dict:
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
         for name, k in FAN.items():
             res[name] = {str(b): t1 + b * p["oneway"] * k for b in SIZES}
-        # the check before a rooted step, where part of it overlaps the previous call
+        # the check before a rooted step (here cheaper than before a 1-step call)
         res["check_rooted"] = {str(2**16): p["check_rooted"]}
     out = {"nranks": n, "results": res}
     if tr == "shm":
@@ -262,7 +262,7 @@ def test_a_direct_gather_is_priced_from_the_fan_in_step_not_the_all_to_all() -> 
 
 def test_rooted_collectives_pay_the_check_measured_before_a_rooted_step() -> None:
     """Broadcast, reduce, gather, scatter: the CHECK exchange's cost measured before the fan-out step
-    (part of it overlaps the previous call); the others: the one measured before a 1-step call."""
+    (its own figure); the others: the one measured before a 1-step call."""
     from ringflow.algorithms.registry import get_schedule
     from ringflow.sim.transfers import from_schedule
     topo, _ = fit({"tcp": {4: synthetic("tcp", 4)}}, nprocs=4, cores=2)

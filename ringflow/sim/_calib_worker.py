@@ -98,8 +98,8 @@ def measure(comm: Any, quick: bool = False) -> dict:
             comm._checks = True
         return float(np.median(diffs))
     check_s = check_cost("steps1", 4)
-    # before a rooted step (the root sends, its peers wait for one message each) part of the check
-    # overlaps the previous call's tail: timed apart, on the fan-out step at 64 KiB
+    # before a rooted step (the root sends, its peers wait for one message each) the check is timed
+    # apart, on the fan-out step at 64 KiB
     rooted_s = check_cost("fanout", ROOTED_CHECK_BYTES) if n > 2 else None
     comm._checks = False
     try:

@@ -23,8 +23,8 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``steps1_checked`` - ``steps1``: the cross-rank argument check (a CHECK exchange), which the
   simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`);
   ``check_rooted`` (more than 2 ranks): the same difference on the fan-out step at 64 KiB, the
-  check's visible cost before a rooted collective (the root's peers wait for one message and
-  start the next call's check early, so part of it overlaps; over TCP on this VM about 3/4 shows).
+  check's visible cost before a rooted collective (0.85-1.0 of the 1-step one on this VM; checks on
+  and off inside one job show the full check before real rooted calls too, docs/simulator.md).
   Everything else is timed with the check off.
 
 A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
@@ -179,8 +179,7 @@ def _source(key: str) -> str:
     return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages, every rank busy",
             "base_us": "t 1 step - alpha: the call overhead (Python, bookkeeping)",
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
-            "check_rooted_us": "the same on the fan-out step at 64 KiB (rooted collectives: the check partly "
-                               "overlaps the previous call's tail)",
+            "check_rooted_us": "the same on the fan-out step at 64 KiB (used for rooted collectives)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
             "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "

@@ -60,6 +60,7 @@ class Fabric:
         self._ep_link: list[int] | None = None
         self._pool_link: dict[int, int] = {}
         self._pair_link: dict[tuple[int, int], int] = {}
+        self._pair_host: np.ndarray | None = None   # host index of every link (-1: not a pair link), cached
         self._add_cpu_links()
 
     def _add_cpu_links(self) -> None:
@@ -104,25 +105,36 @@ class Fabric:
                                [((self.endpoints[src], self.endpoints[dst]), self.link_type[int(ids[0])])])
         return np.array([hit], dtype=np.int64)
 
+    @property
+    def lone_pairs(self) -> bool:
+        """True when some pair link speeds up for a transfer alone on it (`lone_pair_factor` is not all 1)."""
+        return self.params.lone_pair_speedup > 1.0 and bool(self._pair_link)
+
+    def _pair_hosts(self) -> np.ndarray:
+        """Host index of every link's pair (-1 for links that are not private pair links)."""
+        if self._pair_host is None or self._pair_host.size != self.nlinks:   # pair links are added lazily
+            hid = {h: i for i, h in enumerate(dict.fromkeys(self._hosts))}
+            host = np.full(self.nlinks, -1, dtype=np.int64)
+            for (src, _), lid in self._pair_link.items():
+                host[lid] = hid[self._hosts[src]]
+            self._pair_host = host
+        return self._pair_host
+
     def lone_pair_factor(self, group: np.ndarray, transfer: np.ndarray, link: np.ndarray) -> np.ndarray:
         """Per (group, transfer, link) entry, the capacity factor of its link: `lone_pair_speedup`
         where the link is a private pair link and its transfer is the only one on that host's pair
         links within the group (a step, or the flows in flight), else 1."""
         out = np.ones(link.size)
-        speedup = float(self.params.lone_pair_speedup)
-        if speedup <= 1.0 or not self._pair_link or not link.size:
+        if not self.lone_pairs or not link.size:
             return out
-        host = np.full(self.nlinks, -1, dtype=np.int64)
-        hid = {h: i for i, h in enumerate(dict.fromkeys(self._hosts))}
-        for (src, _), lid in self._pair_link.items():
-            host[lid] = hid[self._hosts[src]]
+        host = self._pair_hosts()
         on = np.flatnonzero(host[link] >= 0)
         if not on.size:
             return out
-        key = np.asarray(group)[on] * len(hid) + host[link[on]]
+        key = np.asarray(group)[on] * len(self._hosts) + host[link[on]]
         pairs = np.unique(np.stack([key, np.asarray(transfer)[on]]), axis=1)   # distinct (key, transfer)
         keys, ntr = np.unique(pairs[0], return_counts=True)
-        out[on[ntr[np.searchsorted(keys, key)] == 1]] = speedup
+        out[on[ntr[np.searchsorted(keys, key)] == 1]] = float(self.params.lone_pair_speedup)
         return out
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:

@@ -156,8 +156,8 @@ class SimParams:
     # moves, unless the schedule's first step already exchanges with every peer (self-checking):
     # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
     check_us: float = 0.0
-    # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), where
-    # ranks idle in the call's tail start the next check early; None: check_us.
+    # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
+    # before a fan-out step; None: check_us.
     check_rooted_us: float | None = None
     # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
     # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
