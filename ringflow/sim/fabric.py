@@ -60,7 +60,7 @@ class Fabric:
         self._ep_link: list[int] | None = None
         self._pool_link: dict[int, int] = {}
         self._pair_link: dict[tuple[int, int], int] = {}
-        self._pair_host: np.ndarray | None = None   # host index of every link (-1: not a pair link), cached
+        self._lone: tuple[np.ndarray, np.ndarray] | None = None   # _lone_links, cached
         self._add_cpu_links()
 
     def _add_cpu_links(self) -> None:
@@ -106,35 +106,42 @@ class Fabric:
         return np.array([hit], dtype=np.int64)
 
     @property
-    def lone_pairs(self) -> bool:
-        """True when some pair link speeds up for a transfer alone on it (`lone_pair_factor` is not all 1)."""
-        return self.params.lone_pair_speedup > 1.0 and bool(self._pair_link)
+    def lone_speedups(self) -> bool:
+        """True when some host link speeds up for a transfer alone on its host (`lone_factor` is not all 1)."""
+        return ((self.params.lone_pair_speedup > 1.0 and bool(self._pair_link))
+                or (self.params.lone_pool_speedup > 1.0 and bool(self._pool_link)))
 
-    def _pair_hosts(self) -> np.ndarray:
-        """Host index of every link's pair (-1 for links that are not private pair links)."""
-        if self._pair_host is None or self._pair_host.size != self.nlinks:   # pair links are added lazily
+    def _lone_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per link: its host's index (-1 for links that are neither a pair link nor a host pool) and
+        the speed-up a transfer alone on that host gets on it."""
+        if self._lone is None or self._lone[0].size != self.nlinks:   # pair links are added lazily
             hid = {h: i for i, h in enumerate(dict.fromkeys(self._hosts))}
             host = np.full(self.nlinks, -1, dtype=np.int64)
+            speed = np.ones(self.nlinks)
             for (src, _), lid in self._pair_link.items():
-                host[lid] = hid[self._hosts[src]]
-            self._pair_host = host
-        return self._pair_host
+                host[lid], speed[lid] = hid[self._hosts[src]], self.params.lone_pair_speedup
+            for h, lid in self._pool_link.items():
+                host[lid], speed[lid] = hid[h], self.params.lone_pool_speedup
+            self._lone = (host, speed)
+        return self._lone
 
-    def lone_pair_factor(self, group: np.ndarray, transfer: np.ndarray, link: np.ndarray) -> np.ndarray:
-        """Per (group, transfer, link) entry, the capacity factor of its link: `lone_pair_speedup`
-        where the link is a private pair link and its transfer is the only one on that host's pair
-        links within the group (a step, or the flows in flight), else 1."""
+    def lone_factor(self, group: np.ndarray, transfer: np.ndarray, link: np.ndarray) -> np.ndarray:
+        """Per (group, transfer, link) entry, the capacity factor of its link: the link's lone speed-up
+        (`lone_pair_speedup` on a private pair link, `lone_pool_speedup` on a host pool) where its
+        transfer is the only one on that host's pair and pool links within the group (a step, or the
+        flows in flight), else 1."""
         out = np.ones(link.size)
-        if not self.lone_pairs or not link.size:
+        if not self.lone_speedups or not link.size:
             return out
-        host = self._pair_hosts()
+        host, speed = self._lone_links()
         on = np.flatnonzero(host[link] >= 0)
         if not on.size:
             return out
         key = np.asarray(group)[on] * len(self._hosts) + host[link[on]]
         pairs = np.unique(np.stack([key, np.asarray(transfer)[on]]), axis=1)   # distinct (key, transfer)
         keys, ntr = np.unique(pairs[0], return_counts=True)
-        out[on[ntr[np.searchsorted(keys, key)] == 1]] = float(self.params.lone_pair_speedup)
+        lone = on[ntr[np.searchsorted(keys, key)] == 1]
+        out[lone] = speed[link[lone]]
         return out
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:

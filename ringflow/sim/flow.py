@@ -82,7 +82,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     pre_us = table.nmsg * cls_ovh[flows.t_class] + (table.serial() - 1) * flows.t_lat_us
     post_us = flows.t_lat_us.copy()
     cap = fab.cap_Bpus * protocol.bw_fraction
-    lone_pairs = fab.lone_pairs   # routes are resolved: no pair link appears during the run
+    lone_speedups = fab.lone_speedups   # routes are resolved: no pair link appears during the run
     f_bytes = flows.f_frac * count_bytes
     F = f_bytes.size
     link_bytes = np.bincount(flows.p_link, weights=f_bytes[flows.p_flow], minlength=fab.nlinks)
@@ -188,10 +188,10 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
                 pidx, owner = ragged(flows.f_pair_ptr[active], cnt)
                 plink = flows.p_link[pidx]
                 now_cap = cap
-                if lone_pairs:
-                    boost = fab.lone_pair_factor(np.zeros(pidx.size, dtype=np.int64), flows.f_transfer[active][owner],
+                if lone_speedups:
+                    boost = fab.lone_factor(np.zeros(pidx.size, dtype=np.int64), flows.f_transfer[active][owner],
                                                  plink)
-                    if np.any(boost > 1.0):   # a transfer alone on its host's pair links
+                    if np.any(boost > 1.0):   # a transfer alone on its host
                         now_cap = cap.copy()
                         now_cap[plink[boost > 1.0]] *= boost[boost > 1.0]
                 rate[active] = maxmin_rates(owner, plink, now_cap, active.size)

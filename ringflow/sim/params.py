@@ -179,6 +179,10 @@ class SimParams:
     # the every-pair one-way rate the pair links carry; on a host with fewer cores than ranks a lone
     # transfer has the cores and the memory bus to itself (a binomial tree's first step).
     lone_pair_speedup: float = 1.0
+    # ... and its host pool this much: the pool is calibrated with every rank busy (the exchange), and
+    # a lone transfer's bytes cross it at the lone one-way rate (2 TCP ranks: a one-way message is
+    # 2.5x faster than an exchange, not 2x)
+    lone_pool_speedup: float = 1.0
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -266,7 +270,8 @@ class SimParams:
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
-            lone_pair_speedup=float(max(1.0, pair / solo)))
+            lone_pair_speedup=float(max(1.0, pair / solo)),
+            lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
 
     def __post_init__(self) -> None:
         for k, v in self.link_efficiency.items():
@@ -283,9 +288,10 @@ class SimParams:
         for k, v in (self.endpoint_GBps or {}).items():
             if not float(v) > 0:
                 raise ConfigError(f"sim endpoint_GBps[{k!r}]={v} must be > 0", "give a measured GB/s")
-        if not float(self.lone_pair_speedup) >= 1.0:
-            raise ConfigError(f"sim lone_pair_speedup={self.lone_pair_speedup} must be >= 1",
-                              "give the lone one-way rate over the every-pair one-way rate (1: no effect)")
+        for name in ("lone_pair_speedup", "lone_pool_speedup"):
+            if not float(getattr(self, name)) >= 1.0:
+                raise ConfigError(f"sim {name}={getattr(self, name)} must be >= 1",
+                                  "give the lone one-way rate over the rate with every rank busy (1: no effect)")
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
