@@ -31,6 +31,19 @@ def split_counts(total: int, parts: int) -> tuple[int, ...]:
     return tuple(q + 1 if i < r else q for i in range(parts))
 
 
+@lru_cache(maxsize=None)
+def partitioned(collective: Collective, buffer: Buffer) -> bool:
+    """True if `buffer` of `collective` holds one part per rank (all-gather output, all-to-all, ...);
+    cached: the runtime asks on every call."""
+    if collective in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
+        return buffer in (Buffer.IN, Buffer.OUT)
+    if collective in (Collective.ALL_GATHER, Collective.GATHER):
+        return buffer == Buffer.OUT
+    if collective in (Collective.REDUCE_SCATTER, Collective.SCATTER):
+        return buffer == Buffer.IN
+    return False
+
+
 @dataclass(frozen=True)
 class CallShape:
     """What a collective call moves, independent of algorithm."""
@@ -61,14 +74,7 @@ class CallShape:
 
     def is_partitioned(self, buffer: Buffer) -> bool:
         """True if the buffer holds one part per rank (all-gather output, all-to-all, ...)."""
-        c = self.collective
-        if c in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
-            return buffer in (Buffer.IN, Buffer.OUT)
-        if c in (Collective.ALL_GATHER, Collective.GATHER):
-            return buffer == Buffer.OUT
-        if c in (Collective.REDUCE_SCATTER, Collective.SCATTER):
-            return buffer == Buffer.IN
-        return False
+        return partitioned(self.collective, buffer)
 
     def buffer_count(self, buffer: Buffer, rank: int) -> int:
         """Total elements of a rank's IN or OUT buffer."""

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import config
-from ..algorithms.layout import CallShape
+from ..algorithms.layout import CallShape, partitioned
 from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, SystemError, Timeout)
 from . import auth, logs
@@ -315,7 +315,9 @@ class Communicator:
                  splits: tuple[tuple[int, ...], ...] | None = None, ident: tuple = ()) -> None:
         """Run one collective call; `schedule=None` asks the tuner (cached per call shape)."""
         dtype = out.dtype
-        inplace = inp is out or (inp.size > 0 and out.size > 0 and inp.ctypes.data == out.ctypes.data)
+        # ctypes.data costs a microsecond: only arrays that may overlap are compared by address
+        inplace = inp is out or (inp.size > 0 and out.size > 0 and np.may_share_memory(inp, out)
+                                 and inp.ctypes.data == out.ctypes.data)
         key = (coll, count, dtype, opname, root, inplace, splits, None if schedule is None else id(schedule))
         prep = self._calls.get(key)
         if prep is None or (schedule is not None and prep.schedule is not schedule):
@@ -355,10 +357,10 @@ class Communicator:
         if schedule.nranks != self.size:
             raise InvalidArgument(f"schedule is for {schedule.nranks} ranks, communicator has {self.size}")
         xb = Buf(x, "x")
-        ob = Buf(out, "out") if out is not None else xb
+        ob = Buf(out, "out") if out is not None and out is not x else xb   # in place: one flat view, as all_reduce
         coll = schedule.collective
-        n = count if count is not None else (xb.flat.size if not CallShape(coll, self.size, 0).is_partitioned(
-            Buffer.IN) else xb.flat.size // self.size)
+        n = count if count is not None else (xb.flat.size // self.size if partitioned(coll, Buffer.IN)
+                                             else xb.flat.size)
         opname = parse_op(op) if coll.is_reduction else None
         return self._run(LANE_COLL, lambda d: self._execute(schedule, coll, n, xb.flat, ob.flat, opname,
                                                             schedule.root, d, ident=(xb.orig, ob.orig)),
