@@ -100,14 +100,13 @@ def measure(comm: Any, quick: bool = False) -> dict:
     check_s = check_cost("steps1", 4)
     # before a rooted step (the root sends, its peers wait for one message each) the check is timed
     # apart, on the fan-out step at 64 KiB
-    rooted_s = check_cost("fanout", ROOTED_CHECK_BYTES) if n > 2 else None
+    rooted_s = check_cost("fanout", ROOTED_CHECK_BYTES)
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
-        if rooted_s is not None:
-            res["results"]["check_rooted"] = {str(ROOTED_CHECK_BYTES): 1e6 * rooted_s}
+        res["results"]["check_rooted"] = {str(ROOTED_CHECK_BYTES): 1e6 * rooted_s}
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce") + \

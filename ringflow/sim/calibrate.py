@@ -22,9 +22,10 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
   busy; the simulator gives each rank the first and the host the second (a shared pool);
 - ``steps1_checked`` - ``steps1``: the cross-rank argument check (a CHECK exchange), which the
   simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`);
-  ``check_rooted`` (more than 2 ranks): the same difference on the fan-out step at 64 KiB, the
-  check's visible cost before a rooted collective (0.85-1.0 of the 1-step one on this VM; checks on
-  and off inside one job show the full check before real rooted calls too, docs/simulator.md).
+  ``check_rooted``: the same difference on the fan-out step at 64 KiB, the check's visible cost
+  before a rooted collective (4 ranks: 0.85-1.0 of the 1-step one on this VM; checks on and off
+  inside one job show the full check before real rooted calls too; 2 ranks: more than before the
+  4-byte step, docs/simulator.md).
   Everything else is timed with the check off.
 
 A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
