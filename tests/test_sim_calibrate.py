@@ -18,6 +18,8 @@ A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many 
 FAN = {"fanin": 0.5, "fanout": 0.6}   # one rank receiving (sending) b/4 from (to) each of 3 peers: one-ways of b
 SOLO = 1.25   # on 4 ranks a lone one-way (the other ranks idle) is that much faster than one on every pair
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
+FRESH_SINGLE = 2**22   # ... for a source the sender wrote earlier in the call
+FRESH = 1 / 8e3   # us per byte such a source costs extra on 1 MiB .. 4 MiB messages (shm)
 # per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
 # per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
 # with every rank busy costs that many one-ways (below the single-copy size both ends copy: 2 on
@@ -55,11 +57,14 @@ def synthetic(tr: str, n: int) -> dict:
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
         for name, k in FAN.items():
             res[name] = {str(b): t1 + b * p["oneway"] * k for b in SIZES}
+    if tr == "shm":   # sending bytes just written: a copy into scratch, then the exchange, plus the extra
+        res["exchange_fresh"] = {str(b): ex[str(b)] + b * p["copy"] + b * FRESH for b in SIZES}
     # the check before a rooted step (on 4 ranks cheaper, on 2 shm ranks dearer than before a 1-step call)
     res["check_rooted"] = {str(2**16): p["check_rooted"]}
     out = {"nranks": n, "results": res}
     if tr == "shm":
         out["single_copy_min_bytes"] = SINGLE
+        out["single_copy_fresh_min_bytes"] = FRESH_SINGLE
     return out
 
 
@@ -321,3 +326,26 @@ def test_a_lone_transfer_is_not_held_to_its_share_of_the_busy_host_pool() -> Non
     ex = simulate_schedule(topo, _schedules(2)["exchange"], b, params={"host_transport": "tcp"},
                            endpoints=topo.endpoints()[:2], timeline=True).timeline
     assert [t1 - t0 for *_, t0, t1 in ex] == pytest.approx([p["alpha"] + 2.5 * b * p["oneway"]] * 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("msg", [SINGLE, FRESH_SINGLE, 2 * FRESH_SINGLE, SINGLE // 2])
+def test_sending_bytes_written_earlier_in_the_call_costs_the_calibrated_extra(msg: int) -> None:
+    """2-rank halving-doubling all-reduce: step 1 sends what step 0 reduced (`Xfer.fresh`); from the
+    single-copy size up to the fresh single-copy size each rank pays `FRESH` per byte of it, elsewhere
+    nothing (the path is the same as an untouched source's)."""
+    from ringflow.algorithms.registry import get_schedule
+    measured = synthetic("shm", 2)
+    plain = {**measured, "results": {k: v for k, v in measured["results"].items() if k != "exchange_fresh"}}
+    size = 2 * msg   # halving-doubling on 2 ranks: halves of the buffer
+    tab = from_plans(get_schedule("all_reduce", "halving_doubling", 2), CallShape(Collective.ALL_REDUCE, 2, size // 4, 4),
+                     inplace=True)
+    assert tab.lfresh is not None and tab.lfresh[tab.lstep == 1] == pytest.approx([0.5, 0.5])
+    assert not tab.lfresh[tab.lstep == 0].any()
+    got = {}
+    for name, m in (("fresh", measured), ("plain", plain)):
+        topo, _ = fit({"shm": {2: m}}, nprocs=2)
+        got[name] = [simulate_table(topo, tab, size, engine=e, params={"host_transport": "shm"},
+                                    endpoints=topo.endpoints()[:2]).time_us for e in ("analytic", "flow")]
+        assert got[name][1] == pytest.approx(got[name][0], rel=1e-6)
+    extra = msg * FRESH if SINGLE <= msg <= FRESH_SINGLE else 0.0
+    assert got["fresh"][0] - got["plain"][0] == pytest.approx(extra, rel=1e-6, abs=1e-6)

@@ -51,6 +51,9 @@ class Xfer:
     # a send whose receiver copies it (not reduces) from a source this rank has not written in this call
     # (a freshly written source is dirty in this core's cache: a kernel copy from it crosses cores slowly)
     cold_copy: bool = False
+    # a send whose receiver copies it from a source this rank wrote earlier in this call: below the
+    # single-copy size for such sources it goes through the slots (the simulator prices the difference)
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,9 @@ def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> 
                 snap = overlaps(recv_ranges, b, o, n)
                 reduces = any(q.kind == OpKind.RECV_REDUCE and q.peer == rank and q.channel == op.channel
                               for q in schedule.steps(op.peer)[si])
+                fresh = overlaps(written, b, o, n)
                 xf.append(Xfer(OpKind.SEND, op.peer, f"c{op.channel}", b, o * isz, n * isz, snapshot=snap,
-                               cold_copy=not reduces and not overlaps(written, b, o, n)))
+                               cold_copy=not reduces and not fresh, fresh=fresh and not reduces))
                 peers.add(op.peer)
             elif op.kind == OpKind.RECV:
                 o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)

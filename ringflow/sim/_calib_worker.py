@@ -33,6 +33,16 @@ def _schedules(n: int):
     cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
     for r in range(n):
         cp.copy(r, 0, OUT0, IN0)
+    # the exchange of bytes each rank has just written (forwarding, a reduction's result): copy IN to
+    # scratch, then exchange the scratch
+    SC0 = ChunkRef(Buffer.SCRATCH, 0)
+    fr = ScheduleBuilder("all_reduce", n, "cal-exchange-fresh",
+                         layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
+    for lo, hi in every:
+        fr.copy(lo, 0, SC0, IN0)
+        fr.copy(hi, 0, SC0, IN0)
+        fr.transfer(1, lo, hi, SC0, OUT0)
+        fr.transfer(1, hi, lo, SC0, OUT0)
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
 
     def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
@@ -47,7 +57,7 @@ def _schedules(n: int):
     block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
-    return {**block_steps, "copy": cp.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
+    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
@@ -109,7 +119,8 @@ def measure(comm: Any, quick: bool = False) -> dict:
         res["results"]["check_rooted"] = {str(ROOTED_CHECK_BYTES): 1e6 * rooted_s}
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
-        names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce") + \
+        names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
+                 "exchange_fresh") + \
             (("oneway_solo", "alltoall", "fanin", "fanout") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
@@ -118,6 +129,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
     from ..runtime.transport import cma, shm
     if cma.reads:   # large messages went by single copy: from which size the sender is free
         res["single_copy_min_bytes"] = shm.CMA_COPY_MIN_BYTES
+        res["single_copy_fresh_min_bytes"] = shm.CMA_MIN_BYTES   # ... and from which a just-written source
     return res
 
 

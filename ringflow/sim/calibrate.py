@@ -9,6 +9,10 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``oneway`` / ``oneway_reduce`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB;
 - ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array, as in-place all-reduce and
   reduce call it: a reduction into its own operand streams one buffer fewer (1.4-1.8x faster here);
+- ``exchange_fresh``: a copy into scratch, then the exchange of the scratch: what sending bytes the
+  rank just wrote (a tree forwarding, the all-gather half of an all-reduce) costs beyond the copy
+  and the plain exchange (on this VM 2x the plain exchange at 512 KiB: such sources go through the
+  slots up to 1 MiB, untouched ones by single copy from 256 KiB);
 - ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
   peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
   show (the simulator prices steps with several peers per rank from it);
@@ -96,7 +100,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     alpha = max(0.0, (t8 - t1) / 7.0)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
-              for name in ("oneway", "exchange", "exchange_reduce", "copy", "oneway_solo", "oneway_reduce",
+              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "copy", "oneway_solo", "oneway_reduce",
                            "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
@@ -111,13 +115,15 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     check = max(0.0, float(r["steps1_checked"]["4"]) - t1) if "steps1_checked" in r else 0.0
     return {"nranks": int(result["nranks"]), "sizes": sizes, "alpha_us": alpha, "base_us": t1 - alpha,
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"),
+            "single_copy_fresh_min_bytes": result.get("single_copy_fresh_min_bytes"),
             **({"check_rooted_us": max(0.0, float(next(iter(r["check_rooted"].values()))))}
                if "check_rooted" in r else {}),
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
-            **{f"{k}_us": monotone(series[k]).tolist() for k in ("alltoall", "fanin", "fanout") if k in series},
+            **{f"{k}_us": monotone(series[k]).tolist() for k in ("alltoall", "fanin", "fanout", "exchange_fresh")
+               if k in series},
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -171,6 +177,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                 report[f"{p}.{label}.reduce_inplace_GBps"] = {"value": q.reduce_inplace_GBps,
                                                               "from": _source("reduce_inplace_GBps")}
                 report[f"{p}.{label}.copy_GBps"] = {"value": q.copy_GBps, "from": _source("copy_GBps")}
+                report[f"{p}.{label}.fresh_send_GBps"] = {"value": q.fresh_send_GBps,
+                                                          "from": _source("fresh_send_GBps")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
                             "from": "runtime.transport.doorbell.host_cores (cgroup cpuset, else online CPUs)"}
     return topo, report
@@ -190,6 +198,8 @@ def _source(key: str) -> str:
                                    "the sizes within m/2..2m: a rank reducing into its own operand "
                                    "(in-place all-reduce, reduce)",
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
+            "fresh_send_GBps": "bytes / (exchange of just-copied bytes - their copy - the plain exchange): "
+                               "the extra cost of sending what the rank wrote earlier in the call (None: none)",
             }.get(key, "")
 
 

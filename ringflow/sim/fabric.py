@@ -160,7 +160,8 @@ class Fabric:
         copy_GBps, reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
         when the host has fewer cores than ranks, and
         reductions slower still when several ranks of the step reduce at once
-        (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone)."""
+        (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
+        a rank sends fresh (written earlier in the call) cost it fresh_send_GBps extra."""
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
@@ -174,6 +175,8 @@ class Fabric:
                 k = busy[table.lstep]
                 red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
             per += red
+        if table.lfresh is not None and p.fresh_send_GBps:
+            per += table.lfresh / (p.fresh_send_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]
 
     def local_slowdown(self, nranks: int) -> np.ndarray:

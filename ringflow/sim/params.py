@@ -86,6 +86,12 @@ class SimParams:
     # reduction into the copy kernel, so it costs no extra time beyond the transfer.  ringflow's
     # CPU runtime reduces with numpy after receiving: `ringflow calibrate` measures both.
     copy_GBps: float | None = None
+    # Extra work per byte a rank sends that it wrote earlier in the same call (forwarded or reduced
+    # data) and its receiver copies: ringflow's runtime sends such sources through the shm slots below
+    # 1 MiB (a kernel single copy from a source dirty in the sender's cache crosses cores slowly),
+    # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` for messages of
+    # 256 KiB .. 1 MiB; None: free.
+    fresh_send_GBps: float | None = None
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
     # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
@@ -251,6 +257,15 @@ class SimParams:
         # of x bytes touches 2x)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
         cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
+        # sending what the rank just wrote costs more where it takes another path than an untouched
+        # source (the slots, not a single copy: from the single-copy size up to the fresh one's) and at
+        # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache);
+        # beyond, the calibration's difference is its copy evicting the exchange's buffers, which a
+        # collective's step does not repeat (2-rank all-reduce 16 MiB: +13 % without it, +29 % with it).
+        # There: the fresh exchange over its copy and the plain exchange
+        fresh_path = single is not None and float(single) <= msg_bytes <= float(c.get("single_copy_fresh_min_bytes") or 0)
+        fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
+            if fresh_path and "exchange_fresh_us" in c else 0.0
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -265,7 +280,7 @@ class SimParams:
             reduce_inplace_GBps=1e-3 / red_ip,
             # n ranks reducing at once are at worst n reductions in a row
             reduce_busy_slowdown=float(min(red_busy / red, busy)),
-            copy_GBps=1e-3 / cpy, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
+            copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,
@@ -295,6 +310,7 @@ class SimParams:
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
+                           (self.fresh_send_GBps, "fresh_send_GBps"),
                            (self.reduce_inplace_GBps, "reduce_inplace_GBps")):
             if rate is not None and rate <= 0:
                 raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")

@@ -41,6 +41,9 @@ class TransferTable:
     lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
     # float64 [W] the part of lreduce whose destination is also its local operand (in place); None: none known
     lreduce_inplace: np.ndarray | None = None
+    # float64 [W] bytes sent fresh (`executor.Xfer.fresh`: written earlier in the call, copied by the
+    # receiver); None: none known
+    lfresh: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
 
@@ -158,6 +161,8 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
                     rows.send(s, r, x.peer, int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0, x.nbytes)
                     if x.snapshot:
                         rows.work(r, s, 0, x.nbytes)
+                    if x.fresh:
+                        rows.work(r, s, 3, x.nbytes)
                 elif x.kind == OpKind.RECV_REDUCE:
                     rows.work(r, s, 1, x.nbytes, same(x.buf, x.off, x.src_buf, x.src_off))
             for lo in st.locals:
@@ -167,7 +172,7 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
 
 
 class _Rows:
-    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place] bytes, for one TransferTable."""
+    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place, fresh send] bytes, for one TransferTable."""
 
     def __init__(self) -> None:
         self.step: list[int] = []
@@ -186,8 +191,9 @@ class _Rows:
         self.nbytes.append(nbytes)
 
     def work(self, rank: int, step: int, kind: int, nbytes: int, inplace: bool = False) -> None:
-        """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand)."""
-        w = self.local.setdefault((rank, step), [0, 0, 0])
+        """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand), 3 bytes
+        sent fresh (written earlier in the call, copied by the receiver: `executor.Xfer.fresh`)."""
+        w = self.local.setdefault((rank, step), [0, 0, 0, 0])
         w[kind] += nbytes
         if inplace:
             w[2] += nbytes
@@ -221,7 +227,8 @@ def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[
         to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
         np.asarray([work[k][0] for k in wk], dtype=np.float64) / denom,
         np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][2] for k in wk], dtype=np.float64) / denom)
+        np.asarray([work[k][2] for k in wk], dtype=np.float64) / denom,
+        np.asarray([work[k][3] for k in wk], dtype=np.float64) / denom)
 
 
 def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
@@ -269,10 +276,10 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
         linv = linv.reshape(-1)
         lc = np.bincount(linv, weights=table.lcopy, minlength=lu.shape[1])
         lr = np.bincount(linv, weights=table.lreduce, minlength=lu.shape[1])
-        li = None if table.lreduce_inplace is None else \
-            np.bincount(linv, weights=table.lreduce_inplace, minlength=lu.shape[1])
+        li, lf = (None if w is None else np.bincount(linv, weights=w, minlength=lu.shape[1])
+                  for w in (table.lreduce_inplace, table.lfresh))
     else:
-        lu, lc, lr, li = lkey, table.lcopy, table.lreduce, table.lreduce_inplace
+        lu, lc, lr, li, lf = lkey, table.lcopy, table.lreduce, table.lreduce_inplace, table.lfresh
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
-                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr, lreduce_inplace=li,
+                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr, lreduce_inplace=li, lfresh=lf,
                    coarsened=max(table.coarsened, factor))
