@@ -75,6 +75,18 @@ def test_monotone_is_the_least_squares_non_decreasing_fit() -> None:
     assert np.all(np.diff(monotone(list(v))) >= -1e-12)
 
 
+def test_an_exchange_slower_than_the_exchange_with_a_reduction_is_cleaned_to_it() -> None:
+    """A slow mode of the plain exchange (seen on 2 TCP ranks) cannot make it dearer than the same
+    exchange with a reduction on top."""
+    m = synthetic("tcp", 2)
+    slow = str(2**19)
+    m["results"]["exchange"][slow] = 3 * m["results"]["exchange_reduce"][slow]
+    c = curves(m)
+    i = c["sizes"].index(2**19)
+    assert c["exchange_us"][i] == pytest.approx(m["results"]["exchange_reduce"][slow])
+    assert np.all(np.diff(c["exchange_us"]) >= 0)
+
+
 def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_path) -> None:
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
     topo, report = fit(measured, nprocs=4, cores=2)
