@@ -87,6 +87,19 @@ def test_an_exchange_slower_than_the_exchange_with_a_reduction_is_cleaned_to_it(
     assert np.all(np.diff(c["exchange_us"]) >= 0)
 
 
+def test_a_latency_bound_one_way_does_not_slow_the_exchange_below_its_measured_rate() -> None:
+    """One job in three, loopback TCP one-ways at 128-512 KiB take nearly as long as the exchange: the
+    rank's engine is at least as fast as the exchange showed, so the exchange is predicted as measured."""
+    m = synthetic("tcp", 2)
+    r = m["results"]
+    r["oneway"] = {k: 0.9 * v for k, v in r["exchange"].items()}
+    topo, _ = fit({"tcp": {2: m}}, nprocs=2)
+    b = 2**19
+    got = simulate_schedule(topo, _schedules(2)["exchange"], b, params={"host_transport": "tcp"},
+                            endpoints=topo.endpoints()[:2])
+    assert got.time_us == pytest.approx(r["exchange"][str(b)], rel=0.02)
+
+
 def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_path) -> None:
     measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
     topo, report = fit(measured, nprocs=4, cores=2)

@@ -223,7 +223,9 @@ class SimParams:
         # a rank's engine carries its receive, and its send too unless the receiver does the copy;
         # alone on a core it runs at the solo rate, and all ranks together at most at the host's total
         per_byte = 1e-3 if sender_free else 2e-3
-        engine_GBps = 1e-3 / solo
+        # (and at least as fast as the exchange showed it: a one-way slower than half the exchange is
+        # latency-bound, loopback TCP at 128-512 KiB in one job in three)
+        engine_GBps = max(1e-3 / solo, per_byte / exch)
         busy = int(c.get("busy_ranks", 2))
         pool_GBps = per_byte / exch * busy
         n = int(c.get("nranks", 2))
