@@ -362,8 +362,8 @@ def test_sending_bytes_written_earlier_in_the_call_costs_the_calibrated_extra(ms
     measured = synthetic("shm", 2)
     plain = {**measured, "results": {k: v for k, v in measured["results"].items() if k != "exchange_fresh"}}
     size = 2 * msg   # halving-doubling on 2 ranks: halves of the buffer
-    tab = from_plans(get_schedule("all_reduce", "halving_doubling", 2), CallShape(Collective.ALL_REDUCE, 2, size // 4, 4),
-                     inplace=True)
+    tab = from_plans(get_schedule("all_reduce", "halving_doubling", 2),
+                     CallShape(Collective.ALL_REDUCE, 2, size // 4, 4), inplace=True)
     assert tab.lfresh is not None and tab.lfresh[tab.lstep == 1] == pytest.approx([0.5, 0.5])
     assert not tab.lfresh[tab.lstep == 0].any()
     got = {}

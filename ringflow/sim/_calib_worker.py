@@ -57,7 +57,8 @@ def _schedules(n: int):
     block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
-    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "oneway": build("cal-oneway", 1), "exchange": build("cal-exchange", 1, exchange=True),
+    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "oneway": build("cal-oneway", 1),
+            "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),

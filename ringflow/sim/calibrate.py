@@ -100,15 +100,17 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     alpha = max(0.0, (t8 - t1) / 7.0)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
-              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "copy", "oneway_solo", "oneway_reduce",
-                           "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
+              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "copy", "oneway_solo",
+                           "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     # slow modes the collectives do not see (loopback TCP, one job in three) are cleaned by what each
-    # step contains: an exchange slower than the same exchange with a reduction ran in one (2 TCP ranks, 512 KiB-1 MiB: 490 us, then 153 us in the next job, against 220 us with
-    # the reduction): the reduction's time bounds it
-    ex = monotone(np.minimum(series["exchange"], monotone(series["exchange_reduce"])).tolist())
-    xr = np.maximum(monotone(series["exchange_reduce"]), ex)
+    # step contains: an exchange slower than the same exchange with a reduction ran in one (2 TCP
+    # ranks, 512 KiB-1 MiB: 490 us, then 153 us in the next job, against 220 us with the reduction):
+    # the reduction's time bounds it
+    xr = monotone(series["exchange_reduce"])
+    ex = monotone(np.minimum(series["exchange"], xr).tolist())
+    xr = np.maximum(xr, ex)
     # likewise a one-way slower than the exchange (which is that one-way and its reverse at once):
     # 2 TCP ranks, 128 KiB, 73 us against 62 us in one job, 33 us in the next
     ow = monotone(np.minimum(series["oneway"], ex).tolist())

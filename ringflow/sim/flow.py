@@ -190,7 +190,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
                 now_cap = cap
                 if lone_speedups:
                     boost = fab.lone_factor(np.zeros(pidx.size, dtype=np.int64), flows.f_transfer[active][owner],
-                                                 plink)
+                                            plink)
                     if np.any(boost > 1.0):   # a transfer alone on its host
                         now_cap = cap.copy()
                         now_cap[plink[boost > 1.0]] *= boost[boost > 1.0]

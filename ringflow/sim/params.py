@@ -265,7 +265,8 @@ class SimParams:
         # beyond, the calibration's difference is its copy evicting the exchange's buffers, which a
         # collective's step does not repeat (2-rank all-reduce 16 MiB: +13 % without it, +29 % with it).
         # There: the fresh exchange over its copy and the plain exchange
-        fresh_path = single is not None and float(single) <= msg_bytes <= float(c.get("single_copy_fresh_min_bytes") or 0)
+        fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
+        fresh_path = single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if fresh_path and "exchange_fresh_us" in c else 0.0
         tier = "loopback" if self.host_transport == "tcp" else "shm"
@@ -282,7 +283,8 @@ class SimParams:
             reduce_inplace_GBps=1e-3 / red_ip,
             # n ranks reducing at once are at worst n reductions in a row
             reduce_busy_slowdown=float(min(red_busy / red, busy)),
-            copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None, protocols=protos, call_overhead_per_peer_us=0.0, host_cores=None,
+            copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None, protocols=protos,
+            call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,

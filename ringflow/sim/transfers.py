@@ -281,5 +281,5 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
     else:
         lu, lc, lr, li, lf = lkey, table.lcopy, table.lreduce, table.lreduce_inplace, table.lfresh
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
-                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr, lreduce_inplace=li, lfresh=lf,
-                   coarsened=max(table.coarsened, factor))
+                   frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
+                   lreduce_inplace=li, lfresh=lf, coarsened=max(table.coarsened, factor))
