@@ -236,3 +236,28 @@ def test_plan_marks_sends_a_receiver_copies_from_a_source_not_yet_written() -> N
     # ring all-reduce: reduce-scatter step (peer reduces), then the all-gather step sends the chunk
     # this rank has just reduced (dirty in its cache)
     assert sends("all_reduce", "ring", True) == [[False], [False]]
+
+
+def test_a_socket_wait_polls_its_sockets_for_the_budget_and_sees_data_that_lands() -> None:
+    """Socket-only waits on a host with a core per rank poll before sleeping: no data -> False after the
+    whole budget; data waiting -> True (a 10 s budget would show as a 10 s test otherwise)."""
+    import select
+    import socket
+
+    from ringflow.runtime.executor import _sockets_ready
+
+    a, b = socket.socketpair()
+    try:
+        class Op:
+            fds = ((b.fileno(), select.POLLIN),)
+        t0 = time.monotonic()
+        assert not _sockets_ready([Op()], 0.02)
+        assert time.monotonic() - t0 >= 0.02
+        a.send(b"x")
+        assert _sockets_ready([Op()], 10.0)
+        t0 = time.monotonic()
+        assert not _sockets_ready([], 10.0)   # shm-only or fd-less ops: nothing to poll, no spin
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        a.close()
+        b.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -211,6 +212,9 @@ class Waiter:
         spinning (or sched_yield, which on a busy host hands the core to anybody for a timeslice)
         would only delay it. Bulk transfers spin yielding the core, up to the spin budget: the peer
         is busy copying the next slice and will be back within tens of microseconds.
+        Socket-only waits poll their sockets for HOT_SPIN_S before sleeping, unless the host is
+        oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-40 us on a
+        VM), and a pair of ranks can lock into paying it on every call.
         """
         self.failure()
         shm = [op for op in pending if op.is_shm]
@@ -225,6 +229,8 @@ class Waiter:
                     break
                 if not hot_spin:
                     os.sched_yield()
+        elif self.hot_s > 0 and _sockets_ready(pending, self.hot_s):
+            return
         for op in shm:
             op.set_waiting(1)
         try:
@@ -243,6 +249,21 @@ class Waiter:
             for op in shm:
                 op.set_waiting(0)
         self.failure()
+
+
+def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:
+    """Poll the pending ops' sockets without sleeping for up to budget_s; True once one is ready."""
+    fds = [fd for op in pending for fd in op.fds]
+    if not fds:
+        return False
+    poller = select.poll()
+    for fd, ev in fds:
+        poller.register(fd, ev)
+    end = time.monotonic() + budget_s
+    while time.monotonic() < end:
+        if poller.poll(0):
+            return True
+    return False
 
 
 def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str, hot: bool = True) -> None:
