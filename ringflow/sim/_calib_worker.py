@@ -43,6 +43,15 @@ def _schedules(n: int):
         fr.copy(hi, 0, SC0, IN0)
         fr.transfer(1, lo, hi, SC0, OUT0)
         fr.transfer(1, hi, lo, SC0, OUT0)
+    # the exchange and a local copy of as many bytes in one step (an all-gather's own block, a gather's
+    # root): both buffers together can overflow a core's cache, where apart they fit
+    xc = ScheduleBuilder("all_reduce", n, "cal-exchange-copy",
+                         layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
+    for lo, hi in every:
+        xc.copy(lo, 0, SC0, IN0)
+        xc.copy(hi, 0, SC0, IN0)
+        xc.transfer(0, lo, hi, IN0, OUT0)
+        xc.transfer(0, hi, lo, IN0, OUT0)
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
 
     def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
@@ -57,7 +66,7 @@ def _schedules(n: int):
     block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
-    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "oneway": build("cal-oneway", 1),
+    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "exchange_copy": xc.build(), "oneway": build("cal-oneway", 1),
             "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
@@ -121,7 +130,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
-                 "exchange_fresh") + \
+                 "exchange_fresh", "exchange_copy") + \
             (("oneway_solo", "alltoall", "fanin", "fanout") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}

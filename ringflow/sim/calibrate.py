@@ -13,6 +13,9 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
   rank just wrote (a tree forwarding, the all-gather half of an all-reduce) costs beyond the copy
   and the plain exchange (on this VM 2x the plain exchange at 512 KiB: such sources go through the
   slots up to 1 MiB, untouched ones by single copy from 256 KiB);
+- ``exchange_copy``: the exchange and a copy of as many bytes in one step, as an all-gather's or a
+  gather's root's step runs them: what the copy costs beside a transfer beyond the two apart (on this
+  VM +40-60 us at 512 KiB-1 MiB on 2 shm ranks: together they overflow the core's 2 MiB L2);
 - ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
   peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
   show (the simulator prices steps with several peers per rank from it);
@@ -100,7 +103,8 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     alpha = max(0.0, (t8 - t1) / 7.0)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
-              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "copy", "oneway_solo",
+              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
+                           "oneway_solo",
                            "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
@@ -129,8 +133,8 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
-            **{f"{k}_us": monotone(series[k]).tolist() for k in ("alltoall", "fanin", "fanout", "exchange_fresh")
-               if k in series},
+            **{f"{k}_us": monotone(series[k]).tolist()
+               for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy") if k in series},
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -186,6 +190,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                 report[f"{p}.{label}.copy_GBps"] = {"value": q.copy_GBps, "from": _source("copy_GBps")}
                 report[f"{p}.{label}.fresh_send_GBps"] = {"value": q.fresh_send_GBps,
                                                           "from": _source("fresh_send_GBps")}
+                report[f"{p}.{label}.copy_beside_transfer_GBps"] = {
+                    "value": q.copy_beside_transfer_GBps, "from": _source("copy_beside_transfer_GBps")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
                             "from": "runtime.transport.doorbell.host_cores (cgroup cpuset, else online CPUs)"}
     return topo, report
@@ -207,6 +213,9 @@ def _source(key: str) -> str:
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             "fresh_send_GBps": "bytes / (exchange of just-copied bytes - their copy - the plain exchange): "
                                "the extra cost of sending what the rank wrote earlier in the call (None: none)",
+            "copy_beside_transfer_GBps": "1 / slope of (exchange and copy in one step - the exchange - the copy's "
+                                         "work) over the sizes within m/2..2m: local work beside a transfer "
+                                         "(None: none)",
             }.get(key, "")
 
 

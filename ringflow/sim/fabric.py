@@ -31,6 +31,14 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
+def _beside_transfer(table: Any) -> np.ndarray:
+    """Per local-work entry of `table`: 1.0 where its rank receives in the same step (a sender whose
+    receiver reads its buffer, a scatter's root, does not fill its own cache with the message)."""
+    width = table.nranks
+    busy = np.unique(table.step * width + table.dst)
+    return np.isin(table.lstep * width + table.lrank, busy).astype(np.float64)
+
+
 class Fabric:
     """Links and routes of a topology for a given rank placement and parameters."""
 
@@ -161,7 +169,8 @@ class Fabric:
         when the host has fewer cores than ranks, and
         reductions slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
-        a rank sends fresh (written earlier in the call) cost it fresh_send_GBps extra."""
+        a rank sends fresh (written earlier in the call) cost it fresh_send_GBps extra, and copies in a
+        step where the rank also receives copy_beside_transfer_GBps extra."""
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
@@ -177,6 +186,8 @@ class Fabric:
             per += red
         if table.lfresh is not None and p.fresh_send_GBps:
             per += table.lfresh / (p.fresh_send_GBps * 1e3)
+        if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
+            per += table.lcopy * _beside_transfer(table) / (p.copy_beside_transfer_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]
 
     def local_slowdown(self, nranks: int) -> np.ndarray:

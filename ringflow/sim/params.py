@@ -92,6 +92,11 @@ class SimParams:
     # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` for messages of
     # 256 KiB .. 1 MiB; None: free.
     fresh_send_GBps: float | None = None
+    # Extra work per byte a rank copies or reduces locally in a step where it also sends or receives:
+    # the step's buffers together can overflow the core's cache where each alone fits (2 shm ranks at
+    # 512 KiB-1 MiB: the exchange and the copy in one step take 40-60 us more than apart). Measured by
+    # `ringflow calibrate` (exchange_copy); None: free.
+    copy_beside_transfer_GBps: float | None = None
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
     # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
@@ -245,12 +250,15 @@ class SimParams:
                 engine_GBps = max(engine_GBps, 1e-3 * msgs * m / t_step)
                 pair = solo
 
-        def extra(hi: str, lo: str) -> float:
-            # us per byte that curve `hi` adds to `lo`: the least-squares slope through the origin over
-            # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times
+        def extra(hi: str, lo: str, less: str | None = None) -> float:
+            # us per byte that curve `hi` adds to `lo` (and to `less`'s work, its call overhead aside) over
+            # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times: the
+            # least-squares slope through the origin, or with `less` (a cache effect that comes and goes
+            # within a factor of 2 of size) the mean per byte, which the largest size does not dominate
             xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
-            d = np.array([at(hi, x) - at(lo, x) for x in xs])
-            return max(float(np.dot(d, xs) / np.dot(xs, xs)), tiny)
+            d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
+            slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
+            return max(slope, tiny)
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's)
         red_busy = extra("exchange_reduce_us", "exchange_us")
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
@@ -269,6 +277,13 @@ class SimParams:
         fresh_path = single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if fresh_path and "exchange_fresh_us" in c else 0.0
+        # a copy beside a transfer in one step: what the two together took beyond each apart. Only where
+        # every rank has a core: with more ranks than cores the calibration step (every rank copying
+        # beside its exchange) adds their time-sharing, which a step with one copying root does not pay
+        # (4 ranks on 2 cores: +100 us at 512 KiB; gathers and scatters then predicted +20-50 %)
+        cores = self.host_cores
+        beside = extra("exchange_copy_us", "exchange_us", "copy_us") \
+            if "exchange_copy_us" in c and (cores is None or n <= int(cores)) else 0.0
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -284,6 +299,7 @@ class SimParams:
             # n ranks reducing at once are at worst n reductions in a row
             reduce_busy_slowdown=float(min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None, protocols=protos,
+            copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
@@ -315,6 +331,7 @@ class SimParams:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
                            (self.fresh_send_GBps, "fresh_send_GBps"),
+                           (self.copy_beside_transfer_GBps, "copy_beside_transfer_GBps"),
                            (self.reduce_inplace_GBps, "reduce_inplace_GBps")):
             if rate is not None and rate <= 0:
                 raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")
