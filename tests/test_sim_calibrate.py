@@ -20,7 +20,7 @@ SOLO = 1.25   # on 4 ranks a lone one-way (the other ranks idle) is that much fa
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
 FRESH_SINGLE = 2**22   # ... for a source the sender wrote earlier in the call
 FRESH = 1 / 8e3   # us per byte such a source costs extra on 1 MiB .. 4 MiB messages (shm)
-BESIDE = 1 / 20e3   # us per byte a local copy costs extra beside a transfer in the same step
+BESIDE = 1 / 3e3   # us per byte a local copy costs extra beside a receive in the same step (above 15 % of the exchange)
 # per transport and rank count: per-step latency, call overhead, CHECK exchange (us), and the cost
 # per byte (us) of a lone one-way transfer, of a reduction and of a local copy; `exch`: an exchange
 # with every rank busy costs that many one-ways (below the single-copy size both ends copy: 2 on

@@ -33,25 +33,23 @@ def _schedules(n: int):
     cp = ScheduleBuilder("all_reduce", n, "cal-copy", layouts=lay)
     for r in range(n):
         cp.copy(r, 0, OUT0, IN0)
-    # the exchange of bytes each rank has just written (forwarding, a reduction's result): copy IN to
-    # scratch, then exchange the scratch
     SC0 = ChunkRef(Buffer.SCRATCH, 0)
-    fr = ScheduleBuilder("all_reduce", n, "cal-exchange-fresh",
-                         layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
-    for lo, hi in every:
-        fr.copy(lo, 0, SC0, IN0)
-        fr.copy(hi, 0, SC0, IN0)
-        fr.transfer(1, lo, hi, SC0, OUT0)
-        fr.transfer(1, hi, lo, SC0, OUT0)
-    # the exchange and a local copy of as many bytes in one step (an all-gather's own block, a gather's
-    # root): both buffers together can overflow a core's cache, where apart they fit
-    xc = ScheduleBuilder("all_reduce", n, "cal-exchange-copy",
-                         layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
-    for lo, hi in every:
-        xc.copy(lo, 0, SC0, IN0)
-        xc.copy(hi, 0, SC0, IN0)
-        xc.transfer(0, lo, hi, IN0, OUT0)
-        xc.transfer(0, hi, lo, IN0, OUT0)
+
+    def copy_and_exchange(name: str, fresh: bool):  # noqa: ANN202
+        """Every rank copies IN to scratch in step 0; every pair exchanges the scratch in step 1 (`fresh`)
+        or IN in step 0."""
+        b = ScheduleBuilder("all_reduce", n, name, layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
+        for lo, hi in every:
+            b.copy(lo, 0, SC0, IN0)
+            b.copy(hi, 0, SC0, IN0)
+            b.transfer(int(fresh), lo, hi, SC0 if fresh else IN0, OUT0)
+            b.transfer(int(fresh), hi, lo, SC0 if fresh else IN0, OUT0)
+        return b.build()
+    # the exchange of bytes each rank has just written (forwarding, a reduction's result); the exchange
+    # and a copy of as many bytes in one step (an all-gather's own block, a gather's root): both buffers
+    # together can overflow a core's cache, where apart they fit
+    fr = copy_and_exchange("cal-exchange-fresh", fresh=True)
+    xc = copy_and_exchange("cal-exchange-copy", fresh=False)
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
 
     def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
@@ -66,7 +64,8 @@ def _schedules(n: int):
     block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
-    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr.build(), "exchange_copy": xc.build(), "oneway": build("cal-oneway", 1),
+    return {**block_steps, "copy": cp.build(), "exchange_fresh": fr, "exchange_copy": xc,
+            "oneway": build("cal-oneway", 1),
             "exchange": build("cal-exchange", 1, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
