@@ -104,8 +104,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: [float(r[name][str(b)]) for b in sizes]
               for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
-                           "oneway_solo",
-                           "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
+                           "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
               if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     # slow modes the collectives do not see (loopback TCP, one job in three) are cleaned by what each
@@ -144,8 +143,9 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
 
     The topology's SHM / LOOPBACK edges carry the highest one-way rate measured on that transport;
     ``meta["sim"]["host_curves"]`` carries every job's curves (`SimParams.for_call` reads them at
-    each call's largest message, local copies at its working set).  The report lists, per transport and rank count, the per-step
-    latency, the per-call overhead and the rates at 64 KiB, 1 MiB and 16 MiB messages."""
+    each call's largest message, local copies at its working set).  The report lists, per transport and
+    rank count, the per-step latency, the per-call overhead and the rates at 64 KiB, 1 MiB and 16 MiB
+    messages."""
     from ..runtime.transport.doorbell import host_cores
     from ..topology import Topology
     from ..topology.presets import build_host_cpu
@@ -213,9 +213,9 @@ def _source(key: str) -> str:
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             "fresh_send_GBps": "bytes / (exchange of just-copied bytes - their copy - the plain exchange): "
                                "the extra cost of sending what the rank wrote earlier in the call (None: none)",
-            "copy_beside_transfer_GBps": "1 / slope of (exchange and copy in one step - the exchange - the copy's "
-                                         "work) over the sizes within m/2..2m: local work beside a transfer "
-                                         "(None: none)",
+            "copy_beside_transfer_GBps": "1 / mean per byte of (exchange and copy in one step - the exchange - the "
+                                         "copy's work) over the sizes within m/2..2m: a copy beside a receive "
+                                         "(None: none, below 15 % of the exchange, or more ranks than cores)",
             }.get(key, "")
 
 

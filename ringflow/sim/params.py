@@ -99,10 +99,10 @@ class SimParams:
     # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` for messages of
     # 256 KiB .. 1 MiB; None: free.
     fresh_send_GBps: float | None = None
-    # Extra work per byte a rank copies or reduces locally in a step where it also sends or receives:
-    # the step's buffers together can overflow the core's cache where each alone fits (2 shm ranks at
-    # 512 KiB-1 MiB: the exchange and the copy in one step take 40-60 us more than apart). Measured by
-    # `ringflow calibrate` (exchange_copy); None: free.
+    # Extra work per byte a rank copies locally in a step where it also receives: the step's buffers
+    # together can overflow the core's cache where each alone fits (2 shm ranks at 512 KiB-1 MiB: the
+    # exchange and the copy in one step take 40-60 us more than apart). Measured by `ringflow calibrate`
+    # (exchange_copy) on hosts with a core per rank, from BESIDE_MIN_FRACTION of the exchange; None: free.
     copy_beside_transfer_GBps: float | None = None
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
