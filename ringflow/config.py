@@ -78,6 +78,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("SINGLE_RING_THRESHOLD", 256 * 2**10, parse_size, "Below this size (bytes) one channel is used "
          "(NCCL_SINGLE_RING_THRESHOLD, 256 KiB).", "runtime"),
     Knob("CHECKS_DISABLE", False, _bool, "1 skips the cross-rank argument checks (count, dtype, op).", "runtime"),
+    Knob("TCP_CONGESTION", "auto", _str, "TCP congestion control of data sockets: `auto` (same-host peers "
+         "use cubic or reno, since BBR paces even loopback: +40 us per 64 KiB message after a bulk "
+         "transfer; other peers keep the system's), `system`, or a name the kernel offers.", "runtime"),
     Knob("TRAFFIC_CLASS", -1, _int, "DSCP/TOS value set on a communicator's sockets (-1: leave unset).", "runtime"),
     Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -261,3 +262,47 @@ def test_a_socket_wait_polls_its_sockets_for_the_budget_and_sees_data_that_lands
     finally:
         a.close()
         b.close()
+
+
+def _congestion(sock: socket.socket) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+
+
+@pytest.mark.parametrize("setting", ["auto", "reno", "system"])
+def test_same_host_data_sockets_get_the_congestion_control_the_knob_picks(setting: str) -> None:
+    """BBR paces loopback too (a 64 KiB message after a bulk transfer waits ~40 us): same-host sockets
+    get a non-pacing algorithm on both ends, unless the knob says otherwise."""
+    from ringflow import config
+    from ringflow.runtime.transport.tcp import SAME_HOST_CC, Listener, congestion_for, dial
+    uid, secret = "cc-test", b"s" * 32
+    with config.override(TCP_CONGESTION=setting):
+        lis = Listener("127.0.0.1", secret, uid, None, lambda p, s: None, lambda p, k: None)
+        try:
+            out = dial(lis.address, secret, {"uid": uid, "rank": 1, "key": "d0"}, None, time.monotonic() + 10, "rank 0")
+            deadline = time.monotonic() + 10
+            while (inc := lis.take(1, "d0")) is None:
+                assert time.monotonic() < deadline, "the listener never admitted the connection"
+                time.sleep(0.01)
+            got = {_congestion(out), _congestion(inc)}
+            out.close()
+            inc.close()
+        finally:
+            lis.close()
+    if setting == "auto":
+        assert len(got) == 1 and got <= set(SAME_HOST_CC), got
+    elif setting == "system":
+        assert got == {Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()}
+    else:
+        assert got == {setting}
+    # a peer on another host keeps the system's choice; a name the kernel lacks is a typed error
+    assert congestion_for("192.0.2.77", "auto") == ((), False)
+    assert congestion_for("127.0.0.1", "Cubic") == (("cubic",), True)
+
+
+def test_a_congestion_control_the_kernel_lacks_is_a_config_error_naming_the_choices() -> None:
+    from ringflow.errors import ConfigError
+    from ringflow.runtime.transport.tcp import set_congestion
+    with socket.socket() as s:
+        with pytest.raises(ConfigError, match="no_such_cc.*use auto, system or one of: .*reno"):
+            set_congestion(s, ("no_such_cc",), strict=True)
+        assert set_congestion(s, ("no_such_cc", "reno"), strict=False) == "reno"

@@ -5,7 +5,8 @@ and sends a HELLO frame naming the communicator, its rank and the connection key
 are a validated 48-byte header (`frames`) followed by the payload, which the receiver reads with
 ``recv_into`` straight into the destination (or into a staging buffer it reduces from, in
 slices, so reduction overlaps the transfer). Sockets are non-blocking, TCP_NODELAY, with large
-buffers and the communicator's IP_TOS. Peer addresses are numeric: no name is ever resolved.
+buffers, the communicator's IP_TOS and, to same-host peers, a congestion control that does not
+pace (RINGFLOW_TCP_CONGESTION). Peer addresses are numeric: no name is ever resolved.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...errors import InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
+from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
 from .. import auth
 from . import frames
 from .base import Mismatch, Sink, XferOp
@@ -91,8 +92,60 @@ def select_interface(spec: str = "", available: list[tuple[str, str]] | None = N
     raise SystemError("no network interface with an IPv4 address", "bring one up or set RINGFLOW_SOCKET_IFNAME")
 
 
-def tune_socket(sock: socket.socket, tos: int | None) -> None:
-    """TCP_NODELAY, big buffers, keepalive, and the traffic class (IP_TOS) if given."""
+AVAILABLE_CC_PATH = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+# congestion controls without pacing, tried in order for same-host peers (reno is always built in)
+SAME_HOST_CC = ("cubic", "reno")
+
+
+def congestion_for(peer_ip: str, setting: str | None = None) -> tuple[tuple[str, ...], bool]:
+    """(the congestion controls to try in order on a socket to `peer_ip`, whether the user named one)
+    from RINGFLOW_TCP_CONGESTION (or `setting`).
+
+    `auto`: a same-host peer (loopback or one of this host's addresses) gets a non-pacing algorithm,
+    since BBR paces loopback too: after a bulk transfer each 64 KiB message waits ~40 us for its
+    pacing slot. Any other peer, and `system`, keep the kernel's default (nothing to try)."""
+    from ... import config
+    name = (config.get("TCP_CONGESTION") if setting is None else setting).strip().lower()
+    if name == "system":
+        return (), False
+    if name == "auto":
+        return (SAME_HOST_CC if _same_host(peer_ip) else ()), False
+    return (name,), True
+
+
+def _same_host(ip: str) -> bool:
+    import ipaddress
+    try:
+        if ipaddress.ip_address(ip).is_loopback:
+            return True
+    except ValueError:
+        return False
+    return ip in {a for _, a in interface_addresses()}
+
+
+def set_congestion(sock: socket.socket, names: tuple[str, ...], strict: bool) -> str | None:
+    """Set the first of `names` the kernel accepts on `sock`; which one (None: none tried or accepted).
+    `strict` (a name the user chose): one the kernel refuses is a ConfigError."""
+    for name in names:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+            return name
+        except OSError as exc:
+            if strict:
+                try:
+                    with open(AVAILABLE_CC_PATH) as fh:
+                        avail = fh.read().split()
+                except OSError:
+                    avail = []
+                raise ConfigError(f"RINGFLOW_TCP_CONGESTION={name!r} is refused by the kernel ({exc.strerror})",
+                                  f"use auto, system or one of: {', '.join(avail) or 'see ' + AVAILABLE_CC_PATH}"
+                                  " (modprobe tcp_<name> to add one)") from None
+    return None
+
+
+def tune_socket(sock: socket.socket, tos: int | None, peer_ip: str | None = None) -> None:
+    """TCP_NODELAY, big buffers, keepalive, the traffic class (IP_TOS) if given, and the congestion
+    control RINGFLOW_TCP_CONGESTION picks for `peer_ip`."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -102,6 +155,8 @@ def tune_socket(sock: socket.socket, tos: int | None) -> None:
             pass
     if tos is not None and tos >= 0:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, int(tos))
+    if peer_ip is not None:
+        set_congestion(sock, *congestion_for(peer_ip))
 
 
 def send_frame(sock: socket.socket, lock: threading.Lock, kind: Kind, seq: int, payload: bytes = b"",
@@ -132,7 +187,7 @@ def dial(addr: tuple[str, int], secret: bytes, hello: dict, tos: int | None, dea
                           "the peer did not start or the interface is wrong (RINGFLOW_SOCKET_IFNAME)")
         try:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            tune_socket(s, tos)
+            tune_socket(s, tos, addr[0])
             s.settimeout(min(left, 5.0))
             s.connect(addr)
             auth.client_handshake(s, secret, TRANSPORT_CTX, min(max(left, 0.5), 10.0), what=what)
@@ -201,7 +256,7 @@ class Listener:
             raise ProtocolError(f"connection from {peer_addr} is for communicator {hello.get('uid')!r}, "
                                 f"not {self.uid!r}")
         peer, key = int(hello["rank"]), str(hello["key"])
-        tune_socket(conn, self.tos)
+        tune_socket(conn, self.tos, peer_addr[0] if isinstance(peer_addr, tuple) else None)
         if self._closed:  # the communicator went away while this connection was being admitted
             conn.close()
             return
