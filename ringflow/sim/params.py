@@ -97,7 +97,7 @@ class SimParams:
     # data) and its receiver copies: ringflow's runtime sends such sources through the shm slots below
     # 1 MiB (a kernel single copy from a source dirty in the sender's cache crosses cores slowly),
     # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` for messages of
-    # 256 KiB .. 1 MiB; None: free.
+    # 256 KiB .. 1 MiB on hosts with a core per rank; None: free.
     fresh_send_GBps: float | None = None
     # Extra work per byte a rank copies locally in a step where it also receives: the step's buffers
     # together can overflow the core's cache where each alone fits (2 shm ranks at 512 KiB-1 MiB: the
@@ -274,6 +274,11 @@ class SimParams:
         # of x bytes touches 2x)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
         cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
+        # The fresh-send and copy-beside steps below have every rank copying beside its exchange: where
+        # ranks outnumber cores that adds their time-sharing, which a collective's step with one copying
+        # or forwarding rank does not pay (4 ranks on 2 cores: +100 us at 512 KiB, gathers and scatters
+        # then predicted +20-50 %; the fresh step's 4-rank noise priced tree broadcasts +55-125 %)
+        own_core = self.host_cores is None or n <= int(self.host_cores)
         # sending what the rank just wrote costs more where it takes another path than an untouched
         # source (the slots, not a single copy: from the single-copy size up to the fresh one's) and at
         # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache);
@@ -281,16 +286,11 @@ class SimParams:
         # collective's step does not repeat (2-rank all-reduce 16 MiB: +13 % without it, +29 % with it).
         # There: the fresh exchange over its copy and the plain exchange
         fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
-        fresh_path = single is not None and float(single) <= msg_bytes <= fresh_min
+        fresh_path = own_core and single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if fresh_path and "exchange_fresh_us" in c else 0.0
-        # a copy beside a transfer in one step: what the two together took beyond each apart. Only where
-        # every rank has a core: with more ranks than cores the calibration step (every rank copying
-        # beside its exchange) adds their time-sharing, which a step with one copying root does not pay
-        # (4 ranks on 2 cores: +100 us at 512 KiB; gathers and scatters then predicted +20-50 %)
-        cores = self.host_cores
-        beside = extra("exchange_copy_us", "exchange_us", "copy_us") \
-            if "exchange_copy_us" in c and (cores is None or n <= int(cores)) else 0.0
+        # a copy beside a transfer in one step: what the two together took beyond each apart
+        beside = extra("exchange_copy_us", "exchange_us", "copy_us") if own_core and "exchange_copy_us" in c else 0.0
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
         tier = "loopback" if self.host_transport == "tcp" else "shm"
