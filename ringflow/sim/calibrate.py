@@ -212,7 +212,8 @@ def _source(key: str) -> str:
                                    "(in-place all-reduce, reduce)",
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             "fresh_send_GBps": "bytes / (exchange of just-copied bytes - their copy - the plain exchange): "
-                               "the extra cost of sending what the rank wrote earlier in the call (None: none)",
+                               "the extra cost of sending what the rank wrote earlier in the call (None: none, "
+                               "messages outside the single-copy..fresh single-copy sizes, or more ranks than cores)",
             "copy_beside_transfer_GBps": "1 / mean per byte of (exchange and copy in one step - the exchange - the "
                                          "copy's work) over the sizes within m/2..2m: a copy beside a receive "
                                          "(None: none, below 15 % of the exchange, or more ranks than cores)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import ipaddress
 import json
 import logging
 import select
@@ -24,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from ... import config
 from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
 from .. import auth
 from . import frames
@@ -104,7 +106,6 @@ def congestion_for(peer_ip: str, setting: str | None = None) -> tuple[tuple[str,
     `auto`: a same-host peer (loopback or one of this host's addresses) gets a non-pacing algorithm,
     since BBR paces loopback too: after a bulk transfer each 64 KiB message waits ~40 us for its
     pacing slot. Any other peer, and `system`, keep the kernel's default (nothing to try)."""
-    from ... import config
     name = (config.get("TCP_CONGESTION") if setting is None else setting).strip().lower()
     if name == "system":
         return (), False
@@ -114,7 +115,6 @@ def congestion_for(peer_ip: str, setting: str | None = None) -> tuple[tuple[str,
 
 
 def _same_host(ip: str) -> bool:
-    import ipaddress
     try:
         if ipaddress.ip_address(ip).is_loopback:
             return True
