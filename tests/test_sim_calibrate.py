@@ -361,7 +361,8 @@ def test_a_lone_transfer_is_not_held_to_its_share_of_the_busy_host_pool() -> Non
 def test_sending_bytes_written_earlier_in_the_call_costs_the_calibrated_extra(msg: int) -> None:
     """2-rank halving-doubling all-reduce: step 1 sends what step 0 reduced (`Xfer.fresh`); from the
     single-copy size up to the fresh single-copy size each rank pays `FRESH` per byte of it, elsewhere
-    nothing (the path is the same as an untouched source's), and nothing where ranks share cores."""
+    nothing (the path is the same as an untouched source's, and no copy wrote it), and nothing where
+    ranks share cores."""
     from ringflow.algorithms.registry import get_schedule
     measured = synthetic("shm", 2)
     plain = {**measured, "results": {k: v for k, v in measured["results"].items() if k != "exchange_fresh"}}
@@ -382,6 +383,31 @@ def test_sending_bytes_written_earlier_in_the_call_costs_the_calibrated_extra(ms
     shared = [simulate_table(fit({"shm": {2: m}}, nprocs=2, cores=1)[0], tab, size, params={"host_transport": "shm"},
                              endpoints=topo.endpoints()[:2]).time_us for m in (measured, plain)]
     assert shared[0] == pytest.approx(shared[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("block,cores,paying", [(FRESH_SINGLE // 2, 4, 2), (FRESH_SINGLE, 4, 1), (SINGLE // 2, 2, 1),
+                                                (SINGLE // 4, 4, 0)])
+def test_sending_bytes_a_copy_wrote_costs_the_extra_at_every_size_from_the_single_copy_one(
+        block: int, cores: int, paying: int) -> None:
+    """4-rank Bruck all-gather: step 1 sends the rank's own block (copied in step 0) and the block it
+    received in step 0. Where fresh sources take the slots (messages of the single-copy .. fresh
+    single-copy size, a core per rank) both pay `FRESH` per byte; at other sizes from the single-copy
+    one, and where ranks share cores, only the copied block does, as the calibration's copied source
+    did; below the single-copy size neither."""
+    from ringflow.algorithms.registry import get_schedule
+    measured = synthetic("shm", 4)
+    plain = {**measured, "results": {k: v for k, v in measured["results"].items() if k != "exchange_fresh"}}
+    tab = from_plans(get_schedule("all_gather", "bruck", 4), CallShape(Collective.ALL_GATHER, 4, block // 4, 4),
+                     inplace=False)
+    assert tab.lfresh[tab.lstep == 1] == pytest.approx([2.0] * 4)
+    assert tab.lfresh_copied[tab.lstep == 1] == pytest.approx([1.0] * 4)
+    assert not tab.lfresh[tab.lstep == 0].any() and not tab.lfresh_copied[tab.lstep == 0].any()
+    got = {}
+    for name, m in (("fresh", measured), ("plain", plain)):
+        topo, _ = fit({"shm": {4: m}}, nprocs=4, cores=cores)
+        got[name] = np.array([simulate_table(topo, tab, 4 * block, engine=e, params={"host_transport": "shm"},
+                                             endpoints=topo.endpoints()[:4]).time_us for e in ("analytic", "flow")])
+    assert got["fresh"] - got["plain"] == pytest.approx([paying * block * FRESH] * 2, rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize("coll,algo", [("all_gather", "bruck"), ("gather", "binomial"), ("all_to_all", "pairwise"),

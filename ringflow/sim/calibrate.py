@@ -12,7 +12,8 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``exchange_fresh``: a copy into scratch, then the exchange of the scratch: what sending bytes the
   rank just wrote (a tree forwarding, the all-gather half of an all-reduce) costs beyond the copy
   and the plain exchange (on this VM 2x the plain exchange at 512 KiB: such sources go through the
-  slots up to 1 MiB, untouched ones by single copy from 256 KiB);
+  slots up to 1 MiB, untouched ones by single copy from 256 KiB); at other sizes, and on hosts with
+  fewer cores than ranks, what sending bytes a copy wrote (a Bruck all-gather's own block) costs;
 - ``exchange_copy``: the exchange and a copy of as many bytes in one step, as an all-gather's or a
   gather's root's step runs them: what the copy costs beside a transfer beyond the two apart (on this
   VM +40-60 us at 512 KiB-1 MiB on 2 shm ranks: together they overflow the core's 2 MiB L2);
@@ -212,8 +213,9 @@ def _source(key: str) -> str:
                                    "(in-place all-reduce, reduce)",
             "copy_GBps": "bytes / (local copy call - call overhead) (COPY ops: Bruck's rotations, ...)",
             "fresh_send_GBps": "bytes / (exchange of just-copied bytes - their copy - the plain exchange): "
-                               "the extra cost of sending what the rank wrote earlier in the call (None: none, "
-                               "messages outside the single-copy..fresh single-copy sizes, or more ranks than cores)",
+                               "the extra cost of sending what the rank wrote earlier in the call, every such "
+                               "byte on single-copy..fresh single-copy messages with a core per rank, else "
+                               "only bytes its copies wrote (None: none, or below the single-copy size)",
             "copy_beside_transfer_GBps": "1 / mean per byte of (exchange and copy in one step - the exchange - the "
                                          "copy's work) over the sizes within m/2..2m: a copy beside a receive "
                                          "(None: none, below 15 % of the exchange, or more ranks than cores)",

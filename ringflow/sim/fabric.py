@@ -169,7 +169,8 @@ class Fabric:
         when the host has fewer cores than ranks, and
         reductions slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
-        a rank sends fresh (written earlier in the call) cost it fresh_send_GBps extra, and copies in a
+        a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
+        it fresh_send_GBps extra, and copies in a
         step where the rank also receives copy_beside_transfer_GBps extra."""
         p = self.params
         per = np.zeros(table.lrank.size)
@@ -184,8 +185,9 @@ class Fabric:
                 k = busy[table.lstep]
                 red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
             per += red
-        if table.lfresh is not None and p.fresh_send_GBps:
-            per += table.lfresh / (p.fresh_send_GBps * 1e3)
+        fresh = table.lfresh if p.fresh_send_scope == "all" else table.lfresh_copied
+        if fresh is not None and p.fresh_send_GBps:
+            per += fresh / (p.fresh_send_GBps * 1e3)
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
             per += table.lcopy * _beside_transfer(table) / (p.copy_beside_transfer_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]

@@ -96,9 +96,13 @@ class SimParams:
     # Extra work per byte a rank sends that it wrote earlier in the same call (forwarded or reduced
     # data) and its receiver copies: ringflow's runtime sends such sources through the shm slots below
     # 1 MiB (a kernel single copy from a source dirty in the sender's cache crosses cores slowly),
-    # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` for messages of
-    # 256 KiB .. 1 MiB on hosts with a core per rank; None: free.
+    # untouched sources by single copy from 256 KiB. Measured by `ringflow calibrate` (exchange_fresh,
+    # whose source a copy wrote); None: free.  `fresh_send_scope` says which bytes pay it: "all" fresh
+    # bytes (256 KiB .. 1 MiB messages on hosts with a core per rank: the slot path), or only those a
+    # local copy of the rank wrote ("copied": every other size from 256 KiB, and hosts with fewer cores
+    # than ranks; `TransferTable.lfresh_copied`).
     fresh_send_GBps: float | None = None
+    fresh_send_scope: str = "all"
     # Extra work per byte a rank copies locally in a step where it also receives: the step's buffers
     # together can overflow the core's cache where each alone fits (2 shm ranks at 512 KiB-1 MiB: the
     # exchange and the copy in one step take 40-60 us more than apart). Measured by `ringflow calibrate`
@@ -281,14 +285,18 @@ class SimParams:
         own_core = self.host_cores is None or n <= int(self.host_cores)
         # sending what the rank just wrote costs more where it takes another path than an untouched
         # source (the slots, not a single copy: from the single-copy size up to the fresh one's) and at
-        # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache);
-        # beyond, the calibration's difference is its copy evicting the exchange's buffers, which a
-        # collective's step does not repeat (2-rank all-reduce 16 MiB: +13 % without it, +29 % with it).
-        # There: the fresh exchange over its copy and the plain exchange
+        # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache).
+        # Elsewhere from the single-copy size, and wherever ranks share cores, only bytes a local copy
+        # wrote pay it, as the calibration's source did: received or reduced bytes forwarded cost what
+        # untouched ones do (4 shm ranks on 2 cores, 4-16 MiB: a shift then an exchange of the received
+        # bytes within 3 % of the two apart; halving-doubling all-reduces 8-16 MiB +24..+39 % and 2-rank
+        # all-reduces at 16 MiB +16 % more when every fresh byte paid), while a Bruck all-gather's own
+        # block, copied and then sent, took 16-26 % longer than priced without it.
+        # Its price: the fresh exchange over its copy and the plain exchange
         fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
         fresh_path = own_core and single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
-            if fresh_path and "exchange_fresh_us" in c else 0.0
+            if sender_free and "exchange_fresh_us" in c else 0.0
         # a copy beside a transfer in one step: what the two together took beyond each apart
         beside = extra("exchange_copy_us", "exchange_us", "copy_us") if own_core and "exchange_copy_us" in c else 0.0
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
@@ -307,7 +315,8 @@ class SimParams:
             reduce_inplace_GBps=1e-3 / red_ip,
             # n ranks reducing at once are at worst n reductions in a row
             reduce_busy_slowdown=float(min(red_busy / red, busy)),
-            copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None, protocols=protos,
+            copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None,
+            fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
@@ -327,6 +336,8 @@ class SimParams:
                 raise ConfigError(f"sim routing {mode!r} is unknown", f"use one of {ROUTING_MODES}")
         if self.host_transport not in ("auto", "shm", "tcp"):
             raise ConfigError(f"sim host_transport {self.host_transport!r} is unknown", "use auto, shm or tcp")
+        if self.fresh_send_scope not in ("all", "copied"):
+            raise ConfigError(f"sim fresh_send_scope {self.fresh_send_scope!r} is unknown", "use all or copied")
         if not self.protocols:
             raise ConfigError("sim protocols list is empty", "give at least one protocol")
         for k, v in (self.endpoint_GBps or {}).items():

@@ -44,6 +44,8 @@ class TransferTable:
     # float64 [W] bytes sent fresh (`executor.Xfer.fresh`: written earlier in the call, copied by the
     # receiver); None: none known
     lfresh: np.ndarray | None = None
+    # float64 [W] the part of lfresh that a local copy of the rank wrote (an all-gather's own block); None: none
+    lfresh_copied: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
 
@@ -154,7 +156,9 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
     def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array
         return aliased(b1, inplace) == aliased(b2, inplace) and o1 == o2
     rows = _Rows()
+    isz = shape.itemsize
     for r in range(schedule.nranks):
+        copied: list[tuple[Buffer, int, int]] = []   # (array, first, end byte) this rank's copies wrote so far
         for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
             for x in st.xfers:
                 if x.kind == OpKind.SEND:
@@ -163,16 +167,21 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
                         rows.work(r, s, 0, x.nbytes)
                     if x.fresh:
                         rows.work(r, s, 3, x.nbytes)
+                        b, lo_, hi_ = aliased(x.buf, inplace), x.off, x.off + x.nbytes
+                        rows.work(r, s, 4, sum(max(0, min(hi, hi_) - max(lo, lo_)) for cb, lo, hi in copied if cb == b))
                 elif x.kind == OpKind.RECV_REDUCE:
                     rows.work(r, s, 1, x.nbytes, same(x.buf, x.off, x.src_buf, x.src_off))
             for lo in st.locals:
                 red = lo.kind != OpKind.COPY
-                rows.work(r, s, int(red), lo.n * shape.itemsize, red and same(lo.dst, lo.dst_off, lo.src, lo.src_off))
+                rows.work(r, s, int(red), lo.n * isz, red and same(lo.dst, lo.dst_off, lo.src, lo.src_off))
+                if not red:
+                    copied.append((aliased(lo.dst, inplace), lo.dst_off * isz, (lo.dst_off + lo.n) * isz))
     return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
 
 
 class _Rows:
-    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place, fresh send] bytes, for one TransferTable."""
+    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place, fresh send, fresh send a copy wrote]
+    bytes, for one TransferTable."""
 
     def __init__(self) -> None:
         self.step: list[int] = []
@@ -192,8 +201,9 @@ class _Rows:
 
     def work(self, rank: int, step: int, kind: int, nbytes: int, inplace: bool = False) -> None:
         """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand), 3 bytes
-        sent fresh (written earlier in the call, copied by the receiver: `executor.Xfer.fresh`)."""
-        w = self.local.setdefault((rank, step), [0, 0, 0, 0])
+        sent fresh (written earlier in the call, copied by the receiver: `executor.Xfer.fresh`), 4 the part
+        of those a local copy of the rank wrote."""
+        w = self.local.setdefault((rank, step), [0, 0, 0, 0, 0])
         w[kind] += nbytes
         if inplace:
             w[2] += nbytes
@@ -228,7 +238,8 @@ def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[
         np.asarray([work[k][0] for k in wk], dtype=np.float64) / denom,
         np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom,
         np.asarray([work[k][2] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][3] for k in wk], dtype=np.float64) / denom)
+        np.asarray([work[k][3] for k in wk], dtype=np.float64) / denom,
+        np.asarray([work[k][4] for k in wk], dtype=np.float64) / denom)
 
 
 def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
@@ -276,10 +287,11 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
         linv = linv.reshape(-1)
         lc = np.bincount(linv, weights=table.lcopy, minlength=lu.shape[1])
         lr = np.bincount(linv, weights=table.lreduce, minlength=lu.shape[1])
-        li, lf = (None if w is None else np.bincount(linv, weights=w, minlength=lu.shape[1])
-                  for w in (table.lreduce_inplace, table.lfresh))
+        li, lf, lfc = (None if w is None else np.bincount(linv, weights=w, minlength=lu.shape[1])
+                       for w in (table.lreduce_inplace, table.lfresh, table.lfresh_copied))
     else:
-        lu, lc, lr, li, lf = lkey, table.lcopy, table.lreduce, table.lreduce_inplace, table.lfresh
+        lu, lc, lr = lkey, table.lcopy, table.lreduce
+        li, lf, lfc = table.lreduce_inplace, table.lfresh, table.lfresh_copied
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
                    frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
-                   lreduce_inplace=li, lfresh=lf, coarsened=max(table.coarsened, factor))
+                   lreduce_inplace=li, lfresh=lf, lfresh_copied=lfc, coarsened=max(table.coarsened, factor))
