@@ -181,6 +181,9 @@ class SimParams:
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
     # before a fan-out step; None: check_us.
     check_rooted_us: float | None = None
+    # ... before a rooted collective whose peers send to the root (gather, reduce), measured before a
+    # fan-in step; None: check_rooted_us.  Calibrated hosts read both at the call's messages.
+    check_rooted_in_us: float | None = None
     # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
     # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
     # engine then carries only what a rank receives.
@@ -301,6 +304,14 @@ class SimParams:
         beside = extra("exchange_copy_us", "exchange_us", "copy_us") if own_core and "exchange_copy_us" in c else 0.0
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
+
+        def rooted_check(direction: str) -> float | None:
+            # the check before the calibration's fan step whose peers' messages are the call's: it falls
+            # as the root's first messages overlap the check (4 TCP ranks: 460 us at 64 KiB, 330 at 1 MiB)
+            key = f"check_rooted_{direction}_us"
+            if key not in c:
+                return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
+            return float(np.interp(np.log(n * msg_bytes), np.log(c["check_rooted_sizes"]), c[key]))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -321,7 +332,7 @@ class SimParams:
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
-            check_rooted_us=float(c["check_rooted_us"]) if "check_rooted_us" in c else None,
+            check_rooted_us=rooted_check("out"), check_rooted_in_us=rooted_check("in"),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             lone_pair_speedup=float(max(1.0, pair / solo)),
             lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
