@@ -75,8 +75,8 @@ def _schedules(n: int):
 
 SIZES = [2**12, 2**14] + [2**k for k in range(16, 25)]    # 4 KiB .. 16 MiB: the curves the simulator reads
 QUICK_SIZES = [2**12, 2**16, 2**20, 2**24]
-# the check timed apart before the fan-out and the fan-in step at these sizes: the root's first messages overlap its
-# peers' check, more as they grow (4 TCP ranks: 460 us at 64 KiB, 320-340 us at 1-4 MiB)
+# the check timed apart before the fan-out step at these sizes: the root's messages overlap its peers'
+# check, more as they grow (4 TCP ranks: 500 us at 64 KiB, 270-370 us at 1-4 MiB)
 ROOTED_CHECK_SIZES = [2**16, 2**18, 2**20, 2**22]
 QUICK_ROOTED_CHECK_SIZES = [2**16, 2**20]
 
@@ -120,17 +120,15 @@ def measure(comm: Any, quick: bool = False) -> dict:
             comm._checks = True
         return float(np.median(diffs))
     check_s = check_cost("steps1", 4)
-    # before a rooted step (the root sends to its peers, or they to it) the check is timed apart, on the
-    # fan-out and the fan-in step at a few sizes
-    rooted = {step: {str(b): 1e6 * check_cost(step, b) for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
-              for step in ("fanout", "fanin")}
+    # before a rooted step (the root sends, its peers wait for one message each) the check is timed
+    # apart, on the fan-out step at a few sizes
+    rooted = {str(b): 1e6 * check_cost("fanout", b) for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
-        res["results"]["check_rooted"] = rooted["fanout"]
-        res["results"]["check_rooted_in"] = rooted["fanin"]
+        res["results"]["check_rooted"] = rooted
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",

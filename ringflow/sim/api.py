@@ -69,7 +69,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
                    checked: bool = False) -> SimResult:
     """Simulate a transfer table (from a schedule or the fast path) for one call size; `checked`:
     the runtime runs a CHECK exchange first (`SimParams.check_us`, before rooted collectives
-    `check_rooted_us`, or `check_rooted_in_us` where the peers send to the root)."""
+    `check_rooted_us`)."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
@@ -121,11 +121,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
-    check_us = prm.check_us
-    if tab.collective.has_root:
-        to_root = tab.collective in (Collective.GATHER, Collective.REDUCE)
-        check_us = next((v for v in ((prm.check_rooted_in_us if to_root else None), prm.check_rooted_us)
-                         if v is not None), check_us)
+    check_us = prm.check_rooted_us if tab.collective.has_root and prm.check_rooted_us is not None else prm.check_us
     if checked and check_us:
         t_us, finish = t_us + check_us, np.asarray(finish) + check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),

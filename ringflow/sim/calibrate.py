@@ -30,11 +30,10 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
   busy; the simulator gives each rank the first and the host the second (a shared pool);
 - ``steps1_checked`` - ``steps1``: the cross-rank argument check (a CHECK exchange), which the
   simulator adds to schedules that cannot check themselves (`algorithms.schedule.is_self_checking`);
-  ``check_rooted`` / ``check_rooted_in``: the same difference on the fan-out / fan-in step at
-  64 KiB-4 MiB, the check's visible cost before a rooted collective that sends from / gathers to
-  its root (4 ranks at 64 KiB: 0.85-1.0 of the 1-step one on this VM, less as the root's first
-  messages overlap its peers' check: 4 TCP ranks 460 us at 64 KiB, 320-340 us at 1-4 MiB; 2 ranks:
-  more than before the 4-byte step, docs/simulator.md).
+  ``check_rooted``: the same difference on the fan-out step at 64 KiB-4 MiB, the check's visible
+  cost before a rooted collective (4 ranks at 64 KiB: 0.85-1.0 of the 1-step one on this VM; less
+  before larger fan-outs, whose root's messages overlap its peers' check: 4 TCP ranks 500 us at
+  64 KiB, 270-370 us at 1-4 MiB; 2 ranks: more than before the 4-byte step, docs/simulator.md).
   Everything else is timed with the check off.
 
 A CPU's rates are not one line: the single-copy threshold, the caches (a slice still dirty in the
@@ -99,19 +98,14 @@ def monotone(values: list[float]) -> np.ndarray:
 
 
 def _rooted_checks(r: dict[str, Any]) -> dict[str, Any]:
-    """The check's visible cost before a rooted step: at the smallest size measured (`check_rooted_us`),
-    and per size before the fan-out and the fan-in step where measured (`check_rooted_sizes`,
-    `check_rooted_out_us`, `check_rooted_in_us`)."""
+    """The check's visible cost before the fan-out step: at the smallest size measured
+    (`check_rooted_us`), and per size where measured at several (`check_rooted_sizes`, `check_rooted_fanout_us`)."""
     if "check_rooted" not in r:
         return {}
     sizes = sorted(int(k) for k in r["check_rooted"])
-    out: dict[str, Any] = {"check_rooted_us": max(0.0, float(r["check_rooted"][str(sizes[0])]))}
-    if len(sizes) > 1:
-        out["check_rooted_sizes"] = sizes
-        for key, name in (("check_rooted", "out"), ("check_rooted_in", "in")):
-            if key in r and sorted(int(k) for k in r[key]) == sizes:
-                out[f"check_rooted_{name}_us"] = [max(0.0, float(r[key][str(b)])) for b in sizes]
-    return out
+    vals = [max(0.0, float(r["check_rooted"][str(b)])) for b in sizes]
+    return {"check_rooted_us": vals[0],
+            **({"check_rooted_sizes": sizes, "check_rooted_fanout_us": vals} if len(sizes) > 1 else {})}
 
 
 def curves(result: dict[str, Any]) -> dict[str, Any]:
@@ -218,8 +212,8 @@ def _source(key: str) -> str:
     return {"alpha_us": "(t 8 steps - t 1 step) / 7, 4-byte messages, every rank busy",
             "base_us": "t 1 step - alpha: the call overhead (Python, bookkeeping)",
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
-            "check_rooted_us": "the same on the fan-out step at 64 KiB (rooted collectives; where the calibration "
-                               "has them, per size on the fan-out and fan-in steps at the call's messages)",
+            "check_rooted_us": "the same on the fan-out step at 64 KiB (rooted collectives; a direct scatter reads "
+                               "it per size, at its messages, where the calibration measured several)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
             "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "

@@ -181,9 +181,6 @@ class SimParams:
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
     # before a fan-out step; None: check_us.
     check_rooted_us: float | None = None
-    # ... before a rooted collective whose peers send to the root (gather, reduce), measured before a
-    # fan-in step; None: check_rooted_us.  Calibrated hosts read both at the call's messages.
-    check_rooted_in_us: float | None = None
     # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
     # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
     # engine then carries only what a rank receives.
@@ -305,13 +302,16 @@ class SimParams:
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
 
-        def rooted_check(direction: str) -> float | None:
-            # the check before the calibration's fan step whose peers' messages are the call's: it falls
-            # as the root's first messages overlap the check (4 TCP ranks: 460 us at 64 KiB, 330 at 1 MiB)
-            key = f"check_rooted_{direction}_us"
-            if key not in c:
+        def rooted_check() -> float | None:
+            # a call made of the fan-out step (a direct scatter): the check before the calibration's fan-out
+            # whose messages are the call's; it falls as the root's messages overlap its peers' check (4 TCP
+            # ranks: 500 us at 64 KiB, 270-370 at 1-4 MiB). Other rooted calls: the figure at 64 KiB (4 TCP
+            # ranks' binomial broadcasts and reduces 64 KiB-1 MiB: within 10 % with it, -11..-27 % with the
+            # fan-out's per size; the calibration's fan-in measured 330-350 us at 64 KiB, the bench's direct
+            # gathers 500, so a fan-in figure is not used)
+            if "check_rooted_fanout_us" not in c or step_pattern != "out":
                 return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
-            return float(np.interp(np.log(n * msg_bytes), np.log(c["check_rooted_sizes"]), c[key]))
+            return float(np.interp(np.log(n * msg_bytes), np.log(c["check_rooted_sizes"]), c["check_rooted_fanout_us"]))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -332,7 +332,7 @@ class SimParams:
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
-            check_rooted_us=rooted_check("out"), check_rooted_in_us=rooted_check("in"),
+            check_rooted_us=rooted_check(),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             lone_pair_speedup=float(max(1.0, pair / solo)),
             lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
