@@ -122,10 +122,24 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
     check_us = prm.check_rooted_us if tab.collective.has_root and prm.check_rooted_us is not None else prm.check_us
+    if checked and prm.asleep_check_us and tab.collective.has_root \
+            and _last_step_lag_us(tab, fab, count_bytes) > prm.asleep_lag_us:
+        check_us += prm.asleep_check_us
     if checked and check_us:
         t_us, finish = t_us + check_us, np.asarray(finish) + check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
                      str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
+
+
+def _last_step_lag_us(tab: TransferTable, fab: Fabric, count_bytes: float) -> float:
+    """How far apart the ranks' local work in the call's last step ends them (e.g. a root reducing what
+    it received while its peer is done): the spread of that work's modelled time."""
+    last = tab.lstep == tab.nsteps - 1
+    if not last.any():
+        return 0.0
+    work = np.zeros(tab.nranks)
+    np.add.at(work, tab.lrank[last], (fab.local_us_per_byte(tab) * count_bytes)[last])
+    return float(work.max() - work.min())
 
 
 def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:

@@ -178,6 +178,18 @@ class SimParams:
     # moves, unless the schedule's first step already exchanges with every peer (self-checking):
     # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
     check_us: float = 0.0
+    # A checked rooted call whose ranks end its last step more than `asleep_lag_us` apart (the root still
+    # copying or reducing what it received) costs `asleep_check_us` more: the rank done first waits
+    # for the next call's check spinning only so long (runtime.executor.HOT_SPIN_S, 50 us, on sockets with
+    # a core per rank), then sleeps, and the check waits for its wake-up. 2 TCP ranks: gathers and reduces
+    # from 1 MiB, checked - unchecked 80-110 us against 40 for one-ways and broadcasts (checks on and off
+    # in one job, twelfth session, docs/simulator.md);
+    # the calibrated check, the size of the measured difference, on TCP with a core per rank; 0 elsewhere.
+    # The lag is the root's modelled local work, without the receive's tail its sender does not wait
+    # for: 30 us (fitted: 1 MiB gathers, 512 KiB blocks, copy 30-50 us; replays rec15-rec19 +0..+4 rows
+    # each with 30, +0..+3 with 50; on shm the rule priced 2-rank gathers and reduces worse).
+    asleep_check_us: float = 0.0
+    asleep_lag_us: float = 30.0
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
     # before a fan-out step; None: check_us.
     check_rooted_us: float | None = None
@@ -332,6 +344,7 @@ class SimParams:
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
+            asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             lone_pair_speedup=float(max(1.0, pair / solo)),
