@@ -179,15 +179,15 @@ class SimParams:
     # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
     check_us: float = 0.0
     # A checked rooted call whose ranks end its last step more than `asleep_lag_us` apart (the root still
-    # copying or reducing what it received) costs `asleep_check_us` more: the rank done first waits
-    # for the next call's check spinning only so long (runtime.executor.HOT_SPIN_S, 50 us, on sockets with
-    # a core per rank), then sleeps, and the check waits for its wake-up. 2 TCP ranks: gathers and reduces
-    # from 1 MiB, checked - unchecked 80-110 us against 40 for one-ways and broadcasts (checks on and off
-    # in one job, twelfth session, docs/simulator.md);
-    # the calibrated check, the size of the measured difference, on TCP with a core per rank; 0 elsewhere.
-    # The lag is the root's modelled local work, without the receive's tail its sender does not wait
-    # for: 30 us (fitted: 1 MiB gathers, 512 KiB blocks, copy 30-50 us; replays rec15-rec19 +0..+4 rows
-    # each with 30, +0..+3 with 50; on shm the rule priced 2-rank gathers and reduces worse).
+    # copying or reducing what it received) costs `asleep_check_us` more: the rank done first waits for
+    # the next call's check spinning only so long (runtime.executor.HOT_SPIN_S, 50 us, on sockets with a
+    # core per rank), then sleeps, and the check waits for its wake-up. 2 TCP ranks, checks on and off in
+    # one job: gathers and reduces from 1 MiB 80-110 us checked - unchecked, one-ways and broadcasts 40
+    # (docs/simulator.md, twelfth session). `asleep_check_us`: the calibrated check (the size of that
+    # difference) on TCP with a core per rank, 0 elsewhere (on shm the rule priced 2-rank gathers and
+    # reduces worse). `asleep_lag_us`: fitted, 30 us of the root's modelled local work, which leaves out
+    # the tail of its receive (1 MiB gathers model 30-50 us of copy; replays rec15-rec19 gain 0-4 rows
+    # each with 30, 0-3 with 50).
     asleep_check_us: float = 0.0
     asleep_lag_us: float = 30.0
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
