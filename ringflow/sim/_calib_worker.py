@@ -122,7 +122,8 @@ def measure(comm: Any, quick: bool = False) -> dict:
     check_s = check_cost("steps1", 4)
     # before a rooted step (the root sends, its peers wait for one message each) the check is timed
     # apart, on the fan-out step at a few sizes
-    rooted = {str(b): 1e6 * check_cost("fanout", b) for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
+    rooted = {str(b): 1e6 * check_cost("fanout", b)
+              for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):

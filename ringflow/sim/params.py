@@ -323,7 +323,8 @@ class SimParams:
             # gathers 500, so a fan-in figure is not used)
             if "check_rooted_fanout_us" not in c or step_pattern != "out":
                 return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
-            return float(np.interp(np.log(n * msg_bytes), np.log(c["check_rooted_sizes"]), c["check_rooted_fanout_us"]))
+            return float(np.interp(np.log(n * msg_bytes), np.log(c["check_rooted_sizes"]),
+                                   c["check_rooted_fanout_us"]))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))

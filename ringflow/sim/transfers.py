@@ -167,8 +167,7 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
                         rows.work(r, s, 0, x.nbytes)
                     if x.fresh:
                         rows.work(r, s, 3, x.nbytes)
-                        b, lo_, hi_ = aliased(x.buf, inplace), x.off, x.off + x.nbytes
-                        rows.work(r, s, 4, sum(max(0, min(hi, hi_) - max(lo, lo_)) for cb, lo, hi in copied if cb == b))
+                        rows.work(r, s, 4, _overlap_bytes(copied, aliased(x.buf, inplace), x.off, x.nbytes))
                 elif x.kind == OpKind.RECV_REDUCE:
                     rows.work(r, s, 1, x.nbytes, same(x.buf, x.off, x.src_buf, x.src_off))
             for lo in st.locals:
@@ -177,6 +176,11 @@ def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferT
                 if not red:
                     copied.append((aliased(lo.dst, inplace), lo.dst_off * isz, (lo.dst_off + lo.n) * isz))
     return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
+
+
+def _overlap_bytes(ranges: list[tuple[Buffer, int, int]], buf: Buffer, off: int, nbytes: int) -> int:
+    """Bytes of buf[off:off + nbytes] that the (array, first, end byte) ranges cover."""
+    return sum(max(0, min(hi, off + nbytes) - max(lo, off)) for b, lo, hi in ranges if b == buf)
 
 
 class _Rows:
