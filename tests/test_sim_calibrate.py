@@ -264,6 +264,25 @@ def test_a_noisy_reduction_point_does_not_blow_up_the_reduction_rate() -> None:
     assert clean.reduce_GBps / 2 <= noisy.reduce_GBps <= clean.reduce_GBps * 2
 
 
+@pytest.mark.parametrize("tr", ["shm", "tcp"])
+def test_an_in_place_reduction_over_shm_runs_at_the_rate_measured_at_the_call_s_size(tr: str) -> None:
+    """From 1 MiB the in-place reduction runs 3x slower (its operand left a cache level). Over shm a call
+    of 1 MiB messages reduces at the rate measured at 1 MiB and one of 512 KiB at the rate below, not at
+    a slope the next size dominates; over TCP (staged reductions overlap the socket) the neighbourhood's
+    slope stays, and a 512 KiB call borrows most of 1 MiB's rate."""
+    raw = synthetic(tr, 2)
+    res = raw["results"]
+    red = TRUE[tr][2]["red"] / 2.5
+    res["oneway_reduce_inplace"] = {b: res["oneway"][b] + int(b) * red * (3.0 if int(b) >= 2**20 else 1.0)
+                                    for b in res["oneway"]}
+    base = params_for(fit({tr: {2: raw}}, nprocs=2)[0], {"host_transport": tr})
+    us_per_byte = {m: 1e-3 / base.for_call(m, 2, m).reduce_inplace_GBps for m in (2**19, 2**20)}
+    if tr == "shm":
+        assert us_per_byte == pytest.approx({2**19: red, 2**20: 3 * red}, rel=1e-6)
+    else:
+        assert 2 * red < us_per_byte[2**19] < us_per_byte[2**20] < 3 * red
+
+
 @pytest.mark.parametrize("coll,algo,want", [("all_reduce", "sharded_ps", 3), ("gather", "direct", 3),
                                              ("all_reduce", "ring", 1), ("broadcast", "binomial", 1)])
 def test_peers_per_step_counts_a_rank_s_distinct_peers_in_one_step(coll: str, algo: str, want: int) -> None:

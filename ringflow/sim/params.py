@@ -273,11 +273,14 @@ class SimParams:
                 engine_GBps = max(engine_GBps, 1e-3 * msgs * m / t_step)
                 pair = solo
 
-        def extra(hi: str, lo: str, less: str | None = None) -> float:
+        def extra(hi: str, lo: str, less: str | None = None, point: bool = False) -> float:
             # us per byte that curve `hi` adds to `lo` (and to `less`'s work, its call overhead aside) over
             # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times: the
             # least-squares slope through the origin, or with `less` (a cache effect that comes and goes
-            # within a factor of 2 of size) the mean per byte, which the largest size does not dominate
+            # within a factor of 2 of size) the mean per byte, which the largest size does not dominate;
+            # `point`: the difference at m itself
+            if point:
+                return max((at(hi) - at(lo)) / m, tiny)
             xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
@@ -285,7 +288,13 @@ class SimParams:
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's)
         red_busy = extra("exchange_reduce_us", "exchange_us")
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
-        red_ip = extra("oneway_reduce_inplace_us", "oneway_us") if "oneway_reduce_inplace_us" in c else red
+        # an in-place reduction over shm changes rate where its operand leaves a cache level (2 ranks: 15
+        # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so it is read at the call's size,
+        # not from a slope the next size's regime dominates (2-rank reduces at 1 MiB -13..-21 % and at 8
+        # MiB +14..+18 % with the slope). Over TCP the staged reduction overlaps the socket and the
+        # slope stays (4 ranks' tree reduces 4-8 MiB fall outside 15 % with the point)
+        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=self.host_transport != "tcp") \
+            if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
