@@ -143,6 +143,9 @@ def validate_command(
                                          "rows) to this file"),
     replay_file: Optional[str] = typer.Option(None, "--replay", help="measure nothing: predict the jobs a "
                                               "--record file holds with this code's model"),
+    tuned: bool = typer.Option(False, "--tuned", help="the bench jobs pick algorithms with the simulator on "
+                               "the calibrated host (RINGFLOW_TUNER_TOPO), so the model is checked on its "
+                               "own choices"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
     if gpu:
@@ -163,7 +166,7 @@ def validate_command(
                             collectives=None if collectives == "all" else collectives.split(","),
                             min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
                             console=console, repeats=repeats, transports=tuple(transports.split(",")),
-                            record=record)
+                            record=record, tuned=tuned)
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
                 ["transport", "n", "collective", "algorithm", "size", "measured(us)", "run spread", "predicted(us)",

@@ -144,6 +144,24 @@ def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) 
     raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
 
 
+def _tune_from(comm: Any, cal: dict, nprocs: int) -> dict:
+    """Every rank takes rank 0's calibration, fits it as `ringflow validate` does (`nprocs` endpoints) and
+    tunes the communicator with it; returns that calibration."""
+    from .. import config
+    from ..sim.calibrate import fit
+    from ..sim.tuning import HostModel
+    blob = np.frombuffer(json.dumps(cal).encode(), np.uint8) if comm.rank == 0 else np.zeros(0, np.uint8)
+    size = np.array([blob.size], np.int64)
+    comm.broadcast(size, 0)
+    buf = blob.copy() if comm.rank == 0 else np.zeros(int(size[0]), np.uint8)
+    comm.broadcast(buf, 0)
+    cal = json.loads(buf.tobytes().decode())
+    tr = "tcp" if config.get("SHM_DISABLE") else "shm"
+    topo, _ = fit({tr: {comm.size: cal}}, nprocs=nprocs)
+    comm.tune_with(HostModel(topo, tr))
+    return cal
+
+
 def worker(spec: dict) -> list[dict]:
     """Body of one benchmark rank (run under `ringflow run`); rank 0 returns the rows."""
     import ringflow
@@ -155,6 +173,8 @@ def worker(spec: dict) -> list[dict]:
     if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
         from ..sim._calib_worker import measure
         cal = measure(comm, quick=spec["calibrate"] == "quick")
+        if spec.get("tune_ranks"):
+            cal = _tune_from(comm, cal, int(spec["tune_ranks"]))
         if rank == 0:
             rows.append({"calibration": cal})
     for coll in spec["collectives"]:
@@ -210,13 +230,16 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
            extra_env: dict[str, str] | None = None, sizes: list[int] | None = None,
-           calibrate: str | None = None) -> list[dict]:
+           calibrate: str | None = None, tune_ranks: int = 0) -> list[dict]:
     """Run the benchmark on `nprocs` local ranks; the rows (as in --json).
 
     `collective` is one name, a comma list, or 'all'; `sizes` (bytes) overrides min/max/factor.
     `calibrate` ('full' or 'quick'): the same job first runs the simulator's calibration schedules
-    (`sim._calib_worker.measure`) and the first row is {"calibration": ...}.
+    (`sim._calib_worker.measure`) and the first row is {"calibration": ...}; with `tune_ranks` the job
+    then picks its algorithms on that calibration, fitted for a host of `tune_ranks` endpoints.
     """
+    if tune_ranks and not calibrate:
+        raise InvalidArgument("tune_ranks needs calibrate", "pass calibrate='full' or 'quick'")
     colls = list(COLLECTIVES) if collective == "all" else [c.strip().replace("-", "_")
                                                           for c in collective.split(",") if c.strip()]
     for c in colls:
@@ -225,7 +248,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
     if sizes is None:
         sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
-            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate}
+            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate, "tune_ranks": tune_ranks}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
         with open(spec_path, "w") as fh:

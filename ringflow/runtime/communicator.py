@@ -78,6 +78,22 @@ def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False
     return worst
 
 
+def _call_shape(coll: Collective, nranks: int, nbytes: int, dtype_size: int) -> CallShape:
+    """The shape of a call moving `nbytes` (per-rank collectives: `nbytes` over all ranks)."""
+    count = nbytes // dtype_size
+    if coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
+                Collective.ALL_TO_ALL):
+        count //= nranks
+    return CallShape(coll, nranks, count, dtype_size)
+
+
+def _candidate_schedule(registry: Any, choice: Any, cand: Any, coll: Collective, nranks: int,
+                        root: int | None) -> Schedule:
+    """The schedule of one tuner candidate (its segments and channels)."""
+    return registry.get_schedule(coll, cand.algorithm, nranks, root=root, nsegs=cand.nsegs,
+                                 nchannels=cand.nchannels, rings=choice.rings if cand.nchannels > 1 else None)
+
+
 def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, nbytes: int, dtype_size: int,
                  registry: Any, single_channel: bool = False, inplace: bool = False) -> Schedule:
     """The tuner's candidates re-priced for this runtime: its model treats local copies and reductions as
@@ -88,15 +104,10 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
     from ..algorithms.cost import DEFAULT_BETA_GBPS
     pool = [c for c in choice.candidates if c.nchannels == 1] if single_channel else list(choice.candidates)
     cands = sorted(pool or choice.candidates, key=lambda c: c.time_s)[:RERANK_TOP]
-    count = nbytes // dtype_size
-    if coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
-                Collective.ALL_TO_ALL):
-        count //= nranks
-    shape = CallShape(coll, nranks, count, dtype_size)
+    shape = _call_shape(coll, nranks, nbytes, dtype_size)
     best, best_t = None, float("inf")
     for c in cands:
-        s = registry.get_schedule(coll, c.algorithm, nranks, root=root, nsegs=c.nsegs, nchannels=c.nchannels,
-                                  rings=choice.rings if c.nchannels > 1 else None)
+        s = _candidate_schedule(registry, choice, c, coll, nranks, root)
         t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9)
         if t < best_t:
             best, best_t = s, t
@@ -105,17 +116,24 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
 
 
 def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
-                  single_ring_bytes: int) -> Schedule:
-    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`); the
-    simulator's validation asks the same function, so it predicts exactly what was measured."""
+                  single_ring_bytes: int, host: Any = None) -> Schedule:
+    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`, or with
+    a calibrated `host` (`sim.tuning.HostModel`) the fastest of its candidates there); the simulator's
+    validation asks the same function, so it predicts exactly what was measured."""
     from ..algorithms import registry, tuner  # lazily: the algorithms package is large
     tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
     ch = tuner.choose(tc, nbytes, nranks, dtype_size=dtype_size, root=root)
     if coll == Collective.ALL_TO_ALLV:
         algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
         return registry.get_schedule(coll, algo, nranks, root=root)
+    single_channel = nbytes < single_ring_bytes
+    if host is not None:
+        from ..sim.tuning import fastest
+        pool = [c for c in ch.candidates if c.nchannels == 1] if single_channel else list(ch.candidates)
+        scheds = [_candidate_schedule(registry, ch, c, coll, nranks, root) for c in pool or ch.candidates]
+        return fastest(scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
     return runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry,
-                        single_channel=nbytes < single_ring_bytes, inplace=inplace)
+                        single_channel=single_channel, inplace=inplace)
 
 
 def _data_ptr(obj: Any) -> int | None:
@@ -194,6 +212,7 @@ class Communicator:
             self._transport = Transport(job=shared.job, uid=self.uid, rank=rank, cards=cards,
                                         secret=shared.secret, tos=shared.tos, listener=self._listener,
                                         shm_disabled=bool(config.get("SHM_DISABLE")), buffsize=buffsize())
+            self._host_model = self._load_host_model(str(config.get("TUNER_TOPO") or ""), cards)
         except BaseException:
             self._teardown()
             raise
@@ -204,6 +223,37 @@ class Communicator:
         log.info("ringflow: communicator %s rank %d/%d ready, listening on %s:%d, shm peers %s, tcp peers %s", ns,
                  rank, size, *self._listener.address, sorted(self._transport.shm_peers),
                  [p for p in range(size) if p != rank and p not in self._transport.shm_peers])
+
+    def _load_host_model(self, path: str, cards: Sequence[PeerCard]) -> Any:
+        """The calibrated host RINGFLOW_TUNER_TOPO names, where it covers this job (every rank on this host,
+        all over shared memory or all over TCP); None otherwise, with a log line saying why."""
+        if not path:
+            return None
+        others = [p for p in range(self.size) if p != self.rank]
+        if len({c.host_id for c in cards}) > 1:
+            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: the job spans several hosts")
+            return None
+        shm = [p for p in others if p in self._transport.shm_peers]
+        if shm and len(shm) != len(others):
+            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: peers mix shared memory and TCP")
+            return None
+        from ..sim.tuning import load_host_model
+        model = load_host_model(path, "shm" if shm or not others else "tcp")
+        if not model.supports(self.size):
+            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: %s has fewer than %d endpoints", path, self.size)
+            return None
+        return model
+
+    def tune_with(self, host: Any) -> None:
+        """Pick this communicator's algorithms on a calibrated host (`sim.tuning.HostModel`; None: the flat
+        tuner again). Every rank must call it with the same model before its next collective, as
+        RINGFLOW_TUNER_TOPO does at creation: ranks that chose differently fail the argument check."""
+        if host is not None and not host.supports(self.size):
+            raise InvalidArgument(f"the calibrated host has no {host.transport} curves for {self.size} ranks",
+                                  "calibrate with --nprocs >= the communicator's size")
+        self._host_model = host
+        self._schedules.clear()
+        self._calls.clear()
 
     # ---------------------------------------------------------------- state and failure
     def _on_data(self, peer: int, key: str) -> None:
@@ -288,7 +338,8 @@ class Communicator:
             return s
         from .. import config as _cfg
         with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
-            s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes)
+            s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes,
+                              self._host_model)
         if len(self._schedules) > 1024:
             self._schedules.clear()
         self._schedules[key] = s

@@ -17,9 +17,11 @@ from ..algorithms.schedule import Collective
 TRANSPORTS = ("shm", "tcp")
 
 
-def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None) -> Any:
+def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None,
+                     host: Any = None) -> Any:
     """The schedule ringflow's runtime runs for this `ringflow bench` call (same function, same arguments:
-    bench calls all_reduce, broadcast and reduce in place, the others out of place)."""
+    bench calls all_reduce, broadcast and reduce in place, the others out of place); `host`: the
+    calibrated host the job tuned with (`sim.tuning.HostModel`)."""
     from .. import config
     from ..runtime.communicator import pick_schedule
     c = Collective.parse(collective)
@@ -27,15 +29,18 @@ def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, ro
                      Collective.ALL_TO_ALL)
     nbytes = count * itemsize * (nranks if per_rank else 1)
     inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
-    return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")))
+    return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")),
+                         host)
 
 
-def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = "analytic") -> list[dict]:
-    """Predicted time for every measured bench row."""
+def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = "analytic",
+                 tuned: bool = False) -> list[dict]:
+    """Predicted time for every measured bench row; `tuned`: the job picked its algorithms on `topo`
+    (`ringflow validate --tuned`)."""
     from ..algorithms.layout import CallShape
-    from ..algorithms.schedule import is_self_checking
-    from .api import itemsize_of, simulate_table
-    from .transfers import from_plans
+    from .api import itemsize_of
+    from .tuning import HostModel, predict_call_us
+    host = HostModel(topo, transport)
     out = []
     for r in rows:
         coll, n = r["collective"], int(r["nranks"])
@@ -46,7 +51,7 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
         if c == Collective.ALL_TO_ALL:
             count = int(r["count"]) // n
         root = 0 if c.has_root else None
-        sched = runtime_schedule(coll, count, item, n, root)
+        sched = runtime_schedule(coll, count, item, n, root, host if tuned else None)
         ran = r.get("algorithm")
         if ran not in (None, "auto") and ran != sched.algorithm:
             from ..errors import InvalidUsage
@@ -54,21 +59,18 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
                                f"runtime's choice here is {sched.algorithm}",
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
         inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)   # as bench calls them
-        tab = from_plans(sched, CallShape(c, n, count, item), inplace)
-        res = simulate_table(topo, tab, int(r["size_bytes"]), dtype=r["dtype"], engine=engine,
-                             params={"host_transport": transport}, endpoints=topo.endpoints()[:n],
-                             checked=not is_self_checking(sched))
+        pred = predict_call_us(host, sched, CallShape(c, n, count, item), inplace, engine)
         meas = float(r["time_us"])
         out.append({"transport": transport, "nranks": n, "collective": coll, "algorithm": sched.algorithm,
-                    "size_bytes": int(r["size_bytes"]), "measured_us": meas, "predicted_us": res.time_us,
-                    "error": (res.time_us - meas) / meas if meas > 0 else 0.0})
+                    "size_bytes": int(r["size_bytes"]), "measured_us": meas, "predicted_us": pred,
+                    "error": (pred - meas) / meas if meas > 0 else 0.0})
     return out
 
 
 def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), collectives: Sequence[str] | None = None,
              min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
              console: Any = None, transports: Sequence[str] = TRANSPORTS,
-             repeats: int = 2, record: str | None = None) -> tuple[list[dict], bool]:
+             repeats: int = 2, record: str | None = None, tuned: bool = False) -> tuple[list[dict], bool]:
     """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance).
 
     Without `topo`, every bench job first calibrates with the same processes (`bench.launch(...,
@@ -77,7 +79,9 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     state the measurement saw.  Each of `repeats` jobs predicts its own rows; a row shows the
     median measured and the median predicted time, the median of the jobs' errors, and `spread`
     how far the jobs' measurements disagreed (the noise floor of the comparison).  `record`: also
-    write every job (its calibration and bench rows) to this file, for `replay`."""
+    write every job (its calibration and bench rows) to this file, for `replay`.  `tuned`: the jobs pick
+    their algorithms with the simulator on the calibrated host (RINGFLOW_TUNER_TOPO=`topo`, or each
+    job's own calibration), so the model is checked on the choices it makes."""
     from ..runtime import bench
     from ..topology import load_topology
     fixed = load_topology(topo) if isinstance(topo, str) else topo
@@ -88,18 +92,24 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     colls = list(collectives) if collectives else list(bench.COLLECTIVES)
     groups = ",".join(colls)
     jobs: list[dict] = []
+    if tuned and fixed is not None and not isinstance(topo, str):
+        from ..errors import InvalidArgument
+        raise InvalidArgument("tuned validation against a topology object", "pass the calibrated file's path")
     for tr in transports:
         env = {"RINGFLOW_SHM_DISABLE": "1" if tr == "tcp" else "0"}
+        if tuned and isinstance(topo, str):
+            env["RINGFLOW_TUNER_TOPO"] = topo
         for n in ranks:
             if console is not None:
                 console.print(f"measuring {n} ranks over {tr}: {groups} ({min_size}..{max_size})"
                               + ("" if fixed is not None else ", each job calibrating first"))
             for _ in range(max(1, repeats)):
                 got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
-                                   calibrate=None if fixed is not None else ("quick" if quick else "full"))
+                                   calibrate=None if fixed is not None else ("quick" if quick else "full"),
+                                   tune_ranks=max(ranks) if tuned and fixed is None else 0)
                 cal = [r["calibration"] for r in got if "calibration" in r]
                 jobs.append({"transport": tr, "nranks": n, "calibration": cal[0] if cal else None,
-                             "rows": [r for r in got if "calibration" not in r]})
+                             "rows": [r for r in got if "calibration" not in r], "tuned": tuned})
     if record:
         import json
         with open(record, "w") as fh:
@@ -146,7 +156,7 @@ def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: fl
             else:
                 from .calibrate import fit
                 t, _ = fit({tr: {n: j["calibration"]}}, nprocs=max_ranks)
-            for r in predict_rows(t, j["rows"], tr):
+            for r in predict_rows(t, j["rows"], tr, tuned=bool(j.get("tuned"))):
                 key = (r["collective"], r["size_bytes"])
                 meas.setdefault(key, []).append(r["measured_us"])
                 pred.setdefault(key, []).append(r["predicted_us"])

@@ -1,0 +1,100 @@
+"""Calibrated tuning: the runtime picks, among the tuner's candidates, the one the simulator predicts
+fastest on a calibrated host (RINGFLOW_TUNER_TOPO, `Communicator.tune_with`)."""
+from __future__ import annotations
+
+import pytest
+
+from ringflow.algorithms import registry, tuner
+from ringflow.algorithms.schedule import Collective
+from ringflow.errors import ConfigError
+from ringflow.runtime.communicator import _call_shape, _candidate_schedule, pick_schedule
+from ringflow.sim.calibrate import fit
+from ringflow.sim.tuning import HostModel, load_host_model, predict_call_us
+from test_sim_calibrate import TRUE, synthetic
+
+BIG = 8 * 2**20
+
+
+def _host(tr: str = "shm") -> HostModel:
+    topo, _ = fit({t: {n: synthetic(t, n) for n in (2, 4)} for t in TRUE}, nprocs=4, cores=2)
+    return HostModel(topo, tr)
+
+
+def _times(host: HostModel, coll: Collective, nbytes: int, n: int, root: int | None, inplace: bool) -> dict:
+    ch = tuner.choose(coll, nbytes, n, dtype_size=4, root=root)
+    shape = _call_shape(coll, n, nbytes, 4)
+    out = {}
+    for c in ch.candidates:
+        s = _candidate_schedule(registry, ch, c, coll, n, root)
+        out[(c.algorithm, c.nsegs, c.nchannels)] = (predict_call_us(host, s, shape, inplace), s)
+    return out
+
+
+@pytest.mark.parametrize("tr", ["shm", "tcp"])
+@pytest.mark.parametrize("coll,root,inplace", [("broadcast", 0, True), ("reduce", 0, True),
+                                               ("all_reduce", None, True), ("all_gather", None, False)])
+def test_a_calibrated_host_picks_the_candidate_the_simulator_predicts_fastest(tr: str, coll: str, root: int | None,
+                                                                                inplace: bool) -> None:
+    host = _host(tr)
+    c = Collective.parse(coll)
+    times = _times(host, c, BIG, 4, root, inplace)
+    got = pick_schedule(c, BIG, 4, root, 4, inplace, 0, host)
+    best = min(t for t, _ in times.values())
+    assert predict_call_us(host, got, _call_shape(c, 4, BIG, 4), inplace) == pytest.approx(best, rel=1e-9)
+    # and the same call again (every rank computes it alone) gives the same schedule
+    assert pick_schedule(c, BIG, 4, root, 4, inplace, 0, host).algorithm == got.algorithm
+
+
+def test_the_calibrated_choice_can_differ_from_the_flat_tuner_s() -> None:
+    """On the synthetic 2-core host (4 ranks share 2 cores, local work is priced) at least one of these
+    calls goes to another algorithm than the flat alpha-beta model picks: the knob does something."""
+    host = _host("shm")
+    differs = []
+    for coll, root, inplace in (("broadcast", 0, True), ("reduce", 0, True), ("all_reduce", None, True),
+                                ("all_gather", None, False), ("reduce_scatter", None, False)):
+        c = Collective.parse(coll)
+        for nbytes in (2**16, 2**20, BIG):
+            flat = pick_schedule(c, nbytes, 4, root, 4, inplace, 0)
+            tuned = pick_schedule(c, nbytes, 4, root, 4, inplace, 0, host)
+            differs.append((flat.algorithm, flat.nchannels, sorted(flat.params.items())) !=
+                           (tuned.algorithm, tuned.nchannels, sorted(tuned.params.items())))
+    assert any(differs)
+
+
+def test_a_topology_without_a_calibration_is_refused_with_the_fix(tmp_path) -> None:
+    from ringflow.topology import load_topology
+    path = tmp_path / "plain.yaml"
+    load_topology("dgx-h100").save(str(path))
+    with pytest.raises(ConfigError, match="ringflow calibrate"):
+        load_host_model(str(path), "shm")
+    with pytest.raises(ConfigError, match="unknown host transport"):
+        load_host_model(str(path), "nvlink")
+
+
+def test_the_runtime_runs_the_calibrated_choice_on_every_rank(tmp_path) -> None:
+    """Real ranks with RINGFLOW_TUNER_TOPO: the bench reports the algorithm the calibrated host predicts
+    fastest (every rank chose it, or the argument check would have failed) and the data are right; at
+    4 MiB that is a binomial broadcast where the flat tuner runs a pipelined tree."""
+    from ringflow.runtime import bench
+    path = tmp_path / "host.yaml"
+    _host("shm").topo.save(str(path))
+    loaded = load_host_model(str(path), "shm")
+    rows = bench.launch("broadcast", 4, 0, 0, sizes=[2**16, 2**22], iters=3, warmup=1, check=True,
+                        extra_env={"RINGFLOW_TUNER_TOPO": str(path)}, timeout_s=120)
+    assert [r["size_bytes"] for r in rows] == [2**16, 2**22]
+    for r in rows:
+        want = pick_schedule(Collective.BROADCAST, r["size_bytes"], 4, 0, 4, True, 256 * 2**10, loaded)
+        assert r["algorithm"] == want.algorithm and r["wrong"] == 0
+    flat = pick_schedule(Collective.BROADCAST, 2**22, 4, 0, 4, True, 256 * 2**10)
+    assert (flat.algorithm, rows[1]["algorithm"]) == ("tree", "binomial")
+
+
+def test_a_host_model_covers_only_jobs_its_calibration_has_curves_and_endpoints_for() -> None:
+    """`HostModel.supports` (what RINGFLOW_TUNER_TOPO and `Communicator.tune_with` check): curves of the
+    transport and at least as many endpoints as ranks."""
+    import copy
+    host = _host("shm")
+    assert host.supports(4) and not host.supports(5)
+    bare = copy.copy(host.topo)
+    bare.meta = {**host.topo.meta, "sim": {k: v for k, v in host.topo.meta["sim"].items() if k != "host_curves"}}
+    assert not HostModel(bare, "shm").supports(2)
