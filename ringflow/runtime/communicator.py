@@ -117,9 +117,9 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
 
 def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
                   single_ring_bytes: int, host: Any = None) -> Schedule:
-    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`, or with
-    a calibrated `host` (`sim.tuning.HostModel`) the fastest of its candidates there); the simulator's
-    validation asks the same function, so it predicts exactly what was measured."""
+    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`; with a
+    calibrated `host` (`sim.tuning.HostModel`) the fastest of its candidates there where that is a
+    clear win); the simulator's validation asks the same function, so it predicts what was measured."""
     from ..algorithms import registry, tuner  # lazily: the algorithms package is large
     tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
     ch = tuner.choose(tc, nbytes, nranks, dtype_size=dtype_size, root=root)
@@ -127,13 +127,14 @@ def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, 
         algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
         return registry.get_schedule(coll, algo, nranks, root=root)
     single_channel = nbytes < single_ring_bytes
-    if host is not None:
-        from ..sim.tuning import fastest
-        pool = [c for c in ch.candidates if c.nchannels == 1] if single_channel else list(ch.candidates)
-        scheds = [_candidate_schedule(registry, ch, c, coll, nranks, root) for c in pool or ch.candidates]
-        return fastest(scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
-    return runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry,
-                        single_channel=single_channel, inplace=inplace)
+    flat = runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
+                        inplace=inplace)
+    if host is None:
+        return flat
+    from ..sim.tuning import calibrated_choice
+    pool = [c for c in ch.candidates if c.nchannels == 1] if single_channel else list(ch.candidates)
+    scheds = [_candidate_schedule(registry, ch, c, coll, nranks, root) for c in pool or ch.candidates]
+    return calibrated_choice(flat, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
 
 
 def _data_ptr(obj: Any) -> int | None:
