@@ -123,12 +123,16 @@ def _plot(results: list[dict], path: str) -> None:
     for ax, (tr, n) in zip(axes[0], configs):
         for coll in sorted({r["collective"] for r in results}):
             rs = [r for r in results if (r["transport"], r["nranks"], r["collective"]) == (tr, n, coll)]
-            ax.plot([r["size_bytes"] for r in rs], [r["speedup"] for r in rs], marker="o", label=coll)
+            line, = ax.plot([r["size_bytes"] for r in rs], [r["speedup"] for r in rs], marker=".", lw=0.8,
+                            alpha=0.6, label=coll)
+            moved = [r for r in rs if r["flat"]["algorithm"] != r["tuned"]["algorithm"]]
+            ax.scatter([r["size_bytes"] for r in moved], [r["speedup"] for r in moved], s=60, marker="*",
+                       color=line.get_color(), zorder=3)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{tr}, {n} ranks")
         ax.set_xlabel("size (bytes)")
-    axes[0][0].set_ylabel("flat time / tuned time")
+    axes[0][0].set_ylabel("flat time / tuned time (stars: another algorithm)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -83,8 +83,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "transfer; other peers keep the system's), `system`, or a name the kernel offers.", "runtime"),
     Knob("TRAFFIC_CLASS", -1, _int, "DSCP/TOS value set on a communicator's sockets (-1: leave unset).", "runtime"),
     Knob("TUNER_TOPO", "", _str, "A topology file written by `ringflow calibrate` on this host: communicators "
-         "whose ranks all run here pick, among the tuner's candidates, the one the simulator predicts fastest "
-         "on it (instead of the flat alpha-beta model).", "algorithms"),
+         "whose ranks all run here take, among the tuner's candidates, the one the simulator predicts fastest "
+         "on it where that beats the flat alpha-beta model's choice by 1.3x (docs/simulator.md).", "algorithms"),
     Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
          "(the launcher generates one).", "runtime"),
