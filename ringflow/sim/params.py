@@ -289,11 +289,14 @@ class SimParams:
         red_busy = extra("exchange_reduce_us", "exchange_us")
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
         # an in-place reduction over shm changes rate where its operand leaves a cache level (2 ranks: 15
-        # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so it is read at the call's size,
-        # not from a slope the next size's regime dominates (2-rank reduces at 1 MiB -13..-21 % and at 8
-        # MiB +14..+18 % with the slope). Over TCP the staged reduction overlaps the socket and the
-        # slope stays (4 ranks' tree reduces 4-8 MiB fall outside 15 % with the point)
-        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=self.host_transport != "tcp") \
+        # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so with a core per rank it is read
+        # at the call's size, not from a slope the next size's regime dominates (2-rank reduces at 1 MiB
+        # -13..-21 % and at 8 MiB +14..+18 % with the slope). Where ranks share cores the one-way pair's
+        # point is noise (4 ranks on 2 cores: in-place minus plain one-way -340..+940 us at 8-16 MiB,
+        # which priced a 16 MiB tree reduce at 2.7 ms against 6.7 measured); over TCP the staged
+        # reduction overlaps the socket (4 ranks' tree reduces 4-8 MiB outside 15 % with the point)
+        own_core = self.host_cores is None or n <= int(self.host_cores)
+        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=self.host_transport != "tcp" and own_core) \
             if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
@@ -303,7 +306,6 @@ class SimParams:
         # ranks outnumber cores that adds their time-sharing, which a collective's step with one copying
         # or forwarding rank does not pay (4 ranks on 2 cores: +100 us at 512 KiB, gathers and scatters
         # then predicted +20-50 %; the fresh step's 4-rank noise priced tree broadcasts +55-125 %)
-        own_core = self.host_cores is None or n <= int(self.host_cores)
         # sending what the rank just wrote costs more where it takes another path than an untouched
         # source (the slots, not a single copy: from the single-copy size up to the fresh one's) and at
         # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache).
