@@ -57,6 +57,8 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
             from ..errors import InvalidUsage
             raise InvalidUsage(f"bench ran {ran} for {coll} at {r['size_bytes']} bytes on {n} ranks but the "
                                f"runtime's choice here is {sched.algorithm}",
+                               "the job tuned on its calibration with another model: replay a --tuned "
+                               "recording with the code that made it" if tuned else
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
         inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)   # as bench calls them
         pred = predict_call_us(host, sched, CallShape(c, n, count, item), inplace, engine)
