@@ -109,3 +109,34 @@ def test_a_host_model_covers_only_jobs_its_calibration_has_curves_and_endpoints_
     bare = copy.copy(host.topo)
     bare.meta = {**host.topo.meta, "sim": {k: v for k, v in host.topo.meta["sim"].items() if k != "host_curves"}}
     assert not HostModel(bare, "shm").supports(2)
+
+
+def test_tuned_validation_predicts_the_choices_the_job_made(slow_steps) -> None:
+    """`predict_rows(..., tuned=True)` asks the runtime's choice on the calibrated host, so a row that ran
+    the calibrated choice (binomial) is predicted, while the flat tuner's view (tree) refuses it."""
+    from ringflow.errors import InvalidUsage
+    from ringflow.sim.validate import predict_rows
+    host = _host("shm")
+    row = {"collective": "broadcast", "nranks": 4, "size_bytes": 2**22, "count": 2**20, "dtype": "float32",
+           "time_us": 1000.0, "algorithm": "binomial"}
+    got = predict_rows(host.topo, [row], "shm", tuned=True)
+    assert got[0]["algorithm"] == "binomial" and got[0]["predicted_us"] > 0
+    with pytest.raises(InvalidUsage, match="runtime's choice here is tree"):
+        predict_rows(host.topo, [row], "shm")
+
+
+def test_a_bench_job_tunes_on_its_own_calibration_as_validation_predicts_it() -> None:
+    """`ringflow validate --tuned` without a file: the job calibrates, every rank takes rank 0's curves and
+    tunes with them; the validation refits the recorded calibration and must reach the same choices
+    (it raises InvalidUsage on any row that ran another algorithm)."""
+    from ringflow.runtime import bench
+    from ringflow.sim.validate import compare_jobs
+    got = bench.launch("broadcast,reduce,all_reduce", 2, 0, 0, sizes=[2**16, 2**22], calibrate="quick", tune_ranks=2,
+                       iters=3, warmup=1, check=True, timeout_s=120)
+    cal = [r["calibration"] for r in got if "calibration" in r]
+    rows = [r for r in got if "calibration" not in r]
+    assert len(cal) == 1 and len(rows) == 6 and all(r["wrong"] == 0 for r in rows)
+    out, _ = compare_jobs([{"transport": "shm", "nranks": 2, "calibration": cal[0], "rows": rows, "tuned": True}],
+                          None, 2, 0.15)
+    assert sorted((r["collective"], r["size_bytes"], r["algorithm"]) for r in out) == \
+        sorted((r["collective"], r["size_bytes"], r["algorithm"]) for r in rows)
