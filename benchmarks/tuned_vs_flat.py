@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="bench jobs per tuner and configuration")
     ap.add_argument("--topo", help="a calibrated topology to use instead of calibrating first")
     ap.add_argument("--quick", action="store_true", help="quick calibration")
+    ap.add_argument("--cal-repeats", type=int, default=1, help="calibration jobs per transport and rank count "
+                    "(their median: `ringflow calibrate --repeats`)")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--plot", help="draw the speed-ups per configuration (PNG, needs matplotlib)")
     a = ap.parse_args()
@@ -67,7 +69,7 @@ def main() -> None:
         if topo_path is None:
             console.print(f"calibrating this host ({', '.join(transports)} x {ranks} ranks)...")
             topo, _ = calibrate(nprocs=max(ranks), quick=a.quick, transports=tuple(transports),
-                                rank_counts=tuple(ranks))
+                                rank_counts=tuple(ranks), repeats=a.cal_repeats)
             topo_path = os.path.join(tmp, "host.yaml")
             topo.save(topo_path)
         results = []

@@ -247,6 +247,22 @@ def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(t
         replay(str(path))
 
 
+def test_repeated_calibration_jobs_merge_by_the_median_so_one_outlier_job_does_not_decide() -> None:
+    """`calibrate(repeats=3)`: the third job saw every exchange 60 % slower (a neighbour's load); the
+    merged curves, and the rates fitted from them, are the two steady jobs'."""
+    from ringflow.sim.calibrate import median_of
+    steady = synthetic("tcp", 2)
+    slow = synthetic("tcp", 2)
+    slow["results"]["exchange"] = {b: v * 1.6 for b, v in slow["results"]["exchange"].items()}
+    merged = median_of([steady, slow, synthetic("tcp", 2)])
+    assert merged["results"] == steady["results"] and merged["nranks"] == 2
+    want = params_for(fit({"tcp": {2: steady}}, nprocs=2)[0], {"host_transport": "tcp"}).for_call(2**20, 2, 2**20)
+    got = params_for(fit({"tcp": {2: merged}}, nprocs=2)[0], {"host_transport": "tcp"}).for_call(2**20, 2, 2**20)
+    alone = params_for(fit({"tcp": {2: slow}}, nprocs=2)[0], {"host_transport": "tcp"}).for_call(2**20, 2, 2**20)
+    assert got.host_pool_GBps == want.host_pool_GBps != alone.host_pool_GBps
+    assert got.lone_pool_speedup == want.lone_pool_speedup != alone.lone_pool_speedup
+
+
 def test_a_noisy_reduction_point_does_not_blow_up_the_reduction_rate() -> None:
     """One size where one-way-with-reduction measured no slower than the one-way (noise) used to make a
     lone reduction look free and so every rank reducing at once hundreds of times slower than it."""

@@ -108,13 +108,15 @@ def calibrate_command(
     out: str = typer.Option("host-calibrated.yaml", "--out", "-o", help="topology file to write"),
     nprocs: int = typer.Option(4, "--nprocs", help="PROC endpoints in the written host-cpu topology"),
     quick: bool = typer.Option(False, "--quick", help="fewer sizes and iterations"),
+    repeats: int = typer.Option(1, "--repeats", help="calibration jobs per transport and rank count; every "
+                                "time is their median (a steadier file for RINGFLOW_TUNER_TOPO)"),
 ) -> None:
     """Measure this machine's shm / TCP bandwidth and latency with the runtime; write a host-cpu topology."""
     from ..sim.calibrate import busy_warning, calibrate
     warn = busy_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn}")
-    topo, report = calibrate(nprocs=nprocs, quick=quick)
+    topo, report = calibrate(nprocs=nprocs, quick=quick, repeats=repeats)
     topo.save(out)
     print_table("calibration (measured with ringflow's runtime)", ["parameter", "value", "from"],
                 [[k, f"{v['value']:.4g}", v["from"]] for k, v in report.items()])

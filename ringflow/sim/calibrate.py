@@ -233,8 +233,23 @@ def _source(key: str) -> str:
             }.get(key, "")
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several calibration jobs of one transport and rank count as one: every measured time the median
+    of the jobs' (one job's outlier curve no longer decides a fitted rate)."""
+    if not runs:
+        raise ValueError("no calibration runs")
+    out = json.loads(json.dumps(runs[0]))
+    for key, series in out["results"].items():
+        for size in series:
+            vals = [float(r["results"][key][size]) for r in runs if size in r["results"].get(key, {})]
+            series[size] = float(np.median(vals))
+    return out
+
+
 def calibrate(nprocs: int = 4, quick: bool = False, transports: tuple[str, ...] = ("shm", "tcp"),
-              rank_counts: tuple[int, ...] = (2, 4)) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """Measure (real runtime jobs) and fit; returns (topology, report)."""
-    measured = {tr: {n: measure(n, tr, quick) for n in rank_counts} for tr in transports}
+              rank_counts: tuple[int, ...] = (2, 4), repeats: int = 1) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """Measure (real runtime jobs, `repeats` per transport and rank count, merged by `median_of`) and
+    fit; returns (topology, report)."""
+    measured = {tr: {n: median_of([measure(n, tr, quick) for _ in range(max(1, repeats))]) for n in rank_counts}
+                for tr in transports}
     return fit(measured, nprocs)
