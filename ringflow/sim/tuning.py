@@ -2,7 +2,7 @@
 
 The runtime's tuner prices candidates with a flat alpha-beta model (`algorithms.cost`), which cannot
 see a host's cache regimes, its single-copy thresholds or ranks sharing cores; on a 2-core VM it picks
-pipelined tree broadcasts and reduces for 4 ranks from 2 MiB that a binomial tree beats by 1.2-2x.
+pipelined tree broadcasts for 4 ranks from 2 MiB that a binomial tree beats by 1.4-2x.
 With a topology written by `ringflow calibrate` (RINGFLOW_TUNER_TOPO) every candidate the tuner
 considered is priced again by the analytic engine on the calibrated host curves, with the runtime's
 own plans and argument check, exactly as `ringflow validate` predicts a bench row, and the fastest
@@ -27,10 +27,14 @@ class HostModel:
     topo: Any
     transport: str
 
+    @property
+    def calibrated(self) -> bool:
+        """True if the topology carries measured curves for this transport."""
+        return bool((self.topo.meta.get("sim", {}).get("host_curves") or {}).get(self.transport))
+
     def supports(self, nranks: int) -> bool:
         """True if the calibration covers a job of `nranks` ranks on this transport."""
-        curves = (self.topo.meta.get("sim", {}).get("host_curves") or {}).get(self.transport)
-        return bool(curves) and len(self.topo.endpoints()) >= nranks
+        return self.calibrated and len(self.topo.endpoints()) >= nranks
 
 
 def load_host_model(path: str, transport: str) -> HostModel:
@@ -40,7 +44,7 @@ def load_host_model(path: str, transport: str) -> HostModel:
         raise ConfigError(f"unknown host transport {transport!r}", f"use one of {', '.join(HOST_TRANSPORTS)}")
     topo = load_topology(path)
     model = HostModel(topo, transport)
-    if not (topo.meta.get("sim", {}).get("host_curves") or {}).get(transport):
+    if not model.calibrated:
         raise ConfigError(f"{path} has no calibration for {transport}",
                           "write it with `ringflow calibrate --out FILE` on this host")
     return model
