@@ -2,6 +2,8 @@
 fastest on a calibrated host (RINGFLOW_TUNER_TOPO, `Communicator.tune_with`)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ringflow.algorithms import registry, tuner
@@ -140,3 +142,24 @@ def test_a_bench_job_tunes_on_its_own_calibration_as_validation_predicts_it() ->
                           None, 2, 0.15)
     assert sorted((r["collective"], r["size_bytes"], r["algorithm"]) for r in out) == \
         sorted((r["collective"], r["size_bytes"], r["algorithm"]) for r in rows)
+
+
+def test_the_tuned_vs_flat_benchmark_writes_both_tuners_rows_side_by_side(tmp_path) -> None:
+    """`benchmarks/tuned_vs_flat.py` end to end on 2 shm ranks (quick calibration, one job per tuner):
+    one row per collective and size, each with both tuners' algorithm, time and bandwidths, and the
+    speed-up their times give."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = tmp_path / "tvf.json"
+    script = Path(__file__).parents[1] / "benchmarks" / "tuned_vs_flat.py"
+    subprocess.run([sys.executable, str(script), "--ranks", "2", "--transports", "shm", "--collectives",
+                    "broadcast,all_reduce", "--min", "64KiB", "--max", "128KiB", "--repeats", "1", "--quick",
+                    "--json", str(out)], check=True, timeout=180, capture_output=True)
+    rows = json.loads(out.read_text())
+    assert sorted((r["collective"], r["size_bytes"]) for r in rows) == \
+        sorted((c, s) for c in ("all_reduce", "broadcast") for s in (2**16, 2**17))
+    for r in rows:
+        for tuner_row in (r["flat"], r["tuned"]):
+            assert tuner_row["algorithm"] and tuner_row["time_us"] > 0 and tuner_row["busbw_GBps"] > 0
+        assert r["speedup"] == pytest.approx(r["flat"]["time_us"] / r["tuned"]["time_us"])
