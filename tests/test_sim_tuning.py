@@ -163,3 +163,26 @@ def test_the_tuned_vs_flat_benchmark_writes_both_tuners_rows_side_by_side(tmp_pa
         for tuner_row in (r["flat"], r["tuned"]):
             assert tuner_row["algorithm"] and tuner_row["time_us"] > 0 and tuner_row["busbw_GBps"] > 0
         assert r["speedup"] == pytest.approx(r["flat"]["time_us"] / r["tuned"]["time_us"])
+
+
+def test_algo_choose_shows_what_calibrated_tuning_runs_and_why(slow_steps, tmp_path, capsys) -> None:
+    """`ringflow algo choose ... --calibrated FILE`: the flat choice, every candidate priced on the host,
+    and the calibrated choice (the cheapest, as it beats the flat one by MIN_PREDICTED_GAIN); a file
+    without enough endpoints is a typed error (exit 2)."""
+    from ringflow.cli import main
+    path = tmp_path / "host.yaml"
+    _host("shm").topo.save(str(path))
+
+    def run(args: list[str]) -> tuple[int, str]:
+        with pytest.raises(SystemExit) as ei:
+            main(args)
+        return int(ei.value.code or 0), capsys.readouterr().out
+    code, out = run(["algo", "choose", "broadcast", "--size", "4MiB", "-n", "4", "--calibrated", str(path), "--json"])
+    got = json.loads(out)
+    assert code == 0 and got["flat"]["algorithm"] == "tree" and got["chosen"]["algorithm"] == "binomial"
+    best = min(r["calibrated_us"] for r in got["candidates"])
+    chosen = [r for r in got["candidates"] if r["calibrated_choice"]]
+    assert [r["calibrated_us"] for r in chosen] == [best] and got["flat_calibrated_us"] >= MIN_PREDICTED_GAIN * best
+    assert sum(r["flat_choice"] for r in got["candidates"]) == 1
+    code, _ = run(["algo", "choose", "broadcast", "--size", "4MiB", "-n", "8", "--calibrated", str(path)])
+    assert code == 2

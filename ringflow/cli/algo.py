@@ -155,10 +155,21 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                nranks: int = typer.Option(8, "-n", "--nranks", help="number of ranks"),
                topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
                dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
+               calibrated: Optional[str] = typer.Option(None, "--calibrated", help="a `ringflow calibrate` file: "
+                                                        "what RINGFLOW_TUNER_TOPO=FILE makes the runtime run"),
+               transport: str = typer.Option("shm", "--transport", help="--calibrated: the ranks' transport, "
+                                             "shm or tcp"),
+               in_place: Optional[bool] = typer.Option(None, "--in-place/--out-of-place", help="--calibrated: "
+                                                       "the call's buffers (default: in place for all_reduce, "
+                                                       "broadcast and reduce, as ringflow bench calls them)"),
                json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
     """The tuner's choice and the predicted cost of every candidate."""
     from ..algorithms.tuner import choose
     from ..units import format_size, parse_size
+    if calibrated:
+        _calibrated_choice(collective, parse_size(size), nranks, dtype_size, calibrated, transport, in_place,
+                           json_out)
+        return
     t = _load_topo(topo, nranks)
     ch = choose(collective, parse_size(size), nranks, t, dtype_size)
     if json_out:
@@ -171,6 +182,53 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
     print_table(None, ["algorithm", "segs", "chans", "steps", "bytes/rank", "scratch", "time (us)"],
                 [(c.algorithm, c.nsegs, c.nchannels, c.steps, format_size(c.bytes_per_rank),
                   format_size(c.scratch_bytes), f"{c.time_s * 1e6:.2f}") for c in ch.candidates])
+
+
+def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: int, path: str, transport: str,
+                       in_place: Optional[bool], json_out: bool) -> None:
+    """The runtime's flat choice, every candidate priced on the calibrated host, and what calibrated
+    tuning runs (`sim.tuning.priced_choice`)."""
+    from .. import config
+    from ..algorithms.schedule import Collective
+    from ..algorithms.tuner import choose
+    from ..errors import InvalidArgument
+    from ..runtime.communicator import _call_shape, candidate_pool, candidate_schedules, pick_schedule
+    from ..sim.tuning import MIN_PREDICTED_GAIN, load_host_model, priced_choice
+    from ..units import format_size
+    c = Collective.parse(collective)
+    host = load_host_model(path, transport)
+    if not host.supports(nranks):
+        raise InvalidArgument(f"{path} has fewer than {nranks} endpoints", "calibrate with --nprocs >= the ranks")
+    root = 0 if c.has_root else None
+    inplace = in_place if in_place is not None else c in (Collective.ALL_REDUCE, Collective.BROADCAST,
+                                                          Collective.REDUCE)
+    single = nbytes < int(config.get("SINGLE_RING_THRESHOLD"))
+    ch = choose(c, nbytes, nranks, dtype_size=dtype_size, root=root)
+    flat = pick_schedule(c, nbytes, nranks, root, dtype_size, inplace, int(config.get("SINGLE_RING_THRESHOLD")))
+    pool = candidate_pool(ch, single)
+    scheds = candidate_schedules(ch, c, nranks, root, single)
+    chosen, t_flat, times = priced_choice(flat, scheds, _call_shape(c, nranks, nbytes, dtype_size), inplace, host)
+
+    def name(s: object) -> tuple:
+        return (s.algorithm, s.params.get("nsegs", 1), s.nchannels)  # type: ignore[attr-defined]
+    rows = [{"algorithm": cand.algorithm, "nsegs": cand.nsegs, "nchannels": cand.nchannels,
+             "flat_model_us": cand.time_s * 1e6, "calibrated_us": t,
+             "flat_choice": name(s) == name(flat), "calibrated_choice": name(s) == name(chosen)}
+            for cand, s, t in zip(pool, scheds, times)]
+    if json_out:
+        print_json({"collective": c.value, "nbytes": nbytes, "nranks": nranks, "transport": transport,
+                    "in_place": inplace, "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat))),
+                    "flat_calibrated_us": t_flat, "chosen": dict(zip(("algorithm", "nsegs", "nchannels"), name(chosen))),
+                    "min_predicted_gain": MIN_PREDICTED_GAIN, "candidates": rows})
+        return
+    console.print(f"{c.value} of {format_size(nbytes)} on {nranks} ranks over {transport}, calibrated host {path}: "
+                  f"flat tuner runs [bold]{flat.algorithm}[/] ({t_flat:.1f} us predicted here); calibrated tuning "
+                  f"runs [bold]{chosen.algorithm}[/] (segments {name(chosen)[1]}, channels {chosen.nchannels}; "
+                  f"it switches only for a predicted {MIN_PREDICTED_GAIN}x)", highlight=False)
+    print_table(None, ["algorithm", "segs", "chans", "flat model (us)", "calibrated (us)", ""],
+                [(r["algorithm"], r["nsegs"], r["nchannels"], f"{r['flat_model_us']:.1f}", f"{r['calibrated_us']:.1f}",
+                  " ".join(m for m, on in (("flat", r["flat_choice"]), ("calibrated", r["calibrated_choice"])) if on))
+                 for r in rows])
 
 
 def register(app: typer.Typer) -> None:

@@ -87,7 +87,7 @@ def _call_shape(coll: Collective, nranks: int, nbytes: int, dtype_size: int) -> 
     return CallShape(coll, nranks, count, dtype_size)
 
 
-def _candidate_pool(choice: Any, single_channel: bool) -> list:
+def candidate_pool(choice: Any, single_channel: bool) -> list:
     """The tuner's candidates the runtime may run (below RINGFLOW_SINGLE_RING_THRESHOLD: one-channel ones)."""
     pool = [c for c in choice.candidates if c.nchannels == 1] if single_channel else list(choice.candidates)
     return pool or list(choice.candidates)
@@ -108,7 +108,7 @@ def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, n
     RERANK_TOP best candidates wins. `single_channel` (below RINGFLOW_SINGLE_RING_THRESHOLD) keeps only
     one-channel candidates."""
     from ..algorithms.cost import DEFAULT_BETA_GBPS
-    cands = sorted(_candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
+    cands = sorted(candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
     shape = _call_shape(coll, nranks, nbytes, dtype_size)
     best, best_t = None, float("inf")
     for c in cands:
@@ -137,8 +137,15 @@ def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, 
     if host is None:
         return flat
     from ..sim.tuning import calibrated_choice
-    scheds = [_candidate_schedule(registry, ch, c, coll, nranks, root) for c in _candidate_pool(ch, single_channel)]
-    return calibrated_choice(flat, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
+    return calibrated_choice(flat, candidate_schedules(ch, coll, nranks, root, single_channel),
+                             _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
+
+
+def candidate_schedules(choice: Any, coll: Collective, nranks: int, root: int | None,
+                        single_channel: bool) -> list[Schedule]:
+    """The schedules of the tuner's candidates the runtime may run for this call."""
+    from ..algorithms import registry
+    return [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in candidate_pool(choice, single_channel)]
 
 
 def _data_ptr(obj: Any) -> int | None:

@@ -78,8 +78,16 @@ def calibrated_choice(flat: Schedule, candidates: Sequence[Schedule], shape: Cal
                       host: HostModel) -> Schedule:
     """The candidate the calibrated host runs fastest where it beats the flat tuner's choice `flat` by
     MIN_PREDICTED_GAIN, else `flat` (ties: the earlier candidate, so every rank agrees)."""
-    if not candidates:
-        return flat
+    return priced_choice(flat, candidates, shape, inplace, host)[0]
+
+
+def priced_choice(flat: Schedule, candidates: Sequence[Schedule], shape: CallShape, inplace: bool,
+                  host: HostModel) -> tuple[Schedule, float, list[float]]:
+    """`calibrated_choice` with its prices: (chosen schedule, the flat choice's predicted us, every
+    candidate's predicted us)."""
+    t_flat = predict_call_us(host, flat, shape, inplace)
     times = [predict_call_us(host, s, shape, inplace) for s in candidates]
+    if not times:
+        return flat, t_flat, times
     i = min(range(len(times)), key=lambda k: (times[k], k))
-    return candidates[i] if predict_call_us(host, flat, shape, inplace) >= MIN_PREDICTED_GAIN * times[i] else flat
+    return (candidates[i] if t_flat >= MIN_PREDICTED_GAIN * times[i] else flat), t_flat, times
