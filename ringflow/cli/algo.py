@@ -187,34 +187,29 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: int, path: str, transport: str,
                        in_place: Optional[bool], json_out: bool) -> None:
     """The runtime's flat choice, every candidate priced on the calibrated host, and what calibrated
-    tuning runs (`sim.tuning.priced_choice`)."""
+    tuning runs (`runtime.communicator.calibrated_decision`, as `pick_schedule` decides)."""
     from .. import config
     from ..algorithms.schedule import Collective
-    from ..algorithms.tuner import choose
     from ..errors import InvalidArgument
-    from ..runtime.communicator import _call_shape, candidate_pool, candidate_schedules, pick_schedule
-    from ..sim.tuning import MIN_PREDICTED_GAIN, load_host_model, priced_choice
+    from ..runtime.communicator import calibrated_decision
+    from ..sim.tuning import MIN_PREDICTED_GAIN, load_host_model
     from ..units import format_size
     c = Collective.parse(collective)
     host = load_host_model(path, transport)
     if not host.supports(nranks):
         raise InvalidArgument(f"{path} has fewer than {nranks} endpoints", "calibrate with --nprocs >= the ranks")
-    root = 0 if c.has_root else None
     inplace = in_place if in_place is not None else c in (Collective.ALL_REDUCE, Collective.BROADCAST,
                                                           Collective.REDUCE)
-    single = nbytes < int(config.get("SINGLE_RING_THRESHOLD"))
-    ch = choose(c, nbytes, nranks, dtype_size=dtype_size, root=root)
-    flat = pick_schedule(c, nbytes, nranks, root, dtype_size, inplace, int(config.get("SINGLE_RING_THRESHOLD")))
-    pool = candidate_pool(ch, single)
-    scheds = candidate_schedules(ch, c, nranks, root, single)
-    chosen, t_flat, times = priced_choice(flat, scheds, _call_shape(c, nranks, nbytes, dtype_size), inplace, host)
+    d = calibrated_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
+                            int(config.get("SINGLE_RING_THRESHOLD")), host)
+    flat, chosen, t_flat = d.flat, d.chosen, d.flat_us
 
     def name(s: object) -> tuple:
         return (s.algorithm, s.params.get("nsegs", 1), s.nchannels)  # type: ignore[attr-defined]
     rows = [{"algorithm": cand.algorithm, "nsegs": cand.nsegs, "nchannels": cand.nchannels,
              "flat_model_us": cand.time_s * 1e6, "calibrated_us": t,
              "flat_choice": name(s) == name(flat), "calibrated_choice": name(s) == name(chosen)}
-            for cand, s, t in zip(pool, scheds, times)]
+            for cand, s, t in d.candidates]
     if json_out:
         print_json({"collective": c.value, "nbytes": nbytes, "nranks": nranks, "transport": transport,
                     "in_place": inplace, "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat))),

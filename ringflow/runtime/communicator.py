@@ -131,21 +131,32 @@ def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, 
     if coll == Collective.ALL_TO_ALLV:
         algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
         return registry.get_schedule(coll, algo, nranks, root=root)
-    single_channel = nbytes < single_ring_bytes
-    flat = runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
-                        inplace=inplace)
-    if host is None:
-        return flat
-    from ..sim.tuning import calibrated_choice
-    return calibrated_choice(flat, candidate_schedules(ch, coll, nranks, root, single_channel),
-                             _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
+    if host is not None:
+        return _calibrated(ch, coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, host).chosen
+    return runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry,
+                        single_channel=nbytes < single_ring_bytes, inplace=inplace)
 
 
-def candidate_schedules(choice: Any, coll: Collective, nranks: int, root: int | None,
-                        single_channel: bool) -> list[Schedule]:
-    """The schedules of the tuner's candidates the runtime may run for this call."""
+def calibrated_decision(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int,
+                        inplace: bool, single_ring_bytes: int, host: Any) -> Any:
+    """What `pick_schedule` decides on a calibrated `host`, with its prices (`sim.tuning.CalibratedDecision`:
+    the flat choice, every candidate the runtime may run, and the one it runs)."""
+    from ..algorithms import tuner
+    ch = tuner.choose(coll, nbytes, nranks, dtype_size=dtype_size, root=root)
+    return _calibrated(ch, coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, host)
+
+
+def _calibrated(choice: Any, coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int,
+                inplace: bool, single_ring_bytes: int, host: Any) -> Any:
+    """`calibrated_decision` from the tuner's `choice` (pick_schedule has it already)."""
     from ..algorithms import registry
-    return [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in candidate_pool(choice, single_channel)]
+    from ..sim.tuning import decide
+    single_channel = nbytes < single_ring_bytes
+    flat = runtime_rank(choice, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
+                        inplace=inplace)
+    pool = candidate_pool(choice, single_channel)
+    scheds = [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in pool]
+    return decide(flat, pool, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
 
 
 def _data_ptr(obj: Any) -> int | None:

@@ -74,20 +74,27 @@ def predict_call_us(host: HostModel, schedule: Schedule, shape: CallShape, inpla
 MIN_PREDICTED_GAIN = 1.3
 
 
-def calibrated_choice(flat: Schedule, candidates: Sequence[Schedule], shape: CallShape, inplace: bool,
-                      host: HostModel) -> Schedule:
+@dataclass(frozen=True)
+class CalibratedDecision:
+    """One call's calibrated tuning: the flat tuner's choice and its price on the host, every candidate
+    the runtime may run with its price, and the schedule it runs."""
+
+    flat: Schedule
+    flat_us: float
+    candidates: tuple[tuple[Any, Schedule, float], ...]   # (tuner candidate, its schedule, predicted us)
+    chosen: Schedule
+
+
+def decide(flat: Schedule, pool: Sequence[Any], schedules: Sequence[Schedule], shape: CallShape, inplace: bool,
+           host: HostModel) -> CalibratedDecision:
     """The candidate the calibrated host runs fastest where it beats the flat tuner's choice `flat` by
-    MIN_PREDICTED_GAIN, else `flat` (ties: the earlier candidate, so every rank agrees)."""
-    return priced_choice(flat, candidates, shape, inplace, host)[0]
-
-
-def priced_choice(flat: Schedule, candidates: Sequence[Schedule], shape: CallShape, inplace: bool,
-                  host: HostModel) -> tuple[Schedule, float, list[float]]:
-    """`calibrated_choice` with its prices: (chosen schedule, the flat choice's predicted us, every
-    candidate's predicted us)."""
+    MIN_PREDICTED_GAIN, else `flat` (ties: the earlier candidate, so every rank agrees). `pool[i]` is
+    the tuner's candidate whose schedule is `schedules[i]`."""
     t_flat = predict_call_us(host, flat, shape, inplace)
-    times = [predict_call_us(host, s, shape, inplace) for s in candidates]
-    if not times:
-        return flat, t_flat, times
-    i = min(range(len(times)), key=lambda k: (times[k], k))
-    return (candidates[i] if t_flat >= MIN_PREDICTED_GAIN * times[i] else flat), t_flat, times
+    times = [predict_call_us(host, s, shape, inplace) for s in schedules]
+    chosen = flat
+    if times:
+        i = min(range(len(times)), key=lambda k: (times[k], k))
+        if t_flat >= MIN_PREDICTED_GAIN * times[i]:
+            chosen = schedules[i]
+    return CalibratedDecision(flat, t_flat, tuple(zip(pool, schedules, times)), chosen)
