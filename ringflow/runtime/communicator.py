@@ -80,11 +80,8 @@ def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False
 
 def _call_shape(coll: Collective, nranks: int, nbytes: int, dtype_size: int) -> CallShape:
     """The shape of a call moving `nbytes` (per-rank collectives: `nbytes` over all ranks)."""
-    count = nbytes // dtype_size
-    if coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
-                Collective.ALL_TO_ALL):
-        count //= nranks
-    return CallShape(coll, nranks, count, dtype_size)
+    from ..algorithms.tuner import count_for
+    return CallShape(coll, nranks, count_for(coll, nbytes, nranks, dtype_size), dtype_size)
 
 
 def candidate_pool(choice: Any, single_channel: bool) -> list:
