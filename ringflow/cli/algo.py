@@ -193,13 +193,13 @@ def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: in
     from ..errors import InvalidArgument
     from ..runtime.communicator import calibrated_decision
     from ..sim.tuning import MIN_PREDICTED_GAIN, load_host_model
+    from ..sim.validate import BENCH_IN_PLACE
     from ..units import format_size
     c = Collective.parse(collective)
     host = load_host_model(path, transport)
     if not host.supports(nranks):
         raise InvalidArgument(f"{path} has fewer than {nranks} endpoints", "calibrate with --nprocs >= the ranks")
-    inplace = in_place if in_place is not None else c in (Collective.ALL_REDUCE, Collective.BROADCAST,
-                                                          Collective.REDUCE)
+    inplace = in_place if in_place is not None else c in BENCH_IN_PLACE
     d = calibrated_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
                             int(config.get("SINGLE_RING_THRESHOLD")), host)
     flat, chosen, t_flat = d.flat, d.chosen, d.flat_us

@@ -15,6 +15,8 @@ import numpy as np
 from ..algorithms.schedule import Collective
 
 TRANSPORTS = ("shm", "tcp")
+# the collectives `ringflow bench` calls in place (runtime.bench._call); the others go out of place
+BENCH_IN_PLACE = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
 
 
 def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None,
@@ -28,7 +30,7 @@ def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, ro
     per_rank = c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
                      Collective.ALL_TO_ALL)
     nbytes = count * itemsize * (nranks if per_rank else 1)
-    inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
+    inplace = c in BENCH_IN_PLACE
     return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")),
                          host)
 
@@ -60,7 +62,7 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
                                "the job tuned on its calibration with another model: replay a --tuned "
                                "recording with the code that made it" if tuned else
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
-        inplace = c in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)   # as bench calls them
+        inplace = c in BENCH_IN_PLACE
         pred = predict_call_us(host, sched, CallShape(c, n, count, item), inplace, engine)
         meas = float(r["time_us"])
         out.append({"transport": transport, "nranks": n, "collective": coll, "algorithm": sched.algorithm,
