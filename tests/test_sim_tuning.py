@@ -186,3 +186,48 @@ def test_algo_choose_shows_what_calibrated_tuning_runs_and_why(slow_steps, tmp_p
     assert sum(r["flat_choice"] for r in got["candidates"]) == 1
     code, _ = run(["algo", "choose", "broadcast", "--size", "4MiB", "-n", "8", "--calibrated", str(path)])
     assert code == 2
+
+
+def test_sim_sweeps_sizes_with_the_calibrated_tuner_beside_the_flat_one(slow_steps, tmp_path, capsys) -> None:
+    """`ringflow sim COLL --topo FILE --tuner calibrated`: per size the schedule the runtime would run with
+    RINGFLOW_TUNER_TOPO=FILE (`pick_schedule` with the host) and the flat tuner's, each priced on the host
+    as `predict_call_us` prices it, rows with bench keys; options that do not apply are a typed error."""
+    from ringflow.cli import main
+    from ringflow.sim.results import busbw_factor
+    path = tmp_path / "host.yaml"
+    host = _host("shm")
+    host.topo.save(str(path))
+    out_json = tmp_path / "sweep.json"
+    plot = tmp_path / "sweep.png"
+
+    def run(args: list[str]) -> int:
+        with pytest.raises(SystemExit) as ei:
+            main(args)
+        return int(ei.value.code or 0)
+    args = ["sim", "broadcast", "--topo", str(path), "--tuner", "calibrated", "-n", "4", "--min", "64KiB",
+            "--max", "16MiB", "--factor", "4", "--json", str(out_json)]
+    assert run(args + (["--plot", str(plot)] if _has_matplotlib() else [])) == 0
+    rows = json.loads(out_json.read_text())
+    assert [r["size_bytes"] for r in rows] == [2**16, 2**18, 2**20, 2**22, 2**24]
+    assert any(r["changed"] for r in rows)
+    for r in rows:
+        assert {"size_bytes", "count", "dtype", "time_us", "algbw_GBps", "busbw_GBps", "algorithm"} <= set(r)
+        c, nb = Collective.BROADCAST, r["size_bytes"]
+        shape = _call_shape(c, 4, nb, 4)
+        got = pick_schedule(c, nb, 4, 0, 4, True, 0, host)
+        flat = pick_schedule(c, nb, 4, 0, 4, True, 0)
+        assert (r["algorithm"], r["flat_algorithm"]) == (got.algorithm, flat.algorithm)
+        assert r["time_us"] == pytest.approx(predict_call_us(host, got, shape, True), rel=1e-4)
+        assert r["flat_time_us"] == pytest.approx(predict_call_us(host, flat, shape, True), rel=1e-4)
+        assert r["gain"] >= (MIN_PREDICTED_GAIN if r["changed"] else 1.0) - 1e-9
+        assert r["busbw_GBps"] == pytest.approx(nb / r["time_us"] / 1e3 * busbw_factor(c, 4), rel=1e-3)
+    assert "changes the choice at" in capsys.readouterr().out
+    if _has_matplotlib():
+        assert plot.stat().st_size > 0
+    assert run(["sim", "broadcast", "--topo", str(path), "--tuner", "calibrated", "--algo", "ring"]) == 2
+    assert run(["sim", "broadcast", "--topo", str(path), "--tuner", "best"]) == 2
+
+
+def _has_matplotlib() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("matplotlib") is not None

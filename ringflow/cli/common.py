@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any, Iterable, Sequence
 
@@ -11,8 +12,18 @@ from rich.table import Table
 
 from ..errors import RingflowError
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped into a file or a CI log, rich would wrap at 80 columns and cut the tables' cells; COLUMNS still rules.
+PIPED_WIDTH = 160
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not (hasattr(stream, "isatty") and stream.isatty()) and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=PIPED_WIDTH if piped else None)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 def run_app(app: typer.Typer, argv: list[str]) -> None:

@@ -51,6 +51,12 @@ def sim_command(
     plot: Optional[str] = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
     trace: Optional[str] = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
     details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
+    tuner: str = typer.Option("flat", "--tuner", help="flat: the runtime's alpha-beta tuner (or --algo); "
+                              "calibrated: what RINGFLOW_TUNER_TOPO=--topo runs (a `ringflow calibrate` file), "
+                              "beside the flat choice, both priced on that host"),
+    transport: str = typer.Option("shm", "--transport", help="--tuner calibrated: the ranks' transport, shm or tcp"),
+    in_place: Optional[bool] = typer.Option(None, "--in-place/--out-of-place", help="--tuner calibrated: the "
+                                            "calls' buffers (default: as ringflow bench calls them)"),
 ) -> None:
     """Predict nccl-tests style results of a collective on a modelled machine or cluster."""
     from rich.progress import Progress
@@ -61,6 +67,18 @@ def sim_command(
     from ..units import format_size, parse_size, size_range
 
     coll = Collective.parse(collective)
+    if tuner not in ("flat", "calibrated"):
+        raise InvalidArgument(f"--tuner {tuner!r} is unknown", "use flat or calibrated")
+    if tuner == "calibrated":
+        others = [flag for flag, on in (("--nodes", nodes > 1), ("--algo", algo is not None), ("--engine flow", engine != "analytic"),
+                                        ("--nchannels", nchannels is not None), ("--param", bool(param)),
+                                        ("--trace", trace is not None), ("--details", details)) if on]
+        if others:
+            raise InvalidArgument(f"--tuner calibrated prices the runtime's own choices on one calibrated host; "
+                                  f"{', '.join(others)} do not apply", "drop them, or use --tuner flat")
+        _calibrated_sweep(coll, topo, transport, nranks, parse_size(min_size), parse_size(max_size), factor, dtype,
+                          in_place, json_out, plot)
+        return
     t = _topology(topo, nodes, fabric, nic, oversub)
     prm = params_for(t, _parse_params(param))
     sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
@@ -101,6 +119,38 @@ def sim_command(
     if plot:
         from ..sim.plot import plot_busbw
         plot_busbw({f"{engine}": rows}, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks)")
+        console.print(f"wrote {plot}")
+
+
+def _calibrated_sweep(coll: Any, topo: str, transport: str, nranks: Optional[int], lo: int, hi: int, factor: int,
+                      dtype: str, in_place: Optional[bool], json_out: Optional[str], plot: Optional[str]) -> None:
+    """`ringflow sim --tuner calibrated`: per size, what calibrated tuning runs and what the flat tuner would."""
+    from rich.progress import Progress
+
+    from ..sim.api import itemsize_of
+    from ..sim.tuning import load_host_model, sweep
+    from ..units import format_size, size_range
+    host = load_host_model(topo, transport)
+    n = nranks or len(host.topo.endpoints())
+    sizes = size_range(max(1, lo), hi, factor)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"pricing {coll.value} candidates on {n} ranks ({transport})", total=len(sizes))
+        rows = sweep(host, coll, n, sizes, itemsize_of(dtype), in_place, progress=lambda: bar.advance(task))
+    console.print(f"# {coll.value} on the calibrated host {topo}: {n} ranks over {transport}, dtype {dtype}, "
+                  f"{'in place' if rows and rows[0]['in_place'] else 'out of place'}; calibrated tuning beside the flat tuner")
+    print_table(None, ["size", "algorithm", "segs", "time(us)", "busbw(GB/s)", "flat algo", "segs", "flat(us)", "gain"],
+                [[format_size(r["size_bytes"]), r["algorithm"], r["nsegs"], f"{r['time_us']:.1f}", f"{r['busbw_GBps']:.3f}",
+                  r["flat_algorithm"], r["flat_nsegs"], f"{r['flat_time_us']:.1f}", f"{r['gain']:.2f}x"] for r in rows])
+    changed = sum(r["changed"] for r in rows)
+    console.print(f"calibrated tuning changes the choice at {changed} of {len(rows)} sizes")
+    if json_out:
+        write_json(json_out, rows)
+        console.print(f"wrote {len(rows)} rows to {json_out}")
+    if plot:
+        from ..sim.plot import plot_busbw
+        flat = [{"size_bytes": r["size_bytes"], "busbw_GBps": r["flat_busbw_GBps"]} for r in rows]
+        plot_busbw({"calibrated tuner": rows, "flat tuner": flat}, plot,
+                   title=f"{coll.value} on {n} ranks over {transport} (calibrated host)")
         console.print(f"wrote {plot}")
 
 

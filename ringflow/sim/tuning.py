@@ -84,6 +84,13 @@ class CalibratedDecision:
     candidates: tuple[tuple[Any, Schedule, float], ...]   # (tuner candidate, its schedule, predicted us)
     chosen: Schedule
 
+    @property
+    def chosen_us(self) -> float:
+        """The predicted time of the schedule calibrated tuning runs."""
+        if self.chosen is self.flat:
+            return self.flat_us
+        return next(t for _, s, t in self.candidates if s is self.chosen)
+
 
 def decide(flat: Schedule, pool: Sequence[Any], schedules: Sequence[Schedule], shape: CallShape, inplace: bool,
            host: HostModel) -> CalibratedDecision:
@@ -98,3 +105,44 @@ def decide(flat: Schedule, pool: Sequence[Any], schedules: Sequence[Schedule], s
         if t_flat >= MIN_PREDICTED_GAIN * times[i]:
             chosen = schedules[i]
     return CalibratedDecision(flat, t_flat, tuple(zip(pool, schedules, times)), chosen)
+
+
+def sweep(host: HostModel, collective: Any, nranks: int, sizes: Sequence[int], dtype_size: int = 4,
+          inplace: bool | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """What calibrated tuning runs at every size (nccl-tests sizes): one row per size with the keys of
+    `ringflow bench --json` for the calibrated choice (`algorithm`, `time_us`, algbw, busbw) and the flat
+    tuner's (`flat_algorithm`, `flat_time_us`, `flat_busbw_GBps`), both priced on the host, `gain` and `changed`."""
+    from .. import config
+    from ..algorithms.schedule import Collective
+    from ..errors import InvalidArgument
+    from ..runtime.communicator import calibrated_decision
+    from .results import busbw_factor, count_for_size, size_for_count
+    from .validate import BENCH_IN_PLACE
+    c = Collective.parse(collective)
+    if not host.supports(nranks):
+        raise InvalidArgument(f"the calibrated host has no {host.transport} calibration for {nranks} ranks "
+                              f"({len(host.topo.endpoints())} endpoints)", "calibrate with --nprocs >= the ranks")
+    ip = c in BENCH_IN_PLACE if inplace is None else bool(inplace)
+    dtype = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}.get(dtype_size, "float32")
+    bus = busbw_factor(c, nranks)
+    rows = []
+    for size in sizes:
+        count = count_for_size(c, nranks, size, dtype_size)
+        if count < 1:
+            continue
+        nbytes = size_for_count(c, nranks, count, dtype_size)   # the runtime's S of the call (per-rank: all ranks')
+        d = calibrated_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, ip,
+                                int(config.get("SINGLE_RING_THRESHOLD")), host)
+        t, t_flat = d.chosen_us, d.flat_us
+        rows.append({"collective": c.value, "nranks": nranks, "size_bytes": nbytes, "count": count, "dtype": dtype,
+                     "time_us": round(t, 4), "algbw_GBps": round(nbytes / (t * 1e3), 4),
+                     "busbw_GBps": round(nbytes / (t * 1e3) * bus, 4), "wrong": None,
+                     "algorithm": d.chosen.algorithm, "nsegs": int(d.chosen.params.get("nsegs", 1)),
+                     "nchannels": d.chosen.nchannels, "engine": "analytic", "transport": host.transport,
+                     "in_place": ip, "flat_algorithm": d.flat.algorithm,
+                     "flat_nsegs": int(d.flat.params.get("nsegs", 1)), "flat_time_us": round(t_flat, 4),
+                     "flat_busbw_GBps": round(nbytes / (t_flat * 1e3) * bus, 4), "gain": round(t_flat / t, 4),
+                     "changed": d.chosen is not d.flat})
+        if progress is not None:
+            progress()
+    return rows
