@@ -7,7 +7,7 @@ import pytest
 
 from ringflow.algorithms.layout import CallShape
 from ringflow.algorithms.schedule import Collective, is_self_checking
-from ringflow.sim._calib_worker import SIZES, _schedules
+from ringflow.sim._calib_worker import SIZES, _schedules, exchange_outliers
 from ringflow.sim.api import simulate_schedule, simulate_table
 from ringflow.sim.calibrate import SPIKE_TOL, curves, despike, fit, monotone
 from ringflow.sim.transfers import from_plans
@@ -106,6 +106,16 @@ def test_an_exchange_slower_than_the_exchange_beside_a_copy_less_the_copy_is_cle
     for b in stretch:
         got = c["exchange_us"][c["sizes"].index(int(b))]
         assert true[b] - 1e-6 <= got <= true[b] + int(b) * BESIDE + 1e-6, (b, got, true[b])
+
+
+@pytest.mark.parametrize("tr,n", [("tcp", 2), ("shm", 2), ("shm", 4), ("tcp", 4)])
+def test_the_calibration_times_again_exactly_the_sizes_whose_exchange_its_copy_bound_contradicts(tr: str, n: int) -> None:
+    m = synthetic(tr, n)
+    assert exchange_outliers(m["results"], SIZES) == []
+    stretch = [2**19, 2**20, 2**21, 2**22]
+    for b in stretch:
+        m["results"]["exchange"][str(b)] *= 3.0
+    assert exchange_outliers(m["results"], SIZES) == stretch
 
 
 def test_a_latency_bound_one_way_does_not_slow_the_exchange_below_its_measured_rate() -> None:

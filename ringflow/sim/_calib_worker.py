@@ -81,6 +81,25 @@ ROOTED_CHECK_SIZES = [2**16, 2**18, 2**20, 2**22]
 QUICK_ROOTED_CHECK_SIZES = [2**16, 2**20]
 
 
+# An exchange this much slower than the same exchange beside a copy, less the copy's work, is timed again
+OUTLIER_RATIO = 1.1
+
+
+def exchange_outliers(results: dict, sizes: list[int]) -> list[int]:
+    """Sizes whose plain exchange took longer than OUTLIER_RATIO x (the exchange beside a copy - the copy's
+    work): the first 2-rank TCP job of a validation run measures the exchange 2-3x slow from 512 KiB for a
+    few seconds, while its other schedules and its bench are not (docs/simulator.md)."""
+    t1, t8 = float(results["steps1"]["4"]), float(results["steps8"]["4"])
+    base = t1 - max(0.0, (t8 - t1) / 7.0)
+    out = []
+    for b in sizes:
+        k = str(b)
+        bound = results["exchange_copy"][k] - max(results["copy"][k] - base, 0.0)
+        if results["exchange"][k] > OUTLIER_RATIO * bound:
+            out.append(b)
+    return out
+
+
 def measure(comm: Any, quick: bool = False) -> dict:
     """Time every calibration schedule on `comm` (every rank calls it; rank 0's result counts)."""
     n = comm.size
@@ -137,6 +156,12 @@ def measure(comm: Any, quick: bool = False) -> dict:
             (("oneway_solo", "alltoall", "fanin", "fanout") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
+        # the plain exchange's slow mode (calibrate.curves): such sizes are timed again now
+        slow = exchange_outliers(res["results"], sizes)
+        if slow:   # the first times are kept for the record
+            res["results"]["exchange_retimed"] = {str(b): res["results"]["exchange"][str(b)] for b in slow}
+        for b in slow:
+            res["results"]["exchange"][str(b)] = min(res["results"]["exchange"][str(b)], 1e6 * timed("exchange", b))
     finally:
         comm._checks = True
     from ..runtime.transport import cma, shm
