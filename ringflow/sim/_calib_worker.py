@@ -89,15 +89,11 @@ def exchange_outliers(results: dict, sizes: list[int]) -> list[int]:
     """Sizes whose plain exchange took longer than OUTLIER_RATIO x (the exchange beside a copy - the copy's
     work): the first 2-rank TCP job of a validation run measures the exchange 2-3x slow from 512 KiB for a
     few seconds, while its other schedules and its bench are not (docs/simulator.md)."""
-    t1, t8 = float(results["steps1"]["4"]), float(results["steps8"]["4"])
-    base = t1 - max(0.0, (t8 - t1) / 7.0)
-    out = []
-    for b in sizes:
-        k = str(b)
-        bound = results["exchange_copy"][k] - max(results["copy"][k] - base, 0.0)
-        if results["exchange"][k] > OUTLIER_RATIO * bound:
-            out.append(b)
-    return out
+    from .calibrate import copy_bound, step_costs
+    t1, alpha = step_costs(results)
+    keys = [str(b) for b in sizes]
+    bound = copy_bound([results["exchange_copy"][k] for k in keys], [results["copy"][k] for k in keys], t1 - alpha)
+    return [b for b, k, lim in zip(sizes, keys, bound) if results["exchange"][k] > OUTLIER_RATIO * lim]
 
 
 def measure(comm: Any, quick: bool = False) -> dict:

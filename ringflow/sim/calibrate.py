@@ -107,6 +107,18 @@ def despike(values: list[float], sizes: list[int], tol: float = SPIKE_TOL) -> li
     return np.exp(out).tolist()
 
 
+def step_costs(results: dict[str, Any]) -> tuple[float, float]:
+    """(t1, alpha): a 1-step call of 4 bytes and the per-step latency, from the 1- and 8-step schedules."""
+    t1, t8 = float(results["steps1"]["4"]), float(results["steps8"]["4"])
+    return t1, max(0.0, (t8 - t1) / 7.0)
+
+
+def copy_bound(exchange_copy: Any, copy: Any, base_us: float) -> np.ndarray:
+    """What the plain exchange cannot exceed: the same exchange with a copy after it in its step, less the
+    copy's own work (a copy step's time beyond the call overhead `base_us`)."""
+    return np.asarray(exchange_copy, dtype=np.float64) - np.maximum(np.asarray(copy, dtype=np.float64) - base_us, 0.0)
+
+
 def monotone(values: list[float]) -> np.ndarray:
     """The closest non-decreasing sequence in least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []   # [sum, count]
@@ -133,8 +145,7 @@ def _rooted_checks(r: dict[str, Any]) -> dict[str, Any]:
 def curves(result: dict[str, Any]) -> dict[str, Any]:
     """One calibration job's times -> the curve set `SimParams.host_curves` holds for its rank count."""
     r = result["results"]
-    t1, t8 = float(r["steps1"]["4"]), float(r["steps8"]["4"])
-    alpha = max(0.0, (t8 - t1) / 7.0)
+    t1, alpha = step_costs(r)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: despike([float(r[name][str(b)]) for b in sizes], sizes)
               for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
@@ -152,8 +163,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     xr = monotone(series["exchange_reduce"])
     bound = np.asarray(xr)
     if "exchange_copy" in series:
-        copy_work = np.maximum(np.asarray(series["copy"]) - (t1 - alpha), 0.0)
-        bound = np.minimum(bound, np.asarray(series["exchange_copy"]) - copy_work)
+        bound = np.minimum(bound, copy_bound(series["exchange_copy"], series["copy"], t1 - alpha))
     ex = monotone(np.minimum(series["exchange"], bound).tolist())
     xr = np.maximum(xr, ex)
     # likewise a one-way slower than the exchange (which is that one-way and its reverse at once):

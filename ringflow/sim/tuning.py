@@ -50,6 +50,11 @@ def load_host_model(path: str, transport: str) -> HostModel:
     return model
 
 
+def dtype_for(itemsize: int) -> str:
+    """A dtype name of `itemsize` bytes (the simulator prices bytes; the name only labels rows)."""
+    return {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}.get(itemsize, "float32")
+
+
 def predict_call_us(host: HostModel, schedule: Schedule, shape: CallShape, inplace: bool,
                     engine: str = "analytic") -> float:
     """Predicted time (us) of one runtime call of `schedule`: the runtime's plans (`from_plans`) and its
@@ -59,7 +64,7 @@ def predict_call_us(host: HostModel, schedule: Schedule, shape: CallShape, inpla
     from .transfers import from_plans
     tab = from_plans(schedule, shape, inplace)
     size = size_for_count(shape.collective, shape.nranks, shape.count, shape.itemsize)
-    dtype = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}.get(shape.itemsize, "float32")
+    dtype = dtype_for(shape.itemsize)
     res = simulate_table(host.topo, tab, size, dtype=dtype, engine=engine, params={"host_transport": host.transport},
                          endpoints=host.topo.endpoints()[:shape.nranks], checked=not is_self_checking(schedule))
     return res.time_us
@@ -123,7 +128,7 @@ def sweep(host: HostModel, collective: Any, nranks: int, sizes: Sequence[int], d
         raise InvalidArgument(f"the calibrated host has no {host.transport} calibration for {nranks} ranks "
                               f"({len(host.topo.endpoints())} endpoints)", "calibrate with --nprocs >= the ranks")
     ip = c in BENCH_IN_PLACE if inplace is None else bool(inplace)
-    dtype = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}.get(dtype_size, "float32")
+    dtype = dtype_for(dtype_size)
     bus = busbw_factor(c, nranks)
     rows = []
     for size in sizes:
