@@ -416,8 +416,9 @@ def test_rooted_collectives_pay_the_check_measured_before_a_rooted_step() -> Non
 def test_a_direct_scatter_pays_the_rooted_check_measured_at_its_own_messages(
         coll: str, algo: str, size: int, per_size: bool) -> None:
     """A calibration that timed the check before the fan-out step at several sizes: a direct scatter (the
-    fan-out step itself) pays the figure where the fan-out's messages are its own, interpolated on log
-    size and held at the measured ends; other rooted collectives pay the figure at the smallest size."""
+    fan-out step itself) pays the figure where the fan-out's messages are its own, held at the measured
+    ends; between them the fan-out step *with* its check is interpolated (log-log) and the check is what
+    it adds to the fan-out at the call's size; other rooted collectives pay the figure at the smallest."""
     from ringflow.algorithms.registry import get_schedule
     from ringflow.sim.transfers import from_schedule
     sizes, checks = [2**16, 2**18, 2**20, 2**22], [460.0, 420.0, 340.0, 320.0]
@@ -427,7 +428,16 @@ def test_a_direct_scatter_pays_the_rooted_check_measured_at_its_own_messages(
     tab = from_schedule(get_schedule(coll, algo, 4, root=0))
     t = [simulate_table(topo, tab, size, params={"host_transport": "tcp"}, endpoints=topo.endpoints()[:4],
                         checked=c).time_us for c in (True, False)]
-    want = float(np.interp(np.log2(size), np.log2(sizes), checks)) if per_size else checks[0]
+    c = curves(m)
+
+    def fanout(b: float) -> float:
+        return float(np.exp(np.interp(np.log(b), np.log(c["sizes"]), np.log(c["fanout_us"]))))
+    want = checks[0]
+    if per_size:
+        want = checks[-1] if size >= sizes[-1] else checks[sizes.index(size)] if size in sizes else \
+            float(np.exp(np.interp(np.log(size), np.log(sizes), np.log([k + fanout(b) for k, b in zip(checks, sizes)])))) \
+            - fanout(size)
+        assert size in sizes or size >= sizes[-1] or want != pytest.approx(np.interp(np.log(size), np.log(sizes), checks))
     assert t[0] - t[1] == pytest.approx(want, rel=1e-6)
 
 
