@@ -605,3 +605,30 @@ def test_a_copy_s_extra_beside_a_transfer_counts_from_a_tenth_of_the_exchange(fr
     assert (got.copy_beside_transfer_GBps is not None) == counted
     if counted:
         assert 1e-3 / got.copy_beside_transfer_GBps * 2**20 == pytest.approx(fraction * ex[str(2**20)], rel=0.05)
+
+
+@pytest.mark.parametrize("tr,n", [("shm", 2), ("tcp", 2), ("shm", 4)])
+def test_every_rank_reducing_beside_its_exchange_pays_what_the_calibration_s_exchange_with_reduction_took(
+        tr: str, n: int) -> None:
+    """A rank reducing alone (one-way with reduction) was 5x faster than every rank reducing beside its
+    exchange: over shm the slot copy hides the lone reduction, so every rank reducing is that much slower
+    (a 2-rank halving-doubling reduce-scatter's step costs the calibration's exchange with reduction at its
+    message size), not at most n lone reductions in a row; over TCP the n-fold bound stays."""
+    from ringflow.algorithms.registry import get_schedule
+    m = synthetic(tr, n)
+    red, ow = TRUE[tr][n]["red"], m["results"]["oneway"]
+    m["results"]["oneway_reduce"] = {b: ow[b] + int(b) * red / 5 for b in ow}
+    topo, _ = fit({tr: {n: m}}, nprocs=n, cores=2)
+    size = 2**21
+    tab = from_plans(get_schedule("reduce_scatter", "halving_doubling", n), CallShape(Collective.REDUCE_SCATTER, n,
+                     size // 4 // n, 4), inplace=False)
+    got = simulate_table(topo, tab, size, params={"host_transport": tr}, endpoints=topo.endpoints()[:n]).time_us
+    msg = size // 2
+    params = params_for(topo, {"host_transport": tr})
+    slowdown = params._from_curves(params.host_curves_for(n), msg, msg).reduce_busy_slowdown
+    if n == 2:   # one step: the exchange of half the buffer, reduced
+        assert (got == pytest.approx(m["results"]["exchange_reduce"][str(msg)], rel=1e-6)) == (tr == "shm")
+    if tr == "shm":
+        assert slowdown == pytest.approx(5.0, rel=1e-6)
+    else:
+        assert 1.0 < slowdown <= n

@@ -288,8 +288,11 @@ class SimParams:
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
             return max(slope, tiny)
-        # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's)
-        red_busy = extra("exchange_reduce_us", "exchange_us")
+        # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's). With a
+        # core per rank over shm the latter is read at the call's size: the slope through m/2 .. 2m took 2
+        # ranks' 256 KiB jump (6 us at 128 KiB, 29 at 256 KiB) into 128 KiB messages
+        own_core = self.host_cores is None or n <= int(self.host_cores)
+        red_busy = extra("exchange_reduce_us", "exchange_us", point=self.host_transport != "tcp" and own_core)
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
         # an in-place reduction over shm changes rate where its operand leaves a cache level (2 ranks: 15
         # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so with a core per rank it is read
@@ -298,7 +301,6 @@ class SimParams:
         # point is noise (4 ranks on 2 cores: in-place minus plain one-way -340..+940 us at 8-16 MiB,
         # which priced a 16 MiB tree reduce at 2.7 ms against 6.7 measured); over TCP the staged
         # reduction overlaps the socket (4 ranks' tree reduces 4-8 MiB outside 15 % with the point)
-        own_core = self.host_cores is None or n <= int(self.host_cores)
         red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=self.host_transport != "tcp" and own_core) \
             if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
@@ -359,8 +361,10 @@ class SimParams:
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
             reduce_inplace_GBps=1e-3 / red_ip,
-            # n ranks reducing at once are at worst n reductions in a row
-            reduce_busy_slowdown=float(min(red_busy / red, busy)),
+            # over TCP n ranks reducing at once are at worst n reductions in a row; over shm a lone rank's
+            # reduction hides behind its sender's slot copies, which every rank busy cannot (2 ranks at 256
+            # KiB: 5.5x, and with the 2x bound 512 KiB halving-doubling reduce-scatters were -10..-26 %)
+            reduce_busy_slowdown=float(red_busy / red if tr == "shm" else min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None,
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None,
