@@ -19,7 +19,9 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
   VM +40-60 us at 512 KiB-1 MiB on 2 shm ranks: together they overflow the core's 2 MiB L2);
 - ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
   peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
-  show (the simulator prices steps with several peers per rank from it);
+  show (the simulator prices steps with several peers per rank from it). Timed twice more after every
+  other schedule, the fastest kept: 4 ranks on 2 cores meet a slow mode (1.7-1.8x at 4-64 KiB) that is
+  gone seconds later and that the bench's sharded all-reduces never show;
 - ``fanin`` / ``fanout`` (more than 2 ranks): one step in which rank 0 receives 1/n of the buffer
   from every peer (a direct gather) or sends one to each (a direct scatter).  Only the root has
   several peers, its peers idle after one message, and over TCP receiving costs the root less than
