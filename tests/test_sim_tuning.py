@@ -231,3 +231,29 @@ def test_sim_sweeps_sizes_with_the_calibrated_tuner_beside_the_flat_one(slow_ste
 def _has_matplotlib() -> bool:
     import importlib.util
     return importlib.util.find_spec("matplotlib") is not None
+
+
+def test_communicators_on_one_host_file_price_each_call_shape_once(tmp_path, monkeypatch) -> None:
+    """Every communicator of a job loads RINGFLOW_TUNER_TOPO (split groups too): while the file is unchanged
+    they get one host model, whose decisions are priced once per call shape (10-50 ms each); a rewritten
+    file is loaded and priced anew."""
+    import os
+    import ringflow.sim.tuning as tuning
+    from ringflow.runtime.communicator import calibrated_decision
+    path = tmp_path / "host.yaml"
+    _host("shm").topo.save(str(path))
+    a, b = load_host_model(str(path), "shm"), load_host_model(str(path), "shm")
+    assert a is b and load_host_model(str(path), "tcp") is not a
+    priced = []
+    real = tuning.decide
+    monkeypatch.setattr(tuning, "decide", lambda *args: priced.append(args[3]) or real(*args))
+    first = calibrated_decision(Collective.BROADCAST, BIG, 4, 0, 4, True, 256 * 2**10, a)
+    again = calibrated_decision(Collective.BROADCAST, BIG, 4, 0, 4, True, 256 * 2**10, b)
+    other = calibrated_decision(Collective.BROADCAST, BIG, 4, 1, 4, True, 256 * 2**10, b)
+    assert again is first and other is not first and len(priced) == 2
+    assert pick_schedule(Collective.BROADCAST, BIG, 4, 0, 4, True, 256 * 2**10, a) is first.chosen
+    assert len(priced) == 2
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    c = load_host_model(str(path), "shm")
+    assert c is not a and not c.decisions

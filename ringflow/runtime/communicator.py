@@ -145,15 +145,19 @@ def calibrated_decision(coll: Collective, nbytes: int, nranks: int, root: int | 
 
 def _calibrated(choice: Any, coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int,
                 inplace: bool, single_ring_bytes: int, host: Any) -> Any:
-    """`calibrated_decision` from the tuner's `choice` (pick_schedule has it already)."""
+    """`calibrated_decision` from the tuner's `choice` (pick_schedule has it already), priced once per call
+    on `host` (the tuner's choice is a function of the call)."""
     from ..algorithms import registry
     from ..sim.tuning import decide
-    single_channel = nbytes < single_ring_bytes
-    flat = runtime_rank(choice, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
-                        inplace=inplace)
-    pool = candidate_pool(choice, single_channel)
-    scheds = [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in pool]
-    return decide(flat, pool, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
+
+    def price() -> Any:
+        single_channel = nbytes < single_ring_bytes
+        flat = runtime_rank(choice, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
+                            inplace=inplace)
+        pool = candidate_pool(choice, single_channel)
+        scheds = [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in pool]
+        return decide(flat, pool, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
+    return host.decision((coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes), price)
 
 
 def _data_ptr(obj: Any) -> int | None:

@@ -10,7 +10,8 @@ replaces the flat choice where the simulator predicts a clear win (MIN_PREDICTED
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..algorithms.layout import CallShape
@@ -26,6 +27,19 @@ class HostModel:
 
     topo: Any
     transport: str
+    # calibrated decisions made on this host, by call (`runtime.communicator.calibrated_decision`): the
+    # communicators of a job that share one host file (split groups included) price a call shape once
+    decisions: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def decision(self, key: tuple, make: Any) -> "CalibratedDecision":
+        """The decision cached under `key`, else `make()` (kept: at most MAX_DECISIONS, then started anew)."""
+        hit = self.decisions.get(key)
+        if hit is None:
+            hit = make()
+            if len(self.decisions) >= MAX_DECISIONS:
+                self.decisions.clear()
+            self.decisions[key] = hit
+        return hit
 
     @property
     def calibrated(self) -> bool:
@@ -37,16 +51,34 @@ class HostModel:
         return self.calibrated and len(self.topo.endpoints()) >= nranks
 
 
+# A process keeps this many loaded host files (every communicator of a job loads RINGFLOW_TUNER_TOPO) and
+# each host model this many priced call shapes (10-50 ms each)
+MAX_LOADED_HOSTS = 8
+MAX_DECISIONS = 4096
+_LOADED: dict[tuple, HostModel] = {}
+
+
 def load_host_model(path: str, transport: str) -> HostModel:
-    """The calibrated topology at `path` for ranks talking over `transport` ('shm' or 'tcp')."""
+    """The calibrated topology at `path` for ranks talking over `transport` ('shm' or 'tcp'); the same
+    model (and its priced decisions) again while the file is unchanged."""
     from ..topology import load_topology
     if transport not in HOST_TRANSPORTS:
         raise ConfigError(f"unknown host transport {transport!r}", f"use one of {', '.join(HOST_TRANSPORTS)}")
-    topo = load_topology(path)
-    model = HostModel(topo, transport)
+    try:
+        st = os.stat(path)
+        key: tuple | None = (os.path.realpath(path), st.st_mtime_ns, st.st_size, transport)
+    except OSError:   # not a file (a preset name) or missing: load_topology says which
+        key = None
+    if key is not None and key in _LOADED:
+        return _LOADED[key]
+    model = HostModel(load_topology(path), transport)
     if not model.calibrated:
         raise ConfigError(f"{path} has no calibration for {transport}",
                           "write it with `ringflow calibrate --out FILE` on this host")
+    if key is not None:
+        if len(_LOADED) >= MAX_LOADED_HOSTS:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = model
     return model
 
 
