@@ -224,7 +224,7 @@ def test_validate_predicts_every_bench_collective() -> None:
         for r in out:
             assert r["predicted_us"] > 0 and r["algorithm"]
     # the schedule is the runtime's: same tuner choice, same registry build
-    s = runtime_schedule("all_gather", 2**18 // 4, 4, 4, None)
+    s = runtime_schedule("all_gather", 2**20, 4, 4, None)
     assert s.nranks == 4 and s.collective.value == "all_gather"
 
 
@@ -256,7 +256,7 @@ def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_
     topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
     p = TRUE["shm"][4]
     m = 4 * SINGLE   # bytes each receiver gets
-    sched = runtime_schedule("scatter", m // 4, 4, 4, 0)
+    sched = runtime_schedule("scatter", 4 * m, 4, 4, 0)
     assert sched.algorithm == "direct"
     tab = from_plans(sched, CallShape(Collective.SCATTER, 4, m // 4, 4), inplace=False)
     res = simulate_table(topo, tab, 4 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4],

@@ -19,27 +19,24 @@ TRANSPORTS = ("shm", "tcp")
 BENCH_IN_PLACE = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
 
 
-def runtime_schedule(collective: str, count: int, itemsize: int, nranks: int, root: int | None,
+def runtime_schedule(collective: str, nbytes: int, itemsize: int, nranks: int, root: int | None,
                      host: Any = None) -> Any:
-    """The schedule ringflow's runtime runs for this `ringflow bench` call (same function, same arguments:
-    bench calls all_reduce, broadcast and reduce in place, the others out of place); `host`: the
-    calibrated host the job tuned with (`sim.tuning.HostModel`)."""
+    """The schedule ringflow's runtime runs for this `ringflow bench` call of `nbytes` (the runtime's S:
+    per-rank collectives' over all ranks; same function, same arguments: bench calls all_reduce,
+    broadcast and reduce in place, the others out of place); `host`: the calibrated host the job tuned
+    with (`sim.tuning.HostModel`)."""
     from .. import config
     from ..runtime.communicator import pick_schedule
     c = Collective.parse(collective)
-    per_rank = c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
-                     Collective.ALL_TO_ALL)
-    nbytes = count * itemsize * (nranks if per_rank else 1)
-    inplace = c in BENCH_IN_PLACE
-    return pick_schedule(c, nbytes, nranks, root, itemsize, inplace, int(config.get("SINGLE_RING_THRESHOLD")),
-                         host)
+    return pick_schedule(c, nbytes, nranks, root, itemsize, c in BENCH_IN_PLACE,
+                         int(config.get("SINGLE_RING_THRESHOLD")), host)
 
 
 def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = "analytic",
                  tuned: bool = False) -> list[dict]:
     """Predicted time for every measured bench row; `tuned`: the job picked its algorithms on `topo`
     (`ringflow validate --tuned`)."""
-    from ..algorithms.layout import CallShape
+    from ..runtime.communicator import _call_shape
     from .api import itemsize_of
     from .tuning import HostModel, predict_call_us
     host = HostModel(topo, transport)
@@ -48,12 +45,9 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
         coll, n = r["collective"], int(r["nranks"])
         item = itemsize_of(r["dtype"])
         c = Collective.parse(coll)
-        per_rank = c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER)
-        count = int(r["count"]) // n if per_rank else int(r["count"])
-        if c == Collective.ALL_TO_ALL:
-            count = int(r["count"]) // n
+        nbytes = int(r["count"]) * item   # bench rows count all ranks' elements of a per-rank collective
         root = 0 if c.has_root else None
-        sched = runtime_schedule(coll, count, item, n, root, host if tuned else None)
+        sched = runtime_schedule(coll, nbytes, item, n, root, host if tuned else None)
         ran = r.get("algorithm")
         if ran not in (None, "auto") and ran != sched.algorithm:
             from ..errors import InvalidUsage
@@ -63,7 +57,7 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
                                "recording with the code that made it" if tuned else
                                "measure and predict with the same RINGFLOW_* settings (ALGO, NCHANNELS, ...)")
         inplace = c in BENCH_IN_PLACE
-        pred = predict_call_us(host, sched, CallShape(c, n, count, item), inplace, engine)
+        pred = predict_call_us(host, sched, _call_shape(c, n, nbytes, item), inplace, engine)
         meas = float(r["time_us"])
         out.append({"transport": transport, "nranks": n, "collective": coll, "algorithm": sched.algorithm,
                     "size_bytes": int(r["size_bytes"]), "measured_us": meas, "predicted_us": pred,
