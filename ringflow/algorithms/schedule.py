@@ -68,6 +68,12 @@ class Collective(str, enum.Enum):
     def has_root(self) -> bool:
         return self in (Collective.BROADCAST, Collective.REDUCE, Collective.GATHER, Collective.SCATTER)
 
+    @property
+    def per_rank_sized(self) -> bool:
+        """A call's count is per rank and its size S (nccl-tests' "size") is over all ranks."""
+        return self in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
+                        Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV)
+
 
 class Buffer(str, enum.Enum):
     """A rank's buffers."""

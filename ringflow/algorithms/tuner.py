@@ -131,8 +131,7 @@ def parse_algo_spec(spec: str, collective: Collective | str) -> list[str]:
 
 def count_for(c: Collective, nbytes: int, nranks: int, dtype_size: int) -> int:
     """Elements per call (CallShape.count) for S = nbytes of collective `c`."""
-    if c in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER, Collective.SCATTER,
-             Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
+    if c.per_rank_sized:
         return max(nbytes // (dtype_size * nranks), 0)
     return max(nbytes // dtype_size, 0)
 

@@ -398,9 +398,7 @@ class Communicator:
         if prep is None or (schedule is not None and prep.schedule is not schedule):
             if schedule is None:
                 isz = dtype.itemsize
-                per_rank = coll in (Collective.ALL_GATHER, Collective.GATHER, Collective.REDUCE_SCATTER,
-                                    Collective.SCATTER, Collective.ALL_TO_ALL)
-                nbytes = (inp.size if splits is not None else count * (self.size if per_rank else 1)) * isz
+                nbytes = (inp.size if splits is not None else count * (self.size if coll.per_rank_sized else 1)) * isz
                 schedule = self._schedule(coll, nbytes, root, isz, inplace)
             prep = self._prepare(schedule, coll, count, dtype, opname, root, inplace, splits)
             if len(self._calls) > 4096:

@@ -9,9 +9,6 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
 
-_PER_RANK_SIZED = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL,
-                   Collective.ALL_TO_ALLV, Collective.GATHER, Collective.SCATTER)
-
 
 def busbw_factor(collective: Collective | str, nranks: int) -> float:
     """nccl-tests' bus-bandwidth factor (doc/PERFORMANCE.md of NVIDIA/nccl-tests)."""
@@ -19,7 +16,7 @@ def busbw_factor(collective: Collective | str, nranks: int) -> float:
     n = max(1, nranks)
     if c == Collective.ALL_REDUCE:
         return 2.0 * (n - 1) / n
-    if c in _PER_RANK_SIZED:
+    if c.per_rank_sized:
         return (n - 1) / n
     return 1.0
 
@@ -30,7 +27,7 @@ def count_for_size(collective: Collective | str, nranks: int, size_bytes: int, i
     if size_bytes < 0 or itemsize <= 0:
         raise InvalidArgument(f"size {size_bytes} / itemsize {itemsize}", "sizes must be >= 0")
     elems = size_bytes // itemsize
-    return elems // max(1, nranks) if c in _PER_RANK_SIZED else elems
+    return elems // max(1, nranks) if c.per_rank_sized else elems
 
 
 def footprint_bytes(collective: Collective | str, nranks: int, size_bytes: int) -> int:
@@ -39,7 +36,7 @@ def footprint_bytes(collective: Collective | str, nranks: int, size_bytes: int) 
     c = Collective.parse(collective)
     if c in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
         return 2 * size_bytes
-    if c in _PER_RANK_SIZED:
+    if c.per_rank_sized:
         return size_bytes + size_bytes // max(1, nranks)
     return size_bytes
 
@@ -47,7 +44,7 @@ def footprint_bytes(collective: Collective | str, nranks: int, size_bytes: int) 
 def size_for_count(collective: Collective | str, nranks: int, count: int, itemsize: int) -> int:
     """The nccl-tests "size" in bytes of a call of `count` elements."""
     c = Collective.parse(collective)
-    return count * itemsize * (nranks if c in _PER_RANK_SIZED else 1)
+    return count * itemsize * (nranks if c.per_rank_sized else 1)
 
 
 @dataclass
