@@ -292,7 +292,8 @@ class SimParams:
         # core per rank over shm the latter is read at the call's size: the slope through m/2 .. 2m took 2
         # ranks' 256 KiB jump (6 us at 128 KiB, 29 at 256 KiB) into 128 KiB messages
         own_core = self.host_cores is None or n <= int(self.host_cores)
-        red_busy = extra("exchange_reduce_us", "exchange_us", point=self.host_transport != "tcp" and own_core)
+        at_size = self.host_transport != "tcp" and own_core   # reductions read at the message size itself
+        red_busy = extra("exchange_reduce_us", "exchange_us", point=at_size)
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
         # an in-place reduction over shm changes rate where its operand leaves a cache level (2 ranks: 15
         # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so with a core per rank it is read
@@ -301,7 +302,7 @@ class SimParams:
         # point is noise (4 ranks on 2 cores: in-place minus plain one-way -340..+940 us at 8-16 MiB,
         # which priced a 16 MiB tree reduce at 2.7 ms against 6.7 measured); over TCP the staged
         # reduction overlaps the socket (4 ranks' tree reduces 4-8 MiB outside 15 % with the point)
-        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=self.host_transport != "tcp" and own_core) \
+        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=at_size) \
             if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
