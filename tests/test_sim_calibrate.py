@@ -645,4 +645,45 @@ def test_a_real_4_rank_calibration_times_the_all_to_all_step_again_at_every_size
     assert sorted(first, key=int) == sorted(kept, key=int) == [str(b) for b in QUICK_SIZES]
     assert all(0 < kept[k] <= first[k] for k in kept)
     assert set(k for k in r if k.endswith("_retimed")) <= {"alltoall_retimed", "exchange_retimed"}
-    assert len(curves({"nranks": 4, "results": r})["alltoall_us"]) == len(QUICK_SIZES)
+    got = curves({"nranks": 4, "results": r})
+    assert len(got["alltoall_us"]) == len(got["shift_us"]) == len(QUICK_SIZES)   # and the ring step
+
+
+def test_a_ring_step_s_transfers_take_the_calibrated_shift_step_over_the_exchange() -> None:
+    """4 TCP ranks on 2 cores: every rank sending to the next and receiving from the one before (the
+    calibration's shift step) took 1.3x the exchange's transfer time. Relay steps (a pairwise
+    all-to-all's shifts by 1 and 3; every ring step) pay that on their transfers, in both engines; pairs
+    (its shift by 2, halving-doubling) and lone sends (a binomial broadcast) do not."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim import analytic
+    from ringflow.sim.api import count_for_size
+    from ringflow.sim.fabric import fabric_for
+    m = synthetic("tcp", 4)
+    t1 = TRUE["tcp"][4]["base"] + TRUE["tcp"][4]["alpha"]
+    slow = {**m, "results": {**m["results"], "shift": {b: t1 + 1.3 * (t - t1) for b, t in m["results"]["exchange"].items()}}}
+    size = 2**22
+    cases = {(c, a): from_plans(get_schedule(c, a, 4, root=0 if c == "broadcast" else None),
+                                CallShape(Collective.parse(c), 4, size // 4 // (4 if c == "all_to_all" else 1), 4),
+                                inplace=False)
+             for c, a in (("all_to_all", "pairwise"), ("all_reduce", "ring"), ("all_reduce", "halving_doubling"),
+                          ("broadcast", "binomial"))}
+    relay = {k: sorted(set(t.step[t.in_relay_step].tolist())) for k, t in cases.items()}
+    assert relay == {("all_to_all", "pairwise"): [0, 2], ("all_reduce", "ring"): list(range(6)),
+                     ("all_reduce", "halving_doubling"): [], ("broadcast", "binomial"): []}
+    for (coll, algo), tab in cases.items():
+        got = {}
+        for name, meas in (("plain", m), ("shift", slow)):
+            topo, _ = fit({"tcp": {4: meas}}, nprocs=4, cores=2)
+            got[name] = [simulate_table(topo, tab, size, engine=e, params={"host_transport": "tcp"},
+                                        endpoints=topo.endpoints()[:4]).time_us for e in ("analytic", "flow")]
+            p = params_for(topo, {"host_transport": "tcp"})
+            nbytes = 4 * count_for_size(tab.collective, 4, size, 4)
+            call = p.for_call(nbytes, 4, float(np.max(tab.frac / tab.nmsg)) * nbytes, None, tab.peers_per_step(),
+                              tab.step_pattern())
+            assert call.relay_step_slowdown == pytest.approx(1.3 if name == "shift" else 1.0, rel=1e-6)
+            if name == "plain":
+                model = analytic.build_model(tab, fabric_for(topo, call, topo.endpoints()[:4]), call)
+                lines = model.line_c[0] * nbytes
+                transfer_us = sum(lines[model.line_step == s].max() for s in relay[(coll, algo)])
+        for e in (0, 1):
+            assert got["shift"][e] - got["plain"][e] == pytest.approx(0.3 * transfer_us, rel=1e-6, abs=1e-6)

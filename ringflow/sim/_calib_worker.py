@@ -70,6 +70,9 @@ def _schedules(n: int):
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
+            # a ring step: every rank sends to the next and receives from the one before (it relays, where
+            # the exchange pairs ranks: on 4 TCP ranks sharing 2 cores 1.2-1.5x slower from 512 KiB)
+            "shift": build("cal-shift", 1, pairs=[(r, (r + 1) % n) for r in range(n)]),
             "steps1": build("cal-steps1", 1), "steps8": build("cal-steps8", 8)}
 
 
@@ -153,7 +156,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
                  "exchange_fresh", "exchange_copy") + \
-            (("oneway_solo", "alltoall", "fanin", "fanout") if n > 2 else ())
+            (("oneway_solo", "shift", "alltoall", "fanin", "fanout") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
         def retime(name: str, again: list[int], rounds: int = 1) -> None:

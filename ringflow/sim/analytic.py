@@ -86,7 +86,8 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         ukey, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
         p_cap = fab.cap_Bpus[flows.p_link] * fab.lone_factor(p_step, flows.f_transfer[flows.p_flow], flows.p_link)
-        busy = np.bincount(inv, weights=p_bytes / p_cap, minlength=ukey.size)
+        p_work = p_bytes * fab.transfer_work(table)[flows.f_transfer[flows.p_flow]]
+        busy = np.bincount(inv, weights=p_work / p_cap, minlength=ukey.size)
         pair_busy = busy[inv]
         f_c = np.maximum.reduceat(pair_busy, flows.f_pair_ptr[:-1]) if pair_busy.size else np.zeros(0)
         t_c = np.maximum.reduceat(f_c, flows.t_flow_ptr[:-1])

@@ -151,8 +151,8 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: despike([float(r[name][str(b)]) for b in sizes], sizes)
               for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
-                           "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout")
-              if name in r}
+                           "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout",
+                           "shift") if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     # slow modes the collectives do not see (loopback TCP, one job in three) are cleaned by what each
     # step contains: an exchange slower than the same exchange with a reduction ran in one (2 TCP
@@ -186,7 +186,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
             **{f"{k}_us": monotone(series[k]).tolist()
-               for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy") if k in series},
+               for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy", "shift") if k in series},
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -245,6 +245,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                                                           "from": _source("fresh_send_GBps")}
                 report[f"{p}.{label}.copy_beside_transfer_GBps"] = {
                     "value": q.copy_beside_transfer_GBps, "from": _source("copy_beside_transfer_GBps")}
+                report[f"{p}.{label}.relay_step_slowdown"] = {"value": q.relay_step_slowdown,
+                                                              "from": _source("relay_step_slowdown")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
                             "from": "runtime.transport.doorbell.host_cores (cgroup cpuset, else online CPUs)"}
     return topo, report
@@ -272,7 +274,11 @@ def _source(key: str) -> str:
                                "only bytes its copies wrote (None: none, or below the single-copy size)",
             "copy_beside_transfer_GBps": "1 / mean per byte of (exchange and copy in one step - the exchange - the "
                                          "copy's work) over the sizes within m/2..2m: a copy beside a receive "
-                                         "(None: none, below 15 % of the exchange, or more ranks than cores)",
+                                         "(None: none, below a tenth of the exchange, or more ranks than "
+                                         "cores)",
+            "relay_step_slowdown": "(shift step - t 1 step) / (exchange - t 1 step), summed over the sizes within "
+                                   "m/2..2m, at least 1: what a ring step's transfers take over a pair exchange's "
+                                   "(1 below 1 MiB messages, or without a shift step: 2 ranks)",
             }.get(key, "")
 
 

@@ -152,6 +152,14 @@ class Fabric:
         out[lone] = speed[link[lone]]
         return out
 
+    def transfer_work(self, table: Any) -> np.ndarray:
+        """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
+        (`relay_step_slowdown` in ring steps, else 1)."""
+        w = np.ones(table.ntransfers)
+        if self.params.relay_step_slowdown != 1.0:
+            w[table.in_relay_step] = self.params.relay_step_slowdown
+        return w
+
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
         if self._ep_link is None:
             return ids

@@ -86,6 +86,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     f_bytes = flows.f_frac * count_bytes
     F = f_bytes.size
     link_bytes = np.bincount(flows.p_link, weights=f_bytes[flows.p_flow], minlength=fab.nlinks)
+    f_work = f_bytes * fab.transfer_work(table)[flows.f_transfer]   # link time, in bytes at the links' rates
 
     # ---- per-rank slots: the steps each rank takes part in, in order -------------------------
     local_us = np.zeros(0)
@@ -211,7 +212,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
         eps = _REL * max(1.0, now)
         # flows that finished
         if active.size:
-            done_mask = rem[active] <= np.maximum(f_bytes[active] * 1e-9, rate[active] * eps)
+            done_mask = rem[active] <= np.maximum(f_work[active] * 1e-9, rate[active] * eps)
             if done_mask.any():
                 fin = active[done_mask]
                 rem[fin] = 0.0
@@ -226,7 +227,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
             trs = np.concatenate(new)
             cnt = flows.t_flow_ptr[trs + 1] - flows.t_flow_ptr[trs]
             fl, _ = ragged(flows.t_flow_ptr[trs], cnt)
-            rem[fl] = f_bytes[fl]
+            rem[fl] = f_work[fl]
             zero = f_bytes[fl] <= 0
             if zero.any():  # empty messages: only fixed costs
                 flows_done(fl[zero], now)

@@ -85,6 +85,11 @@ ROUTING_MODES = ("fixed", "ecmp", "spray")
 # recordings: 5,413 rows within 15 % at 0.15, 5,424 at 0.10, 5,425 with no floor (rec16 loses 8 there).
 BESIDE_MIN_FRACTION = 0.10
 
+# Relay steps pay the calibrated shift step's slowdown over the exchange from this message size
+# (`SimParams.relay_step_slowdown`): replays of the three recordings with shift steps (sixteenth session),
+# rows within 15 %: 444 without it, 444 from 256 KiB, 448 from 1 MiB, 445 from 2 MiB
+RELAY_MIN_BYTES = 2**20
+
 
 @dataclass(frozen=True)
 class SimParams:
@@ -220,6 +225,12 @@ class SimParams:
     # a lone transfer's bytes cross it at the lone one-way rate (2 TCP ranks: a one-way message is
     # 2.5x faster than an exchange, not 2x)
     lone_pool_speedup: float = 1.0
+    # How much longer a relay step's transfers take than a pair exchange's of the same messages: ranks that
+    # receive from one peer and send to another (`TransferTable.in_relay_step`: ring steps, pipelined
+    # chains) cannot finish in pairs, so where they share cores each waits on a peer that is not running
+    # (4 TCP ranks on 2 cores: 1.2-1.5x from 512 KiB). The calibrated shift step over the exchange
+    # (`_from_curves`, from RELAY_MIN_BYTES messages); 1: no effect.
+    relay_step_slowdown: float = 1.0
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).
@@ -350,6 +361,17 @@ class SimParams:
             step = "fanout_us" if "fanout_us" in c else "oneway_us"
             with_check = checks + np.array([at(step, s) for s in xs])
             return max(0.0, float(np.exp(np.interp(np.log(x), np.log(xs), np.log(with_check)))) - at(step, x))
+        def relay_slowdown() -> float:
+            # a relay step's transfers over a pair exchange's: the calibrated shift step over the exchange,
+            # both less the step's fixed cost, summed over the sizes within m/2 .. 2m (one size's ratio is
+            # 0.8-1.9 from job to job on 4 TCP ranks); from RELAY_MIN_BYTES messages, below which the
+            # shift step's slow modes (1.5-3x on 4 shm ranks at 4-64 KiB) are not what relay steps pay
+            # (4-rank pairwise all-to-alls at 128-256 KiB were over-priced by +25..+60 % with them)
+            if "shift_us" not in c or m < RELAY_MIN_BYTES:
+                return 1.0
+            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            return max(1.0, sum(at("shift_us", x) - t1 for x in xs) / sum(max(at("exchange_us", x) - t1, tiny * x)
+                                                                          for x in xs))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -375,6 +397,7 @@ class SimParams:
             asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
+            relay_step_slowdown=relay_slowdown(),
             lone_pair_speedup=float(max(1.0, pair / solo)),
             lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
 

@@ -76,6 +76,21 @@ class TransferTable:
         """The most distinct peers one rank sends to, or receives from, in one step."""
         return max(self.step_peers())
 
+    @cached_property
+    def in_relay_step(self) -> np.ndarray:
+        """bool [T]: the transfer's step is a relay step: in it some rank sends to a peer that does not
+        send back to it, and both also have another transfer in the step (the sender receives, the
+        receiver sends on): a ring step, a pipelined chain, not an exchange in pairs, a fan or a lone send."""
+        if not self.ntransfers or self.nranks < 3:
+            return np.zeros(self.ntransfers, dtype=bool)
+        n = self.nranks
+        key = (self.step * n + self.src) * n + self.dst
+        back = np.isin((self.step * n + self.dst) * n + self.src, key)
+        src_recvs = np.isin(self.step * n + self.src, self.step * n + self.dst)
+        dst_sends = np.isin(self.step * n + self.dst, self.step * n + self.src)
+        relay = ~back & src_recvs & dst_sends
+        return np.isin(self.step, self.step[relay])
+
     def step_pattern(self) -> str:
         """'in' when some rank receives from several peers in a step and every rank sends to one
         (a direct gather), 'out' for the reverse (a direct scatter), 'all' otherwise."""
