@@ -82,10 +82,6 @@ QUICK_SIZES = [2**12, 2**16, 2**20, 2**24]
 # check, more as they grow (4 TCP ranks: 500 us at 64 KiB, 270-370 us at 1-4 MiB)
 ROOTED_CHECK_SIZES = [2**16, 2**18, 2**20, 2**22]
 QUICK_ROOTED_CHECK_SIZES = [2**16, 2**20]
-# the check timed apart before a one-way whose receiver reduces into its own buffer at these sizes: its
-# sender, done long before, has gone to sleep when the next call's check comes (2 TCP ranks: the check
-# costs 100-108 us there against 42 before a plain one-way, and the bench's reduces 80-120)
-ASLEEP_CHECK_SIZES = [2**20, 2**22]
 
 
 # An exchange this much slower than the same exchange beside a copy, less the copy's work, is timed again
@@ -150,14 +146,12 @@ def measure(comm: Any, quick: bool = False) -> dict:
     # apart, on the fan-out step at a few sizes
     rooted = {str(b): 1e6 * check_cost("fanout", b)
               for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
-    asleep = {str(b): 1e6 * check_cost("oneway_reduce_inplace", b) for b in ASLEEP_CHECK_SIZES[:1 if quick else None]}
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
         res["results"]["check_rooted"] = rooted
-        res["results"]["check_after_reduce"] = asleep
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",

@@ -140,11 +140,8 @@ def _rooted_checks(r: dict[str, Any]) -> dict[str, Any]:
         return {}
     sizes = sorted(int(k) for k in r["check_rooted"])
     vals = [max(0.0, float(r["check_rooted"][str(b)])) for b in sizes]
-    out = {"check_rooted_us": vals[0],
-           **({"check_rooted_sizes": sizes, "check_rooted_fanout_us": vals} if len(sizes) > 1 else {})}
-    if "check_after_reduce" in r:   # the check after a long in-place reduction by the receiver (asleep_check_us)
-        out["check_after_reduce_us"] = float(np.median([max(0.0, float(v)) for v in r["check_after_reduce"].values()]))
-    return out
+    return {"check_rooted_us": vals[0],
+            **({"check_rooted_sizes": sizes, "check_rooted_fanout_us": vals} if len(sizes) > 1 else {})}
 
 
 def curves(result: dict[str, Any]) -> dict[str, Any]:

@@ -89,7 +89,6 @@ BESIDE_MIN_FRACTION = 0.10
 # (`SimParams.relay_step_slowdown`): replays of the three recordings with shift steps (sixteenth session),
 # rows within 15 %: 444 without it, 444 from 256 KiB, 448 from 1 MiB, 445 from 2 MiB
 RELAY_MIN_BYTES = 2**20
-ASLEEP_MEASURED = True
 
 
 @dataclass(frozen=True)
@@ -362,13 +361,6 @@ class SimParams:
             step = "fanout_us" if "fanout_us" in c else "oneway_us"
             with_check = checks + np.array([at(step, s) for s in xs])
             return max(0.0, float(np.exp(np.interp(np.log(x), np.log(xs), np.log(with_check)))) - at(step, x))
-        def asleep_check() -> float:
-            # the check once more where measured: after a one-way whose receiver reduced in place (the peer
-            # done first asleep), less the check before a plain step; else the check itself (twelfth session)
-            if ASLEEP_MEASURED and "check_after_reduce_us" in c:
-                return max(0.0, float(c["check_after_reduce_us"]) - float(c.get("check_us", 0.0)))
-            return float(c.get("check_us", 0.0))
-
         def relay_slowdown() -> float:
             # a relay step's transfers over a pair exchange's: the calibrated shift step over the exchange,
             # both less the step's fixed cost, summed over the sizes within m/2 .. 2m (one size's ratio is
@@ -402,7 +394,7 @@ class SimParams:
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
-            asleep_check_us=asleep_check() if own_core and tr == "tcp" else 0.0,
+            asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             relay_step_slowdown=relay_slowdown(),
