@@ -297,6 +297,31 @@ def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(t
         replay(str(path))
 
 
+def test_disagreeing_fraction_counts_the_sizes_the_jobs_measured_more_than_the_tolerance_apart() -> None:
+    from ringflow.sim.validate import disagreeing_fraction
+
+    def job(*times: float) -> dict:
+        return {"rows": [{"collective": "all_reduce", "size_bytes": 2**k, "time_us": t} for k, t in enumerate(times)]}
+    assert disagreeing_fraction([job(100, 100, 100, 100)], 0.15) == 0.0   # one job: nothing to disagree with
+    assert disagreeing_fraction([job(100, 100, 100, 100), job(110, 120, 90, 200)], 0.15) == 0.5
+    assert disagreeing_fraction([job(100, 100, 100, 100), job(110, 120, 90, 200)], 1.5) == 0.0
+
+
+@pytest.mark.parametrize("tolerance,jobs", [(10.0, 2), (-1.0, 3)])
+def test_validate_runs_more_real_bench_jobs_while_they_disagree(tmp_path, tolerance: float, jobs: int) -> None:
+    """Real 2-rank bench jobs: a configuration whose jobs disagree beyond the tolerance on more than a
+    fifth of its sizes gets another job, up to max_repeats (a negative tolerance: they always disagree)."""
+    import json
+
+    from ringflow.sim.validate import validate
+    topo, _ = fit({"shm": {2: synthetic("shm", 2)}}, nprocs=2)
+    record = tmp_path / "rec.json"
+    rows, _ = validate(topo, ranks=[2], collectives=["all_reduce"], min_size="64KiB", max_size="64KiB", quick=True,
+                       transports=("shm",), repeats=2, max_repeats=3, tolerance=tolerance, record=str(record))
+    assert len(json.loads(record.read_text())["jobs"]) == jobs
+    assert [r["jobs"] for r in rows] == [jobs]
+
+
 def test_repeated_calibration_jobs_merge_by_the_median_so_one_outlier_job_does_not_decide() -> None:
     """`calibrate(repeats=3)`: the third job saw every exchange 60 % slower (a neighbour's load); the
     merged curves, and the rates fitted from them, are the two steady jobs'."""
