@@ -169,7 +169,7 @@ def calibrate_command(
     topo, report = calibrate(nprocs=nprocs, quick=quick, repeats=repeats)
     topo.save(out)
     print_table("calibration (measured with ringflow's runtime)", ["parameter", "value", "from"],
-                [[k, f"{v['value']:.4g}", v["from"]] for k, v in report.items()])
+                [[k, "none" if v["value"] is None else f"{v['value']:.4g}", v["from"]] for k, v in report.items()])
     console.print(f"wrote {out}: use it with --topo {out}")
 
 
