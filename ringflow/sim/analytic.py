@@ -7,7 +7,8 @@ Model (steps are bulk-synchronous here; the flow engine relaxes that)::
                 (nmsg_t * overhead_p[class_t] + nserial_t * latency_t + B * c_t / bw_fraction_p)
               + B * max over ranks r of local_rs ]
     c_t  = max over links l on t's (sub-)paths of busy_ls
-    busy_ls = (bytes per byte of B that step s puts on link l) / achievable capacity of l
+    busy_ls = (bytes per byte of B that step s puts on link l, each transfer's weighted by
+               `Fabric.transfer_work`: a relay step's by relay_step_slowdown) / achievable capacity of l
 
 B is the call's count * itemsize.  `busy` makes transfers that share a link in the same
 step share its bandwidth; a transfer alone on its path gets bytes / bottleneck.  Everything
