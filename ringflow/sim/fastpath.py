@@ -1,4 +1,5 @@
-"""Transfer tables of ring and hierarchical all-reduce built straight from their step pattern.
+"""Transfer tables of ring and hierarchical all-reduce (and ring reduce-scatter and all-gather) built
+straight from their step pattern.
 
 A flat ring all-reduce on n ranks has n * 2(n-1) transfers per channel: 16.8 M for 1,024 GPUs x 8
 channels, 134 M for 4,096 — more Python objects than a Schedule can hold in memory or build in a
@@ -14,7 +15,7 @@ FASTPATH_MIN_TRANSFERS; smaller calls always flatten the real schedule.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -81,6 +82,21 @@ def hierarchical_allreduce_phases(nranks: int, groups: Sequence[Sequence[int]], 
     return phases
 
 
+def _ring_half(collective: Collective, nranks: int, rings: Sequence[Sequence[int]], nsegs: int,
+               max_transfers: int | None) -> TransferTable:
+    """algorithms.ring reduce-scatter (the all-reduce's reducing half) or all-gather (its other half, after
+    each rank copies its own block into place); fractions of the per-rank count, so n x the all-reduce's."""
+    reducing, gathering = ring_allreduce_phases(nranks, rings, nsegs)
+    p = reducing if collective == Collective.REDUCE_SCATTER else gathering
+    tab = table_from_phases(collective, "ring", nranks, [replace(p, frac=p.frac * nranks)], max_transfers)
+    if collective == Collective.REDUCE_SCATTER:
+        return tab
+    own = np.arange(nranks, dtype=np.int64)
+    return replace(tab, lrank=np.concatenate([own, tab.lrank]), lstep=np.concatenate([0 * own, tab.lstep]),
+                   lcopy=np.concatenate([np.ones(nranks), tab.lcopy]),
+                   lreduce=np.concatenate([np.zeros(nranks), tab.lreduce]))
+
+
 def table_from_phases(collective: Collective, algorithm: str, nranks: int, phases: Sequence[Phase],
                       max_transfers: int | None = None) -> TransferTable:
     """Lay the phases out step after step, merging up to `factor` repeats into one macro step."""
@@ -132,8 +148,14 @@ def expected_transfers(algorithm: str, nranks: int, nchannels: int, groups: Sequ
 def fast_table(collective: Collective, algorithm: str, nranks: int, *, rings: Sequence[Sequence[int]] | None = None,
                groups: Sequence[Sequence[int]] | None = None, nsegs: int = 1,
                max_transfers: int | None = None) -> TransferTable | None:
-    """The fast-path table for (all_reduce, ring | hierarchical), or None when not covered."""
-    if collective != Collective.ALL_REDUCE or nranks < 2:
+    """The fast-path table for (all_reduce, ring | hierarchical) and (reduce_scatter | all_gather, ring),
+    or None when not covered."""
+    if nranks < 2:
+        return None
+    if algorithm == "ring" and collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        return _ring_half(collective, nranks, [tuple(r) for r in (rings or [tuple(range(nranks))])], nsegs,
+                          max_transfers)
+    if collective != Collective.ALL_REDUCE:
         return None
     if algorithm == "ring":
         rs = [tuple(r) for r in (rings or [tuple(range(nranks))])]
