@@ -152,13 +152,12 @@ def fast_table(collective: Collective, algorithm: str, nranks: int, *, rings: Se
     or None when not covered."""
     if nranks < 2:
         return None
+    rs = [tuple(r) for r in (rings or [tuple(range(nranks))])]
     if algorithm == "ring" and collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-        return _ring_half(collective, nranks, [tuple(r) for r in (rings or [tuple(range(nranks))])], nsegs,
-                          max_transfers)
+        return _ring_half(collective, nranks, rs, nsegs, max_transfers)
     if collective != Collective.ALL_REDUCE:
         return None
     if algorithm == "ring":
-        rs = [tuple(r) for r in (rings or [tuple(range(nranks))])]
         return table_from_phases(collective, "ring", nranks, ring_allreduce_phases(nranks, rs, nsegs), max_transfers)
     if algorithm == "hierarchical" and groups and len({len(g) for g in groups}) == 1:
         return table_from_phases(collective, "hierarchical", nranks,

@@ -38,15 +38,20 @@ def runtime_schedule(collective: str, nbytes: int, itemsize: int, nranks: int, r
                          int(config.get("SINGLE_RING_THRESHOLD")), host)
 
 
+def spread(times: Sequence[float]) -> float:
+    """How far repeated measurements of one row disagree: slowest over fastest - 1 (0 without a positive time)."""
+    return max(times) / min(times) - 1.0 if min(times) > 0 else 0.0
+
+
 def disagreeing_fraction(jobs: Sequence[dict], tolerance: float) -> float:
     """The fraction of the sizes the jobs (bench rows of one configuration) measured more than `tolerance`
-    apart (slowest over fastest - 1), as the validation table's `spread`."""
+    apart (`spread`, as the validation table's)."""
     times: dict[tuple[str, int], list[float]] = {}
     for j in jobs:
         for r in j["rows"]:
             times.setdefault((r["collective"], int(r["size_bytes"])), []).append(float(r["time_us"]))
-    spread = [max(t) / min(t) - 1.0 > tolerance for t in times.values() if len(t) > 1 and min(t) > 0]
-    return float(np.mean(spread)) if spread else 0.0
+    apart = [spread(t) > tolerance for t in times.values() if len(t) > 1 and min(t) > 0]
+    return float(np.mean(apart)) if apart else 0.0
 
 
 def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = "analytic",
@@ -122,11 +127,14 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                 console.print(f"measuring {n} ranks over {tr}: {groups} ({min_size}..{max_size})"
                               + ("" if fixed is not None else ", each job calibrating first"))
             mine: list[dict] = []
-            while len(mine) < max(1, repeats) or (len(mine) < (max_repeats or repeats) and
-                                                  disagreeing_fraction(mine, tolerance) > NOISY_FRACTION):
-                if len(mine) >= max(1, repeats) and console is not None:
-                    console.print(f"  the jobs disagree by more than {tolerance:.0%} on "
-                                  f"{disagreeing_fraction(mine, tolerance):.0%} of the sizes: job {len(mine) + 1}")
+            while True:
+                if len(mine) >= max(1, repeats):
+                    apart = disagreeing_fraction(mine, tolerance)
+                    if len(mine) >= (max_repeats or repeats) or apart <= NOISY_FRACTION:
+                        break
+                    if console is not None:
+                        console.print(f"  the jobs disagree by more than {tolerance:.0%} on {apart:.0%} of the "
+                                      f"sizes: job {len(mine) + 1}")
                 got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
                                    calibrate=None if fixed is not None else ("quick" if quick else "full"),
                                    tune_ranks=max(ranks) if tuned and fixed is None else 0)
@@ -190,6 +198,6 @@ def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: fl
             m, p = float(np.median(meas[key])), float(np.median(pred[key]))
             rows.append({**first[key], "measured_us": m, "predicted_us": p,
                          "error": float(np.median(errs[key])), "jobs": len(errs[key]),
-                         "spread": max(meas[key]) / min(meas[key]) - 1.0 if min(meas[key]) > 0 else 0.0})
+                         "spread": spread(meas[key])})
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
