@@ -132,6 +132,34 @@ def test_planner_top_layouts_fit_and_are_sorted():
         plan(m, topo, 64, 32)
 
 
+def test_the_refine_pass_stops_within_one_call_of_its_budget():
+    """One refine call can take long (a big group without a fast path): the budget is checked before
+    every call, not only between layouts; a clock that advances 1 s per call makes that exact."""
+    m = load_model("llama3-8b")
+    topo = cluster_for("dgx-h100", 2)
+    now = [0.0]
+
+    class OneSecondPerCall(AlphaBetaModel):
+        def time_s(self, *a):
+            now[0] += 1.0
+            return super().time_s(*a)
+
+    slow = OneSecondPerCall()
+
+    def run(top: int, budget_s: float):
+        now[0] = 0.0
+        return plan(m, topo, 16, 32, 4096, refine=slow, refine_top=top, refine_budget_s=budget_s,
+                    clock=lambda: now[0])
+    first = run(1, 1e9)
+    calls_first = now[0]
+    full = run(2, 1e9)
+    assert calls_first >= 2 and now[0] - calls_first >= 2   # several calls per layout
+    cut = run(2, calls_first + 0.5)
+    assert list(cut.checked) == [0]                # the second layout ran out of budget part-way ...
+    assert now[0] == calls_first + 1               # ... and stopped after its first call
+    assert cut.checked[0].step_time_s == full.checked[0].step_time_s == first.checked[0].step_time_s
+
+
 def test_parameter_servers_incast_and_consistency():
     topo = cluster_for("dgx-h100", 8)
     workers = [topo.gpus(h)[0] for h in topo.hosts()]

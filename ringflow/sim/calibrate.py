@@ -7,8 +7,9 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-step latency
   alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha;
 - ``oneway`` / ``oneway_reduce`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB;
-- ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array, as in-place all-reduce and
-  reduce call it: a reduction into its own operand streams one buffer fewer (1.4-1.8x faster here);
+- ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array (written before, as the
+  bench's), as in-place all-reduce and reduce call it: a reduction into its own operand streams one
+  buffer fewer; its rate is taken with every pair's receiver reducing, so no busy slowdown on top;
 - ``exchange_fresh``: a copy into scratch, then the exchange of the scratch: what sending bytes the
   rank just wrote (a tree forwarding, the all-gather half of an all-reduce) costs beyond the copy
   and the plain exchange (on this VM 2x the plain exchange at 512 KiB: such sources go through the

@@ -175,7 +175,7 @@ class Fabric:
         """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
         copy_GBps, reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
         when the host has fewer cores than ranks, and
-        reductions slower still when several ranks of the step reduce at once
+        reductions out of place slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
         a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
         it fresh_send_GBps extra, and copies in a
@@ -185,14 +185,15 @@ class Fabric:
         if p.copy_GBps:
             per += table.lcopy / (p.copy_GBps * 1e3)
         if p.reduce_GBps:
-            red = table.lreduce / (p.reduce_GBps * 1e3)
-            if table.lreduce_inplace is not None and p.reduce_inplace_GBps:
-                red = red + table.lreduce_inplace * (1.0 / (p.reduce_inplace_GBps * 1e3) - 1.0 / (p.reduce_GBps * 1e3))
+            inplace = table.lreduce_inplace if table.lreduce_inplace is not None and p.reduce_inplace_GBps \
+                else np.zeros(table.lrank.size)
+            red = (table.lreduce - inplace) / (p.reduce_GBps * 1e3)
             if p.reduce_busy_slowdown > 1.0 and table.nranks > 1 and red.size:
                 busy = np.bincount(table.lstep[table.lreduce > 0], minlength=int(table.lstep.max()) + 1)
                 k = busy[table.lstep]
                 red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
-            per += red
+            # the in-place rate is timed with every pair's receiver reducing: no busy slowdown on top
+            per += red + (inplace / (p.reduce_inplace_GBps * 1e3) if inplace.any() else 0.0)
         fresh = table.lfresh if p.fresh_send_scope == "all" else table.lfresh_copied
         if fresh is not None and p.fresh_send_GBps:
             per += fresh / (p.fresh_send_GBps * 1e3)

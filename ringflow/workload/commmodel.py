@@ -18,9 +18,10 @@ spanned, members per server, rail of its first member).
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import InvalidArgument
 
@@ -222,6 +223,25 @@ class SimModel:
             self._cache.clear()
         self._cache[key] = out
         return out
+
+
+class BudgetSpent(RuntimeError):
+    """A `DeadlineModel` was asked for a time after its deadline."""
+
+
+class DeadlineModel:
+    """`inner` until `deadline_s` (on `clock`), then `BudgetSpent`: a pass over many layouts stops within
+    one call of its budget (a layout's step time makes several calls, each one simulation)."""
+
+    def __init__(self, inner: CommModel, deadline_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner, self.deadline_s, self.clock = inner, deadline_s, clock
+        self.name = inner.name
+
+    def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
+        """The inner model's seconds, or BudgetSpent once the deadline has passed."""
+        if self.clock() > self.deadline_s:
+            raise BudgetSpent(f"{self.name}: the time budget ran out")
+        return self.inner.time_s(collective, nbytes, group, topo)
 
 
 def _shape_key(group: Sequence[str], topo: Any) -> tuple:

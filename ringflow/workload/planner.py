@@ -10,11 +10,12 @@ Complexity: O(|TP| |PP| |mb| |ZeRO| |recompute| |v|) step-time evaluations, each
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ..errors import InvalidArgument
-from .commmodel import AlphaBetaModel, CommModel, default_comm_model
+from .commmodel import AlphaBetaModel, BudgetSpent, CommModel, DeadlineModel, default_comm_model
 from .compute import EfficiencyModel, GpuSpec, gpu_of_topology
 from .layout import Layout
 from .memory import memory_per_gpu
@@ -93,14 +94,14 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
          space: PlanSpace | None = None, gpu: GpuSpec | None = None, comm: CommModel | None = None,
          eff: EfficiencyModel | None = None, precision: str = "bf16", refine: CommModel | None | str = "auto",
          refine_top: int = 10, refine_budget_s: float = 12.0,
-         progress: Callable[[int, int], None] | None = None) -> Plan:
+         progress: Callable[[int, int], None] | None = None, clock: Callable[[], float] = time.monotonic) -> Plan:
     """Rank every fitting layout of `model` on `gpus` GPUs of `topo` by predicted step time.
 
     The search times every layout with `comm` (default: the closed-form alpha-beta model, fast) and ranks
     by it; the best `refine_top` are also timed with `refine` (default: the simulator's analytic engine when
-    present) within `refine_budget_s` seconds, reported beside them in `Plan.checked`.
+    present) within `refine_budget_s` seconds (on `clock`; a layout left unfinished is not reported), beside
+    them in `Plan.checked`.
     """
-    import time
     if gpus > len(topo.endpoints()):
         raise InvalidArgument(f"{gpus} GPUs asked but the topology has {len(topo.endpoints())}",
                               "raise --nodes or lower --gpus")
@@ -131,9 +132,10 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
     if refine is not None and not isinstance(refine, str) and results:
         # the simulator's figure beside each of the top layouts (ranking stays the search model's, so one
         # model orders the list; where the two disagree the table shows it)
-        t0 = time.monotonic()
+        bounded = DeadlineModel(refine, clock() + refine_budget_s, clock)
         for i in range(min(refine_top, len(results))):
-            if time.monotonic() - t0 > refine_budget_s:
+            try:
+                checked[i] = step_time(model, results[i].layout, topo, gpu=gpu, comm=bounded, eff=eff)
+            except BudgetSpent:
                 break
-            checked[i] = step_time(model, results[i].layout, topo, gpu=gpu, comm=refine, eff=eff)
     return Plan(results, len(fitting), len(layouts) - len(fitting), len(layouts), checked)
