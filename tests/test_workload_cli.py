@@ -52,5 +52,10 @@ def test_plan_json_and_bad_input():
     d = json.loads(_run("plan", "--model", "llama3-8b", "--gpus", "16", "--topo", "dgx-h100", "--batch", "32",
                         "--seq-len", "2048", "--top", "3", "--no-check", "--json").stdout)
     assert len(d["top"]) == 3 and d["top"][0]["step_time_s"] <= d["top"][1]["step_time_s"]
+    assert d["check_budget_spent"] is False and not any("sim_check" in r for r in d["top"])
+    # a budget too small for one simulation: no layout is checked and the output says the budget ran out
+    out = _run("plan", "--model", "llama3-8b", "--gpus", "16", "--topo", "dgx-h100", "--batch", "32",
+               "--seq-len", "2048", "--top", "3", "--check-budget", "0").stdout
+    assert "checked 0 of the top 3 within --check-budget 0 s" in out
     bad = _run("train", "--recompute", "sometimes", "--nodes", "1", "--pp", "1", ok=False)
     assert bad.returncode == 2 and "recompute" in bad.stderr

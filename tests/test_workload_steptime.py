@@ -155,7 +155,8 @@ def test_the_refine_pass_stops_within_one_call_of_its_budget():
     full = run(2, 1e9)
     assert calls_first >= 2 and now[0] - calls_first >= 2   # several calls per layout
     cut = run(2, calls_first + 0.5)
-    assert list(cut.checked) == [0]                # the second layout ran out of budget part-way ...
+    assert list(cut.checked) == [0] and cut.budget_spent and not full.budget_spent
+    # the second layout ran out of budget part-way ...
     assert now[0] == calls_first + 1               # ... and stopped after its first call
     assert cut.checked[0].step_time_s == full.checked[0].step_time_s == first.checked[0].step_time_s
 

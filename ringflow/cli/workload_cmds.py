@@ -273,6 +273,7 @@ def plan_command(
     precision: str = typer.Option("bf16", "--precision"),
     top: int = typer.Option(10, "--top"),
     check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
+    check_budget_s: float = typer.Option(12.0, "--check-budget", help="seconds for the simulator's check"),
     plot: Optional[str] = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -291,7 +292,7 @@ def plan_command(
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
         p = plan(m, t, gpus, batch, seq_len, precision=precision, refine="auto" if check else None,
-                 refine_top=top, progress=progress)
+                 refine_top=top, refine_budget_s=check_budget_s, progress=progress)
     best = p.top(top)
     rows_json = []
     for i, r in enumerate(best):
@@ -306,7 +307,8 @@ def plan_command(
         plot_plan(p, plot)
     if json_out:
         print_json({"model": m.name, "gpus": gpus, "topology": t.name, "searched": p.searched,
-                    "fits": p.evaluated, "out_of_memory": p.oom, "top": rows_json})
+                    "fits": p.evaluated, "out_of_memory": p.oom, "top": rows_json,
+                    "check_budget_spent": p.budget_spent})
         return
     console.print(f"{p.searched} layouts, {p.oom} out of memory, {p.evaluated} ranked by step time "
                   f"({best[0].comm_model if best else '-'}; 'sim' = the simulator's analytic engine)")
@@ -324,6 +326,9 @@ def plan_command(
     print_table(f"top {len(best)} layouts for {m.name} on {gpus} GPUs",
                 ["#", "TPxPPxDP", "mb", "ZeRO", "recompute", "v", "step s", "sim s", "MFU %", "GB",
                  "compute", "TP", "EP", "PP p2p", "bubble", "DP"], rows)
+    if p.budget_spent:
+        console.print(f"the simulator checked {len(p.checked)} of the top {len(best)} within --check-budget "
+                      f"{check_budget_s:g} s; raise it to check the rest")
 
 
 def ps_command(

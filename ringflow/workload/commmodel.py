@@ -239,7 +239,7 @@ class DeadlineModel:
 
     def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
         """The inner model's seconds, or BudgetSpent once the deadline has passed."""
-        if self.clock() > self.deadline_s:
+        if self.clock() >= self.deadline_s:
             raise BudgetSpent(f"{self.name}: the time budget ran out")
         return self.inner.time_s(collective, nbytes, group, topo)
 

@@ -84,6 +84,7 @@ class Plan:
     oom: int
     searched: int
     checked: dict[int, StepResult] = field(default_factory=dict)  # rank -> the same layout timed by `refine`
+    budget_spent: bool = False    # the refine pass stopped at its time budget before its last layout
 
     def top(self, k: int = 10) -> list[StepResult]:
         """The k fastest layouts that fit."""
@@ -129,6 +130,7 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
             progress(i + 1, len(fitting))
     results.sort(key=lambda r: r.step_time_s)
     checked: dict[int, StepResult] = {}
+    spent = False
     if refine is not None and not isinstance(refine, str) and results:
         # the simulator's figure beside each of the top layouts (ranking stays the search model's, so one
         # model orders the list; where the two disagree the table shows it)
@@ -137,5 +139,6 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
             try:
                 checked[i] = step_time(model, results[i].layout, topo, gpu=gpu, comm=bounded, eff=eff)
             except BudgetSpent:
+                spent = True
                 break
-    return Plan(results, len(fitting), len(layouts) - len(fitting), len(layouts), checked)
+    return Plan(results, len(fitting), len(layouts) - len(fitting), len(layouts), checked, spent)
