@@ -8,7 +8,8 @@ Model (steps are bulk-synchronous here; the flow engine relaxes that)::
               + B * max over ranks r of local_rs ]
     c_t  = max over links l on t's (sub-)paths of busy_ls
     busy_ls = (bytes per byte of B that step s puts on link l, each transfer's weighted by
-               `Fabric.transfer_work`: a relay step's by relay_step_slowdown) / achievable capacity of l
+               `Fabric.transfer_work`: a relay step's by relay_step_slowdown; the rows of one NVLS
+               switch operation count once on the link they share) / achievable capacity of l
 
 B is the call's count * itemsize.  `busy` makes transfers that share a link in the same
 step share its bandwidth; a transfer alone on its path gets bytes / bottleneck.  Everything
@@ -81,6 +82,8 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     L = fab.nlinks
     p_step = table.step[flows.f_transfer[flows.p_flow]]
     p_bytes = flows.f_frac[flows.p_flow]
+    if flows.p_weight is not None:   # a switch operation's rows cross their shared link once
+        p_bytes = p_bytes * flows.p_weight
     link_frac = np.bincount(flows.p_link, weights=p_bytes, minlength=L)
     if T:
         key = p_step * L + flows.p_link

@@ -88,7 +88,10 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
     notes: list[str] = []
     if tab.coarsened > 1:
         notes.append(f"fast path: {tab.coarsened} identical ring steps per macro step")
-    # protocol: the one the analytic model finds fastest for this size (NCCL picks per call too)
+    # protocol: the one the analytic model finds fastest for this size (NCCL picks per call too); NVLS
+    # runs Simple only (NCCL's tuning disables LL and LL128 for it)
+    if tab.in_switch is not None and protocol is None and any(p.name == "simple" for p in prm.protocols):
+        protocol = "simple"
     model = analytic.model_for(tab, fab, prm)
     times, pick = model.times_us(np.array([count_bytes]))
     pidx = int(pick[0])
@@ -194,6 +197,10 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
     from ..algorithms import registry
     from .fastpath import FASTPATH_MIN_TRANSFERS, expected_transfers, fast_table
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
+    if algorithm == "nvls":   # in-switch reduction: a table only (sim.nvls), no runtime schedule
+        from .nvls import nvls_table, require_nvls
+        require_nvls(topo, eps[:nranks], coll)
+        return nvls_table(nranks, nsegs or 1)
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     nch = kw.get("nchannels", 1)
     if expected_transfers(algorithm, nranks, nch, kw.get("host_groups")) > FASTPATH_MIN_TRANSFERS:
@@ -231,9 +238,26 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
                      endpoints: Sequence[str] | None = None) -> str:
     """The algorithm for this call: the tuner's choice (as the runtime makes it) up to TUNER_MAX_RANKS
     ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
-    builds every candidate schedule, which is too slow for thousands of ranks)."""
+    builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce inside
+    one NVLS-capable NVSwitch domain takes NVLS where the simulator finds it faster (sim.nvls)."""
     from ..algorithms import registry, tuner
     coll = Collective.parse(collective)
+    flat = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
+    from .nvls import nvls_switch
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
+    if coll != Collective.ALL_REDUCE or nvls_switch(topo, eps[:nranks]) is None:
+        return flat
+    # NCCL's default inside a Hopper server: NVLS where it is faster than the flat choice
+    prm = params or params_for(topo)
+    t = {a: simulate(topo, coll, size_bytes, algorithm=a, nranks=nranks, dtype=dtype, params=prm,
+                     endpoints=endpoints).time_us for a in (flat, "nvls")}
+    return "nvls" if t["nvls"] < t[flat] else flat
+
+
+def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtype: str,
+                 params: SimParams | None, endpoints: Sequence[str] | None) -> str:
+    """The algorithm among the registry's (runtime) schedules (choose_algorithm)."""
+    from ..algorithms import registry, tuner
     if nranks <= TUNER_MAX_RANKS:
         item = itemsize_of(dtype)
         S = registry.collective_bytes(coll, nranks, count_for_size(coll, nranks, size_bytes, item), item)
@@ -269,6 +293,14 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
                             "on a GPU-less machine use --topo host-cpu:N or a file from `ringflow calibrate`")
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
+    if algo == "nvls" and nsegs is None:   # the pipeline's chunk count, chosen per call like a protocol
+        from .nvls import NVLS_CHUNKS
+        runs = [simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype,
+                         nsegs=c, params=prm, timeline=timeline, progress=progress, endpoints=endpoints)
+                for c in NVLS_CHUNKS]
+        best = min(range(len(runs)), key=lambda i: runs[i].time_us)
+        runs[best].notes.append(f"nvls: {NVLS_CHUNKS[best]} pipeline chunks (fastest of {len(NVLS_CHUNKS)})")
+        return runs[best]
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,

@@ -154,10 +154,15 @@ class Fabric:
 
     def transfer_work(self, table: Any) -> np.ndarray:
         """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
-        (`relay_step_slowdown` in ring steps, else 1)."""
+        (`relay_step_slowdown` in ring steps; 1 / the NVLS efficiency for switch operations; else 1)."""
         w = np.ones(table.ntransfers)
         if self.params.relay_step_slowdown != 1.0:
             w[table.in_relay_step] = self.params.relay_step_slowdown
+        if table.in_switch is not None:
+            from .nvls import NVLS_EFFICIENCY, require_nvls
+            _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)
+            eff = self.params.nvls_efficiency or NVLS_EFFICIENCY[gen]
+            w[table.in_switch > 0] /= eff
         return w
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
@@ -332,6 +337,7 @@ class Flows:
     f_pair_ptr: np.ndarray   # [F+1] CSR: incidence pairs of each flow
     p_flow: np.ndarray       # [P] flow of each (flow, link) pair (sorted)
     p_link: np.ndarray       # [P] link id
+    p_weight: np.ndarray | None = None   # [P] share of the flow's bytes the link carries (`nvls`); None: 1
 
 
 def route_table(table: Any, fab: Fabric) -> Flows:
@@ -341,6 +347,12 @@ def route_table(table: Any, fab: Fabric) -> Flows:
         raise TopologyError(f"the schedule has {table.nranks} ranks but the topology places only "
                             f"{fab.nranks} endpoints", "use a bigger topology (--nodes) or fewer ranks")
     key = (table.src * (table.nranks + 1) + table.dst) * (int(table.chan.max(initial=0)) + 1) + table.chan
+    own = None
+    if table.in_switch is not None:   # a GPU's own leg to / from its switch (`nvls`): routed by its kind
+        from .nvls import REDUCE, require_nvls
+        switch, _ = require_nvls(fab.topo, fab.endpoints[:table.nranks], table.collective)
+        own = table.src == table.dst
+        key = key * 3 + np.where(own, table.in_switch, 0)
     ukey, uinv = np.unique(key, return_inverse=True)
     uinv = uinv.reshape(-1)
     first = np.zeros(ukey.size, dtype=np.int64)
@@ -350,7 +362,12 @@ def route_table(table: Any, fab: Fabric) -> Flows:
     sub_len: list[int] = []
     sub_links: list[np.ndarray] = []
     for t in first:
-        r = fab.route(int(table.src[t]), int(table.dst[t]), int(table.chan[t]))
+        if own is not None and own[t]:
+            ep = fab.endpoints[int(table.src[t])]
+            leg = fab._link_ids([ep, switch] if table.in_switch[t] == REDUCE else [switch, ep])
+            r = PairRoute([leg], np.ones(1), float(fab.lat_us[leg].sum()), fab._classify(leg))
+        else:
+            r = fab.route(int(table.src[t]), int(table.dst[t]), int(table.chan[t]))
         u_nsub.append(len(r.paths))
         u_lat.append(r.latency_us)
         u_cls.append(LINK_CLASSES.index(r.link_class))
@@ -368,6 +385,11 @@ def route_table(table: Any, fab: Fabric) -> Flows:
     t_flow_ptr = np.concatenate([[0], np.cumsum(t_nsub)])
     f_len = sub_len_a[f_sub]
     pidx, p_flow = ragged(sub_link_start[f_sub], f_len)
+    p_link = sub_links_a[pidx]
+    weight = None
+    if table.in_switch is not None:
+        from .nvls import switch_weights
+        weight = switch_weights(table, f_transfer, p_flow, p_link)
     return Flows(np.asarray(u_lat)[uinv], np.asarray(u_cls, dtype=np.int64)[uinv], t_flow_ptr, f_transfer,
                  table.frac[f_transfer] * sub_w_a[f_sub], np.concatenate([[0], np.cumsum(f_len)]),
-                 p_flow, sub_links_a[pidx])
+                 p_flow, p_link, weight)

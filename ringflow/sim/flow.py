@@ -46,8 +46,10 @@ class FlowOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def maxmin_rates(pf: np.ndarray, plink: np.ndarray, cap: np.ndarray, nflows: int) -> np.ndarray:
-    """Max-min fair rates of `nflows` flows; pair i says flow pf[i] crosses link plink[i]."""
+def maxmin_rates(pf: np.ndarray, plink: np.ndarray, cap: np.ndarray, nflows: int,
+                 pweight: np.ndarray | None = None) -> np.ndarray:
+    """Max-min fair rates of `nflows` flows; pair i says flow pf[i] crosses link plink[i], using
+    pweight[i] (default 1) of its rate there (the rows of one switch operation share their bytes)."""
     rate = np.zeros(nflows)
     if nflows == 0:
         return rate
@@ -58,7 +60,7 @@ def maxmin_rates(pf: np.ndarray, plink: np.ndarray, cap: np.ndarray, nflows: int
     live_pair = np.ones(pf.size, dtype=bool)
     frozen = np.zeros(nflows, dtype=bool)
     for _ in range(nflows + 1):
-        n = np.bincount(linv[live_pair], minlength=ul.size)
+        n = np.bincount(linv[live_pair], weights=None if pweight is None else pweight[live_pair], minlength=ul.size)
         used = n > 0
         if not used.any():
             break
@@ -85,7 +87,8 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     lone_speedups = fab.lone_speedups   # routes are resolved: no pair link appears during the run
     f_bytes = flows.f_frac * count_bytes
     F = f_bytes.size
-    link_bytes = np.bincount(flows.p_link, weights=f_bytes[flows.p_flow], minlength=fab.nlinks)
+    p_bytes = f_bytes[flows.p_flow] if flows.p_weight is None else f_bytes[flows.p_flow] * flows.p_weight
+    link_bytes = np.bincount(flows.p_link, weights=p_bytes, minlength=fab.nlinks)
     f_work = f_bytes * fab.transfer_work(table)[flows.f_transfer]   # link time, in bytes at the links' rates
 
     # ---- per-rank slots: the steps each rank takes part in, in order -------------------------
@@ -195,7 +198,8 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
                     if np.any(boost > 1.0):   # a transfer alone on its host
                         now_cap = cap.copy()
                         now_cap[plink[boost > 1.0]] *= boost[boost > 1.0]
-                rate[active] = maxmin_rates(owner, plink, now_cap, active.size)
+                rate[active] = maxmin_rates(owner, plink, now_cap, active.size,
+                                            None if flows.p_weight is None else flows.p_weight[pidx])
                 solves += 1
                 dirty = False
             with np.errstate(divide="ignore"):

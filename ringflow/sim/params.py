@@ -231,6 +231,9 @@ class SimParams:
     # (4 TCP ranks on 2 cores: 1.2-1.5x from 512 KiB). The calibrated shift step over the exchange
     # (`_from_curves`, from RELAY_MIN_BYTES messages); 1: no effect.
     relay_step_slowdown: float = 1.0
+    # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
+    # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
+    nvls_efficiency: float | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).

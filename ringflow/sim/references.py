@@ -57,7 +57,8 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("H100x8 NVLS", "DGX H100, 8 GPUs, all_reduce default (NVLink SHARP)", 480.0,
               "https://github.com/NVIDIA/nccl-tests/issues/212 (~480); 476 in "
               "https://github.com/NVIDIA/nccl-tests/issues/290", _preset("dgx-h100"), 8 * GiB, None,
-              modelled=False, note="in-switch reduction (NVLS) is not modelled: ringflow has no such algorithm"),
+              note="the simulator's own choice (nvls); nothing fitted to it: the ring's NVLink efficiency "
+                   "x NCCL's NVLS efficiency for Hopper (0.85, src/graph/tuning.cc)"),
     Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
               "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
     Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,

@@ -48,6 +48,9 @@ class TransferTable:
     lfresh_copied: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
+    # int8 [T] rows a switch reduces into one stream to their receiver (1) or copies from one sender (2):
+    # `sim.nvls`; None: every row is its own stream
+    in_switch: np.ndarray | None = None
 
     def serial(self) -> np.ndarray:
         """Latencies paid in sequence per row (1 unless steps were coarsened)."""
@@ -270,7 +273,7 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
     result is exact; with contention, finer-grained overlap inside a group is lost.
     """
     T = table.ntransfers
-    if T <= max_transfers or table.nsteps <= 1:
+    if T <= max_transfers or table.nsteps <= 1 or table.in_switch is not None:
         return table
     factor = int(np.ceil(T / max(1, max_transfers)))
     order = np.lexsort((table.chan, table.dst, table.src, table.step))

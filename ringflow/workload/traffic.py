@@ -204,7 +204,8 @@ DIFFERENCES = [
              "reduce-scatters the gradients (2 collectives of the same size as the forward all-gather)."),
     ("TP", "the seed's backward all-reduces all P parameters in every layer (4 N P L (G-1)); Megatron's TP "
            "backward all-reduces activation gradients, the same size as the forward activations; its forward "
-           "row is again a full mesh (G(G-1)), a ring sends 2(G-1)."),
+           "row is again a full mesh (G(G-1)), a ring sends 2(G-1), NVLS in an H100 server G+1 (the switch "
+           "sums and copies)."),
     ("PP", "agrees: one activation and one gradient per stage boundary (the seed counts no TP split)."),
     ("units", "the seed's TP rows are in 2^20 x 1e9 B ('PB' via 1024^2), its other rows in 1e15 B; "
               "its switch sizing reads 51.2 Tb/s as 51.2 TB/s (8x too fast)."),

@@ -1,0 +1,113 @@
+"""NVLink SHARP (NVLS) all-reduce: the NVSwitch reduces and multicasts, the GPUs only stream.
+
+NCCL's default all-reduce inside a Hopper server (NCCL_ALGO=NVLS). Every GPU owns 1/n of the
+buffer. Its reduce-scatter half is one `multimem.ld_reduce` per shard: the switch reads shard j
+from all n GPUs (GPU j's own copy included, over its own NVLink), sums it and delivers one stream
+to GPU j. Its all-gather half is one `multimem.st` per shard: GPU j writes its summed shard once,
+and the switch copies it to all n GPUs (itself included). NCCL pipelines the two halves over
+chunks, so a GPU's egress carries the reduce-scatter's reads while its ingress carries the
+all-gather's copies.
+
+Per GPU and direction that is (n + 1) / n x S for a buffer of S bytes, against 2 (n - 1) / n x S for
+a ring: busbw = 2 (n - 1) / (n + 1) x the link rate (1.56x on 8 GPUs).
+
+The runtime cannot run it (CPU ranks have no switch that adds), so it is a transfer table only,
+as `fastpath` builds for huge rings:
+- C chunks, C + 1 steps: step t reduces chunk t and multicasts chunk t - 1 (the pipeline);
+- each switch operation is a set of rows marked `in_switch`: 1, the rows that the switch
+  reduces into one stream to their receiver; 2, the rows that it copies from one sender. A row
+  whose sender is its receiver is that GPU's own leg (its own shard to the switch, its own copy
+  back);
+- `fabric.route_table` counts the bytes of one switch operation once on the link it shares
+  (switch -> receiver for a reduction, sender -> switch for a multicast): `Flows.p_weight`;
+- `Fabric.transfer_work` slows the rows by NCCL's NVLS efficiency (`NVLS_EFFICIENCY`).
+
+The chunk count is chosen per call like a protocol: the fastest of `NVLS_CHUNKS` at that size.
+Only one server's NVSwitch domain (NCCL's NVLS across servers needs CollNet / SHARP switches, not
+modelled): the simulator refuses NVLS elsewhere with a clear error.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..algorithms.schedule import Collective
+from ..errors import InvalidArgument
+from .transfers import TransferTable
+
+# NCCL's measured NVLS efficiency per GPU generation (src/graph/tuning.cc `nvlsEfficiency`: Hopper 0.85,
+# Blackwell 0.74; Volta and Ampere 0, no NVLS), keyed here by the NVSwitch generation that serves them.
+NVLS_EFFICIENCY: dict[int, float] = {3: 0.85, 4: 0.74}
+
+# pipeline chunk counts tried per call (fill and drain cost 1/C of the bandwidth, each step a hop latency)
+NVLS_CHUNKS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+REDUCE, MULTICAST = 1, 2
+
+
+def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
+    """(node, generation) of the one NVLS-capable NVSwitch every endpoint hangs off, or None."""
+    g = topo.graph
+    common: set[str] | None = None
+    for e in endpoints:
+        sw = {v for _, v in g.out_edges(e) if str(getattr(g.nodes[v].get("kind"), "value", g.nodes[v].get("kind")))
+              == "nvswitch" and g.nodes[v].get("generation") in NVLS_EFFICIENCY}
+        common = sw if common is None else common & sw
+        if not common:
+            return None
+    if not common:
+        return None
+    node = sorted(common)[0]
+    return node, int(g.nodes[node]["generation"])
+
+
+def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) -> tuple[str, int]:
+    """The NVSwitch that runs NVLS for these endpoints, or InvalidArgument naming what is missing."""
+    if collective != Collective.ALL_REDUCE:
+        raise InvalidArgument(f"nvls implements all_reduce, not {collective.value}",
+                              "use --algo ring (or leave --algo out) for other collectives")
+    hit = nvls_switch(topo, endpoints)
+    if hit is None:
+        raise InvalidArgument("nvls needs every rank on one NVSwitch with in-switch reduction (NVSwitch gen3, "
+                              "Hopper, or later; one server)",
+                              "use --topo dgx-h100 with ranks inside one server, or another --algo")
+    return hit
+
+
+def nvls_table(nranks: int, nchunks: int) -> TransferTable:
+    """The pipelined NVLS all-reduce on `nranks` GPUs in `nchunks` chunks (module docstring)."""
+    if nranks < 2 or nchunks < 1:
+        raise InvalidArgument(f"nvls needs 2 or more ranks and 1 or more chunks (got {nranks}, {nchunks})",
+                              "simulate at least 2 ranks")
+    n, C = nranks, nchunks
+    owner, peer = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")   # owner j of the shard, peer i
+    owner, peer = owner.ravel(), peer.ravel()
+    rows = []
+    for t in range(C + 1):
+        if t < C:    # the switch reads shard j of chunk t from every GPU i (i == j: j's own leg) and sums it
+            rows.append((np.full(n * n, t), peer, owner, np.full(n * n, REDUCE)))
+        if t > 0:    # GPU j writes its summed shard of chunk t - 1 once; the switch copies it to every GPU
+            rows.append((np.full(n * n, t), owner, peer, np.full(n * n, MULTICAST)))
+    step, src, dst, kind = (np.concatenate([r[k] for r in rows]).astype(np.int64) for k in range(4))
+    T = step.size
+    empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+    return TransferTable(Collective.ALL_REDUCE, "nvls", n, C + 1, step, src, dst, np.zeros(T, dtype=np.int64),
+                         np.full(T, 1.0 / (n * C)), np.ones(T, dtype=np.int64), empty_i, empty_i, empty_f, empty_f,
+                         in_switch=kind.astype(np.int8))
+
+
+def switch_weights(table: TransferTable, f_transfer: np.ndarray, p_flow: np.ndarray, p_link: np.ndarray) -> np.ndarray:
+    """Per (flow, link) pair: 1 / the rows of the same switch operation on that link (their bytes cross
+    it once), 1 elsewhere."""
+    w = np.ones(p_link.size)
+    if table.in_switch is None or not p_link.size:
+        return w
+    tr = f_transfer[p_flow]
+    kind = table.in_switch[tr].astype(np.int64)
+    on = np.flatnonzero(kind > 0)
+    anchor = np.where(kind[on] == REDUCE, table.dst[tr[on]], table.src[tr[on]])
+    key = np.stack([table.step[tr[on]], kind[on], anchor, p_link[on]])
+    _, inv, cnt = np.unique(key, axis=1, return_inverse=True, return_counts=True)
+    w[on] = 1.0 / cnt[inv.reshape(-1)]
+    return w

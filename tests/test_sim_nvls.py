@@ -1,0 +1,73 @@
+"""NVLS (in-switch reduction) all-reduce in the simulator: traffic, time and refusals, hand-computed."""
+from __future__ import annotations
+
+import pytest
+
+from ringflow.errors import InvalidArgument
+from ringflow.sim.api import choose_algorithm, simulate
+from ringflow.sim.nvls import NVLS_EFFICIENCY, nvls_table
+from ringflow.sim.params import params_for
+from ringflow.topology import load_topology
+from ringflow.workload.validation import cluster_for
+
+N = 8
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_topology("dgx-h100")
+
+
+def _link(res, a: str, b: str) -> float:
+    fab = res.fabric
+    return float(res.link_bytes[fab._link_ids([a, b])].sum())
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_each_gpu_streams_n_plus_1_over_n_of_the_buffer_each_way_and_both_engines_agree(h100, chunks) -> None:
+    """A GPU sends every shard once to the switch and its own summed shard once more (n + 1) / n x S
+    out; it gets its summed shard and all n copies back, (n + 1) / n x S in (a ring: 2 (n - 1) / n)."""
+    S = 2**30
+    got = {e: simulate(h100, "all_reduce", S, algorithm="nvls", nranks=N, nsegs=chunks, engine=e)
+           for e in ("analytic", "flow")}
+    for res in got.values():
+        for g in ("h0/gpu0", "h0/gpu5"):
+            assert _link(res, g, "h0/nvsw0") == pytest.approx((N + 1) / N * S, rel=1e-9)
+            assert _link(res, "h0/nvsw0", g) == pytest.approx((N + 1) / N * S, rel=1e-9)
+    assert got["flow"].time_us == pytest.approx(got["analytic"].time_us, rel=1e-6)
+
+
+def test_the_pipeline_time_is_the_busiest_direction_per_step_at_the_nvls_rate(h100) -> None:
+    """C chunks, C + 1 steps: the first only reduces (1/C of S out per GPU), the last only copies
+    (1/C in), each step between carries (n + 1) / (n C) each way; bytes move at the NVLink rate x the
+    link efficiency x NCCL's NVLS efficiency. The slope between two sizes leaves the fixed costs out."""
+    prm = params_for(h100)
+    rate_Bpus = 450e3 * prm.link_efficiency["nvlink"] * NVLS_EFFICIENCY[3]
+    for C in (1, 2, 8):
+        t = [simulate(h100, "all_reduce", s, algorithm="nvls", nranks=N, nsegs=C).time_us for s in (2**30, 2**31)]
+        per_byte = 2 / C + (C - 1) * (N + 1) / (N * C)
+        assert (t[1] - t[0]) == pytest.approx(2**30 * per_byte / rate_Bpus, rel=1e-9)
+
+
+def test_the_default_h100_all_reduce_is_nvls_for_large_buffers_and_never_on_a100(h100) -> None:
+    """The simulator's own choice meets NCCL's: NVLS on a Hopper server for large buffers (the
+    published 480 GB/s busbw, `ringflow validate --gpu`), never on Ampere's NVSwitch (no NVLS)."""
+    assert choose_algorithm(h100, "all_reduce", N, 2**33) == "nvls"
+    res = simulate(h100, "all_reduce", 2**33, nranks=N)
+    assert res.algorithm == "nvls" and res.protocol == "simple"
+    assert res.busbw_GBps == pytest.approx(480.0, rel=0.05)
+    a100 = load_topology("dgx-a100")
+    assert all(choose_algorithm(a100, "all_reduce", N, s) != "nvls" for s in (2**20, 2**33))
+
+
+def test_nvls_is_refused_where_no_switch_can_reduce(h100) -> None:
+    """Ampere's NVSwitch, ranks on two servers, collectives other than all-reduce: a typed error
+    that says what to use instead."""
+    with pytest.raises(InvalidArgument, match="NVSwitch gen3"):
+        simulate(load_topology("dgx-a100"), "all_reduce", 2**20, algorithm="nvls", nranks=N)
+    with pytest.raises(InvalidArgument, match="one server"):
+        simulate(cluster_for("dgx-h100", 2), "all_reduce", 2**20, algorithm="nvls", nranks=2 * N)
+    with pytest.raises(InvalidArgument, match="all_reduce"):
+        simulate(h100, "reduce_scatter", 2**20, algorithm="nvls", nranks=N)
+    with pytest.raises(InvalidArgument, match="2 or more ranks"):
+        nvls_table(1, 4)
