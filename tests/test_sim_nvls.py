@@ -71,3 +71,17 @@ def test_nvls_is_refused_where_no_switch_can_reduce(h100) -> None:
         simulate(h100, "reduce_scatter", 2**20, algorithm="nvls", nranks=N)
     with pytest.raises(InvalidArgument, match="2 or more ranks"):
         nvls_table(1, 4)
+
+
+def test_the_planner_s_closed_form_takes_nvls_where_the_simulator_does(h100) -> None:
+    """`AlphaBetaModel` (the planner's search model) prices an all-reduce inside an H100 server as NVLS,
+    within the pipeline's fill (1/65 at 64 chunks) of the simulator; on A100 it stays the ring."""
+    from ringflow.workload.commmodel import AlphaBetaModel, SimModel
+    group = h100.endpoints()[:N]
+    S = 2**33
+    ab, sim = AlphaBetaModel().time_s("all_reduce", S, group, h100), SimModel().time_s("all_reduce", S, group, h100)
+    assert ab == pytest.approx(sim, rel=0.03) and ab < 0.8 * 2 * (N - 1) / N * S / (450e9 * 0.822)
+    a100 = load_topology("dgx-a100")
+    g = a100.endpoints()[:N]
+    ring = 2 * (N - 1) / N * S / (300e9 * params_for(a100).link_efficiency["nvlink"])
+    assert AlphaBetaModel().time_s("all_reduce", S, g, a100) == pytest.approx(ring, rel=0.01)

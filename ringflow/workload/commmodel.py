@@ -3,7 +3,8 @@
 ``CommModel.time_s(collective, nbytes, group, topo)`` is all the step-time model and the planner call.
 
 - `AlphaBetaModel` (default, closed form): a ring over the group, NCCL style, costed as
-  ``base_us + steps x hop_us + factor x nbytes / B`` where ``factor`` is the ring's bytes per rank
+  ``base_us + steps x hop_us + factor x nbytes / B`` (an all-reduce inside one NVLS-capable NVSwitch
+  domain: the faster of that and NVLS, ``base_us + 2 hop_us + (n + 1) / n x nbytes / (B x nvls_eff)``) where ``factor`` is the ring's bytes per rank
   (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n, all-to-all (n-1)/n, send/recv 1) and ``B`` the
   ring's bandwidth per rank: NVLink egress of a GPU inside one server; across servers
   ``min(B_nvlink, k x B_nic)`` with ``k`` group members per server (NCCL runs one channel per NIC, each
@@ -72,6 +73,7 @@ class GroupLinks:
     nic_GBps: float
     intra_hop_us: float
     inter_hop_us: float
+    nvls_efficiency: float = 0.0   # > 0: the group sits on one NVSwitch that reduces in-switch (NVLS)
 
     @property
     def ring_GBps(self) -> float:
@@ -115,7 +117,13 @@ class AlphaBetaModel:
         if other:
             peer = next((g for g in other if topo.graph.nodes[g].get("index") == idx), other[0])
             nic_GBps, inter_hop = self._path_bw(topo, first, peer, eff, simple)
-        gl = GroupLinks(len(group), len(count), max(count.values()), nv_GBps, nic_GBps, intra_hop, inter_hop)
+        nvls = 0.0
+        if not other and len(group) > 1:
+            from ..sim.nvls import NVLS_EFFICIENCY, nvls_switch
+            hit = nvls_switch(topo, list(group))
+            if hit is not None:
+                nvls = params.nvls_efficiency or NVLS_EFFICIENCY[hit[1]]
+        gl = GroupLinks(len(group), len(count), max(count.values()), nv_GBps, nic_GBps, intra_hop, inter_hop, nvls)
         self._cache[key] = gl
         return gl
 
@@ -183,7 +191,14 @@ class AlphaBetaModel:
             t_bw = nbytes / ((gl.nvlink_GBps if gl.servers == 1 else gl.nic_GBps) * 1e9)
         else:
             t_bw = _RING_FACTOR[c](n) * nbytes / (gl.ring_GBps * 1e9)
-        return (base_us + hops_us) * 1e-6 + t_bw
+        t = (base_us + hops_us) * 1e-6 + t_bw
+        if c == "all_reduce" and gl.nvls_efficiency > 0:
+            # NVLS (sim.nvls): (n + 1) / n of the buffer each way at the NVLS rate, two switch passes;
+            # NCCL takes it where it is faster
+            t_nvls = (base_us + 2 * gl.intra_hop_us) * 1e-6 + \
+                (n + 1) / n * nbytes / (gl.nvlink_GBps * gl.nvls_efficiency * 1e9)
+            t = min(t, t_nvls)
+        return t
 
 
 class SimModel:
