@@ -24,6 +24,7 @@ class Reference:
     modelled: bool = True
     note: str = ""
     endpoints: str | None = None   # "gpu0": one rank per node on its GPU 0
+    nranks: int | None = None      # the first n GPUs (default: all)
 
 
 def _preset(name: str) -> Callable[[], Any]:
@@ -49,6 +50,21 @@ def _cluster(name: str, nodes: int, keep_nics: int | None = None) -> Callable[[]
     return f
 
 
+def _h800() -> Any:
+    """DGX H100 with H800 GPUs: 8 NVLink4 links per GPU to the NVSwitches, 400 GB/s both directions
+    (NVIDIA H800 SXM5 datasheet), instead of 18 (900 GB/s)."""
+    from ..hardware import nvlink_gen
+    from ..topology import load_topology
+    topo = load_topology("dgx-h100")
+    per_dir = 8 * nvlink_gen(4).link_GBps
+    for u, v, d in topo.graph.edges(data=True):
+        if d.get("tier") == "nvlink":
+            d["bw_GBps"], d["nlinks"] = per_dir, 8
+    topo.invalidate()
+    topo.name = "dgx-h800"
+    return topo
+
+
 GiB = 2**30
 REFERENCES: tuple[Reference, ...] = (
     Reference("H100x8 ring", "DGX H100, 8 GPUs, all_reduce NCCL_ALGO=RING, large messages", 370.0,
@@ -59,6 +75,17 @@ REFERENCES: tuple[Reference, ...] = (
               "https://github.com/NVIDIA/nccl-tests/issues/290", _preset("dgx-h100"), 8 * GiB, None,
               note="the simulator's own choice (nvls); nothing fitted to it: the ring's NVLink efficiency "
                    "x NCCL's NVLS efficiency for Hopper (0.85, src/graph/tuning.cc)"),
+    *(Reference(f"H100x{n} NVLS", f"DGX H100, {n} of its 8 GPUs, all_reduce NCCL_ALGO=NVLS, 2-4 GiB", bw,
+                "shh2000, https://github.com/NVIDIA/nccl/issues/1455 (busbw 370 on 2-4 GPUs, then 420, 440, "
+                "460, 480 on 5-8)", _preset("dgx-h100"), 4 * GiB, "nvls", nranks=n,
+                note="(n + 1) / n of the buffer each way: busbw grows with n as 2 (n - 1) / (n + 1)")
+      for n, bw in ((5, 420.0), (6, 440.0), (7, 460.0))),
+    Reference("H200x8", "HGX H200, 8 GPUs (NVLink4, NVSwitch gen3 as DGX H100), all_reduce default, -e 4G", 475.0,
+              "vitduck, https://github.com/NVIDIA/nccl-tests/issues/272 (peak 475, NCCL 2.20.3)",
+              _preset("dgx-h100"), 4 * GiB, None, note="the simulator's own choice (nvls)"),
+    Reference("H800x8", "8 x H800 SXM (8 NVLink4 links, 200 GB/s per direction), all_reduce default", 215.0,
+              "yupatrick22, https://github.com/NVIDIA/nccl/issues/1374", _h800, 4 * GiB, None,
+              note="the simulator's own choice (nvls) on DGX H100 with 8 of its 18 NVLinks per GPU"),
     Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
               "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
     Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,
@@ -85,7 +112,7 @@ def evaluate(refs: tuple[Reference, ...] = REFERENCES) -> list[dict[str, Any]]:
         eps = None
         if ref.endpoints == "gpu0":
             eps = [topo.gpus(h)[0] for h in topo.hosts()]
-        res = simulate(topo, "all_reduce", ref.size_bytes, algorithm=ref.algorithm, endpoints=eps)
+        res = simulate(topo, "all_reduce", ref.size_bytes, algorithm=ref.algorithm, endpoints=eps, nranks=ref.nranks)
         pred = res.busbw_GBps
         rows.append({"name": ref.name, "what": ref.what, "reference_GBps": ref.busbw_GBps,
                      "predicted_GBps": pred, "error": pred / ref.busbw_GBps - 1, "algorithm": res.algorithm,
