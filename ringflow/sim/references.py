@@ -86,6 +86,11 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("H800x8", "8 x H800 SXM (8 NVLink4 links, 200 GB/s per direction), all_reduce default", 215.0,
               "yupatrick22, https://github.com/NVIDIA/nccl/issues/1374", _h800, 4 * GiB, None,
               note="the simulator's own choice (nvls) on DGX H100 with 8 of its 18 NVLinks per GPU"),
+    *(Reference(f"B300x8 {label}", f"HGX B300, 8 GPUs (NVLink5 900 GB/s per direction, as 8 GPUs of gb200-nvl72), "
+                f"all_reduce {label}", bw, "shenyt-sanshui, https://github.com/NVIDIA/nccl/issues/2140 (NVLS off "
+                "695, on 845)", _preset("gb200-nvl72"), 4 * GiB, algo, nranks=8,
+                note="NVLS at NCCL's Blackwell efficiency 0.74; the ring at the H100-fitted NVLink efficiency")
+      for label, bw, algo in (("ring", 695.0, "ring"), ("NVLS", 845.0, "nvls"))),
     Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
               "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
     Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,
