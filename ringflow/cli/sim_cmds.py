@@ -37,7 +37,8 @@ def sim_command(
     fabric: str = typer.Option("rail", "--fabric", help="cluster fabric: rail or fat-tree"),
     nic: Optional[str] = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
     oversub: float = typer.Option(1.0, "--oversub", help="leaf-spine oversubscription of the cluster fabric"),
-    algo: Optional[str] = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size)"),
+    algo: Optional[str] = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
+                                       "nvls: in-switch reduction, all_reduce on one Hopper+ NVSwitch)"),
     nranks: Optional[int] = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
     max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),
