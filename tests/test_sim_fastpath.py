@@ -53,3 +53,20 @@ def test_hierarchical_fast_table_matches_schedule(H, m, nsegs):
     sched = hierarchical.build("all_reduce", H * m, host_groups=groups, nsegs=nsegs)
     fast = fast_table(Collective.ALL_REDUCE, "hierarchical", H * m, groups=groups, nsegs=nsegs)
     _same(fast, from_schedule(sched))
+
+
+def test_the_scaling_benchmark_writes_its_rows_as_json(tmp_path, capsys) -> None:
+    """`python -m ringflow.sim.scaling 64 --json F`: one row per (algorithm, engine), both engines agree
+    (no contention that the analytic engine misses on a rail fabric at 64 GPUs)."""
+    import json
+
+    from ringflow.sim.scaling import main
+    out = tmp_path / "scaling.json"
+    main(["64", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert {(r["algorithm"], r["engine"]) for r in rows} == {(a, e) for a in ("ring", "hierarchical")
+                                                             for e in ("analytic", "flow")}
+    by = {(r["algorithm"], r["engine"]): r for r in rows}
+    for a in ("ring", "hierarchical"):
+        assert by[(a, "flow")]["time_us"] == pytest.approx(by[(a, "analytic")]["time_us"], rel=1e-6)
+    assert "wrote 4 rows" in capsys.readouterr().out

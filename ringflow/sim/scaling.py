@@ -1,4 +1,4 @@
-"""Engine timing versus cluster size: `python -m ringflow.sim.scaling [64 256 1024 4096]`.
+"""Engine timing versus cluster size: `python -m ringflow.sim.scaling [64 256 1024 4096] [--json FILE]`.
 
 Builds N/8 x dgx-h100 on a rail-optimised fabric (3 switch tiers above 1,024 GPUs), then times
 ring and hierarchical all-reduce of 1 GiB with both engines: the first call (rings, routes,
@@ -40,13 +40,26 @@ def run(gpus: list[int], size_bytes: int = 2**30) -> list[dict]:
 
 
 def main(argv: list[str]) -> None:
-    """Print the timing table for the GPU counts in argv (default 64 256 1024 4096)."""
-    gpus = [int(a) for a in argv] or [64, 256, 1024, 4096]
+    """Print the timing table for the GPU counts in argv (default 64 256 1024 4096); --json FILE writes it."""
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(prog="python -m ringflow.sim.scaling", description=__doc__.splitlines()[0])
+    ap.add_argument("gpus", nargs="*", type=int, default=[64, 256, 1024, 4096], help="cluster sizes (multiples of 8)")
+    ap.add_argument("--json", help="write the rows to this file")
+    args = ap.parse_args(argv)
     print(f"{'GPUs':>5} {'algorithm':>12} {'engine':>8} {'first s':>8} {'repeat s':>9} {'rows':>8} "
           f"{'merge':>5} {'pred us':>10} {'busbw':>7}")
-    for r in run(gpus):
-        print(f"{r['gpus']:>5} {r['algorithm']:>12} {r['engine']:>8} {r['first_s']:>8.2f} {r['repeat_s']:>9.4f} "
-              f"{r['table_rows']:>8} {r['steps_merged']:>5} {r['time_us']:>10.1f} {r['busbw_GBps']:>7.1f}", flush=True)
+    rows = []
+    for n in args.gpus:
+        for r in run([n]):
+            rows.append(r)
+            print(f"{r['gpus']:>5} {r['algorithm']:>12} {r['engine']:>8} {r['first_s']:>8.2f} {r['repeat_s']:>9.4f} "
+                  f"{r['table_rows']:>8} {r['steps_merged']:>5} {r['time_us']:>10.1f} {r['busbw_GBps']:>7.1f}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+        print(f"wrote {len(rows)} rows to {args.json}")
 
 
 if __name__ == "__main__":
