@@ -54,9 +54,10 @@ def test_sim_rejects_bad_engine_with_a_typed_error(app) -> None:
 
 
 def test_validate_gpu_references(app, tmp_path) -> None:
-    out = tmp_path / "refs.json"
-    res = CliRunner().invoke(app, ["validate", "--gpu", "--json", str(out)])
+    out, png = tmp_path / "refs.json", tmp_path / "refs.png"
+    res = CliRunner().invoke(app, ["validate", "--gpu", "--json", str(out), "--plot", str(png)])
     assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = {r["name"]: r for r in json.loads(out.read_text())}
     assert all(r["source"].count("https://") >= 1 for r in rows.values())
     # independent checks (not the figures the defaults were derived from) stay within 15 %

@@ -201,10 +201,13 @@ def validate_command(
     tuned: bool = typer.Option(False, "--tuned", help="the bench jobs pick algorithms with the simulator on "
                                "the calibrated host (RINGFLOW_TUNER_TOPO), so the model is checked on its "
                                "own choices"),
+    plot: Optional[str] = typer.Option(None, "--plot", help="--gpu: published vs predicted busbw as bars in this PNG"),
 ) -> None:
     """Run `ringflow bench` (shm and TCP-only) and show predicted vs measured side by side."""
+    if plot and not gpu:
+        raise InvalidArgument("--plot draws the --gpu references", "add --gpu, or use --json for the table")
     if gpu:
-        _gpu_references(json_out)
+        _gpu_references(json_out, plot)
         return
     if multihost:
         _multihost(topo, hosts, per_host, rate_mbit, tolerance, json_out, quick)
@@ -280,7 +283,7 @@ def _multihost(topo: Optional[str], hosts: int, per_host: int, rate_mbit: float,
         write_json(json_out, rows)
 
 
-def _gpu_references(json_out: Optional[str]) -> None:
+def _gpu_references(json_out: Optional[str], plot: Optional[str] = None) -> None:
     from ..sim.references import evaluate
     from ..units import format_size
     rows = evaluate()
@@ -293,6 +296,10 @@ def _gpu_references(json_out: Optional[str]) -> None:
         console.print(f"- {r['name']}: {r['what']}; source: {r['source']}" + (f" ({r['note']})" if r["note"] else ""))
     if json_out:
         write_json(json_out, rows)
+    if plot:
+        from ..sim.plot import plot_references
+        plot_references(rows, plot)
+        console.print(f"wrote {plot}")
 
 
 def register(app: typer.Typer) -> None:

@@ -24,3 +24,31 @@ def plot_busbw(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str, tit
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_references(rows: Sequence[Mapping[str, Any]], path: str) -> None:
+    """Published vs predicted busbw, one pair of bars per reference (`ringflow validate --gpu --plot`)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.7 * len(rows)), 4.4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["reference_GBps"] for r in rows], width=0.4, label="published (NCCL)")
+    bars = ax.bar([x + 0.2 for x in xs], [r["predicted_GBps"] for r in rows], width=0.4,
+                  label="ringflow simulator (hatched: the figure a default was fitted to)")
+    for bar, r in zip(bars, rows):
+        if r.get("fitted"):
+            bar.set_hatch("//")
+    for x, r in zip(xs, rows):
+        ax.annotate(f"{r['error']:+.0%}", (x + 0.2, r["predicted_GBps"]), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["name"] for r in rows], rotation=35, ha="right", fontsize=8)
+    ax.set_ylabel("all-reduce busbw (GB/s)")
+    ax.set_title("published NCCL results vs the simulator")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_ylim(0, 1.3 * max(max(r["reference_GBps"], r["predicted_GBps"]) for r in rows))
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
