@@ -24,7 +24,7 @@ STEPS: list[tuple[str, list[str]]] = [
     ("The simulator: all-reduce on 128 DGX H100 servers (1,024 GPUs), rail-optimised 400G fabric",
      ["sim", "all_reduce", "--topo", "dgx-h100", "--nodes", "128", "--fabric", "rail", "--nic", "400G",
       "--min", "1MiB", "--max", "1GiB", "--factor", "4"]),
-    ("The simulator against published NCCL results: DGX H100 ring and NVLink SHARP (NVLS), A100, H800, B300, InfiniBand",
+    ("The simulator against published NCCL results: DGX H100 ring and NVLink SHARP, A100, H800, B300, InfiniBand",
      ["validate", "--gpu"]),
     ("Seed 004's per-epoch traffic of Llama-3-70B next to what ringflow's algorithms move",
      ["traffic", "--model", "llama3-70b", "--tokens", "156e9", "--batch", "2048", "--gpus", "8",

@@ -81,9 +81,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     T = table.ntransfers
     L = fab.nlinks
     p_step = table.step[flows.f_transfer[flows.p_flow]]
-    p_bytes = flows.f_frac[flows.p_flow]
-    if flows.p_weight is not None:   # a switch operation's rows cross their shared link once
-        p_bytes = p_bytes * flows.p_weight
+    p_bytes = flows.pair_frac()
     link_frac = np.bincount(flows.p_link, weights=p_bytes, minlength=L)
     if T:
         key = p_step * L + flows.p_link

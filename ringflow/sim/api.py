@@ -240,7 +240,6 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
     ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
     builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce inside
     one NVLS-capable NVSwitch domain takes NVLS where the simulator finds it faster (sim.nvls)."""
-    from ..algorithms import registry, tuner
     coll = Collective.parse(collective)
     flat = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
     from .nvls import nvls_switch
@@ -295,12 +294,14 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     if algo == "nvls" and nsegs is None:   # the pipeline's chunk count, chosen per call like a protocol
         from .nvls import NVLS_CHUNKS
-        runs = [simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype,
-                         nsegs=c, params=prm, timeline=timeline, progress=progress, endpoints=endpoints)
-                for c in NVLS_CHUNKS]
-        best = min(range(len(runs)), key=lambda i: runs[i].time_us)
-        runs[best].notes.append(f"nvls: {NVLS_CHUNKS[best]} pipeline chunks (fastest of {len(NVLS_CHUNKS)})")
-        return runs[best]
+        runs = {c: simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype,
+                            nsegs=c, params=prm, endpoints=endpoints) for c in NVLS_CHUNKS}
+        best = min(runs, key=lambda c: runs[c].time_us)
+        res = runs[best] if not (timeline or progress) else \
+            simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype, nsegs=best,
+                     params=prm, timeline=timeline, progress=progress, endpoints=endpoints)
+        res.notes.append(f"nvls: {best} pipeline chunks (fastest of {len(NVLS_CHUNKS)})")
+        return res
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,

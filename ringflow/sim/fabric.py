@@ -159,10 +159,9 @@ class Fabric:
         if self.params.relay_step_slowdown != 1.0:
             w[table.in_relay_step] = self.params.relay_step_slowdown
         if table.in_switch is not None:
-            from .nvls import NVLS_EFFICIENCY, require_nvls
+            from .nvls import efficiency, require_nvls
             _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)
-            eff = self.params.nvls_efficiency or NVLS_EFFICIENCY[gen]
-            w[table.in_switch > 0] /= eff
+            w[table.in_switch > 0] /= efficiency(self.params, gen)
         return w
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
@@ -338,6 +337,12 @@ class Flows:
     p_flow: np.ndarray       # [P] flow of each (flow, link) pair (sorted)
     p_link: np.ndarray       # [P] link id
     p_weight: np.ndarray | None = None   # [P] share of the flow's bytes the link carries (`nvls`); None: 1
+
+    def pair_frac(self) -> np.ndarray:
+        """[P] bytes per byte of the call's count each (flow, link) pair puts on its link: the flow's
+        bytes, counted once per switch operation on the link its rows share (`p_weight`)."""
+        frac = self.f_frac[self.p_flow]
+        return frac if self.p_weight is None else frac * self.p_weight
 
 
 def route_table(table: Any, fab: Fabric) -> Flows:

@@ -87,8 +87,7 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
     lone_speedups = fab.lone_speedups   # routes are resolved: no pair link appears during the run
     f_bytes = flows.f_frac * count_bytes
     F = f_bytes.size
-    p_bytes = f_bytes[flows.p_flow] if flows.p_weight is None else f_bytes[flows.p_flow] * flows.p_weight
-    link_bytes = np.bincount(flows.p_link, weights=p_bytes, minlength=fab.nlinks)
+    link_bytes = np.bincount(flows.p_link, weights=flows.pair_frac() * count_bytes, minlength=fab.nlinks)
     f_work = f_bytes * fab.transfer_work(table)[flows.f_transfer]   # link time, in bytes at the links' rates
 
     # ---- per-rank slots: the steps each rank takes part in, in order -------------------------

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
+from .fabric import _val
 from .transfers import TransferTable
 
 # NCCL's measured NVLS efficiency per GPU generation (src/graph/tuning.cc `nvlsEfficiency`: Hopper 0.85,
@@ -51,8 +52,8 @@ def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
     g = topo.graph
     common: set[str] | None = None
     for e in endpoints:
-        sw = {v for _, v in g.out_edges(e) if str(getattr(g.nodes[v].get("kind"), "value", g.nodes[v].get("kind")))
-              == "nvswitch" and g.nodes[v].get("generation") in NVLS_EFFICIENCY}
+        sw = {v for _, v in g.out_edges(e)
+              if _val(g.nodes[v].get("kind")) == "nvswitch" and g.nodes[v].get("generation") in NVLS_EFFICIENCY}
         common = sw if common is None else common & sw
         if not common:
             return None
@@ -60,6 +61,12 @@ def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
         return None
     node = sorted(common)[0]
     return node, int(g.nodes[node]["generation"])
+
+
+def efficiency(params: Any, generation: int) -> float:
+    """The fraction of the NVLink rate NVLS moves bytes at: `params.nvls_efficiency`, else NCCL's figure for
+    the NVSwitch generation."""
+    return params.nvls_efficiency or NVLS_EFFICIENCY[generation]
 
 
 def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) -> tuple[str, int]:

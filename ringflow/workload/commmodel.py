@@ -2,16 +2,16 @@
 
 ``CommModel.time_s(collective, nbytes, group, topo)`` is all the step-time model and the planner call.
 
-- `AlphaBetaModel` (default, closed form): a ring over the group, NCCL style, costed as
-  ``base_us + steps x hop_us + factor x nbytes / B`` (an all-reduce inside one NVLS-capable NVSwitch
-  domain: the faster of that and NVLS, ``base_us + 2 hop_us + (n + 1) / n x nbytes / (B x nvls_eff)``) where ``factor`` is the ring's bytes per rank
-  (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n, all-to-all (n-1)/n, send/recv 1) and ``B`` the
-  ring's bandwidth per rank: NVLink egress of a GPU inside one server; across servers
-  ``min(B_nvlink, k x B_nic)`` with ``k`` group members per server (NCCL runs one channel per NIC, each
-  crossing the server boundary once) and ``B_nic`` the routed GPU->GPU bottleneck between servers (NIC or
-  fabric). Link efficiencies and NCCL's per-call / per-hop latencies come from `ringflow.sim.params`
-  (one place for those figures). ``nbytes`` is the buffer size (the full tensor for all-reduce, all-gather's
-  output, reduce-scatter's input, all-to-all's send buffer, the message for send/recv).
+- `AlphaBetaModel` (default, closed form): a ring over the group, NCCL style, costed as ``base_us + steps x
+  hop_us + factor x nbytes / B`` (an all-reduce inside one NVLS-capable NVSwitch domain: the faster of that and
+  NVLS, ``base_us + 2 hop_us + (n + 1) / n x nbytes / (B x nvls_eff)``) where ``factor`` is the ring's bytes per
+  rank (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n, all-to-all (n-1)/n, send/recv 1) and ``B`` the
+  ring's bandwidth per rank: NVLink egress of a GPU inside one server; across servers ``min(B_nvlink, k x
+  B_nic)`` with ``k`` group members per server (NCCL runs one channel per NIC, each crossing the server boundary
+  once) and ``B_nic`` the routed GPU->GPU bottleneck between servers (NIC or fabric). Link efficiencies and
+  NCCL's per-call / per-hop latencies come from `ringflow.sim.params` (one place for those figures). ``nbytes``
+  is the buffer size (the full tensor for all-reduce, all-gather's output, reduce-scatter's input, all-to-all's
+  send buffer, the message for send/recv).
 - `SimModel`: ringflow.sim's analytic engine on the tuner's algorithm (same call shape; the default).
 
 Groups are homogeneous in a Megatron mapping, so results are cached by the group's *shape* (size, servers
@@ -119,10 +119,10 @@ class AlphaBetaModel:
             nic_GBps, inter_hop = self._path_bw(topo, first, peer, eff, simple)
         nvls = 0.0
         if not other and len(group) > 1:
-            from ..sim.nvls import NVLS_EFFICIENCY, nvls_switch
+            from ..sim.nvls import efficiency, nvls_switch
             hit = nvls_switch(topo, list(group))
             if hit is not None:
-                nvls = params.nvls_efficiency or NVLS_EFFICIENCY[hit[1]]
+                nvls = efficiency(params, hit[1])
         gl = GroupLinks(len(group), len(count), max(count.values()), nv_GBps, nic_GBps, intra_hop, inter_hop, nvls)
         self._cache[key] = gl
         return gl
