@@ -1,4 +1,4 @@
-"""NVLS (in-switch reduction) all-reduce in the simulator: traffic, time and refusals, hand-computed."""
+"""NVLS (in-switch reduction) in the simulator: traffic, time and refusals, hand-computed."""
 from __future__ import annotations
 
 import pytest
@@ -67,8 +67,8 @@ def test_nvls_is_refused_where_no_switch_can_reduce(h100) -> None:
         simulate(load_topology("dgx-a100"), "all_reduce", 2**20, algorithm="nvls", nranks=N)
     with pytest.raises(InvalidArgument, match="one server"):
         simulate(cluster_for("dgx-h100", 2), "all_reduce", 2**20, algorithm="nvls", nranks=2 * N)
-    with pytest.raises(InvalidArgument, match="all_reduce"):
-        simulate(h100, "reduce_scatter", 2**20, algorithm="nvls", nranks=N)
+    with pytest.raises(InvalidArgument, match="all_reduce, reduce_scatter and all_gather"):
+        simulate(h100, "broadcast", 2**20, algorithm="nvls", nranks=N)
     with pytest.raises(InvalidArgument, match="2 or more ranks"):
         nvls_table(1, 4)
 
@@ -85,3 +85,37 @@ def test_the_planner_s_closed_form_takes_nvls_where_the_simulator_does(h100) -> 
     g = a100.endpoints()[:N]
     ring = 2 * (N - 1) / N * S / (300e9 * params_for(a100).link_efficiency["nvlink"])
     assert AlphaBetaModel().time_s("all_reduce", S, g, a100) == pytest.approx(ring, rel=0.01)
+
+
+@pytest.mark.parametrize("coll, out_frac, in_frac", [("reduce_scatter", 1.0, 1 / N), ("all_gather", 1 / N, 1.0)])
+def test_reduce_scatter_and_all_gather_stream_one_half_each(h100, coll, out_frac, in_frac) -> None:
+    """NVLS reduce-scatter: a GPU sends S (every shard to the switch) and receives S / n (its sum);
+    all-gather the reverse (NCCL #1083). Both engines agree, and the time grows by the busier
+    direction's bytes at the NVLS rate (one chunk: one step)."""
+    S = 2**30
+    got = {e: simulate(h100, coll, S, algorithm="nvls", nranks=N, nsegs=1, engine=e) for e in ("analytic", "flow")}
+    for res in got.values():
+        for g in ("h0/gpu0", "h0/gpu3"):
+            assert _link(res, g, "h0/nvsw0") == pytest.approx(out_frac * S, rel=1e-9)
+            assert _link(res, "h0/nvsw0", g) == pytest.approx(in_frac * S, rel=1e-9)
+    assert got["flow"].time_us == pytest.approx(got["analytic"].time_us, rel=1e-6)
+    rate_Bpus = 450e3 * params_for(h100).link_efficiency["nvlink"] * NVLS_EFFICIENCY[3]
+    t = [simulate(h100, coll, s, algorithm="nvls", nranks=N, nsegs=1).time_us for s in (2**30, 2**31)]
+    assert t[1] - t[0] == pytest.approx(2**30 / rate_Bpus, rel=1e-9)
+
+
+@pytest.mark.parametrize("coll", ["reduce_scatter", "all_gather"])
+def test_large_reduce_scatters_and_all_gathers_keep_the_ring_as_nccl_does(h100, coll) -> None:
+    """The busier direction carries S with NVLS against (n - 1) / n x S with a ring, at a lower
+    rate: for 8 GiB the simulator's own choice is not NVLS, and the closed form agrees; for 1 MiB the
+    ring's n - 1 steps cost more than NVLS's one."""
+    from ringflow.workload.commmodel import AlphaBetaModel
+    assert choose_algorithm(h100, coll, N, 2**33) != "nvls"
+    big = {a: simulate(h100, coll, 2**33, algorithm=a, nranks=N).time_us for a in ("ring", "nvls")}
+    assert big["ring"] < big["nvls"]
+    small = {a: simulate(h100, coll, 2**20, algorithm=a, nranks=N).time_us for a in ("ring", "nvls")}
+    assert small["nvls"] < small["ring"]
+    group = h100.endpoints()[:N]
+    eff = params_for(h100).link_efficiency["nvlink"]
+    ring = (N - 1) / N * 2**33 / (450e9 * eff)
+    assert AlphaBetaModel().time_s(coll, 2**33, group, h100) == pytest.approx(ring, rel=0.01)

@@ -38,7 +38,8 @@ def sim_command(
     nic: Optional[str] = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
     oversub: float = typer.Option(1.0, "--oversub", help="leaf-spine oversubscription of the cluster fabric"),
     algo: Optional[str] = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
-                                       "nvls: in-switch reduction, all_reduce on one Hopper+ NVSwitch)"),
+                                       "nvls: in-switch reduction, all_reduce / reduce_scatter / "
+                                       "all_gather on one Hopper+ NVSwitch)"),
     nranks: Optional[int] = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
     max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),

@@ -200,7 +200,7 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
     if algorithm == "nvls":   # in-switch reduction: a table only (sim.nvls), no runtime schedule
         from .nvls import nvls_table, require_nvls
         require_nvls(topo, eps[:nranks], coll)
-        return nvls_table(nranks, nsegs or 1)
+        return nvls_table(nranks, nsegs or 1, coll)
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     nch = kw.get("nchannels", 1)
     if expected_transfers(algorithm, nranks, nch, kw.get("host_groups")) > FASTPATH_MIN_TRANSFERS:
@@ -238,13 +238,14 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
                      endpoints: Sequence[str] | None = None) -> str:
     """The algorithm for this call: the tuner's choice (as the runtime makes it) up to TUNER_MAX_RANKS
     ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
-    builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce inside
-    one NVLS-capable NVSwitch domain takes NVLS where the simulator finds it faster (sim.nvls)."""
+    builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce,
+    reduce-scatter or all-gather inside one NVLS-capable NVSwitch domain takes NVLS where the simulator
+    finds it faster (sim.nvls)."""
     coll = Collective.parse(collective)
     flat = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
-    from .nvls import nvls_switch
+    from .nvls import NVLS_COLLECTIVES, nvls_switch
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
-    if coll != Collective.ALL_REDUCE or nvls_switch(topo, eps[:nranks]) is None:
+    if coll not in NVLS_COLLECTIVES or nvls_switch(topo, eps[:nranks]) is None:
         return flat
     # NCCL's default inside a Hopper server: NVLS where it is faster than the flat choice
     prm = params or params_for(topo)

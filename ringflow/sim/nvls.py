@@ -1,4 +1,4 @@
-"""NVLink SHARP (NVLS) all-reduce: the NVSwitch reduces and multicasts, the GPUs only stream.
+"""NVLink SHARP (NVLS): the NVSwitch reduces and multicasts, the GPUs only stream.
 
 NCCL's default all-reduce inside a Hopper server (NCCL_ALGO=NVLS). Every GPU owns 1/n of the
 buffer. Its reduce-scatter half is one `multimem.ld_reduce` per shard: the switch reads shard j
@@ -10,6 +10,13 @@ all-gather's copies.
 
 Per GPU and direction that is (n + 1) / n x S for a buffer of S bytes, against 2 (n - 1) / n x S for
 a ring: busbw = 2 (n - 1) / (n + 1) x the link rate (1.56x on 8 GPUs).
+
+Reduce-scatter and all-gather are one half each (NCCL 2.19+, NCCL_ALGO=NVLS): a GPU sends S and
+receives S / n in a reduce-scatter, the reverse in an all-gather, where a ring moves (n - 1) / n x S
+each way (S. Jeaugey, https://github.com/NVIDIA/nccl/issues/1083). The busier direction carries
+more than the ring's, so for large buffers NVLS is slower there (300 against 350 GB/s all-gather
+busbw on 8 H100s, https://github.com/NVIDIA/nccl/issues/1506) and NCCL, like the simulator's own
+choice, keeps the ring; NVLS wins only where the ring's n - 1 steps of latency dominate.
 
 The runtime cannot run it (CPU ranks have no switch that adds), so it is a transfer table only,
 as `fastpath` builds for huge rings:
@@ -46,6 +53,9 @@ NVLS_CHUNKS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 REDUCE, MULTICAST = 1, 2
 
+# the collectives an NVLS table exists for (NCCL has no NVLS broadcast, reduce or all-to-all)
+NVLS_COLLECTIVES = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER)
+
 
 def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
     """(node, generation) of the one NVLS-capable NVSwitch every endpoint hangs off, or None."""
@@ -71,8 +81,8 @@ def efficiency(params: Any, generation: int) -> float:
 
 def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) -> tuple[str, int]:
     """The NVSwitch that runs NVLS for these endpoints, or InvalidArgument naming what is missing."""
-    if collective != Collective.ALL_REDUCE:
-        raise InvalidArgument(f"nvls implements all_reduce, not {collective.value}",
+    if collective not in NVLS_COLLECTIVES:
+        raise InvalidArgument(f"nvls implements all_reduce, reduce_scatter and all_gather, not {collective.value}",
                               "use --algo ring (or leave --algo out) for other collectives")
     hit = nvls_switch(topo, endpoints)
     if hit is None:
@@ -82,25 +92,35 @@ def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) ->
     return hit
 
 
-def nvls_table(nranks: int, nchunks: int) -> TransferTable:
-    """The pipelined NVLS all-reduce on `nranks` GPUs in `nchunks` chunks (module docstring)."""
+def nvls_table(nranks: int, nchunks: int, collective: Collective = Collective.ALL_REDUCE) -> TransferTable:
+    """The NVLS `collective` on `nranks` GPUs in `nchunks` chunks (module docstring): an all-reduce
+    pipelines its two halves (C + 1 steps), a reduce-scatter or all-gather is one half (C steps)."""
     if nranks < 2 or nchunks < 1:
         raise InvalidArgument(f"nvls needs 2 or more ranks and 1 or more chunks (got {nranks}, {nchunks})",
                               "simulate at least 2 ranks")
+    if collective not in NVLS_COLLECTIVES:
+        raise InvalidArgument(f"nvls implements all_reduce, reduce_scatter and all_gather, not {collective.value}",
+                              "use another algorithm for this collective")
     n, C = nranks, nchunks
     owner, peer = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")   # owner j of the shard, peer i
     owner, peer = owner.ravel(), peer.ravel()
+    reduces = collective != Collective.ALL_GATHER
+    copies = collective != Collective.REDUCE_SCATTER
+    nsteps = C + 1 if reduces and copies else C
     rows = []
-    for t in range(C + 1):
-        if t < C:    # the switch reads shard j of chunk t from every GPU i (i == j: j's own leg) and sums it
+    for t in range(nsteps):
+        if reduces and t < C:    # the switch reads shard j of chunk t from every GPU i (i == j: j's own leg), sums it
             rows.append((np.full(n * n, t), peer, owner, np.full(n * n, REDUCE)))
-        if t > 0:    # GPU j writes its summed shard of chunk t - 1 once; the switch copies it to every GPU
+        if copies and (t > 0 or not reduces):   # GPU j writes its shard of a chunk once; the switch copies it to all
             rows.append((np.full(n * n, t), owner, peer, np.full(n * n, MULTICAST)))
     step, src, dst, kind = (np.concatenate([r[k] for r in rows]).astype(np.int64) for k in range(4))
     T = step.size
+    # an all-reduce's rows are fractions of the buffer (a shard's chunk: 1 / (n C)); a reduce-scatter's and an
+    # all-gather's of one rank's block, the size their ring tables count in (a chunk of it: 1 / C)
+    frac = 1.0 / (n * C) if collective == Collective.ALL_REDUCE else 1.0 / C
     empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
-    return TransferTable(Collective.ALL_REDUCE, "nvls", n, C + 1, step, src, dst, np.zeros(T, dtype=np.int64),
-                         np.full(T, 1.0 / (n * C)), np.ones(T, dtype=np.int64), empty_i, empty_i, empty_f, empty_f,
+    return TransferTable(collective, "nvls", n, nsteps, step, src, dst, np.zeros(T, dtype=np.int64),
+                         np.full(T, frac), np.ones(T, dtype=np.int64), empty_i, empty_i, empty_f, empty_f,
                          in_switch=kind.astype(np.int8))
 
 

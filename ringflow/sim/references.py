@@ -25,6 +25,7 @@ class Reference:
     note: str = ""
     endpoints: str | None = None   # "gpu0": one rank per node on its GPU 0
     nranks: int | None = None      # the first n GPUs (default: all)
+    collective: str = "all_reduce"
 
 
 def _preset(name: str) -> Callable[[], Any]:
@@ -91,6 +92,14 @@ REFERENCES: tuple[Reference, ...] = (
                 "695, on 845)", _preset("gb200-nvl72"), 4 * GiB, algo, nranks=8,
                 note="NVLS at NCCL's Blackwell efficiency 0.74; the ring at the H100-fitted NVLink efficiency")
       for label, bw, algo in (("ring", 695.0, "ring"), ("NVLS", 845.0, "nvls"))),
+    *(Reference(f"H100x8 AG {label}", f"DGX H100, 8 GPUs, all_gather NCCL_ALGO={label.upper()}, 1 GiB", bw,
+                "telala, https://github.com/NVIDIA/nccl/issues/1506 (1 GB: ring 350, NVLS 300)", _preset("dgx-h100"),
+                GiB, algo, collective="all_gather",
+                note="NVLS sends S / n and receives S per GPU (sim.nvls): slower than the ring, as published")
+      for label, bw, algo in (("ring", 350.0, "ring"), ("NVLS", 300.0, "nvls"))),
+    Reference("H100x8 RS ring", "DGX H100, 8 GPUs, reduce_scatter NCCL_ALGO=RING, 8 GiB", 362.16,
+              "haobaba5353, https://github.com/NVIDIA/nccl/issues/1047", _preset("dgx-h100"), 8 * GiB, "ring",
+              collective="reduce_scatter"),
     Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
               "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
     Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,
@@ -117,9 +126,9 @@ def evaluate(refs: tuple[Reference, ...] = REFERENCES) -> list[dict[str, Any]]:
         eps = None
         if ref.endpoints == "gpu0":
             eps = [topo.gpus(h)[0] for h in topo.hosts()]
-        res = simulate(topo, "all_reduce", ref.size_bytes, algorithm=ref.algorithm, endpoints=eps, nranks=ref.nranks)
+        res = simulate(topo, ref.collective, ref.size_bytes, algorithm=ref.algorithm, endpoints=eps, nranks=ref.nranks)
         pred = res.busbw_GBps
-        rows.append({"name": ref.name, "what": ref.what, "reference_GBps": ref.busbw_GBps,
+        rows.append({"name": ref.name, "what": ref.what, "collective": ref.collective, "reference_GBps": ref.busbw_GBps,
                      "predicted_GBps": pred, "error": pred / ref.busbw_GBps - 1, "algorithm": res.algorithm,
                      "protocol": res.protocol, "size_bytes": ref.size_bytes, "source": ref.source,
                      "fitted": ref.fitted, "modelled": ref.modelled, "note": ref.note})

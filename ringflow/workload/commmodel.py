@@ -4,7 +4,8 @@
 
 - `AlphaBetaModel` (default, closed form): a ring over the group, NCCL style, costed as ``base_us + steps x
   hop_us + factor x nbytes / B`` (an all-reduce inside one NVLS-capable NVSwitch domain: the faster of that and
-  NVLS, ``base_us + 2 hop_us + (n + 1) / n x nbytes / (B x nvls_eff)``) where ``factor`` is the ring's bytes per
+  NVLS, ``base_us + 2 hop_us + (n + 1) / n x nbytes / (B x nvls_eff)``; a reduce-scatter or all-gather there:
+  ``base_us + hop_us + nbytes / (B x nvls_eff)``) where ``factor`` is the ring's bytes per
   rank (all-reduce 2(n-1)/n, all-gather / reduce-scatter (n-1)/n, all-to-all (n-1)/n, send/recv 1) and ``B`` the
   ring's bandwidth per rank: NVLink egress of a GPU inside one server; across servers ``min(B_nvlink, k x
   B_nic)`` with ``k`` group members per server (NCCL runs one channel per NIC, each crossing the server boundary
@@ -40,6 +41,8 @@ _RING_STEPS = {
     "all_to_all": lambda n: n - 1, "broadcast": lambda n: n - 1, "reduce": lambda n: n - 1,
     "sendrecv": lambda n: 1,
 }
+# NVLS bytes per rank through its busier NVLink direction, per byte of nbytes (sim.nvls)
+_NVLS_BYTES = {"all_reduce": lambda n: (n + 1) / n, "all_gather": lambda n: 1.0, "reduce_scatter": lambda n: 1.0}
 
 
 class CommModel(Protocol):
@@ -192,11 +195,12 @@ class AlphaBetaModel:
         else:
             t_bw = _RING_FACTOR[c](n) * nbytes / (gl.ring_GBps * 1e9)
         t = (base_us + hops_us) * 1e-6 + t_bw
-        if c == "all_reduce" and gl.nvls_efficiency > 0:
-            # NVLS (sim.nvls): (n + 1) / n of the buffer each way at the NVLS rate, two switch passes;
-            # NCCL takes it where it is faster
-            t_nvls = (base_us + 2 * gl.intra_hop_us) * 1e-6 + \
-                (n + 1) / n * nbytes / (gl.nvlink_GBps * gl.nvls_efficiency * 1e9)
+        if c in _NVLS_BYTES and gl.nvls_efficiency > 0:
+            # NVLS (sim.nvls): an all-reduce moves (n + 1) / n of the buffer each way in two switch passes, a
+            # reduce-scatter or all-gather all of it one way in one; taken where it is faster, as NCCL does
+            passes = 2 if c == "all_reduce" else 1
+            t_nvls = (base_us + passes * gl.intra_hop_us) * 1e-6 + \
+                _NVLS_BYTES[c](n) * nbytes / (gl.nvlink_GBps * gl.nvls_efficiency * 1e9)
             t = min(t, t_nvls)
         return t
 
