@@ -271,6 +271,35 @@ def test_a_rank_sending_to_every_peer_is_limited_by_the_host_cores_not_a_shared_
     assert want < p["base"] + p["alpha"] + p["check_rooted"] + 3 * m * p["oneway"] + own_us   # a shared hop
 
 
+def test_three_ranks_copying_on_two_cores_take_the_packing_of_their_copies_not_the_fluid_share() -> None:
+    """A double-tree step on 4 shm ranks sharing 2 cores (single-copy sizes): ranks 1, 2 and 3 each
+    copy two messages of m. A rank's copies run on one core, so the busier core moves four messages
+    (longest-processing-time packing), not the fluid three; one core moves a message in 2 x 1/12 of
+    the calibration's all-to-all step (12 messages on 2 cores). A pair exchange, every rank with one
+    message, packs evenly and keeps the fluid share."""
+    from ringflow.algorithms.schedule import Buffer, BufferLayout, ChunkRef, ScheduleBuilder
+    topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
+    p = TRUE["shm"][4]
+    m = 4 * SINGLE
+    lay = {Buffer.IN: BufferLayout(2), Buffer.OUT: BufferLayout(2)}
+
+    def one_step(name: str, transfers: list[tuple[int, int, int]]):  # noqa: ANN202
+        b = ScheduleBuilder("all_reduce", 4, name, layouts=lay)
+        for src, dst, k in transfers:
+            b.transfer(0, src, dst, ChunkRef(Buffer.IN, k), ChunkRef(Buffer.OUT, k))
+        return b.build()
+    tree = one_step("tree-step", [(0, 1, 0), (0, 2, 0), (1, 3, 0), (1, 3, 1), (2, 1, 1), (3, 2, 1)])
+    t_a2a = 4 * m * p["oneway"] * A2A          # the calibration's all-to-all step of m-byte messages
+    per_core_msg = 2 * t_a2a / 12
+    got = simulate_schedule(topo, tree, 2 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4])
+    # the CHECK first; rank 1's two messages to rank 3 pay the per-message cost twice
+    assert got.time_us == pytest.approx(p["base"] + p["check"] + 2 * p["alpha"] + 4 * per_core_msg, rel=1e-3)
+    assert 4 * per_core_msg > max(3 * per_core_msg, 2 * m * p["oneway"])   # fluid, or the pair 1 -> 3
+    pairs = one_step("pairs", [(0, 1, 0), (1, 0, 0), (2, 3, 0), (3, 2, 0)])
+    ex = simulate_schedule(topo, pairs, 2 * m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4])
+    assert ex.time_us == pytest.approx(p["base"] + p["check"] + p["alpha"] + m * p["oneway"] * p["exch"][1], rel=1e-3)
+
+
 def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(tmp_path) -> None:
     """`ringflow validate --record` then `--replay`: each job's rows are predicted from that job's
     calibration; a job that measured twice the model's time shows -50 %, and the row's spread."""

@@ -114,6 +114,11 @@ class Fabric:
         return np.array([hit], dtype=np.int64)
 
     @property
+    def pool_links(self) -> np.ndarray:
+        """Link ids of the host pools (CPU hosts), empty elsewhere."""
+        return np.fromiter(self._pool_link.values(), dtype=np.int64, count=len(self._pool_link))
+
+    @property
     def lone_speedups(self) -> bool:
         """True when some host link speeds up for a transfer alone on its host (`lone_factor` is not all 1)."""
         return ((self.params.lone_pair_speedup > 1.0 and bool(self._pair_link))

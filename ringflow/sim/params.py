@@ -208,6 +208,11 @@ class SimParams:
     # Total rate of a host's CPU-moved bytes (all its ranks' engines together); None: host_cores x
     # the per-rank rate.  Calibrated hosts measure it with every rank busy (oversubscription included).
     host_pool_GBps: float | None = None
+    # Where a host's ranks outnumber its cores and receivers do the copying (`sender_free`): its cores.
+    # A rank's copies in a step then run on one core, not spread over all: where more ranks than
+    # cores copy in one step, the host pool takes the longest-processing-time packing of their work on
+    # these cores (`analytic.lpt_busy`), not their sum over all of them (None: the sum).
+    pool_cores: int | None = None
     # How much slower a reduction runs when every rank of the host reduces at once than when one rank
     # does (they share the memory bus); steps in between scale linearly with the ranks reducing.
     reduce_busy_slowdown: float = 1.0
@@ -396,6 +401,9 @@ class SimParams:
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
+            # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
+            pool_cores=int(self.host_cores) if sender_free and not own_core and step_pattern == "all"
+            else None,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
