@@ -182,7 +182,7 @@ class Fabric:
 
     def local_us_per_byte(self, table: Any) -> np.ndarray:
         """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
-        copy_GBps, reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
+        copy_GBps (faster where fewer ranks than the calibration copy at once: `_copy_share`), reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
         when the host has fewer cores than ranks, and
         reductions out of place slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
@@ -192,7 +192,7 @@ class Fabric:
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
-            per += table.lcopy / (p.copy_GBps * 1e3)
+            per += table.lcopy / (p.copy_GBps * 1e3) * self._copy_share(table)
         if p.reduce_GBps:
             inplace = table.lreduce_inplace if table.lreduce_inplace is not None and p.reduce_inplace_GBps \
                 else np.zeros(table.lrank.size)
@@ -209,6 +209,18 @@ class Fabric:
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
             per += table.lcopy * _beside_transfer(table) / (p.copy_beside_transfer_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]
+
+    def _copy_share(self, table: Any) -> np.ndarray | float:
+        """Per local-work entry: its copy's time over the calibrated copy's (`SimParams.shared_cores`):
+        the calibration copied on all n ranks at once, cores / n of a core each; j ranks copying in a
+        step get min(1, cores / j) each."""
+        k = self.params.shared_cores
+        n = table.nranks
+        if not k or n <= k or not table.lrank.size:
+            return 1.0
+        copying = table.lcopy > 0
+        j = np.bincount(table.lstep[copying], minlength=int(table.lstep.max()) + 1)[table.lstep]
+        return min(1.0, k / n) / np.minimum(1.0, k / np.maximum(j, 1))
 
     def local_slowdown(self, nranks: int) -> np.ndarray:
         """Per rank: how much slower its local work runs when its host has fewer cores than ranks."""

@@ -213,6 +213,15 @@ class SimParams:
     # cores copy in one step, the host pool takes the longest-processing-time packing of their work on
     # these cores (`analytic.lpt_busy`), not their sum over all of them (None: the sum).
     pool_cores: int | None = None
+    # Where a calibrated host's ranks outnumber its cores and receivers do the copying: its cores. The
+    # calibration's local copy ran on every rank at once (each with cores / ranks of a core); a rank
+    # runs its step's copies once its messages are through, and with single copies its peers are done
+    # with them by then, so a step where fewer ranks copy gives each up to a core (a scatter's root
+    # copying its own block: 4 shm ranks on 2 cores, direct scatters at 2-8 MiB went +0.11..+0.16 ->
+    # +0.02..+0.07 in 13 recordings). Over TCP a send is done once the socket has the bytes, while the
+    # peers still read them, and the copy shares the cores (the same rule there lost 8 rows in 7).
+    # None: every copy at the calibrated rate.
+    shared_cores: int | None = None
     # How much slower a reduction runs when every rank of the host reduces at once than when one rank
     # does (they share the memory bus); steps in between scale linearly with the ranks reducing.
     reduce_busy_slowdown: float = 1.0
@@ -404,6 +413,7 @@ class SimParams:
             # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
             pool_cores=int(self.host_cores) if sender_free and not own_core and step_pattern == "all"
             else None,
+            shared_cores=int(self.host_cores) if sender_free and not own_core else None,
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
