@@ -18,6 +18,7 @@ A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many 
 FAN = {"fanin": 0.5, "fanout": 0.6}   # one rank receiving (sending) b/4 from (to) each of 3 peers: one-ways of b
 SOLO = 1.25   # on 4 ranks a lone one-way (the other ranks idle) is that much faster than one on every pair
 SINGLE = 2**20   # the runtime's single-copy threshold: from here the sender does no work
+CHAINED = 0.5   # 4 ranks sharing 2 cores: a slot-copied exchange step right after another, over the first
 FRESH_SINGLE = 2**22   # ... for a source the sender wrote earlier in the call
 FRESH = 1 / 8e3   # us per byte such a source costs extra on 1 MiB .. 4 MiB messages (shm)
 BESIDE = 1 / 3e3   # us per byte a local copy costs extra beside a receive in the same step (above 10 % of the exchange)
@@ -58,6 +59,9 @@ def synthetic(tr: str, n: int) -> dict:
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
         for name, k in FAN.items():
             res[name] = {str(b): t1 + b * p["oneway"] * k for b in SIZES}
+        # three exchanges in a row: each after the first moves its slot-copied data CHAINED times as long
+        res["exchange3"] = {str(b): ex[str(b)] + 2 * (p["alpha"] + (ex[str(b)] - t1) * (CHAINED if b < SINGLE else 1))
+                            for b in SIZES}
     if tr == "shm":   # sending bytes just written: a copy into scratch, then the exchange, plus the extra
         res["exchange_fresh"] = {str(b): ex[str(b)] + b * p["copy"] + b * FRESH for b in SIZES}
     # the exchange and a copy of as many bytes in one step: both, plus the copy's extra beside a transfer
@@ -302,6 +306,43 @@ def test_three_ranks_copying_on_two_cores_take_the_packing_of_their_copies_not_t
     assert ex.time_us == pytest.approx(p["base"] + p["check"] + p["alpha"] + m * p["oneway"] * p["exch"][1], rel=1e-3)
 
 
+def test_a_transfer_step_right_after_another_costs_what_the_three_step_exchange_showed() -> None:
+    """4 shm ranks on 2 cores, slot-copied messages: the calibration's three exchanges in a row cost the
+    first plus CHAINED times its data for each next one, so a 3-step exchange schedule is priced so;
+    with a local copy between the steps (the ranks stop to copy) every step is a first one, and single
+    copies (the receiver waits for its sender anyway) are never discounted."""
+    from ringflow.algorithms.schedule import Buffer, BufferLayout, ChunkRef, ScheduleBuilder
+    topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
+    p = TRUE["shm"][4]
+    lay = {Buffer.IN: BufferLayout(1), Buffer.OUT: BufferLayout(1)}
+
+    def exchanges(copy_between: bool):  # noqa: ANN202
+        b = ScheduleBuilder("all_reduce", 4, "ex3" + "c" * copy_between, layouts=lay)
+        gap = 2 if copy_between else 1
+        for s in range(3):
+            for lo, hi in ((0, 1), (2, 3)):
+                b.transfer(gap * s, lo, hi, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
+                b.transfer(gap * s, hi, lo, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
+            if copy_between and s < 2:
+                for r in range(4):
+                    b.copy(r, gap * s + 1, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
+        return b.build()
+
+    def data_us(m: int) -> float:
+        return m * p["oneway"] * p["exch"][int(m >= SINGLE)]
+
+    def run(sched, m: int) -> float:  # noqa: ANN001
+        return simulate_schedule(topo, sched, m, params={"host_transport": "shm"}, endpoints=topo.endpoints()[:4]).time_us
+
+    m = SINGLE // 4
+    fixed = p["base"] + p["check"] + 3 * p["alpha"]
+    assert run(exchanges(False), m) == pytest.approx(fixed + data_us(m) * (1 + 2 * CHAINED), rel=1e-3)
+    copies = 2 * m * p["copy"]
+    assert run(exchanges(True), m) == pytest.approx(fixed + 3 * data_us(m) + copies, rel=2e-3)
+    big = 2 * SINGLE
+    assert run(exchanges(False), big) == pytest.approx(fixed + 3 * data_us(big), rel=1e-3)
+
+
 def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(tmp_path) -> None:
     """`ringflow validate --record` then `--replay`: each job's rows are predicted from that job's
     calibration; a job that measured twice the model's time shows -50 %, and the row's spread."""
@@ -538,11 +579,12 @@ def test_a_transfer_alone_on_its_host_moves_at_the_lone_one_way_rate() -> None:
     for step, src, dst, _, t0, t1 in got["flow"].timeline:
         spans.setdefault(step, []).append(t1 - t0)
     assert spans[0] == pytest.approx([p["alpha"] + b * p["oneway"] / SOLO], rel=1e-6)
-    # step 1 is the calibration's one-way step (pairs 0-1 and 2-3 at once): priced as that step is
+    # step 1 is the calibration's one-way step (pairs 0-1 and 2-3 at once): priced as that step is, its
+    # data CHAINED times as long right after step 0 (slot-copied messages, `chained_step_factor`)
     pairs = simulate_schedule(topo, _schedules(4)["oneway"], b, params={"host_transport": "shm"},
                               endpoints=topo.endpoints()[:4], timeline=True).timeline
-    assert spans[1] == pytest.approx([t1 - t0 for *_, t0, t1 in pairs], rel=1e-6)
-    assert spans[1][0] > spans[0][0] * 1.2
+    assert spans[1] == pytest.approx([p["alpha"] + CHAINED * (t1 - t0 - p["alpha"]) for *_, t0, t1 in pairs], rel=1e-6)
+    assert spans[1][0] - p["alpha"] > (spans[0][0] - p["alpha"]) * 1.2 * CHAINED
 
 
 def test_a_lone_transfer_is_not_held_to_its_share_of_the_busy_host_pool() -> None:

@@ -67,6 +67,8 @@ def _schedules(n: int):
     return {**block_steps, "copy": cp.build(), "exchange_fresh": fr, "exchange_copy": xc,
             "oneway": build("cal-oneway", 1),
             "exchange": build("cal-exchange", 1, exchange=True),
+            # the same exchange three times in a row: what a step costs once the ranks are running
+            "exchange3": build("cal-exchange3", 3, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
@@ -159,7 +161,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
                  "exchange_fresh", "exchange_copy") + \
-            (("oneway_solo", "shift", "alltoall", "fanin", "fanout") if n > 2 else ())
+            (("oneway_solo", "shift", "alltoall", "fanin", "fanout", "exchange3") if n > 2 else ())
         for name in names:
             res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
         def retime(name: str, again: list[int], rounds: int = 1) -> None:

@@ -153,7 +153,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     series = {name: despike([float(r[name][str(b)]) for b in sizes], sizes)
               for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
                            "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout",
-                           "shift") if name in r}
+                           "shift", "exchange3") if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     # slow modes the collectives do not see (loopback TCP, one job in three) are cleaned by what each
     # step contains: an exchange slower than the same exchange with a reduction ran in one (2 TCP
@@ -187,7 +187,8 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
             **{f"{k}_us": monotone(series[k]).tolist()
-               for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy", "shift") if k in series},
+               for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy", "shift", "exchange3")
+               if k in series},
             "busy_ranks": 2 * (int(result["nranks"]) // 2), "peak_oneway_GBps": float(max(oneway_GBps))}
 
 
@@ -248,6 +249,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                     "value": q.copy_beside_transfer_GBps, "from": _source("copy_beside_transfer_GBps")}
                 report[f"{p}.{label}.relay_step_slowdown"] = {"value": q.relay_step_slowdown,
                                                               "from": _source("relay_step_slowdown")}
+                report[f"{p}.{label}.chained_step_factor"] = {"value": q.chained_step_factor,
+                                                              "from": _source("chained_step_factor")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
                             "from": "runtime.transport.doorbell.host_cores (cgroup cpuset, else online CPUs)"}
     return topo, report
@@ -277,6 +280,9 @@ def _source(key: str) -> str:
                                          "copy's work) over the sizes within m/2..2m: a copy beside a receive "
                                          "(None: none, below a tenth of the exchange, or more ranks than "
                                          "cores)",
+            "chained_step_factor": "((three exchange steps - one) / 2 - alpha) / (one exchange - t 1 step), "
+                                   "within 0.25..1: a transfer step right after another, no local work between, "
+                                   "over the first (slot-copied messages where ranks outnumber cores; else 1)",
             "relay_step_slowdown": "(shift step - t 1 step) / (exchange - t 1 step), summed over the sizes within "
                                    "m/2..2m, at least 1: what a ring step's transfers take over a pair exchange's "
                                    "(1 below 1 MiB messages, or without a shift step: 2 ranks)",

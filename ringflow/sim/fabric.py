@@ -159,10 +159,13 @@ class Fabric:
 
     def transfer_work(self, table: Any) -> np.ndarray:
         """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
-        (`relay_step_slowdown` in ring steps; 1 / the NVLS efficiency for switch operations; else 1)."""
+        (`relay_step_slowdown` in ring steps, `chained_step_factor` in a step right after another
+        transfer step; 1 / the NVLS efficiency for switch operations; else 1)."""
         w = np.ones(table.ntransfers)
         if self.params.relay_step_slowdown != 1.0:
             w[table.in_relay_step] = self.params.relay_step_slowdown
+        if self.params.chained_step_factor != 1.0:
+            w[table.chained_step] *= self.params.chained_step_factor
         if table.in_switch is not None:
             from .nvls import efficiency, require_nvls
             _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)

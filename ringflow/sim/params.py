@@ -90,6 +90,10 @@ BESIDE_MIN_FRACTION = 0.10
 # rows within 15 %: 444 without it, 444 from 256 KiB, 448 from 1 MiB, 445 from 2 MiB
 RELAY_MIN_BYTES = 2**20
 
+# The chained step factor's floor: a quarter of the first step (the three-step timing is a difference of
+# two noisy times at small sizes)
+CHAINED_MIN_FACTOR = 0.25
+
 
 @dataclass(frozen=True)
 class SimParams:
@@ -245,6 +249,12 @@ class SimParams:
     # (4 TCP ranks on 2 cores: 1.2-1.5x from 512 KiB). The calibrated shift step over the exchange
     # (`_from_curves`, from RELAY_MIN_BYTES messages); 1: no effect.
     relay_step_slowdown: float = 1.0
+    # What a transfer step right after another transfer step (no local work between them, so the ranks
+    # are still running) costs over the first: ranks that share cores and hand messages over through the
+    # slots pay a wake-up in the first step that the next do not (4 shm ranks on 2 cores, 16-64 KiB: one
+    # exchange 94-96 us, three in a row 183-203). From the calibration's three-exchange step
+    # (`_from_curves`); 1: no effect.
+    chained_step_factor: float = 1.0
     # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
     # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
     nvls_efficiency: float | None = None
@@ -389,6 +399,15 @@ class SimParams:
             xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
             return max(1.0, sum(at("shift_us", x) - t1 for x in xs) / sum(max(at("exchange_us", x) - t1, tiny * x)
                                                                           for x in xs))
+        def chained_factor() -> float:
+            # the next exchange step's data time over the first's, from three in a row: only where the message
+            # goes through the slots (a single copy waits for its receiver anyway) and ranks share cores over
+            # shm; over TCP the socket buffers decouple the ranks in every step alike
+            if "exchange3_us" not in c or own_core or sender_free or self.host_transport == "tcp":
+                return 1.0
+            first = max(at("exchange_us") - t1, tiny * m)
+            nxt = (at("exchange3_us") - at("exchange_us")) / 2 - float(c["alpha_us"])
+            return float(np.clip(nxt / first, CHAINED_MIN_FACTOR, 1.0))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -419,6 +438,7 @@ class SimParams:
             check_rooted_us=rooted_check(),
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             relay_step_slowdown=relay_slowdown(),
+            chained_step_factor=chained_factor(),
             lone_pair_speedup=float(max(1.0, pair / solo)),
             lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
 

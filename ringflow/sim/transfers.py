@@ -94,6 +94,19 @@ class TransferTable:
         relay = ~back & src_recvs & dst_sends
         return np.isin(self.step, self.step[relay])
 
+    @cached_property
+    def chained_step(self) -> np.ndarray:
+        """bool [T]: the transfer's step directly follows a step with transfers and no local work (the
+        ranks go from one message to the next without stopping)."""
+        if not self.ntransfers:
+            return np.zeros(0, dtype=bool)
+        moved = np.zeros(self.nsteps + 1, dtype=bool)
+        moved[self.step] = True
+        worked = np.zeros(self.nsteps + 1, dtype=bool)
+        worked[self.lstep] = True
+        prev = np.maximum(self.step - 1, 0)
+        return (self.step > 0) & moved[prev] & ~worked[prev]
+
     def step_pattern(self) -> str:
         """'in' when some rank receives from several peers in a step and every rank sends to one
         (a direct gather), 'out' for the reverse (a direct scatter), 'all' otherwise."""
