@@ -59,9 +59,8 @@ def synthetic(tr: str, n: int) -> dict:
         res["alltoall"] = {str(b): t1 + b * p["oneway"] * A2A for b in SIZES}
         for name, k in FAN.items():
             res[name] = {str(b): t1 + b * p["oneway"] * k for b in SIZES}
-        # three exchanges in a row: each after the first moves its slot-copied data CHAINED times as long
-        res["exchange3"] = {str(b): ex[str(b)] + 2 * (p["alpha"] + (ex[str(b)] - t1) * (CHAINED if b < SINGLE else 1))
-                            for b in SIZES}
+        # three exchanges in a row: each after the first moves its data CHAINED times as long
+        res["exchange3"] = {str(b): ex[str(b)] + 2 * (p["alpha"] + (ex[str(b)] - t1) * CHAINED) for b in SIZES}
     if tr == "shm":   # sending bytes just written: a copy into scratch, then the exchange, plus the extra
         res["exchange_fresh"] = {str(b): ex[str(b)] + b * p["copy"] + b * FRESH for b in SIZES}
     # the exchange and a copy of as many bytes in one step: both, plus the copy's extra beside a transfer
@@ -307,22 +306,22 @@ def test_three_ranks_copying_on_two_cores_take_the_packing_of_their_copies_not_t
 
 
 def test_a_transfer_step_right_after_another_costs_what_the_three_step_exchange_showed() -> None:
-    """4 shm ranks on 2 cores, slot-copied messages: the calibration's three exchanges in a row cost the
-    first plus CHAINED times its data for each next one, so a 3-step exchange schedule is priced so;
-    with a local copy between the steps (the ranks stop to copy) every step is a first one, and single
-    copies (the receiver waits for its sender anyway) are never discounted."""
+    """4 shm ranks on 2 cores: the calibration's three exchanges in a row cost the first plus CHAINED
+    times its data for each next one, so a 3-step exchange schedule is priced so; with a local copy
+    between the steps (the ranks stop to copy) every step is a first one; with single copies a ring
+    of shifts is not discounted (each send completes when the next rank has read it: none runs ahead)."""
     from ringflow.algorithms.schedule import Buffer, BufferLayout, ChunkRef, ScheduleBuilder
     topo, _ = fit({"shm": {n: synthetic("shm", n) for n in (2, 4)}}, nprocs=4, cores=2)
     p = TRUE["shm"][4]
     lay = {Buffer.IN: BufferLayout(1), Buffer.OUT: BufferLayout(1)}
 
-    def exchanges(copy_between: bool):  # noqa: ANN202
-        b = ScheduleBuilder("all_reduce", 4, "ex3" + "c" * copy_between, layouts=lay)
+    def exchanges(copy_between: bool, shift: bool = False):  # noqa: ANN202
+        b = ScheduleBuilder("all_reduce", 4, "ex3" + "c" * copy_between + "s" * shift, layouts=lay)
         gap = 2 if copy_between else 1
+        pairs = [(r, (r + 1) % 4) for r in range(4)] if shift else [(0, 1), (1, 0), (2, 3), (3, 2)]
         for s in range(3):
-            for lo, hi in ((0, 1), (2, 3)):
-                b.transfer(gap * s, lo, hi, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
-                b.transfer(gap * s, hi, lo, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
+            for src, dst in pairs:
+                b.transfer(gap * s, src, dst, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
             if copy_between and s < 2:
                 for r in range(4):
                     b.copy(r, gap * s + 1, ChunkRef(Buffer.IN, 0), ChunkRef(Buffer.OUT, 0))
@@ -340,7 +339,9 @@ def test_a_transfer_step_right_after_another_costs_what_the_three_step_exchange_
     copies = 2 * m * p["copy"]
     assert run(exchanges(True), m) == pytest.approx(fixed + 3 * data_us(m) + copies, rel=2e-3)
     big = 2 * SINGLE
-    assert run(exchanges(False), big) == pytest.approx(fixed + 3 * data_us(big), rel=1e-3)
+    assert run(exchanges(False), big) == pytest.approx(fixed + data_us(big) * (1 + 2 * CHAINED), rel=1e-3)
+    ring = run(exchanges(False, shift=True), big)
+    assert ring == pytest.approx(run(exchanges(True, shift=True), big) - 2 * big * p["copy"], rel=2e-3)
 
 
 def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(tmp_path) -> None:

@@ -250,10 +250,11 @@ class SimParams:
     # (`_from_curves`, from RELAY_MIN_BYTES messages); 1: no effect.
     relay_step_slowdown: float = 1.0
     # What a transfer step right after another transfer step (no local work between them, so the ranks
-    # are still running) costs over the first: ranks that share cores and hand messages over through the
-    # slots pay a wake-up in the first step that the next do not (4 shm ranks on 2 cores, 16-64 KiB: one
-    # exchange 94-96 us, three in a row 183-203). From the calibration's three-exchange step
-    # (`_from_curves`); 1: no effect.
+    # are still running) costs over the first: ranks that share cores pay a wake-up in the first step that
+    # the next do not (4 shm ranks on 2 cores, 16-64 KiB: one exchange 94-96 us, three in a row 183-203;
+    # 256 KiB-1 MiB: the next steps 0.5-0.8 of the first). With single copies only where no rank both
+    # sends and receives in the step (`Fabric.transfer_work`). From the calibration's three-exchange
+    # step (`_from_curves`); 1: no effect.
     chained_step_factor: float = 1.0
     # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
     # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
@@ -400,13 +401,14 @@ class SimParams:
             return max(1.0, sum(at("shift_us", x) - t1 for x in xs) / sum(max(at("exchange_us", x) - t1, tiny * x)
                                                                           for x in xs))
         def chained_factor() -> float:
-            # the next exchange step's data time over the first's, from three in a row: only where the message
-            # goes through the slots (a single copy waits for its receiver anyway) and ranks share cores over
-            # shm; over TCP the socket buffers decouple the ranks in every step alike
-            if "exchange3_us" not in c or own_core or sender_free or self.host_transport == "tcp":
+            # the next exchange step's data time over the first's, from three in a row, summed over the sizes
+            # within m/2 .. 2m (at 16-64 KiB one size's figure is a difference of noisy times); over shm with
+            # ranks sharing cores (over TCP the figure swings 0.2-1.8 between jobs and sizes)
+            if "exchange3_us" not in c or own_core or self.host_transport == "tcp":
                 return 1.0
-            first = max(at("exchange_us") - t1, tiny * m)
-            nxt = (at("exchange3_us") - at("exchange_us")) / 2 - float(c["alpha_us"])
+            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            first = sum(max(at("exchange_us", x) - t1, tiny * x) for x in xs)
+            nxt = sum((at("exchange3_us", x) - at("exchange_us", x)) / 2 - float(c["alpha_us"]) for x in xs)
             return float(np.clip(nxt / first, CHAINED_MIN_FACTOR, 1.0))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
