@@ -242,7 +242,7 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
     reduce-scatter or all-gather inside one NVLS-capable NVSwitch domain takes NVLS where the simulator
     finds it faster (sim.nvls)."""
     coll = Collective.parse(collective)
-    flat = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
+    flat, flat_us = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
     from .nvls import NVLS_COLLECTIVES, nvls_switch
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     if coll not in NVLS_COLLECTIVES or nvls_switch(topo, eps[:nranks]) is None:
@@ -250,19 +250,20 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
     # NCCL's default inside a Hopper server: NVLS where it is faster than the flat choice
     prm = params or params_for(topo)
     t = {a: simulate(topo, coll, size_bytes, algorithm=a, nranks=nranks, dtype=dtype, params=prm,
-                     endpoints=endpoints).time_us for a in (flat, "nvls")}
-    return "nvls" if t["nvls"] < t[flat] else flat
+                     endpoints=endpoints).time_us for a in ([flat] if flat_us is None else []) + ["nvls"]}
+    return "nvls" if t["nvls"] < (t[flat] if flat_us is None else flat_us) else flat
 
 
 def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtype: str,
-                 params: SimParams | None, endpoints: Sequence[str] | None) -> str:
-    """The algorithm among the registry's (runtime) schedules (choose_algorithm)."""
+                 params: SimParams | None, endpoints: Sequence[str] | None) -> tuple[str, float | None]:
+    """The algorithm among the registry's (runtime) schedules (choose_algorithm), and its simulated time
+    where choosing it took one (above TUNER_MAX_RANKS; None where the tuner chose)."""
     from ..algorithms import registry, tuner
     if nranks <= TUNER_MAX_RANKS:
         item = itemsize_of(dtype)
         S = registry.collective_bytes(coll, nranks, count_for_size(coll, nranks, size_bytes, item), item)
         return str(tuner.choose(coll, S, nranks, topo=topo, dtype_size=item, root=0 if coll.has_root else None)
-                   .algorithm)
+                   .algorithm), None
     prm = params or params_for(topo)
     best, best_t = "", float("inf")
     for algo in ("ring", "hierarchical"):
@@ -275,7 +276,7 @@ def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtyp
             continue
         if t < best_t:
             best, best_t = algo, t
-    return best or registry.algorithms_for(coll)[0]
+    return (best, best_t) if best else (registry.algorithms_for(coll)[0], None)
 
 
 def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algorithm: str | None = None,
