@@ -249,9 +249,11 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
         return flat
     # NCCL's default inside a Hopper server: NVLS where it is faster than the flat choice
     prm = params or params_for(topo)
-    t = {a: simulate(topo, coll, size_bytes, algorithm=a, nranks=nranks, dtype=dtype, params=prm,
-                     endpoints=endpoints).time_us for a in ([flat] if flat_us is None else []) + ["nvls"]}
-    return "nvls" if t["nvls"] < (t[flat] if flat_us is None else flat_us) else flat
+
+    def time_us(algo: str) -> float:
+        return simulate(topo, coll, size_bytes, algorithm=algo, nranks=nranks, dtype=dtype, params=prm,
+                        endpoints=endpoints).time_us
+    return "nvls" if time_us("nvls") < (time_us(flat) if flat_us is None else flat_us) else flat
 
 
 def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtype: str,

@@ -189,7 +189,8 @@ class Fabric:
 
     def local_us_per_byte(self, table: Any) -> np.ndarray:
         """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
-        copy_GBps (faster where fewer ranks than the calibration copy at once: `_copy_share`), reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
+        copy_GBps (faster where fewer ranks than the calibration's copy at once: `_copy_share`),
+        reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
         when the host has fewer cores than ranks, and
         reductions out of place slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes

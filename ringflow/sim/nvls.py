@@ -79,11 +79,16 @@ def efficiency(params: Any, generation: int) -> float:
     return params.nvls_efficiency or NVLS_EFFICIENCY[generation]
 
 
-def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) -> tuple[str, int]:
-    """The NVSwitch that runs NVLS for these endpoints, or InvalidArgument naming what is missing."""
+def _require_collective(collective: Collective) -> None:
+    """InvalidArgument unless NVLS implements `collective` (NVLS_COLLECTIVES)."""
     if collective not in NVLS_COLLECTIVES:
         raise InvalidArgument(f"nvls implements all_reduce, reduce_scatter and all_gather, not {collective.value}",
                               "use --algo ring (or leave --algo out) for other collectives")
+
+
+def require_nvls(topo: Any, endpoints: Sequence[str], collective: Collective) -> tuple[str, int]:
+    """The NVSwitch that runs NVLS for these endpoints, or InvalidArgument naming what is missing."""
+    _require_collective(collective)
     hit = nvls_switch(topo, endpoints)
     if hit is None:
         raise InvalidArgument("nvls needs every rank on one NVSwitch with in-switch reduction (NVSwitch gen3, "
@@ -98,9 +103,7 @@ def nvls_table(nranks: int, nchunks: int, collective: Collective = Collective.AL
     if nranks < 2 or nchunks < 1:
         raise InvalidArgument(f"nvls needs 2 or more ranks and 1 or more chunks (got {nranks}, {nchunks})",
                               "simulate at least 2 ranks")
-    if collective not in NVLS_COLLECTIVES:
-        raise InvalidArgument(f"nvls implements all_reduce, reduce_scatter and all_gather, not {collective.value}",
-                              "use another algorithm for this collective")
+    _require_collective(collective)
     n, C = nranks, nchunks
     owner, peer = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")   # owner j of the shard, peer i
     owner, peer = owner.ravel(), peer.ravel()

@@ -283,6 +283,7 @@ class SimParams:
             return float(np.exp(np.interp(np.log(x), np.log(sizes), np.log(np.maximum(c[key], 1e-9)))))
         t1 = float(c["t1_us"])
         tiny = 1e-6   # us per byte: the floor of a cost that noise made vanish
+        near = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])   # the measured sizes within m/2 .. 2m
         oneway = max(at("oneway_us") - t1, tiny * m) / m
         exch = max(at("exchange_us") - t1, tiny * m) / m
         solo = max(at("oneway_solo_us") - t1, tiny * m) / m if "oneway_solo_us" in c else oneway
@@ -323,7 +324,7 @@ class SimParams:
             # `point`: the difference at m itself
             if point:
                 return max((at(hi) - at(lo)) / m, tiny)
-            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            xs = near
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
             return max(slope, tiny)
@@ -397,7 +398,7 @@ class SimParams:
             # (4-rank pairwise all-to-alls at 128-256 KiB were over-priced by +25..+60 % with them)
             if "shift_us" not in c or m < RELAY_MIN_BYTES:
                 return 1.0
-            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            xs = near
             return max(1.0, sum(at("shift_us", x) - t1 for x in xs) / sum(max(at("exchange_us", x) - t1, tiny * x)
                                                                           for x in xs))
         def chained_factor() -> float:
@@ -406,7 +407,7 @@ class SimParams:
             # ranks sharing cores (over TCP the figure swings 0.2-1.8 between jobs and sizes)
             if "exchange3_us" not in c or own_core or self.host_transport == "tcp":
                 return 1.0
-            xs = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])
+            xs = near
             first = sum(max(at("exchange_us", x) - t1, tiny * x) for x in xs)
             nxt = sum((at("exchange3_us", x) - at("exchange_us", x)) / 2 - float(c["alpha_us"]) for x in xs)
             return float(np.clip(nxt / first, CHAINED_MIN_FACTOR, 1.0))
