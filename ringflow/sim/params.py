@@ -284,9 +284,24 @@ class SimParams:
         t1 = float(c["t1_us"])
         tiny = 1e-6   # us per byte: the floor of a cost that noise made vanish
         near = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])   # the measured sizes within m/2 .. 2m
-        oneway = max(at("oneway_us") - t1, tiny * m) / m
-        exch = max(at("exchange_us") - t1, tiny * m) / m
-        solo = max(at("oneway_solo_us") - t1, tiny * m) / m if "oneway_solo_us" in c else oneway
+        # the call's working set as the calibration size that touched as much (its copy and exchange of x
+        # touch 2x per rank)
+        mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
+
+        def per_byte_at(key: str) -> float:
+            # a transfer's us per byte at its message size; over TCP at least what they cost at the call's
+            # working set: the kernel's two copies per byte run from the cache level that working set
+            # fits in (4 TCP ranks, three exchanges of 4 MiB messages: 7.9 ms from one 4 MiB buffer, 10.2 ms
+            # rotating through a 16 MiB one; 4-rank pairwise all-to-alls at 16 MiB were -0.22 in 14 of 17
+            # recordings). Over shm the curves' message-size regimes (slot copies, single copy) up to
+            # 1 MiB would be read at the wrong size (2-rank scatters at 1 MiB lost 7 rows of 15)
+            v = max(at(key) - t1, tiny * m) / m
+            if self.host_transport == "tcp" and mc > m:
+                v = max(v, max(at(key, mc) - t1, tiny * mc) / mc)
+            return v
+        oneway = per_byte_at("oneway_us")
+        exch = per_byte_at("exchange_us")
+        solo = per_byte_at("oneway_solo_us") if "oneway_solo_us" in c else oneway
         # the curves were measured with plain copies (single copy from this size): the runtime's
         # reductions keep slot copies up to 1 MiB, but that cost is in the reduction curves
         single = c.get("single_copy_min_bytes")
@@ -346,7 +361,6 @@ class SimParams:
             if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
-        mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
         cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
         # The fresh-send and copy-beside steps below have every rank copying beside its exchange: where
         # ranks outnumber cores that adds their time-sharing, which a collective's step with one copying
