@@ -71,6 +71,12 @@ def _schedules(n: int):
             "exchange3": build("cal-exchange3", 3, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
+            # timed in place, into the lower rank of each pair (1 -> 0, 3 -> 2): the side a rooted reduce's
+            # root (rank 0 by default, and in `ringflow bench`) is on. Over TCP the core ranks 0 runs on
+            # receives and reduces slower (2 pinned TCP ranks, 1 MiB: 243-251 us into rank 0, 197-204 into
+            # rank 1; with the pins swapped the slow side swaps; plain one-ways and shm are symmetric)
+            "oneway_reduce_inplace": build("cal-oneway-reduce-down", 1, reduce=True,
+                                           pairs=[(hi, lo) for lo, hi in every]),
             "oneway_solo": build("cal-oneway-solo", 1, pairs=every[:1]),
             # a ring step: every rank sends to the next and receives from the one before (it relays, where
             # the exchange pairs ranks: on 4 TCP ranks sharing 2 cores 1.2-1.5x slower from 512 KiB)
@@ -124,7 +130,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
         from ..runtime.bench import median_call_s
         count = max(1, nbytes // 4)
-        sched = scheds[name.removesuffix("_inplace")]
+        sched = scheds[name] if name in scheds else scheds[name.removesuffix("_inplace")]
         # in place, the one array is written first: never-written pages map the kernel's zero page, which a
         # peer reads 1.6-1.7x faster than written data (2 shm ranks' one-way at 1-2 MiB), unlike the bench
         inplace = name.endswith("_inplace")

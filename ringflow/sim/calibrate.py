@@ -10,6 +10,8 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array (written before, as the
   bench's), as in-place all-reduce and reduce call it: a reduction into its own operand streams one
   buffer fewer; its rate is taken with every pair's receiver reducing, so no busy slowdown on top;
+  it runs into the lower rank of each pair (1 -> 0), a rooted reduce's side: over TCP the first
+  core receives and reduces up to 1.25x slower than the second (plain transfers are symmetric);
 - ``exchange_fresh``: a copy into scratch, then the exchange of the scratch: what sending bytes the
   rank just wrote (a tree forwarding, the all-gather half of an all-reduce) costs beyond the copy
   and the plain exchange (on this VM 2x the plain exchange at 512 KiB: such sources go through the
