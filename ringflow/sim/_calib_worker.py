@@ -98,6 +98,7 @@ OUTLIER_RATIO = 1.1
 
 # Times the all-to-all step is taken again at every size (its slow mode, `measure`)
 ALLTOALL_RETIMES = 2
+BATCHES = 3   # timed batches per calibration point (their median counts)
 
 
 def exchange_outliers(results: dict, sizes: list[int]) -> list[int]:
@@ -125,8 +126,8 @@ def measure(comm: Any, quick: bool = False) -> dict:
         comm.all_reduce(timer, "max")
         return float(timer[0])
 
-    def timed(name: str, nbytes: int) -> float:
-        """Timed like `ringflow bench` (runtime.bench.median_call_s); the median of a few batches.
+    def batch(name: str, nbytes: int) -> float:
+        """One batch timed like `ringflow bench` (runtime.bench.median_call_s), seconds per call.
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
         from ..runtime.bench import median_call_s
         count = max(1, nbytes // 4)
@@ -137,9 +138,12 @@ def measure(comm: Any, quick: bool = False) -> dict:
         y = np.ones(count, dtype=np.float32) if inplace else np.zeros(count, dtype=np.float32)
         x = y if inplace else np.ones(count, dtype=np.float32)
         with np.errstate(all="ignore"):
-            batches = [median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
-                                     iters=5 if quick else 10)[0] for _ in range(3)]
-        return float(np.median(batches))
+            return median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
+                                 iters=5 if quick else 10)[0]
+
+    def timed(name: str, nbytes: int) -> float:
+        """The median of BATCHES batches in a row."""
+        return float(np.median([batch(name, nbytes) for _ in range(BATCHES)]))
 
     # the runtime's cross-rank argument check (a CHECK exchange before schedules that cannot check
     # themselves) is timed apart: once with it, once without; every curve is measured without it
@@ -168,8 +172,17 @@ def measure(comm: Any, quick: bool = False) -> dict:
         names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
                  "exchange_fresh", "exchange_copy") + \
             (("oneway_solo", "shift", "alltoall", "fanin", "fanout", "exchange3") if n > 2 else ())
+        # a curve point's batches are spread over the whole sweep, not timed in a row: the host's noise
+        # comes in bursts of seconds (2 TCP ranks: one job's one-way at 1-4 MiB 1.4-2.5x another's, where
+        # the bench's scatters of the same messages agreed within 3 %), which then meet one batch of a
+        # point, not all of them
+        spread_out: dict[str, dict[int, list[float]]] = {name: {s: [] for s in sizes} for name in names}
+        for _ in range(BATCHES):
+            for name in names:
+                for s in sizes:
+                    spread_out[name][s].append(batch(name, s))
         for name in names:
-            res["results"][name] = {str(s): 1e6 * timed(name, s) for s in sizes}
+            res["results"][name] = {str(s): 1e6 * float(np.median(v)) for s, v in spread_out[name].items()}
         def retime(name: str, again: list[int], rounds: int = 1) -> None:
             """Time `name` at sizes `again` once more per round and keep the fastest (the first times are
             kept for the record under NAME_retimed)."""
