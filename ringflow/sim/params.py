@@ -288,15 +288,18 @@ class SimParams:
         # touch 2x per rank)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
 
+        # past every message-size regime of the curves (over shm: slot copies, then single copy, then single
+        # copy of a just-written source, up to 1 MiB; TCP has none) a transfer's bytes cost at least what
+        # they cost at the call's working set: they are copied from the cache level it fits in (4 TCP
+        # ranks, three exchanges of 4 MiB messages: 7.9 ms from one 4 MiB buffer, 10.2 ms rotating through
+        # a 16 MiB one; 4 shm ranks: 2.6 and 3.1 ms). 4-rank pairwise all-to-alls at 16 MiB were -0.22 over
+        # TCP in 14 of 17 recordings. Below the regimes the curve would be read on another path (2-rank shm
+        # scatters at 1 MiB, 512 KiB messages: 10 -> 3 of 15 within 15 %)
+        regimes_end = 0.0 if self.host_transport == "tcp" else float(c.get("single_copy_fresh_min_bytes") or np.inf)
+
         def per_byte_at(key: str) -> float:
-            # a transfer's us per byte at its message size; over TCP at least what they cost at the call's
-            # working set: the kernel's two copies per byte run from the cache level that working set
-            # fits in (4 TCP ranks, three exchanges of 4 MiB messages: 7.9 ms from one 4 MiB buffer, 10.2 ms
-            # rotating through a 16 MiB one; 4-rank pairwise all-to-alls at 16 MiB were -0.22 in 14 of 17
-            # recordings). Over shm the curves' message-size regimes (slot copies, single copy) up to
-            # 1 MiB would be read at the wrong size (2-rank scatters at 1 MiB lost 7 rows of 15)
             v = max(at(key) - t1, tiny * m) / m
-            if self.host_transport == "tcp" and mc > m:
+            if mc > m >= regimes_end:
                 v = max(v, max(at(key, mc) - t1, tiny * mc) / mc)
             return v
         oneway = per_byte_at("oneway_us")
