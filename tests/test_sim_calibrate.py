@@ -805,3 +805,33 @@ def test_a_transfer_costs_at_least_what_its_bytes_cost_at_the_call_s_working_set
     ratio = alone.host_pool_GBps / in_big_call.host_pool_GBps
     assert ratio == pytest.approx(slow if slower else 1.0, rel=1e-6)
     assert prm.for_call(m, 4, m, footprint_bytes=2 * m).host_pool_GBps == pytest.approx(alone.host_pool_GBps)
+
+
+def test_a_one_way_in_place_reduction_on_the_slot_path_moves_its_bytes_as_fast_as_the_calibration_timed_it() -> None:
+    """4 shm ranks on 2 cores: below the reductions' single-copy size (FRESH_SINGLE) the runtime's reductions
+    take the slot path, here 0.8 of the plain one-way's single copy, reduction included. The in-place
+    one-way reduction's data then moves in 0.8 of the plain one-way's time (plus a reduction the curves
+    price at nothing), not in the plain transfer's time plus a reduction; from FRESH_SINGLE, where both go
+    by single copy, in the plain one-way's; a reduction in an exchange step is not discounted."""
+    from ringflow.algorithms.layout import CallShape
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.api import simulate_table
+    from ringflow.sim.transfers import from_plans
+    raw = synthetic("shm", 4)
+    res, p = raw["results"], TRUE["shm"][4]
+    t1 = p["base"] + p["alpha"]
+    res["oneway_reduce_inplace"] = {b: t1 + 0.8 * (v - t1) for b, v in res["oneway"].items()}
+    topo, _ = fit({"shm": {4: raw}}, nprocs=4, cores=2)
+    sched = _schedules(4)
+
+    def data_us(name: str, b: int) -> float:
+        tab = from_plans(sched[name], CallShape(Collective.ALL_REDUCE, 4, b // 4, 4), inplace=True)
+        return simulate_table(topo, tab, b, dtype="float32", params={"host_transport": "shm"},
+                              endpoints=topo.endpoints()[:4], checked=True).time_us - t1 - p["check"]
+
+    for b in (SINGLE, 2 * SINGLE):
+        assert data_us("oneway_reduce_inplace", b) / data_us("oneway", b) == pytest.approx(0.8, abs=0.01)
+    assert data_us("oneway_reduce_inplace", FRESH_SINGLE) / data_us("oneway", FRESH_SINGLE) == pytest.approx(1.0, abs=0.01)
+    for name in ("oneway_reduce_inplace", "exchange_reduce"):
+        tab = from_plans(sched[name], CallShape(Collective.ALL_REDUCE, 4, SINGLE // 4, 4), inplace=True)
+        assert tab.oneway_into_inplace_reduction.any() == (name == "oneway_reduce_inplace")

@@ -160,7 +160,8 @@ class Fabric:
     def transfer_work(self, table: Any) -> np.ndarray:
         """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
         (`relay_step_slowdown` in ring steps, `chained_step_factor` in a step right after another
-        transfer step; 1 / the NVLS efficiency for switch operations; else 1)."""
+        transfer step, `slot_reduce_factor` one-way into an in-place reduction; 1 / the NVLS efficiency for switch
+        operations; else 1)."""
         w = np.ones(table.ntransfers)
         if self.params.relay_step_slowdown != 1.0:
             w[table.in_relay_step] = self.params.relay_step_slowdown
@@ -170,6 +171,8 @@ class Fabric:
             # went -0.10 -> -0.15 with them discounted, binomial broadcasts at 256 KiB-1 MiB +0.13 -> 0)
             on = table.chained_step & ~table.in_relay_step if self.params.sender_free else table.chained_step
             w[on] *= self.params.chained_step_factor
+        if self.params.slot_reduce_factor != 1.0:
+            w[table.oneway_into_inplace_reduction] *= self.params.slot_reduce_factor
         if table.in_switch is not None:
             from .nvls import efficiency, require_nvls
             _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)

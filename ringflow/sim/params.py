@@ -94,6 +94,9 @@ RELAY_MIN_BYTES = 2**20
 # two noisy times at small sizes)
 CHAINED_MIN_FACTOR = 0.25
 
+# The slot-path reduction factor's floor (`SimParams.slot_reduce_factor`): half a plain transfer
+SLOT_REDUCE_MIN = 0.5
+
 
 @dataclass(frozen=True)
 class SimParams:
@@ -256,6 +259,13 @@ class SimParams:
     # sends and receives in the step (`Fabric.transfer_work`). From the calibration's three-exchange
     # step (`_from_curves`); 1: no effect.
     chained_step_factor: float = 1.0
+    # What a transfer into an in-place reduction costs, at most, over a plain one where the two take different
+    # paths: over shm the runtime's reductions stay on the slot path up to 1 MiB, where plain messages go by
+    # single copy from 256 KiB (runtime.transport.shm), and with ranks sharing cores the slot path is the
+    # faster (4 shm ranks on 2 cores, 256 KiB: the in-place one-way reduction 0.77-0.88 of the plain
+    # one-way, where 2 ranks and 128 KiB measure 1.0). The calibrated in-place one-way reduction, less the
+    # reduction priced on top, over the plain one-way (`_from_curves`); 1: no effect.
+    slot_reduce_factor: float = 1.0
     # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
     # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
     nvls_efficiency: float | None = None
@@ -428,6 +438,14 @@ class SimParams:
             first = sum(max(at("exchange_us", x) - t1, tiny * x) for x in xs)
             nxt = sum((at("exchange3_us", x) - at("exchange_us", x)) / 2 - float(c["alpha_us"]) for x in xs)
             return float(np.clip(nxt / first, CHAINED_MIN_FACTOR, 1.0))
+        def slot_reduce() -> float:
+            # a transfer into an in-place reduction on the reductions' slot path while plain messages of its
+            # size go by single copy: the in-place one-way reduction's time, less the reduction the model adds
+            # (red_ip per byte), over the plain one-way's, at most 1
+            if "oneway_reduce_inplace_us" not in c or not sender_free or not fresh_min or m >= fresh_min:
+                return 1.0
+            plain = max(at("oneway_us") - t1, tiny * m)
+            return float(np.clip((at("oneway_reduce_inplace_us") - t1 - red_ip * m) / plain, SLOT_REDUCE_MIN, 1.0))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -459,6 +477,7 @@ class SimParams:
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             relay_step_slowdown=relay_slowdown(),
             chained_step_factor=chained_factor(),
+            slot_reduce_factor=slot_reduce(),
             lone_pair_speedup=float(max(1.0, pair / solo)),
             lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
 

@@ -107,6 +107,17 @@ class TransferTable:
         prev = np.maximum(self.step - 1, 0)
         return (self.step > 0) & moved[prev] & ~worked[prev]
 
+    @cached_property
+    def oneway_into_inplace_reduction(self) -> np.ndarray:
+        """bool [T]: the transfer's receiver reduces into its own operand in the transfer's step (a RECV_REDUCE
+        of an in-place reduce or all-reduce) and sends nothing in it (a one-way step, not an exchange or a relay)."""
+        if not self.ntransfers or self.lreduce_inplace is None:
+            return np.zeros(self.ntransfers, dtype=bool)
+        n = self.nranks
+        on = self.lreduce_inplace > 0
+        reduces = np.isin(self.step * n + self.dst, self.lstep[on] * n + self.lrank[on])
+        return reduces & ~np.isin(self.step * n + self.dst, self.step * n + self.src)
+
     def step_pattern(self) -> str:
         """'in' when some rank receives from several peers in a step and every rank sends to one
         (a direct gather), 'out' for the reverse (a direct scatter), 'all' otherwise."""
