@@ -131,7 +131,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
         from ..runtime.bench import median_call_s
         count = max(1, nbytes // 4)
-        sched = scheds[name] if name in scheds else scheds[name.removesuffix("_inplace")]
+        sched = scheds[name]
         # in place, the one array is written first: never-written pages map the kernel's zero page, which a
         # peer reads 1.6-1.7x faster than written data (2 shm ranks' one-way at 1-2 MiB), unlike the bench
         inplace = name.endswith("_inplace")

@@ -305,7 +305,8 @@ class SimParams:
         # a 16 MiB one; 4 shm ranks: 2.6 and 3.1 ms). 4-rank pairwise all-to-alls at 16 MiB were -0.22 over
         # TCP in 14 of 17 recordings. Below the regimes the curve would be read on another path (2-rank shm
         # scatters at 1 MiB, 512 KiB messages: 10 -> 3 of 15 within 15 %)
-        regimes_end = 0.0 if self.host_transport == "tcp" else float(c.get("single_copy_fresh_min_bytes") or np.inf)
+        fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
+        regimes_end = 0.0 if self.host_transport == "tcp" else (fresh_min or np.inf)
 
         def per_byte_at(key: str) -> float:
             v = max(at(key) - t1, tiny * m) / m
@@ -389,7 +390,6 @@ class SimParams:
         # all-reduces at 16 MiB +16 % more when every fresh byte paid), while a Bruck all-gather's own
         # block, copied and then sent, took 16-26 % longer than priced without it.
         # Its price: the fresh exchange over its copy and the plain exchange
-        fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
         fresh_path = own_core and single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if sender_free and "exchange_fresh_us" in c else 0.0
@@ -444,8 +444,9 @@ class SimParams:
             # (red_ip per byte), over the plain one-way's, at most 1
             if "oneway_reduce_inplace_us" not in c or not sender_free or not fresh_min or m >= fresh_min:
                 return 1.0
-            plain = max(at("oneway_us") - t1, tiny * m)
-            return float(np.clip((at("oneway_reduce_inplace_us") - t1 - red_ip * m) / plain, SLOT_REDUCE_MIN, 1.0))
+            # (below fresh_min `oneway` is the curve at m: no working-set floor)
+            slot = at("oneway_reduce_inplace_us") - t1 - red_ip * m
+            return float(np.clip(slot / (oneway * m), SLOT_REDUCE_MIN, 1.0))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
