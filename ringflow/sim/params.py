@@ -369,9 +369,12 @@ class SimParams:
         # at the call's size, not from a slope the next size's regime dominates (2-rank reduces at 1 MiB
         # -13..-21 % and at 8 MiB +14..+18 % with the slope). Where ranks share cores the one-way pair's
         # point is noise (4 ranks on 2 cores: in-place minus plain one-way -340..+940 us at 8-16 MiB,
-        # which priced a 16 MiB tree reduce at 2.7 ms against 6.7 measured); over TCP the staged
-        # reduction overlaps the socket (4 ranks' tree reduces 4-8 MiB outside 15 % with the point)
-        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=at_size) \
+        # which priced a 16 MiB tree reduce at 2.7 ms against 6.7 measured); over TCP with ranks sharing
+        # cores the staged reduction overlaps the socket (4 ranks' tree reduces 4-8 MiB outside 15 % with
+        # the point), while with a core per rank the point holds there too (2 TCP ranks: in-place minus
+        # plain one-way 12-18 us at 512 KiB, 44-55 at 1 MiB, where the slope through 512 KiB-2 MiB read 27-38
+        # and priced 1 MiB binomial reduces -0.15..-0.27 in 4 recordings of 4; -0.08..-0.09 with the point)
+        red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=own_core) \
             if "oneway_reduce_inplace_us" in c else red
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
