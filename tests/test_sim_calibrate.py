@@ -12,6 +12,7 @@ from ringflow.sim.api import simulate_schedule, simulate_table
 from ringflow.sim.calibrate import SPIKE_TOL, curves, despike, fit, monotone
 from ringflow.sim.transfers import from_plans
 from ringflow.sim.params import params_for
+from ringflow.sim.residuals import calibration_residuals, summarize
 from ringflow.topology import Topology
 
 A2A = 2.5   # an all-to-all step of b bytes per rank on 4 ranks costs that many one-ways of b
@@ -176,6 +177,29 @@ def test_fit_round_trips_through_a_file_and_predicts_the_calibration_back(tmp_pa
                 res = simulate_table(loaded, tab, b, dtype="float32", engine=engine, params={"host_transport": tr},
                                      endpoints=loaded.endpoints()[:2], checked=not is_self_checking(s2))
                 assert res.time_us == pytest.approx(want, rel=1e-6), (tr, engine, b)
+
+
+def test_the_fitted_model_predicts_the_calibration_s_own_steps_back_and_shows_a_delayed_sample() -> None:
+    """On a host that follows the model, every step the fit reads is predicted back exactly; one sample the
+    scheduler delayed (2 TCP ranks' exchange at 1 MiB timed 2x) is cleaned out of the fit, so it shows as
+    the residual (predicted about half of what was timed) and as that step's worst size."""
+    measured = {tr: {n: synthetic(tr, n) for n in (2, 4)} for tr in TRUE}
+    delayed = str(2**20)
+    measured["tcp"][2]["results"]["exchange"][delayed] *= 2.0
+    topo, _ = fit(measured, nprocs=4, cores=2)
+    rows = calibration_residuals(topo, measured)
+    err = {(r["transport"], r["nranks"], r["step"], r["size_bytes"]): r["error"] for r in rows}
+    exact = {2: ("oneway", "exchange", "exchange_reduce", "oneway_reduce", "copy", "exchange_copy"),
+             4: ("exchange", "exchange_reduce", "copy", "exchange_copy", "oneway_solo", "alltoall", "fanin", "fanout")}
+    for tr in TRUE:
+        for n, steps in exact.items():
+            for step in steps:
+                for b in (2**16, 2**24):
+                    assert err[(tr, n, step, b)] == pytest.approx(0.0, abs=1e-6), (tr, n, step, b)
+    assert -0.55 < err[("tcp", 2, "exchange", 2**20)] < -0.4
+    assert err[("shm", 2, "exchange", 2**20)] == pytest.approx(0.0, abs=1e-6)
+    worst = {(s["transport"], s["nranks"], s["step"]): s for s in summarize(rows)}[("tcp", 2, "exchange")]
+    assert worst["worst_size_bytes"] == 2**20 and worst["worst_error"] < -0.4
 
 
 def test_curves_clean_noise_that_inverts_sizes() -> None:
@@ -684,6 +708,33 @@ def test_a_copy_beside_a_receive_costs_the_calibrated_extra(coll: str, algo: str
                                       endpoints=topo.endpoints()[:2]).time_us
         assert copy_only == pytest.approx(measured["results"]["copy"][str(size)] + TRUE["shm"][2]["check"], rel=1e-6)
     assert got["beside"][0] - got["apart"][0] == pytest.approx(beside.max() * (size // 2) * BESIDE, rel=1e-6)
+
+
+@pytest.mark.parametrize("coll,algo,copying", [("all_gather", "bruck", 4), ("gather", "direct", 1)])
+def test_on_shared_cores_a_copy_beside_a_receive_pays_the_calibrated_extra_in_proportion_to_the_ranks_copying(
+        coll: str, algo: str, copying: int) -> None:
+    """4 TCP ranks on 2 cores, whose calibration's exchange-and-copy step (every rank copying beside its
+    exchange) took BESIDE per byte more than the two apart: a step in which all 4 ranks copy beside a
+    receive (a Bruck all-gather's own block) pays it in full, a direct gather's root copying alone a
+    quarter of it; below BESIDE_SHARED_MIN_BYTES messages (wake-ups, not bytes) nothing."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.params import BESIDE_SHARED_MIN_BYTES
+    measured = synthetic("tcp", 4)
+    res = measured["results"]
+    res["exchange_copy"] = {b: res["exchange"][b] + res["copy"][b] - TRUE["tcp"][4]["base"] + int(b) * BESIDE
+                            for b in res["exchange"]}
+    apart = {**measured, "results": {k: v for k, v in res.items() if k != "exchange_copy"}}
+    topos = {name: fit({"tcp": {4: m}}, nprocs=4, cores=2)[0] for name, m in (("beside", measured), ("apart", apart))}
+    for block in (2**20, BESIDE_SHARED_MIN_BYTES // 4):   # a Bruck all-gather's largest message is 2 blocks
+        size = 4 * block
+        tab = from_plans(get_schedule(coll, algo, 4, root=0 if coll == "gather" else None),
+                         CallShape(Collective.parse(coll), 4, block // 4, 4), inplace=False)
+        got = {name: [simulate_table(t, tab, size, engine=e, params={"host_transport": "tcp"},
+                                     endpoints=t.endpoints()[:4]).time_us for e in ("analytic", "flow")]
+               for name, t in topos.items()}
+        want = block * BESIDE * copying / 4 if block >= BESIDE_SHARED_MIN_BYTES else 0.0
+        for e, engine in enumerate(("analytic", "flow")):
+            assert got["beside"][e] - got["apart"][e] == pytest.approx(want, rel=1e-6, abs=1e-6), (engine, block)
 
 
 @pytest.mark.parametrize("fraction,counted", [(0.12, True), (0.08, False)])

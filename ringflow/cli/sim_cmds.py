@@ -162,9 +162,13 @@ def calibrate_command(
     quick: bool = typer.Option(False, "--quick", help="fewer sizes and iterations"),
     repeats: int = typer.Option(1, "--repeats", help="calibration jobs per transport and rank count; every "
                                 "time is their median (a steadier file for RINGFLOW_TUNER_TOPO)"),
+    residuals_json: Optional[str] = typer.Option(None, "--residuals", help="also write every calibration step "
+                                                 "predicted back from the fit (measured, predicted, error) as JSON"),
 ) -> None:
     """Measure this machine's shm / TCP bandwidth and latency with the runtime; write a host-cpu topology."""
     from ..sim.calibrate import busy_warning, calibrate
+    from ..sim.residuals import calibration_residuals, summarize
+    from ..units import format_size
     warn = busy_warning()
     if warn:
         console.print(f"[yellow]warning:[/] {warn}")
@@ -172,6 +176,13 @@ def calibrate_command(
     topo.save(out)
     print_table("calibration (measured with ringflow's runtime)", ["parameter", "value", "from"],
                 [[k, "none" if v["value"] is None else f"{v['value']:.4g}", v["from"]] for k, v in report.items()])
+    rows = calibration_residuals(topo, topo.meta["sim"]["calibration"]["raw"])
+    print_table("the fitted model on the calibration's own steps (predicted - measured) / measured",
+                ["transport", "ranks", "step", "median |error|", "worst size", "worst error"],
+                [[s["transport"], s["nranks"], s["step"], f"{s['median_abs_error']:.1%}",
+                  format_size(s["worst_size_bytes"]), f"{s['worst_error']:+.1%}"] for s in summarize(rows)])
+    if residuals_json:
+        write_json(residuals_json, rows)
     console.print(f"wrote {out}: use it with --topo {out}")
 
 

@@ -31,12 +31,18 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
-def _beside_transfer(table: Any) -> np.ndarray:
+def _beside_transfer(table: Any, shares_cores: bool = False) -> np.ndarray:
     """Per local-work entry of `table`: 1.0 where its rank receives in the same step (a sender whose
-    receiver reads its buffer, a scatter's root, does not fill its own cache with the message)."""
+    receiver reads its buffer, a scatter's root, does not fill its own cache with the message); with
+    `shares_cores`, the fraction of the ranks copying beside a receive in that step instead."""
     width = table.nranks
     busy = np.unique(table.step * width + table.dst)
-    return np.isin(table.lstep * width + table.lrank, busy).astype(np.float64)
+    beside = np.isin(table.lstep * width + table.lrank, busy).astype(np.float64)
+    if shares_cores and beside.size:
+        on = (table.lcopy > 0) & (beside > 0)
+        copying = np.bincount(table.lstep[on], minlength=int(table.lstep.max()) + 1)
+        beside *= copying[table.lstep] / width
+    return beside
 
 
 class Fabric:
@@ -199,7 +205,8 @@ class Fabric:
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
         a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
         it fresh_send_GBps extra, and copies in a
-        step where the rank also receives copy_beside_transfer_GBps extra."""
+        step where the rank also receives copy_beside_transfer_GBps extra (on shared cores in proportion to
+        the ranks doing so)."""
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
@@ -218,7 +225,7 @@ class Fabric:
         if fresh is not None and p.fresh_send_GBps:
             per += fresh / (p.fresh_send_GBps * 1e3)
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
-            per += table.lcopy * _beside_transfer(table) / (p.copy_beside_transfer_GBps * 1e3)
+            per += table.lcopy * _beside_transfer(table, p.beside_shares_cores) / (p.copy_beside_transfer_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]
 
     def _copy_share(self, table: Any) -> np.ndarray | float:

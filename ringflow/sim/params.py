@@ -85,6 +85,14 @@ ROUTING_MODES = ("fixed", "ecmp", "spray")
 # recordings: 5,413 rows within 15 % at 0.15, 5,424 at 0.10, 5,425 with no floor (rec16 loses 8 there).
 BESIDE_MIN_FRACTION = 0.10
 
+# Where a host's ranks outnumber its cores the copy's extra beside a transfer counts from this message size
+# (`SimParams.beside_shares_cores`). Below it a 4-rank step on 2 cores is wake-ups, not bytes (4 TCP ranks'
+# exchange: 120-260 us from 4 KiB to 128 KiB), the extra is a difference of noisy times, and the fitted
+# model already prices those copies 0.4-1.7x over the calibration's (`ringflow calibrate`'s residuals).
+# Replays of rec55-rec60, rows within 15 %: 1,630 without the extra on shared cores; 1,632 from any size,
+# 1,655 from 64 KiB, 1,657 from 128 KiB, 1,649 from 256 KiB
+BESIDE_SHARED_MIN_BYTES = 2**17
+
 # Relay steps pay the calibrated shift step's slowdown over the exchange from this message size
 # (`SimParams.relay_step_slowdown`): replays of the three recordings with shift steps (sixteenth session),
 # rows within 15 %: 444 without it, 444 from 256 KiB, 448 from 1 MiB, 445 from 2 MiB
@@ -121,8 +129,15 @@ class SimParams:
     # Extra work per byte a rank copies locally in a step where it also receives: the step's buffers
     # together can overflow the core's cache where each alone fits (2 shm ranks at 512 KiB-1 MiB: the
     # exchange and the copy in one step take 40-60 us more than apart). Measured by `ringflow calibrate`
-    # (exchange_copy) on hosts with a core per rank, from BESIDE_MIN_FRACTION of the exchange; None: free.
+    # (exchange_copy), from BESIDE_MIN_FRACTION of the exchange; None: free.
     copy_beside_transfer_GBps: float | None = None
+    # True where the host's ranks outnumber its cores: the calibration copied beside the exchange on every
+    # rank at once, and that extra is their time-sharing as much as the cache, so a step pays it in
+    # proportion to its ranks copying beside a receive (a gather's root alone: a quarter of it on 4 ranks;
+    # 4 ranks on 2 cores paying it in full priced gathers and scatters +20-50 %; in proportion, pairwise
+    # all-to-alls and Bruck all-gathers at 512 KiB-2 MiB, -0.15..-0.21 in 6 recordings of 6, came to
+    # -0.15..-0.05). False: every rank has a core and pays it in full.
+    beside_shares_cores: bool = False
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
     # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
@@ -382,7 +397,9 @@ class SimParams:
         # The fresh-send and copy-beside steps below have every rank copying beside its exchange: where
         # ranks outnumber cores that adds their time-sharing, which a collective's step with one copying
         # or forwarding rank does not pay (4 ranks on 2 cores: +100 us at 512 KiB, gathers and scatters
-        # then predicted +20-50 %; the fresh step's 4-rank noise priced tree broadcasts +55-125 %)
+        # then predicted +20-50 %; the fresh step's 4-rank noise priced tree broadcasts +55-125 %): the
+        # copy's extra is paid there in proportion to the ranks copying (`beside_shares_cores`), and
+        # fresh sends not at all
         # sending what the rank just wrote costs more where it takes another path than an untouched
         # source (the slots, not a single copy: from the single-copy size up to the fresh one's) and at
         # the fresh single-copy size itself (the kernel copy reads lines dirty in the sender's cache).
@@ -397,7 +414,8 @@ class SimParams:
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if sender_free and "exchange_fresh_us" in c else 0.0
         # a copy beside a transfer in one step: what the two together took beyond each apart
-        beside = extra("exchange_copy_us", "exchange_us", "copy_us") if own_core and "exchange_copy_us" in c else 0.0
+        beside = extra("exchange_copy_us", "exchange_us", "copy_us") \
+            if "exchange_copy_us" in c and (own_core or m >= BESIDE_SHARED_MIN_BYTES) else 0.0
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
 
@@ -468,7 +486,7 @@ class SimParams:
             reduce_busy_slowdown=float(red_busy / red if tr == "shm" else min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None,
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
-            copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None,
+            copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None, beside_shares_cores=not own_core,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
