@@ -382,16 +382,22 @@ def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(t
     model = {r["collective"]: r["predicted_us"] for r in predict_rows(topo, bench_rows, "shm")}
     jobs = [{"transport": "shm", "nranks": 2, "calibration": cal,
              "rows": [{**r, "time_us": model[r["collective"]] * k} for r in bench_rows]} for k in (1.0, 2.0, 2.0)]
-    path = tmp_path / "record.json"
-    path.write_text(json.dumps({"version": 1, "max_ranks": 2, "jobs": jobs}))
-    rows, ok = replay(str(path))
-    assert not ok and len(rows) == 2
-    for r in rows:
-        assert r["predicted_us"] == pytest.approx(model[r["collective"]])
-        assert r["error"] == pytest.approx(-0.5) and r["jobs"] == 3 and r["spread"] == pytest.approx(1.0)
+    import gzip
+    path, packed = tmp_path / "record.json", tmp_path / "record.json.gz"
+    record = json.dumps({"version": 1, "max_ranks": 2, "jobs": jobs})
+    path.write_text(record)
+    packed.write_bytes(gzip.compress(record.encode()))
+    for p in (path, packed):   # a record compressed with gzip (.gz) replays the same
+        rows, ok = replay(str(p))
+        assert not ok and len(rows) == 2
+        for r in rows:
+            assert r["predicted_us"] == pytest.approx(model[r["collective"]])
+            assert r["error"] == pytest.approx(-0.5) and r["jobs"] == 3 and r["spread"] == pytest.approx(1.0)
     path.write_text("{}")
-    with pytest.raises(InvalidArgument, match="not a validation record"):
-        replay(str(path))
+    packed.write_bytes(b"not gzip")
+    for p in (path, packed):
+        with pytest.raises(InvalidArgument, match="not a validation record"):
+            replay(str(p))
 
 
 def test_disagreeing_fraction_counts_the_sizes_the_jobs_measured_more_than_the_tolerance_apart() -> None:
