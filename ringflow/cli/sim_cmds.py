@@ -207,7 +207,7 @@ def validate_command(
     per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
     rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
     record: Optional[str] = typer.Option(None, "--record", help="also write every bench job (calibration and "
-                                         "rows) to this file"),
+                                         "rows) to this file (gzip-compressed where it ends in .gz)"),
     replay_file: Optional[str] = typer.Option(None, "--replay", help="measure nothing: predict the jobs a "
                                               "--record file holds with this code's model"),
     tuned: bool = typer.Option(False, "--tuned", help="the bench jobs pick algorithms with the simulator on "
