@@ -99,6 +99,10 @@ OUTLIER_RATIO = 1.1
 # Times the all-to-all step is taken again at every size (its slow mode, `measure`)
 ALLTOALL_RETIMES = 2
 BATCHES = 3   # timed batches per calibration point (their median counts)
+# the steps timed at every size (`measure`): on any rank count, and on more than one pair of ranks
+CURVE_STEPS = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
+               "exchange_fresh", "exchange_copy")
+MANY_RANK_STEPS = ("oneway_solo", "shift", "alltoall", "fanin", "fanout", "exchange3")
 
 
 def exchange_outliers(results: dict, sizes: list[int]) -> list[int]:
@@ -169,9 +173,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         res["results"]["check_rooted"] = rooted
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
-        names = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
-                 "exchange_fresh", "exchange_copy") + \
-            (("oneway_solo", "shift", "alltoall", "fanin", "fanout", "exchange3") if n > 2 else ())
+        names = CURVE_STEPS + (MANY_RANK_STEPS if n > 2 else ())
         # a curve point's batches are spread over the whole sweep, not timed in a row: the host's noise
         # comes in bursts of seconds (2 TCP ranks: one job's one-way at 1-4 MiB 1.4-2.5x another's, where
         # the bench's scatters of the same messages agreed within 3 %), which then meet one batch of a

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SystemError as RFSystemError
+from ._calib_worker import CURVE_STEPS, MANY_RANK_STEPS
 
 
 # A calibration point this far (natural log: 1.49x) above the line through its neighbours is one delayed
@@ -153,9 +154,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
     t1, alpha = step_costs(r)
     sizes = sorted(int(k) for k in r["oneway"])
     series = {name: despike([float(r[name][str(b)]) for b in sizes], sizes)
-              for name in ("oneway", "exchange", "exchange_reduce", "exchange_fresh", "exchange_copy", "copy",
-                           "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "alltoall", "fanin", "fanout",
-                           "shift", "exchange3") if name in r}
+              for name in CURVE_STEPS + MANY_RANK_STEPS if name in r}
     # timings only grow with size and a reduction only adds work: clean what noise inverted
     # slow modes the collectives do not see (loopback TCP, one job in three) are cleaned by what each
     # step contains: an exchange slower than the same exchange with a reduction ran in one (2 TCP

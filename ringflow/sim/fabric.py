@@ -40,7 +40,8 @@ def _beside_transfer(table: Any, shares_cores: bool = False) -> np.ndarray:
     beside = np.isin(table.lstep * width + table.lrank, busy).astype(np.float64)
     if shares_cores and beside.size:
         on = (table.lcopy > 0) & (beside > 0)
-        copying = np.bincount(table.lstep[on], minlength=int(table.lstep.max()) + 1)
+        ranks = np.unique(table.lstep[on] * width + table.lrank[on])   # a rank counts once per step
+        copying = np.bincount(ranks // width, minlength=int(table.lstep.max()) + 1)
         beside *= copying[table.lstep] / width
     return beside
 

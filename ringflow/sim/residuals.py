@@ -12,10 +12,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-# the steps whose time is read back; steps1 / steps8 (4-byte calls) only give the per-step costs
-STEPS = ("copy", "oneway", "oneway_solo", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange3",
-         "exchange_reduce", "exchange_fresh", "exchange_copy", "shift", "alltoall", "fanin", "fanout")
-
 
 def calibration_residuals(topo: Any, measured: Mapping[str, Mapping[int, Mapping[str, Any]]],
                           engine: str = "analytic") -> list[dict[str, Any]]:
@@ -24,7 +20,7 @@ def calibration_residuals(topo: Any, measured: Mapping[str, Mapping[int, Mapping
     predicted_us, error = (predicted - measured) / measured."""
     from ..algorithms.schedule import Collective
     from ..runtime.communicator import _call_shape
-    from ._calib_worker import _schedules
+    from ._calib_worker import CURVE_STEPS, MANY_RANK_STEPS, _schedules
     from .api import simulate_table
     from .transfers import from_plans
     rows: list[dict[str, Any]] = []
@@ -33,7 +29,8 @@ def calibration_residuals(topo: Any, measured: Mapping[str, Mapping[int, Mapping
             n = int(n)
             scheds = _schedules(n)
             eps = topo.endpoints()[:n]
-            for step in STEPS:
+            # the steps timed at every size (steps1 / steps8, 4-byte calls, only give the per-step costs)
+            for step in CURVE_STEPS + MANY_RANK_STEPS:
                 times = res["results"].get(step)
                 if not times or step not in scheds:
                     continue
