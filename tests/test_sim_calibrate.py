@@ -888,3 +888,46 @@ def test_a_one_way_in_place_reduction_on_the_slot_path_moves_its_bytes_as_fast_a
     for name in ("oneway_reduce_inplace", "exchange_reduce"):
         tab = from_plans(sched[name], CallShape(Collective.ALL_REDUCE, 4, SINGLE // 4, 4), inplace=True)
         assert tab.oneway_into_inplace_reduction.any() == (name == "oneway_reduce_inplace")
+
+
+@pytest.mark.parametrize("tr,n,applies", [("tcp", 4, True), ("tcp", 2, False), ("shm", 4, False)])
+def test_where_tcp_ranks_share_cores_a_step_of_smaller_messages_pays_the_exchange_s_cost_per_byte_at_its_size(
+        tr: str, n: int, applies: bool) -> None:
+    """4 TCP ranks on 2 cores whose exchanges (with and without reduction) pay a fixed WAKE us on top of their
+    bytes: the second step of a halving-doubling reduce-scatter, half the first's messages, costs per byte
+    what the calibration's exchange with reduction of its own messages did over the first's (not half the
+    first step); with a core per rank, or over shm, every step costs the largest message's rate."""
+    import dataclasses
+
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.analytic import build_model
+    from ringflow.sim.fabric import fabric_for, step_size_factor
+    wake = 150.0
+    m = synthetic(tr, n)
+    res = m["results"]
+    for key in ("exchange", "exchange_reduce"):
+        res[key] = {b: t + wake for b, t in res[key].items()}
+    topo, _ = fit({tr: {n: m}}, nprocs=n, cores=2)
+    size = 2**18   # 4 ranks: messages of 128 KiB, then 64 KiB
+    tab = from_plans(get_schedule("reduce_scatter", "halving_doubling", n),
+                     CallShape(Collective.REDUCE_SCATTER, n, size // 4 // n, 4), inplace=False)
+    msg = size // 2
+    base = params_for(topo, {"host_transport": tr})
+    p = base._from_curves(base.host_curves_for(n), msg, msg)
+    assert (p.small_step_costs is not None) == applies
+    factor = step_size_factor(p, tab)
+    if not applies:
+        assert np.all(factor == 1.0)
+        return
+    t1 = TRUE[tr][n]["base"] + TRUE[tr][n]["alpha"]
+    per_byte = {b: (res["exchange_reduce"][str(b)] - t1) / b for b in (msg, msg // 2)}
+    assert factor == pytest.approx([1.0, per_byte[msg // 2] / per_byte[msg]], rel=1e-6)
+    assert factor[1] > 1.3   # the wake-up does not halve with the bytes
+    count = float(size // n)
+    with_it = build_model(tab, fabric_for(topo, p, topo.endpoints()[:n]), p)
+    plain = dataclasses.replace(p, small_step_costs=None)
+    without = build_model(tab, fabric_for(topo, plain, topo.endpoints()[:n]), plain)
+    fixed = float(with_it.line_a[0].max())   # the per-message latency, the same in both steps
+    steps_with, steps_without = with_it.step_times_us(count, 0), without.step_times_us(count, 0)
+    assert steps_with[0] == pytest.approx(steps_without[0], rel=1e-9)
+    assert steps_with[1] - fixed == pytest.approx((steps_without[1] - fixed) * factor[1], rel=1e-6)

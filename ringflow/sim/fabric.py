@@ -46,6 +46,31 @@ def _beside_transfer(table: Any, shares_cores: bool = False) -> np.ndarray:
     return beside
 
 
+def step_size_factor(params: SimParams, table: Any) -> np.ndarray:
+    """Per step of `table`: what its bytes cost per byte over what the call's largest message's do, where
+    its messages are smaller (`SimParams.small_step_costs`: the calibrated exchange's per-byte cost at the
+    step's message, with reduction where a rank reduces in the step; at least 1); 1 elsewhere."""
+    nsteps = int(max(table.nsteps, table.step.max(initial=-1) + 1, table.lstep.max(initial=-1) + 1))
+    out = np.ones(nsteps)
+    if params.small_step_costs is None or not table.ntransfers:
+        return out
+    sizes, exchange, reducing, msg_bytes = params.small_step_costs
+    per_msg = table.frac / np.maximum(table.nmsg, 1)
+    step_msg = np.zeros(nsteps)
+    np.maximum.at(step_msg, table.step, per_msg / max(float(per_msg.max()), 1e-300) * msg_bytes)
+    reduces = np.zeros(nsteps, dtype=bool)
+    reduces[table.lstep[table.lreduce > 0]] = True
+    lx = np.log(np.asarray(sizes, dtype=np.float64))
+
+    def at(curve: tuple, x: np.ndarray | float) -> np.ndarray:
+        return np.exp(np.interp(np.log(x), lx, np.log(np.asarray(curve, dtype=np.float64))))
+    smaller = (step_msg > 0) & (step_msg < msg_bytes)
+    x = step_msg[smaller]
+    ratio = np.where(reduces[smaller], at(reducing, x) / at(reducing, msg_bytes), at(exchange, x) / at(exchange, msg_bytes))
+    out[smaller] = np.maximum(ratio, 1.0)
+    return out
+
+
 class Fabric:
     """Links and routes of a topology for a given rank placement and parameters."""
 
@@ -180,6 +205,8 @@ class Fabric:
             w[on] *= self.params.chained_step_factor
         if self.params.slot_reduce_factor != 1.0:
             w[table.oneway_into_inplace_reduction] *= self.params.slot_reduce_factor
+        if self.params.small_step_costs is not None and table.ntransfers:
+            w *= step_size_factor(self.params, table)[table.step]
         if table.in_switch is not None:
             from .nvls import efficiency, require_nvls
             _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)
@@ -227,6 +254,8 @@ class Fabric:
             per += fresh / (p.fresh_send_GBps * 1e3)
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
             per += table.lcopy * _beside_transfer(table, p.beside_shares_cores) / (p.copy_beside_transfer_GBps * 1e3)
+        if p.small_step_costs is not None and table.lrank.size:
+            per = per * step_size_factor(p, table)[table.lstep]
         return per * self.local_slowdown(table.nranks)[table.lrank]
 
     def _copy_share(self, table: Any) -> np.ndarray | float:

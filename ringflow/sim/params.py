@@ -281,6 +281,15 @@ class SimParams:
     # one-way, where 2 ranks and 128 KiB measure 1.0). The calibrated in-place one-way reduction, less the
     # reduction priced on top, over the plain one-way (`_from_curves`); 1: no effect.
     slot_reduce_factor: float = 1.0
+    # Where ranks share cores over TCP a step's fixed costs (waking ranks the scheduler put to sleep: 4 TCP
+    # ranks on 2 cores, one exchange of 4-16 KiB 130-150 us, of 64-128 KiB 210-230) do not shrink with its
+    # messages, so a step whose messages are smaller than the call's largest (halving-doubling's later
+    # steps, Bruck's first) pays per byte what the calibration's exchange of its own messages did, over what
+    # the largest message's did (with reduction where the step reduces; never less: `Fabric.step_size_factor`).
+    # (sizes, exchange us per byte, exchange-with-reduction us per byte, the call's largest message);
+    # None: every step at the largest message's rates (over shm that priced 4-rank steps dearer than they
+    # are: slot copies of small messages chain; replays of rec55-rec63: -34 rows).
+    small_step_costs: tuple | None = None
     # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
     # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
     nvls_efficiency: float | None = None
@@ -468,6 +477,15 @@ class SimParams:
             # (below fresh_min `oneway` is the curve at m: no working-set floor)
             slot = at("oneway_reduce_inplace_us") - t1 - red_ip * m
             return float(np.clip(slot / (oneway * m), SLOT_REDUCE_MIN, 1.0))
+        def small_steps() -> tuple | None:
+            # the exchange's cost per byte at every measured size, and the exchange with reduction's, for the
+            # steps whose messages are smaller than m (TCP, ranks sharing cores)
+            if self.host_transport != "tcp" or own_core:
+                return None
+            def per_byte(key: str) -> tuple[float, ...]:
+                return tuple(max(at(key, x) - t1, tiny * x) / x for x in sizes)
+            reducing = "exchange_reduce_us" if "exchange_reduce_us" in c else "exchange_us"
+            return tuple(float(x) for x in sizes), per_byte("exchange_us"), per_byte(reducing), float(m)
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
@@ -501,7 +519,8 @@ class SimParams:
             chained_step_factor=chained_factor(),
             slot_reduce_factor=slot_reduce(),
             lone_pair_speedup=float(max(1.0, pair / solo)),
-            lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)))
+            lone_pool_speedup=float(max(1.0, per_byte / solo / pool_GBps)),
+            small_step_costs=small_steps())
 
     def __post_init__(self) -> None:
         for k, v in self.link_efficiency.items():
