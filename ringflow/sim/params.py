@@ -400,6 +400,16 @@ class SimParams:
         # and priced 1 MiB binomial reduces -0.15..-0.27 in 4 recordings of 4; -0.08..-0.09 with the point)
         red_ip = extra("oneway_reduce_inplace_us", "oneway_us", point=own_core) \
             if "oneway_reduce_inplace_us" in c else red
+        # a one-way transfer into an in-place reduction takes the reductions' slot path while plain messages of
+        # its size go by single copy (`slot_reduce` below prices the two together)
+        slot_path = sender_free and bool(fresh_min) and m < fresh_min
+        if not own_core and not slot_path:
+            # where ranks share cores that figure is a slope through differences of nearly equal times, so
+            # an in-place reduction is priced at least at one rank's out-of-place reduction alone: with the
+            # slope alone the in-place reduces and all-reduces of 4 ranks on 2 cores were -0.05..-0.09 on
+            # average (shm and TCP) and 16 MiB shm tree reduces -0.23..-0.47 in 9 recordings of 9 (replays
+            # of rec55-rec63: 2,473 -> 2,487 rows within 15 %; 4-rank shm reduces -0.084 -> -0.001 on average)
+            red_ip = max(red_ip, red)
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
         cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
@@ -472,7 +482,7 @@ class SimParams:
             # a transfer into an in-place reduction on the reductions' slot path while plain messages of its
             # size go by single copy: the in-place one-way reduction's time, less the reduction the model adds
             # (red_ip per byte), over the plain one-way's, at most 1
-            if "oneway_reduce_inplace_us" not in c or not sender_free or not fresh_min or m >= fresh_min:
+            if "oneway_reduce_inplace_us" not in c or not slot_path:
                 return 1.0
             # (below fresh_min `oneway` is the curve at m: no working-set floor)
             slot = at("oneway_reduce_inplace_us") - t1 - red_ip * m
