@@ -950,3 +950,20 @@ def test_where_ranks_share_cores_an_in_place_reduction_is_no_faster_than_one_ran
     red = TRUE[tr][n]["red"]
     want = red / 1.6 if n > cores else red / 2.5
     assert 1e-3 / p.reduce_inplace_GBps == pytest.approx(want, rel=0.02)
+
+
+def test_a_copy_s_extra_beside_a_transfer_is_no_more_than_the_calibration_measured_at_the_message_size() -> None:
+    """2 shm ranks whose exchange-and-copy step took BESIDE per byte more than the exchange and the copy
+    apart, and twice that at 1 MiB alone (a cache effect that comes and goes): 1 MiB messages pay the
+    bump (the mean over m/2..2m), 2 MiB messages only what the calibration measured at 2 MiB."""
+    m = synthetic("shm", 2)
+    res = m["results"]
+    base = TRUE["shm"][2]["base"]
+    res["exchange_copy"] = {b: res["exchange"][b] + res["copy"][b] - base + int(b) * BESIDE * (2 if int(b) == 2**20 else 1)
+                            for b in res["exchange"]}
+    topo, _ = fit({"shm": {2: m}}, nprocs=2, cores=2)
+    p = params_for(topo, {"host_transport": "shm"})
+    per_byte = {msg: 1e-3 / p._from_curves(p.host_curves_for(2), msg, msg).copy_beside_transfer_GBps
+                for msg in (2**20, 2**21)}
+    assert per_byte[2**21] == pytest.approx(BESIDE, rel=1e-3)
+    assert per_byte[2**20] == pytest.approx(BESIDE * (1 + 2 + 1) / 3, rel=1e-3)

@@ -433,8 +433,13 @@ class SimParams:
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if sender_free and "exchange_fresh_us" in c else 0.0
         # a copy beside a transfer in one step: what the two together took beyond each apart
-        beside = extra("exchange_copy_us", "exchange_us", "copy_us") \
-            if "exchange_copy_us" in c and (own_core or m >= BESIDE_SHARED_MIN_BYTES) else 0.0
+        beside = 0.0
+        if "exchange_copy_us" in c and (own_core or m >= BESIDE_SHARED_MIN_BYTES):
+            # ... and no more than the calibration's own figure at m, which the window's mean exceeds where it
+            # carries a neighbour's bump (2 shm ranks: +53 us at 1 MiB, +5 at 2 MiB, where all-to-alls of 2 MiB
+            # messages were priced +0.16..+0.19 in 5 recordings of 10; replays of rec55-rec64: 2,764 -> 2,773)
+            at_m = (at("exchange_copy_us") - at("exchange_us") - (at("copy_us") - float(c["base_us"]))) / m
+            beside = min(extra("exchange_copy_us", "exchange_us", "copy_us"), max(at_m, tiny))
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
 
