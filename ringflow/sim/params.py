@@ -322,15 +322,21 @@ class SimParams:
         # touch 2x per rank)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
 
+        n = int(c.get("nranks", 2))
+        own_core = self.host_cores is None or n <= int(self.host_cores)
+
         # past every message-size regime of the curves (over shm: slot copies, then single copy, then single
-        # copy of a just-written source, up to 1 MiB; TCP has none) a transfer's bytes cost at least what
-        # they cost at the call's working set: they are copied from the cache level it fits in (4 TCP
-        # ranks, three exchanges of 4 MiB messages: 7.9 ms from one 4 MiB buffer, 10.2 ms rotating through
-        # a 16 MiB one; 4 shm ranks: 2.6 and 3.1 ms). 4-rank pairwise all-to-alls at 16 MiB were -0.22 over
-        # TCP in 14 of 17 recordings. Below the regimes the curve would be read on another path (2-rank shm
-        # scatters at 1 MiB, 512 KiB messages: 10 -> 3 of 15 within 15 %)
+        # copy of a just-written source, up to 1 MiB; TCP where ranks share cores has none) a transfer's bytes
+        # cost at least what they cost at the call's working set: they are copied from the cache level it
+        # fits in (4 TCP ranks, three exchanges of 4 MiB messages: 7.9 ms from one 4 MiB buffer, 10.2 ms
+        # rotating through a 16 MiB one; 4 shm ranks: 2.6 and 3.1 ms). 4-rank pairwise all-to-alls at 16 MiB
+        # were -0.22 over TCP in 14 of 17 recordings. Below the regimes the curve would be read on another
+        # path (2-rank shm scatters at 1 MiB, 512 KiB messages: 10 -> 3 of 15 within 15 %). With a core per
+        # TCP rank the exchange's 8 -> 16 MiB cliff (2.5-2.7x) is the socket's flow control, a message-size
+        # regime (2 ranks rotating through 16 MiB measured 1.08x): read there it priced 16 MiB
+        # halving-doubling reduce-scatters and all-to-alls +0.15..+0.25 (replays of rec55-rec65: +11 rows)
         fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
-        regimes_end = 0.0 if self.host_transport == "tcp" else (fresh_min or np.inf)
+        regimes_end = (0.0 if not own_core else np.inf) if self.host_transport == "tcp" else (fresh_min or np.inf)
 
         def per_byte_at(key: str) -> float:
             v = max(at(key) - t1, tiny * m) / m
@@ -352,7 +358,6 @@ class SimParams:
         engine_GBps = max(1e-3 / solo, per_byte / exch)
         busy = int(c.get("busy_ranks", 2))
         pool_GBps = per_byte / exch * busy
-        n = int(c.get("nranks", 2))
         pair = oneway
         step_key = {"in": "fanin_us", "out": "fanout_us"}.get(step_pattern)
         if step_key not in c:   # "all", or a calibration without fan steps
@@ -384,7 +389,6 @@ class SimParams:
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's). With a
         # core per rank over shm the latter is read at the call's size: the slope through m/2 .. 2m took 2
         # ranks' 256 KiB jump (6 us at 128 KiB, 29 at 256 KiB) into 128 KiB messages
-        own_core = self.host_cores is None or n <= int(self.host_cores)
         at_size = self.host_transport != "tcp" and own_core   # reductions read at the message size itself
         red_busy = extra("exchange_reduce_us", "exchange_us", point=at_size)
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
