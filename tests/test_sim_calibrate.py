@@ -970,3 +970,25 @@ def test_a_copy_s_extra_beside_a_transfer_is_no_more_than_the_calibration_measur
                 for msg in (2**20, 2**21)}
     assert per_byte[2**21] == pytest.approx(BESIDE, rel=1e-3)
     assert per_byte[2**20] == pytest.approx(BESIDE * (1 + 2 + 1) / 3, rel=1e-3)
+
+
+@pytest.mark.parametrize("tr,by_reference", [("shm", True), ("tcp", False)])
+def test_a_scatter_root_sending_by_reference_copies_at_the_working_set_of_its_own_block(
+        tr: str, by_reference: bool) -> None:
+    """A copy costs 1.5x more per byte from 2 MiB (its working set left a cache). A 2-rank scatter of 4 MiB:
+    with single copies (shm, 2 MiB messages) the peer's core reads its block from the root's buffer, so the
+    root touches only its own block and the copy of it (4 MiB: the calibration's copy of 2 MiB) and copies
+    at the 2 MiB rate; over TCP the root's core also sends the peer's block (6 MiB: the 3 MiB rate)."""
+    from ringflow.sim.results import footprint_bytes
+    size = 2**22
+    assert footprint_bytes("scatter", 2, size, by_reference=True) == size
+    assert footprint_bytes("scatter", 2, size) == size + size // 2
+    assert footprint_bytes("gather", 2, size, by_reference=True) == size + size // 2
+    raw = synthetic(tr, 2)
+    base = TRUE[tr][2]["base"]
+    raw["results"]["copy"] = {b: base + (v - base) * (1.5 if int(b) > 2**21 else 1.0) for b, v in raw["results"]["copy"].items()}
+    prm = params_for(fit({tr: {2: raw}}, nprocs=2, cores=2)[0], {"host_transport": tr})
+    got = prm.for_call(size / 2, 2, size / 2, footprint_bytes("scatter", 2, size), 1, "all",
+                       footprint_bytes("scatter", 2, size, by_reference=True))
+    at_block = prm.for_call(size / 2, 2, size / 2, size)
+    assert (got.copy_GBps == pytest.approx(at_block.copy_GBps, rel=1e-9)) == by_reference

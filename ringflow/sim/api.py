@@ -83,7 +83,8 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
         msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes if tab.ntransfers else count_bytes
         prm = prm.for_call(count_bytes, per_host, msg, footprint_bytes(tab.collective, tab.nranks, size_bytes),
-                           tab.peers_per_step(), tab.step_pattern())
+                           tab.peers_per_step(), tab.step_pattern(),
+                           footprint_bytes(tab.collective, tab.nranks, size_bytes, by_reference=True))
     fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:

@@ -171,17 +171,18 @@ class SimParams:
 
     def for_call(self, count_bytes: float, ranks_per_host: int, msg_bytes: float | None = None,
                  footprint_bytes: float | None = None, peers_per_step: int = 1,
-                 step_pattern: str = "all") -> "SimParams":
+                 step_pattern: str = "all", footprint_by_reference_bytes: float | None = None) -> "SimParams":
         """These parameters for one call: the measured host curves at its largest message
         (`msg_bytes`; local copies where the calibration's copy touched `footprint_bytes`, the call's
-        working set; when a rank has several peers in one step, `peers_per_step`, the host's rate
-        from the calibration step of that `step_pattern`: fan-in, fan-out or all-to-all), else the
-        DRAM variant above the cache size."""
+        working set, or `footprint_by_reference_bytes` where its messages go by single copy; when a rank
+        has several peers in one step, `peers_per_step`, the host's rate from the calibration step of that
+        `step_pattern`: fan-in, fan-out or all-to-all), else the DRAM variant above the cache size."""
         curves = self.host_curves_for(ranks_per_host)
         if curves is not None:
             m = float(msg_bytes if msg_bytes is not None else count_bytes)
+            by_ref = None if footprint_by_reference_bytes is None else max(m, float(footprint_by_reference_bytes) / 2)
             return self._from_curves(curves, m, max(m, float(footprint_bytes or 0.0) / 2), peers_per_step,
-                                     step_pattern)
+                                     step_pattern, by_ref)
         if not self.cache_bytes or self.dram_factor <= 1.0 or 2 * count_bytes * ranks_per_host <= self.cache_bytes:
             return self
         f = float(self.dram_factor)
@@ -309,8 +310,15 @@ class SimParams:
         return by_n[n]
 
     def _from_curves(self, c: Mapping[str, Any], msg_bytes: float, copy_bytes: float,
-                     peers_per_step: int = 1, step_pattern: str = "all") -> "SimParams":
+                     peers_per_step: int = 1, step_pattern: str = "all",
+                     copy_bytes_by_reference: float | None = None) -> "SimParams":
         sizes = np.asarray(c["sizes"], dtype=np.float64)
+        # the curves were measured with plain copies (single copy from this size): the runtime's
+        # reductions keep slot copies up to 1 MiB, but that cost is in the reduction curves
+        single = c.get("single_copy_min_bytes")
+        sender_free = single is not None and msg_bytes >= float(single)
+        if sender_free and copy_bytes_by_reference is not None:
+            copy_bytes = copy_bytes_by_reference
         m = float(np.clip(msg_bytes, sizes[0], sizes[-1]))
 
         def at(key: str, x: float = m) -> float:   # log-log interpolation of a measured time curve
@@ -346,10 +354,6 @@ class SimParams:
         oneway = per_byte_at("oneway_us")
         exch = per_byte_at("exchange_us")
         solo = per_byte_at("oneway_solo_us") if "oneway_solo_us" in c else oneway
-        # the curves were measured with plain copies (single copy from this size): the runtime's
-        # reductions keep slot copies up to 1 MiB, but that cost is in the reduction curves
-        single = c.get("single_copy_min_bytes")
-        sender_free = single is not None and msg_bytes >= float(single)
         # a rank's engine carries its receive, and its send too unless the receiver does the copy;
         # alone on a core it runs at the solo rate, and all ranks together at most at the host's total
         per_byte = 1e-3 if sender_free else 2e-3
