@@ -344,12 +344,15 @@ class SimParams:
         # regime (2 ranks rotating through 16 MiB measured 1.08x): read there it priced 16 MiB
         # halving-doubling reduce-scatters and all-to-alls +0.15..+0.25 (replays of rec55-rec65: +11 rows)
         fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
-        regimes_end = (0.0 if not own_core else np.inf) if self.host_transport == "tcp" else (fresh_min or np.inf)
+        regimes_end = (np.inf if own_core else 0.0) if self.host_transport == "tcp" else (fresh_min or np.inf)
+
+        def cost_per_byte(key: str, x: float = m) -> float:   # us per byte of a curve's step at x, its call aside
+            return max(at(key, x) - t1, tiny * x) / x
 
         def per_byte_at(key: str) -> float:
-            v = max(at(key) - t1, tiny * m) / m
+            v = cost_per_byte(key)
             if mc > m >= regimes_end:
-                v = max(v, max(at(key, mc) - t1, tiny * mc) / mc)
+                v = max(v, cost_per_byte(key, mc))
             return v
         oneway = per_byte_at("oneway_us")
         exch = per_byte_at("exchange_us")
@@ -385,7 +388,7 @@ class SimParams:
             # within a factor of 2 of size) the mean per byte, which the largest size does not dominate;
             # `point`: the difference at m itself
             if point:
-                return max((at(hi) - at(lo)) / m, tiny)
+                return max((at(hi) - at(lo) - (at(less) - float(c["base_us"]) if less else 0.0)) / m, tiny)
             xs = near
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
@@ -446,8 +449,8 @@ class SimParams:
             # ... and no more than the calibration's own figure at m, which the window's mean exceeds where it
             # carries a neighbour's bump (2 shm ranks: +53 us at 1 MiB, +5 at 2 MiB, where all-to-alls of 2 MiB
             # messages were priced +0.16..+0.19 in 5 recordings of 10; replays of rec55-rec64: 2,764 -> 2,773)
-            at_m = (at("exchange_copy_us") - at("exchange_us") - (at("copy_us") - float(c["base_us"]))) / m
-            beside = min(extra("exchange_copy_us", "exchange_us", "copy_us"), max(at_m, tiny))
+            beside = min(extra("exchange_copy_us", "exchange_us", "copy_us"),
+                         extra("exchange_copy_us", "exchange_us", "copy_us", point=True))
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
 
@@ -505,10 +508,9 @@ class SimParams:
             # steps whose messages are smaller than m (TCP, ranks sharing cores)
             if self.host_transport != "tcp" or own_core:
                 return None
-            def per_byte(key: str) -> tuple[float, ...]:
-                return tuple(max(at(key, x) - t1, tiny * x) / x for x in sizes)
             reducing = "exchange_reduce_us" if "exchange_reduce_us" in c else "exchange_us"
-            return tuple(float(x) for x in sizes), per_byte("exchange_us"), per_byte(reducing), float(m)
+            return (tuple(float(x) for x in sizes), tuple(cost_per_byte("exchange_us", x) for x in sizes),
+                    tuple(cost_per_byte(reducing, x) for x in sizes), float(m))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))
