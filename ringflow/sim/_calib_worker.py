@@ -61,6 +61,12 @@ def _schedules(n: int):
     # every rank to every peer (sharded_ps's step: what a rank's messages cost with several peers at
     # once), and one rank receiving from every peer (fan-in, a direct gather) or sending to each
     # (fan-out, a direct scatter): the root's n - 1 messages measured as a whole
+    halves = {Buffer.IN: BufferLayout(2), Buffer.OUT: BufferLayout(2)}
+    split = ScheduleBuilder("all_reduce", n, "cal-exchange-reduce-split", layouts=halves)
+    for lo, hi in every:
+        for a, z in ((lo, hi), (hi, lo)):
+            split.transfer(0, a, z, ChunkRef(Buffer.IN, 1), ChunkRef(Buffer.OUT, 0), reduce=True,
+                           local=ChunkRef(Buffer.IN, 0))
     block_steps = {"alltoall": blocks_step("cal-alltoall", [(a, b) for a in range(n) for b in range(n) if a != b]),
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
@@ -70,6 +76,11 @@ def _schedules(n: int):
             # the same exchange three times in a row: what a step costs once the ranks are running
             "exchange3": build("cal-exchange3", 3, exchange=True),
             "exchange_reduce": build("cal-exchange-reduce", 1, reduce=True, exchange=True),
+            # the same with the block sent and the block reduced two halves of one buffer, as in a
+            # collective's reducing step (halving-doubling, ring): the operand is not the bytes just sent,
+            # so the step touches one block more (2 shm ranks, 512 KiB messages: 115 us against 93 with
+            # the operand the block sent; the bench's 1 MiB reduce-scatter 117)
+            "exchange_reduce_split": split.build(),
             "oneway_reduce": build("cal-oneway-reduce", 1, reduce=True),
             # timed in place, into the lower rank of each pair (1 -> 0, 3 -> 2): the side a rooted reduce's
             # root (rank 0 by default, and in `ringflow bench`) is on. Over TCP the core ranks 0 runs on
@@ -101,7 +112,14 @@ ALLTOALL_RETIMES = 2
 BATCHES = 3   # timed batches per calibration point (their median counts)
 # the steps timed at every size (`measure`): on any rank count, and on more than one pair of ranks
 CURVE_STEPS = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
-               "exchange_fresh", "exchange_copy")
+               "exchange_reduce_split", "exchange_fresh", "exchange_copy")
+# steps whose buffers hold two messages (the sizes timed are the message's)
+TWO_BLOCK_STEPS = ("exchange_reduce_split",)
+
+
+def buffer_bytes(name: str, message_bytes: int) -> int:
+    """The buffer a calibration step `name` is called with for messages of `message_bytes`."""
+    return message_bytes * (2 if name in TWO_BLOCK_STEPS else 1)
 MANY_RANK_STEPS = ("oneway_solo", "shift", "alltoall", "fanin", "fanout", "exchange3")
 
 
@@ -134,7 +152,7 @@ def measure(comm: Any, quick: bool = False) -> dict:
         """One batch timed like `ringflow bench` (runtime.bench.median_call_s), seconds per call.
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
         from ..runtime.bench import median_call_s
-        count = max(1, nbytes // 4)
+        count = max(1, buffer_bytes(name, nbytes) // 4)
         sched = scheds[name]
         # in place, the one array is written first: never-written pages map the kernel's zero page, which a
         # peer reads 1.6-1.7x faster than written data (2 shm ranks' one-way at 1-2 MiB), unlike the bench

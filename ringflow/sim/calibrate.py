@@ -7,6 +7,9 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``steps1`` / ``steps8``: 1 and 8 steps of a 4-byte message -> per-step latency
   alpha = (t8 - t1) / 7 and per-call overhead t1 - alpha;
 - ``oneway`` / ``oneway_reduce`` / ``exchange`` / ``exchange_reduce`` / ``copy`` at 4 KiB .. 16 MiB;
+- ``exchange_reduce_split``: the exchange with reduction where each rank sends one block of a two-block
+  buffer and reduces into the other, as a collective's reducing step does (``exchange_reduce`` reduces
+  into the block it sends, which its own send just brought into cache); every rank reducing is read from it;
 - ``oneway_reduce_inplace``: ``oneway_reduce`` with IN and OUT one array (written before, as the
   bench's), as in-place all-reduce and reduce call it: a reduction into its own operand streams one
   buffer fewer; its rate is taken with every pair's receiver reducing, so no busy slowdown on top;
@@ -170,6 +173,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
         bound = np.minimum(bound, copy_bound(series["exchange_copy"], series["copy"], t1 - alpha))
     ex = monotone(np.minimum(series["exchange"], bound).tolist())
     xr = np.maximum(xr, ex)
+    xrs = np.maximum(monotone(series["exchange_reduce_split"]), ex) if "exchange_reduce_split" in series else None
     # likewise a one-way slower than the exchange (which is that one-way and its reverse at once):
     # 2 TCP ranks, 128 KiB, 73 us against 62 us in one job, 33 us in the next
     ow = monotone(np.minimum(series["oneway"], ex).tolist())
@@ -193,6 +197,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
+            **({"exchange_reduce_split_us": xrs.tolist()} if xrs is not None else {}),
             **({"oneway_reduce_inplace_us": owri.tolist()} if owri is not None else {}),
             **{f"{k}_us": monotone(series[k]).tolist()
                for k in ("alltoall", "fanin", "fanout", "exchange_fresh", "exchange_copy", "shift", "exchange3")

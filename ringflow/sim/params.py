@@ -381,23 +381,28 @@ class SimParams:
                 engine_GBps = max(engine_GBps, 1e-3 * msgs * m / t_step)
                 pair = solo
 
-        def extra(hi: str, lo: str, less: str | None = None, point: bool = False) -> float:
+        def extra(hi: str, lo: str, less: str | None = None, point: bool = False, mean: bool = False) -> float:
             # us per byte that curve `hi` adds to `lo` (and to `less`'s work, its call overhead aside) over
             # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times: the
-            # least-squares slope through the origin, or with `less` (a cache effect that comes and goes
+            # least-squares slope through the origin, or with `less` or `mean` (an effect that comes and goes
             # within a factor of 2 of size) the mean per byte, which the largest size does not dominate;
             # `point`: the difference at m itself
             if point:
                 return max((at(hi) - at(lo) - (at(less) - float(c["base_us"]) if less else 0.0)) / m, tiny)
             xs = near
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
-            slope = float(np.mean(d / xs)) if less else float(np.dot(d, xs) / np.dot(xs, xs))
+            slope = float(np.mean(d / xs)) if less or mean else float(np.dot(d, xs) / np.dot(xs, xs))
             return max(slope, tiny)
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's). With a
         # core per rank over shm the latter is read at the call's size: the slope through m/2 .. 2m took 2
         # ranks' 256 KiB jump (6 us at 128 KiB, 29 at 256 KiB) into 128 KiB messages
         at_size = self.host_transport != "tcp" and own_core   # reductions read at the message size itself
-        red_busy = extra("exchange_reduce_us", "exchange_us", point=at_size)
+        # every rank reducing is read from the exchange with reduction of one block into another of its
+        # buffer, as a collective's reducing step does (calibrations before the twenty-second session: of
+        # the block sent), as the mean per byte: the largest size's step touches 3x its message (at 16 MiB
+        # 1.16-1.36x the reduction of the block sent, shm), a regime past the call's
+        xr_key = "exchange_reduce_split_us" if "exchange_reduce_split_us" in c else "exchange_reduce_us"
+        red_busy = extra(xr_key, "exchange_us", point=at_size, mean=True)
         red = min(extra("oneway_reduce_us", "oneway_us"), red_busy) if "oneway_reduce_us" in c else red_busy
         # an in-place reduction over shm changes rate where its operand leaves a cache level (2 ranks: 15
         # us/MiB at 512 KiB, 40 at 1 MiB, 45 at 8 MiB, 60 at 16 MiB), so with a core per rank it is read
@@ -508,9 +513,8 @@ class SimParams:
             # steps whose messages are smaller than m (TCP, ranks sharing cores)
             if self.host_transport != "tcp" or own_core:
                 return None
-            reducing = "exchange_reduce_us" if "exchange_reduce_us" in c else "exchange_us"
             return (tuple(float(x) for x in sizes), tuple(cost_per_byte("exchange_us", x) for x in sizes),
-                    tuple(cost_per_byte(reducing, x) for x in sizes), float(m))
+                    tuple(cost_per_byte(xr_key, x) for x in sizes), float(m))
         tier = "loopback" if self.host_transport == "tcp" else "shm"
         eff = dict(self.link_efficiency)
         eff[tier] = float(min(1.0, 1e-3 / pair / float(c["link_GBps"])))

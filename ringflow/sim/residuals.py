@@ -20,7 +20,7 @@ def calibration_residuals(topo: Any, measured: Mapping[str, Mapping[int, Mapping
     predicted_us, error = (predicted - measured) / measured."""
     from ..algorithms.schedule import Collective
     from ..runtime.communicator import _call_shape
-    from ._calib_worker import CURVE_STEPS, MANY_RANK_STEPS, _schedules
+    from ._calib_worker import CURVE_STEPS, MANY_RANK_STEPS, _schedules, buffer_bytes
     from .api import simulate_table
     from .transfers import from_plans
     rows: list[dict[str, Any]] = []
@@ -39,9 +39,9 @@ def calibration_residuals(topo: Any, measured: Mapping[str, Mapping[int, Mapping
                 # timed in place where the worker ran it so (`_calib_worker.batch`), without the runtime's check
                 inplace = step.endswith("_inplace")
                 for size, meas in sorted(times.items(), key=lambda kv: int(kv[0])):
-                    nbytes = int(size)
-                    tab = from_plans(sched, _call_shape(coll, n, nbytes, 4), inplace)
-                    pred = simulate_table(topo, tab, nbytes, engine=engine, params={"host_transport": tr},
+                    nbytes, call_bytes = int(size), buffer_bytes(step, int(size))
+                    tab = from_plans(sched, _call_shape(coll, n, call_bytes, 4), inplace)
+                    pred = simulate_table(topo, tab, call_bytes, engine=engine, params={"host_transport": tr},
                                           endpoints=eps, checked=False).time_us
                     m = float(meas)
                     rows.append({"transport": tr, "nranks": n, "step": step, "size_bytes": nbytes, "measured_us": m,
