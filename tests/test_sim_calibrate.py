@@ -687,6 +687,43 @@ def test_sending_bytes_a_copy_wrote_costs_the_extra_at_every_size_from_the_singl
     assert got["fresh"] - got["plain"] == pytest.approx([paying * block * FRESH] * 2, rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.parametrize("block,cores,paying", [(SINGLE // 2, 2, True), (SINGLE, 2, True), (FRESH_SINGLE, 2, False),
+                                                (SINGLE // 4, 2, False), (SINGLE // 2, 4, False)])
+def test_forwarding_fresh_bytes_on_shared_cores_costs_the_senders_copy_into_the_slots(
+        block: int, cores: int, paying: bool) -> None:
+    """4-rank Bruck all-gather on shm: step 1 forwards the block each rank received in step 0 (fresh, not
+    written by a copy). Below the fresh sources' single-copy size the runtime sends it through the slots,
+    so where ranks share cores the sender copies it once at the calibrated copy rate (`fresh_slot_GBps`);
+    single copies (from the fresh size, or below the plain single-copy size the slots for every message,
+    priced by the curves) and a core per rank (the fresh exchange prices every fresh byte) leave it out."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.api import itemsize_of
+    from ringflow.sim.fabric import fabric_for
+    from ringflow.sim.results import footprint_bytes
+    topo, _ = fit({"shm": {4: synthetic("shm", 4)}}, nprocs=4, cores=cores)
+    size = 4 * block
+    tab = from_plans(get_schedule("all_gather", "bruck", 4), CallShape(Collective.ALL_GATHER, 4, block // 4, 4),
+                     inplace=False)
+    forwarded = tab.lfresh - tab.lfresh_copied
+    assert forwarded[tab.lstep == 1] == pytest.approx([1.0] * 4) and not forwarded[tab.lstep == 0].any()
+    count_bytes = float(block * itemsize_of("float32") // 4)
+    msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes
+    prm = params_for(topo, {"host_transport": "shm"}).for_call(
+        count_bytes, 4, msg, footprint_bytes(tab.collective, 4, size), tab.peers_per_step(), tab.step_pattern(),
+        footprint_bytes(tab.collective, 4, size, by_reference=True))
+    assert (prm.fresh_slot_GBps is not None) == paying
+    if not paying:
+        return
+    # the copy curve is linear, so its cost per byte at the message is the true copy rate's
+    assert 1e-3 / prm.fresh_slot_GBps == pytest.approx(TRUE["shm"][4]["copy"], rel=1e-6)
+    import dataclasses
+    eps = topo.endpoints()[:4]
+    with_slot = fabric_for(topo, prm, eps).local_us_per_byte(tab)
+    without = fabric_for(topo, dataclasses.replace(prm, fresh_slot_GBps=None), eps).local_us_per_byte(tab)
+    assert (with_slot - without) * count_bytes == pytest.approx(forwarded * count_bytes * TRUE["shm"][4]["copy"],
+                                                                rel=1e-6, abs=1e-9)
+
+
 @pytest.mark.parametrize("coll,algo", [("all_gather", "bruck"), ("gather", "binomial"), ("all_to_all", "pairwise"),
                                        ("scatter", "direct")])
 def test_a_copy_beside_a_receive_costs_the_calibrated_extra(coll: str, algo: str) -> None:

@@ -232,7 +232,7 @@ class Fabric:
         reductions out of place slower still when several ranks of the step reduce at once
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
         a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
-        it fresh_send_GBps extra, and copies in a
+        it fresh_send_GBps extra (the other fresh bytes fresh_slot_GBps, the sender's slot copy), and copies in a
         step where the rank also receives copy_beside_transfer_GBps extra (on shared cores in proportion to
         the ranks doing so)."""
         p = self.params
@@ -252,6 +252,9 @@ class Fabric:
         fresh = table.lfresh if p.fresh_send_scope == "all" else table.lfresh_copied
         if fresh is not None and p.fresh_send_GBps:
             per += fresh / (p.fresh_send_GBps * 1e3)
+        if p.fresh_slot_GBps and p.fresh_send_scope != "all" and table.lfresh is not None:
+            forwarded = table.lfresh - (table.lfresh_copied if table.lfresh_copied is not None else 0.0)
+            per += forwarded / (p.fresh_slot_GBps * 1e3)
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
             per += table.lcopy * _beside_transfer(table, p.beside_shares_cores) / (p.copy_beside_transfer_GBps * 1e3)
         if p.small_step_costs is not None and table.lrank.size:

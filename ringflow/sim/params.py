@@ -126,6 +126,14 @@ class SimParams:
     # than ranks; `TransferTable.lfresh_copied`).
     fresh_send_GBps: float | None = None
     fresh_send_scope: str = "all"
+    # Where ranks share cores, the sender's copy into the shm slots of the other fresh bytes it sends (received
+    # or reduced earlier in the call, forwarded) below the single-copy size of fresh sources: the runtime
+    # sends those through the slots (runtime.transport.shm.CMA_MIN_BYTES), so the sender copies each
+    # message once, from its cache, at the calibrated copy rate of a message that size. 4 shm ranks on 2
+    # cores, pipelined tree broadcasts of 512 KiB segments (4-8 MiB) were -0.09..-0.13 on average without
+    # it (`_from_curves`); None: free (the sender does no copy: single copies, or a core of its own, where
+    # `fresh_send_scope` "all" prices every fresh byte from the calibration's fresh exchange).
+    fresh_slot_GBps: float | None = None
     # Extra work per byte a rank copies locally in a step where it also receives: the step's buffers
     # together can overflow the core's cache where each alone fits (2 shm ranks at 512 KiB-1 MiB: the
     # exchange and the copy in one step take 40-60 us more than apart). Measured by `ringflow calibrate`
@@ -448,6 +456,11 @@ class SimParams:
         fresh_path = own_core and single is not None and float(single) <= msg_bytes <= fresh_min
         fresh = (at("exchange_fresh_us") - (at("copy_us") - float(c["base_us"])) - at("exchange_us")) / m \
             if sender_free and "exchange_fresh_us" in c else 0.0
+        # where ranks share cores the fresh exchange's figure is their time-sharing as much as the sources
+        # (above), so the fresh bytes a local copy did not write pay only the sender's copy into the slots,
+        # where the runtime sends them so: from the single-copy size to the fresh sources' (shm)
+        fresh_slot = not own_core and single is not None and float(single) <= msg_bytes < fresh_min
+        slot_copy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m if fresh_slot else 0.0
         # a copy beside a transfer in one step: what the two together took beyond each apart
         beside = 0.0
         if "exchange_copy_us" in c and (own_core or m >= BESIDE_SHARED_MIN_BYTES):
@@ -533,6 +546,7 @@ class SimParams:
             reduce_busy_slowdown=float(red_busy / red if tr == "shm" else min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None,
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
+            fresh_slot_GBps=1e-3 / slot_copy if slot_copy > 0 else None,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None, beside_shares_cores=not own_core,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
@@ -575,7 +589,7 @@ class SimParams:
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
-                           (self.fresh_send_GBps, "fresh_send_GBps"),
+                           (self.fresh_send_GBps, "fresh_send_GBps"), (self.fresh_slot_GBps, "fresh_slot_GBps"),
                            (self.copy_beside_transfer_GBps, "copy_beside_transfer_GBps"),
                            (self.reduce_inplace_GBps, "reduce_inplace_GBps")):
             if rate is not None and rate <= 0:
