@@ -882,20 +882,22 @@ def test_a_ring_step_s_transfers_take_the_calibrated_shift_step_over_the_exchang
 
 
 @pytest.mark.parametrize("tr,n,m,slower", [("tcp", 4, 2**21, True), ("shm", 4, 2**21, False),
-                                            ("shm", 4, FRESH_SINGLE, True), ("tcp", 2, 2**21, False)])
+                                            ("shm", 4, 2 * FRESH_SINGLE, True), ("shm", 4, FRESH_SINGLE, False),
+                                            ("tcp", 2, 2**21, False)])
 def test_a_transfer_costs_at_least_what_its_bytes_cost_at_the_call_s_working_set(tr: str, n: int, m: int,
                                                                                slower: bool) -> None:
-    """From 8 MiB every transfer moves its bytes 1.5x slower (its working set left a cache). A call of m-byte
+    """At 16 MiB every transfer moves its bytes 1.5x slower (its working set left a cache). A call of m-byte
     messages whose working set is that of a 16 MiB exchange moves them at the 16 MiB rate over TCP where
-    ranks share cores, and over shm from the size where the curves' message-size regimes end (the fresh
-    single-copy size); a call whose working set is its messages', shm messages below that size, and TCP
-    ranks with a core each (whose 16 MiB cliff is the socket's, a message-size regime) at the message's rate."""
+    ranks share cores, and over shm past the size where the curves' message-size regimes end (the fresh
+    single-copy size, whose own point measures its new path); a call whose working set is its messages', shm
+    messages up to that size, and TCP ranks with a core each (whose 16 MiB cliff is the socket's, a
+    message-size regime) at the message's rate."""
     raw = synthetic(tr, n)
     res, t1 = raw["results"], TRUE[tr][n]["base"] + TRUE[tr][n]["alpha"]
     slow = 1.5
     for name, curve in res.items():   # every transfer schedule's
         if name not in ("copy", "check_rooted") and not name.startswith("steps"):
-            res[name] = {b: t1 + (v - t1) * (slow if int(b) >= 2**23 else 1.0) for b, v in curve.items()}
+            res[name] = {b: t1 + (v - t1) * (slow if int(b) >= 2**24 else 1.0) for b, v in curve.items()}
     prm = params_for(fit({tr: {n: raw}}, nprocs=n, cores=2)[0], {"host_transport": tr})
     alone, in_big_call = prm.for_call(m, n, m), prm.for_call(8 * m, n, m, footprint_bytes=2**25)
     ratio = alone.host_pool_GBps / in_big_call.host_pool_GBps

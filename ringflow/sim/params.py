@@ -350,7 +350,11 @@ class SimParams:
         # path (2-rank shm scatters at 1 MiB, 512 KiB messages: 10 -> 3 of 15 within 15 %). With a core per
         # TCP rank the exchange's 8 -> 16 MiB cliff (2.5-2.7x) is the socket's flow control, a message-size
         # regime (2 ranks rotating through 16 MiB measured 1.08x): read there it priced 16 MiB
-        # halving-doubling reduce-scatters and all-to-alls +0.15..+0.25 (replays of rec55-rec65: +11 rows)
+        # halving-doubling reduce-scatters and all-to-alls +0.15..+0.25 (replays of rec55-rec65: +11 rows).
+        # A message of the last regime's first size (1 MiB over shm, where fresh sources switch to single
+        # copy) is measured on the new path by its own point: 2-rank shm all-gathers and all-to-alls of 2 MiB
+        # (1 MiB messages) read at their 2 MiB working set were +0.10..+0.12 on average (replays of rec55-rec71:
+        # 4,743 -> 4,747 from past it)
         fresh_min = float(c.get("single_copy_fresh_min_bytes") or 0)
         regimes_end = (np.inf if own_core else 0.0) if self.host_transport == "tcp" else (fresh_min or np.inf)
 
@@ -359,7 +363,7 @@ class SimParams:
 
         def per_byte_at(key: str) -> float:
             v = cost_per_byte(key)
-            if mc > m >= regimes_end:
+            if mc > m > regimes_end:
                 v = max(v, cost_per_byte(key, mc))
             return v
         oneway = per_byte_at("oneway_us")
