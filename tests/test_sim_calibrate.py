@@ -400,6 +400,40 @@ def test_replay_predicts_a_recorded_validation_again_from_its_own_calibrations(t
             replay(str(p))
 
 
+def test_the_records_script_counts_the_model_and_the_leave_one_out_oracle_per_recording(tmp_path) -> None:
+    """benchmarks/validation_records.py over four recordings of one job each, measured at 1, 1, 1.3 and 1
+    times the model: the model and the oracle (each row the median of the other recordings' measurements)
+    put both rows of the three alike recordings within 15 % and none of the odd one; the bias lists both
+    rows at a mean error of -0.3 / 1.3 / 4."""
+    import json
+
+    from validation_records import main
+
+    from ringflow.sim.validate import predict_rows
+    cal = synthetic("shm", 2)
+    topo, _ = fit({"shm": {2: cal}}, nprocs=2)
+    bench_rows = [{"collective": c, "nranks": 2, "size_bytes": 2**20, "count": 2**18, "dtype": "float32",
+                   "time_us": 1.0} for c in ("all_reduce", "all_gather")]
+    model = {r["collective"]: r["predicted_us"] for r in predict_rows(topo, bench_rows, "shm")}
+    paths = []
+    for i, k in enumerate((1.0, 1.0, 1.3, 1.0)):
+        job = {"transport": "shm", "nranks": 2, "calibration": cal,
+               "rows": [{**r, "time_us": model[r["collective"]] * k} for r in bench_rows]}
+        paths.append(tmp_path / f"rec{i}.json")
+        paths[-1].write_text(json.dumps({"version": 1, "max_ranks": 2, "jobs": [job]}))
+    out = tmp_path / "figures.json"
+    assert main([*map(str, paths), "--jobs", "1", "--bias", "0.05", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert [r["model"] for r in got["recordings"]] == [2, 2, 0, 2]
+    assert [r["oracle"] for r in got["recordings"]] == [2, 2, 0, 2]
+    assert got["total"] == 6 and {r["recording"] for r in got["outside"]} == {"rec2.json"}
+    assert [b["collective"] for b in got["bias"]] == ["all_gather", "all_reduce"]
+    for b in got["bias"]:
+        assert b["mean_error"] == pytest.approx((1 / 1.3 - 1) / 4) and b["outside"] == 1 and b["recordings"] == 4
+    assert main([*map(str, paths), "--jobs", "1", "--bias", "0.1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["bias"] == []
+
+
 def test_disagreeing_fraction_counts_the_sizes_the_jobs_measured_more_than_the_tolerance_apart() -> None:
     from ringflow.sim.validate import disagreeing_fraction
 

@@ -1,0 +1,115 @@
+"""Judge the simulator's model on every committed validation recording at once.
+
+`ringflow validate --replay FILE` replays one recording; a model change is judged on all of them (the
+same measurements, this code's model). For each recording this prints the rows within the tolerance, and
+next to it a leave-one-out oracle: each row predicted by the median of the other recordings' measured
+times of that row, which knows every other run but not the state of the host in this one (how far the
+rows' medians are stable from run to run; where the model beats it, its calibration followed the host).
+`--rows` lists the rows outside, `--bias` the rows whose mean error over all recordings passes a
+threshold (systematic errors, not noise). Writes JSON with `--json FILE`.
+
+    python benchmarks/validation_records.py benchmarks/records/rec*.json.gz --bias 0.1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
+
+import numpy as np
+
+Key = tuple[str, int, str, int]
+
+
+def replay_rows(path: str) -> list[dict]:
+    """The replayed comparison rows of one recording (`sim.validate.replay`)."""
+    from ringflow.sim.validate import replay
+    return replay(path)[0]
+
+
+def row_key(r: dict) -> Key:
+    """A row's identity across recordings: transport, ranks, collective, size."""
+    return (r["transport"], int(r["nranks"]), r["collective"], int(r["size_bytes"]))
+
+
+def oracle_within(rows_by_rec: Sequence[list[dict]], i: int, tolerance: float) -> int:
+    """Rows of recording `i` whose measured time the median of the other recordings' measurements of the
+    same row predicts within `tolerance`."""
+    others = [{row_key(r): r["measured_us"] for r in rows} for j, rows in enumerate(rows_by_rec) if j != i]
+    ok = 0
+    for r in rows_by_rec[i]:
+        seen = [o[row_key(r)] for o in others if row_key(r) in o]
+        if seen and r["measured_us"] > 0:
+            ok += abs(float(np.median(seen)) - r["measured_us"]) / r["measured_us"] <= tolerance
+    return ok
+
+
+def bias_rows(rows_by_rec: Sequence[list[dict]], threshold: float) -> list[dict]:
+    """Rows whose mean error over the recordings is at least `threshold` in size, with how often they were
+    outside 0.15."""
+    errs: dict[Key, list[float]] = {}
+    algo: dict[Key, str] = {}
+    for rows in rows_by_rec:
+        for r in rows:
+            errs.setdefault(row_key(r), []).append(float(r["error"]))
+            algo[row_key(r)] = r["algorithm"]
+    out = []
+    for k in sorted(errs):
+        e = errs[k]
+        if abs(float(np.mean(e))) >= threshold:
+            out.append({"transport": k[0], "nranks": k[1], "collective": k[2], "algorithm": algo[k],
+                        "size_bytes": k[3], "mean_error": float(np.mean(e)),
+                        "outside": int(sum(abs(x) > 0.15 for x in e)), "recordings": len(e)})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: recordings in, a table per recording (and optionally rows) out."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", nargs="+", help="validation recordings (ringflow validate --record)")
+    ap.add_argument("--tolerance", type=float, default=0.15)
+    ap.add_argument("--rows", action="store_true", help="list every row outside the tolerance")
+    ap.add_argument("--bias", type=float, default=None, help="list rows whose mean error is at least this")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="recordings replayed at once")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    a = ap.parse_args(argv)
+    from rich.console import Console
+    from rich.table import Table
+    with ProcessPoolExecutor(max(1, a.jobs)) as ex:
+        rows_by_rec = list(ex.map(replay_rows, a.records))
+    table = Table(title=f"rows within {a.tolerance:.0%}: this code's model vs the leave-one-out oracle")
+    for col in ("recording", "rows", "model", "oracle"):
+        table.add_column(col, justify="left" if col == "recording" else "right")
+    per = []
+    for i, (path, rows) in enumerate(zip(a.records, rows_by_rec)):
+        model = sum(abs(r["error"]) <= a.tolerance for r in rows)
+        oracle = oracle_within(rows_by_rec, i, a.tolerance) if len(rows_by_rec) > 1 else None
+        per.append({"recording": os.path.basename(path), "rows": len(rows), "model": model, "oracle": oracle})
+        table.add_row(per[-1]["recording"], str(len(rows)), str(model), "-" if oracle is None else str(oracle))
+    total = sum(p["model"] for p in per)
+    table.add_row("total", str(sum(p["rows"] for p in per)), str(total),
+                  "-" if len(per) < 2 else str(sum(p["oracle"] for p in per)))
+    console = Console()
+    console.print(table)
+    outside = [{"recording": os.path.basename(path), **r} for path, rows in zip(a.records, rows_by_rec)
+               for r in rows if abs(r["error"]) > a.tolerance]
+    if a.rows:
+        for r in outside:
+            console.print(f"{r['recording']}: {r['transport']}{r['nranks']} {r['collective']} {r['algorithm']} "
+                          f"{r['size_bytes']} {r['error']:+.3f} (spread {r['spread']:.2f})")
+    biased = bias_rows(rows_by_rec, a.bias) if a.bias is not None else []
+    for b in biased:
+        console.print(f"{b['transport']}{b['nranks']} {b['collective']} {b['algorithm']} {b['size_bytes']}: "
+                      f"mean {b['mean_error']:+.3f}, outside {b['outside']}/{b['recordings']}")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as fh:
+            json.dump({"tolerance": a.tolerance, "recordings": per, "total": total, "outside": outside,
+                       "bias": biased}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
