@@ -440,7 +440,9 @@ class SimParams:
             red_ip = max(red_ip, red)
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
-        cpy = max(at("copy_us", mc) - float(c["base_us"]), tiny * mc) / mc
+        def copy_per_byte(x: float) -> float:   # us per byte of the calibration's local copy of x, its call aside
+            return max(at("copy_us", x) - float(c["base_us"]), tiny * x) / x
+        cpy = copy_per_byte(mc)
         # The fresh-send and copy-beside steps below have every rank copying beside its exchange: where
         # ranks outnumber cores that adds their time-sharing, which a collective's step with one copying
         # or forwarding rank does not pay (4 ranks on 2 cores: +100 us at 512 KiB, gathers and scatters
@@ -464,7 +466,7 @@ class SimParams:
         # (above), so the fresh bytes a local copy did not write pay only the sender's copy into the slots,
         # where the runtime sends them so: from the single-copy size to the fresh sources' (shm)
         fresh_slot = not own_core and single is not None and float(single) <= msg_bytes < fresh_min
-        slot_copy = max(at("copy_us") - float(c["base_us"]), tiny * m) / m if fresh_slot else 0.0
+        slot_copy = copy_per_byte(m) if fresh_slot else 0.0
         # a copy beside a transfer in one step: what the two together took beyond each apart
         beside = 0.0
         if "exchange_copy_us" in c and (own_core or m >= BESIDE_SHARED_MIN_BYTES):
