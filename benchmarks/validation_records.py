@@ -35,21 +35,20 @@ def row_key(r: dict) -> Key:
     return (r["transport"], int(r["nranks"]), r["collective"], int(r["size_bytes"]))
 
 
-def oracle_within(rows_by_rec: Sequence[list[dict]], i: int, tolerance: float) -> int:
-    """Rows of recording `i` whose measured time the median of the other recordings' measurements of the
-    same row predicts within `tolerance`."""
-    others = [{row_key(r): r["measured_us"] for r in rows} for j, rows in enumerate(rows_by_rec) if j != i]
+def oracle_within(measured: Sequence[dict[Key, float]], i: int, tolerance: float) -> int:
+    """Rows of recording `i` (`measured`: each recording's measured time per row) whose measured time the
+    median of the other recordings' measurements of the same row predicts within `tolerance`."""
     ok = 0
-    for r in rows_by_rec[i]:
-        seen = [o[row_key(r)] for o in others if row_key(r) in o]
-        if seen and r["measured_us"] > 0:
-            ok += abs(float(np.median(seen)) - r["measured_us"]) / r["measured_us"] <= tolerance
+    for k, mine in measured[i].items():
+        seen = [m[k] for j, m in enumerate(measured) if j != i and k in m]
+        if seen and mine > 0:
+            ok += abs(float(np.median(seen)) - mine) / mine <= tolerance
     return ok
 
 
-def bias_rows(rows_by_rec: Sequence[list[dict]], threshold: float) -> list[dict]:
+def bias_rows(rows_by_rec: Sequence[list[dict]], threshold: float, tolerance: float) -> list[dict]:
     """Rows whose mean error over the recordings is at least `threshold` in size, with how often they were
-    outside 0.15."""
+    outside `tolerance`."""
     errs: dict[Key, list[float]] = {}
     algo: dict[Key, str] = {}
     for rows in rows_by_rec:
@@ -62,7 +61,7 @@ def bias_rows(rows_by_rec: Sequence[list[dict]], threshold: float) -> list[dict]
         if abs(float(np.mean(e))) >= threshold:
             out.append({"transport": k[0], "nranks": k[1], "collective": k[2], "algorithm": algo[k],
                         "size_bytes": k[3], "mean_error": float(np.mean(e)),
-                        "outside": int(sum(abs(x) > 0.15 for x in e)), "recordings": len(e)})
+                        "outside": int(sum(abs(x) > tolerance for x in e)), "recordings": len(e)})
     return out
 
 
@@ -83,10 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(title=f"rows within {a.tolerance:.0%}: this code's model vs the leave-one-out oracle")
     for col in ("recording", "rows", "model", "oracle"):
         table.add_column(col, justify="left" if col == "recording" else "right")
+    measured = [{row_key(r): r["measured_us"] for r in rows} for rows in rows_by_rec]
     per = []
     for i, (path, rows) in enumerate(zip(a.records, rows_by_rec)):
         model = sum(abs(r["error"]) <= a.tolerance for r in rows)
-        oracle = oracle_within(rows_by_rec, i, a.tolerance) if len(rows_by_rec) > 1 else None
+        oracle = oracle_within(measured, i, a.tolerance) if len(rows_by_rec) > 1 else None
         per.append({"recording": os.path.basename(path), "rows": len(rows), "model": model, "oracle": oracle})
         table.add_row(per[-1]["recording"], str(len(rows)), str(model), "-" if oracle is None else str(oracle))
     total = sum(p["model"] for p in per)
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in outside:
             console.print(f"{r['recording']}: {r['transport']}{r['nranks']} {r['collective']} {r['algorithm']} "
                           f"{r['size_bytes']} {r['error']:+.3f} (spread {r['spread']:.2f})")
-    biased = bias_rows(rows_by_rec, a.bias) if a.bias is not None else []
+    biased = bias_rows(rows_by_rec, a.bias, a.tolerance) if a.bias is not None else []
     for b in biased:
         console.print(f"{b['transport']}{b['nranks']} {b['collective']} {b['algorithm']} {b['size_bytes']}: "
                       f"mean {b['mean_error']:+.3f}, outside {b['outside']}/{b['recordings']}")
