@@ -939,6 +939,31 @@ def test_a_transfer_costs_at_least_what_its_bytes_cost_at_the_call_s_working_set
     assert prm.for_call(m, n, m, footprint_bytes=2 * m).host_pool_GBps == pytest.approx(alone.host_pool_GBps)
 
 
+@pytest.mark.parametrize("tr,n,m,slower", [("shm", 4, 2 * SINGLE, True), ("shm", 4, SINGLE // 2, False),
+                                            ("shm", 2, 2 * SINGLE, False), ("tcp", 4, 2 * SINGLE, False)])
+def test_where_shm_ranks_share_cores_a_reduction_costs_at_least_what_it_costs_at_the_call_s_working_set(
+        tr: str, n: int, m: int, slower: bool) -> None:
+    """From 8 MiB every reduction costs 1.5x more per byte (its operands left a cache). 4 shm ranks on 2 cores
+    reducing single-copy messages in a call whose working set is a 16 MiB exchange's (a tree reduce streaming
+    segments through its buffers) reduce at the 8-16 MiB rate, in place and out of place; below the
+    single-copy size, with a core per rank (read at the message size) and over TCP at the message's rate."""
+    raw = synthetic(tr, n)
+    res, slow = raw["results"], 1.5
+    for name, plain in (("exchange_reduce", "exchange"), ("oneway_reduce", "oneway"),
+                        ("oneway_reduce_inplace", "oneway")):
+        res[name] = {b: res[plain][b] + (v - res[plain][b]) * (slow if int(b) >= 2**23 else 1.0)
+                     for b, v in res[name].items()}
+    prm = params_for(fit({tr: {n: raw}}, nprocs=n, cores=2)[0], {"host_transport": tr})
+    alone, in_big_call = prm.for_call(m, n, m), prm.for_call(8 * m, n, m, footprint_bytes=2**25)
+    one_rank_alone = TRUE[tr][n]["red"] / 1.6   # us per byte: the one-way reduction's, below 8 MiB
+    if slower:
+        assert 1e-3 / in_big_call.reduce_GBps == pytest.approx(slow * one_rank_alone, rel=1e-6)
+        assert 1e-3 / in_big_call.reduce_inplace_GBps == pytest.approx(slow * one_rank_alone, rel=1e-6)
+    else:
+        assert in_big_call.reduce_GBps == pytest.approx(alone.reduce_GBps, rel=1e-6)
+        assert in_big_call.reduce_inplace_GBps == pytest.approx(alone.reduce_inplace_GBps, rel=1e-6)
+
+
 def test_a_one_way_in_place_reduction_on_the_slot_path_moves_its_bytes_as_fast_as_the_calibration_timed_it() -> None:
     """4 shm ranks on 2 cores: below the reductions' single-copy size (FRESH_SINGLE) the runtime's reductions
     take the slot path, here 0.8 of the plain one-way's single copy, reduction included. The in-place

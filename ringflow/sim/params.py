@@ -333,7 +333,9 @@ class SimParams:
             return float(np.exp(np.interp(np.log(x), np.log(sizes), np.log(np.maximum(c[key], 1e-9)))))
         t1 = float(c["t1_us"])
         tiny = 1e-6   # us per byte: the floor of a cost that noise made vanish
-        near = np.union1d(sizes[(sizes >= m / 2) & (sizes <= 2 * m)], [m])   # the measured sizes within m/2 .. 2m
+        def window(x: float) -> np.ndarray:   # the measured sizes within x/2 .. 2x, and x
+            return np.union1d(sizes[(sizes >= x / 2) & (sizes <= 2 * x)], [x])
+        near = window(m)
         # the call's working set as the calibration size that touched as much (its copy and exchange of x
         # touch 2x per rank)
         mc = float(np.clip(copy_bytes, sizes[0], sizes[-1]))
@@ -393,15 +395,16 @@ class SimParams:
                 engine_GBps = max(engine_GBps, 1e-3 * msgs * m / t_step)
                 pair = solo
 
-        def extra(hi: str, lo: str, less: str | None = None, point: bool = False, mean: bool = False) -> float:
+        def extra(hi: str, lo: str, less: str | None = None, point: bool = False, mean: bool = False,
+                  x0: float | None = None) -> float:
             # us per byte that curve `hi` adds to `lo` (and to `less`'s work, its call overhead aside) over
             # the measured sizes within m/2 .. 2m, not one difference of two nearly equal noisy times: the
             # least-squares slope through the origin, or with `less` or `mean` (an effect that comes and goes
             # within a factor of 2 of size) the mean per byte, which the largest size does not dominate;
-            # `point`: the difference at m itself
+            # `point`: the difference at m itself; `x0`: the window around that size instead of m
             if point:
                 return max((at(hi) - at(lo) - (at(less) - float(c["base_us"]) if less else 0.0)) / m, tiny)
-            xs = near
+            xs = near if x0 is None else window(x0)
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less or mean else float(np.dot(d, xs) / np.dot(xs, xs))
             return max(slope, tiny)
@@ -438,6 +441,18 @@ class SimParams:
             # average (shm and TCP) and 16 MiB shm tree reduces -0.23..-0.47 in 9 recordings of 9 (replays
             # of rec55-rec63: 2,473 -> 2,487 rows within 15 %; 4-rank shm reduces -0.084 -> -0.001 on average)
             red_ip = max(red_ip, red)
+        if not own_core and sender_free and mc > m and self.host_transport != "tcp":
+            # and like its transfers (the working-set floor above) a reduction of single-copy messages runs
+            # from the cache level the call's working set fits in, read from the same curves there: a 16 MiB
+            # tree reduce of 4 shm ranks on 2 cores streams 1 MiB segments through 16 MiB buffers, and read
+            # at 1 MiB it was -0.21 on average (12 recordings of 17 outside 15 %; +0.06 and 5 read at the
+            # working set; replays of rec55-rec71: 4,747 -> 4,752 rows). With a core per rank the reduction
+            # is read at the message size (above): there the 16 MiB regime priced 2-rank reduce-scatters of
+            # 16 MiB +0.11 against -0.07
+            red_ws = extra(xr_key, "exchange_us", mean=True, x0=mc)
+            if "oneway_reduce_us" in c:
+                red_ws = min(extra("oneway_reduce_us", "oneway_us", x0=mc), red_ws)
+            red_ip, red = max(red_ip, red_ws), max(red, red_ws)
         # a local copy runs from the cache level the call's working set fits in (the calibration's copy
         # of x bytes touches 2x)
         def copy_per_byte(x: float) -> float:   # us per byte of the calibration's local copy of x, its call aside
