@@ -140,6 +140,32 @@ def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:
     assert "busbw" in p.stdout
 
 
+def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_path: Path) -> None:
+    """`--passes 3 --iters 7`: every row is timed in 3 sweeps of ceil(7 / 3) samples each, its time the
+    median of all 9, and its results still checked."""
+    out = tmp_path / "rows.json"
+    p = _ringflow("bench", "all_reduce,gather", "-n", "2", "--min", "1KiB", "--max", "64KiB", "--factor", "64",
+                  "--iters", "7", "--passes", "3", "--check", "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["collective"], r["size_bytes"]) for r in rows] == \
+        [("all_reduce", 1024), ("all_reduce", 65536), ("gather", 1024), ("gather", 65536)]
+    assert all(r["iters"] == 9 and r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+    bad = _ringflow("bench", "all_reduce", "-n", "2", "--max", "1KiB", "--passes", "0")
+    assert bad.returncode != 0 and "passes must be at least 1" in bad.stderr
+
+
+def test_call_samples_take_their_share_of_the_default_count() -> None:
+    """A row timed in `share` passes takes ceil(1/share) of the samples it would take in one (at least 3)."""
+    from ringflow.runtime.bench import call_samples_s, default_iters, batch_size
+    clock = iter(np.arange(0.0, 1e4, 1e-3)).__next__   # every clock read 1 ms after the last
+    one = call_samples_s(lambda: None, lambda: None, lambda s: s, clock=clock)
+    full = default_iters(1e-3, batch_size(1e-3))
+    assert len(one) == full
+    assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=4, clock=clock)) == -(-full // 4)
+    assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=1000, clock=clock)) == 3
+
+
 def test_large_tcp_transfers_are_striped_element_aligned() -> None:
     from ringflow.runtime.executor import STRIPE_MIN_BYTES, stripes
     assert stripes(1000, 4, 2) == [(0, 1000)]

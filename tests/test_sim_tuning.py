@@ -144,6 +144,21 @@ def test_a_bench_job_tunes_on_its_own_calibration_as_validation_predicts_it() ->
         sorted((r["collective"], r["size_bytes"], r["algorithm"]) for r in rows)
 
 
+@pytest.mark.parametrize("passes", [1, 5])
+def test_a_validation_job_times_its_rows_between_its_calibration_s_sweeps(passes: int) -> None:
+    """`ringflow validate`'s jobs (`bench.launch(calibrate=..., passes=...)`): the bench's passes run after
+    each of the calibration's sweeps (BATCHES of them), any left over after it; every row gets all its
+    passes' samples and is checked; with one pass the rows are timed after the calibration, as before."""
+    from ringflow.runtime import bench
+    from ringflow.sim._calib_worker import BATCHES
+    got = bench.launch("all_reduce,scatter", 2, 0, 0, sizes=[2**16, 2**20], calibrate="quick", iters=3 * passes,
+                       passes=passes, warmup=1, check=True, timeout_s=120)
+    cal = [r["calibration"] for r in got if "calibration" in r]
+    rows = [r for r in got if "calibration" not in r]
+    assert len(cal) == 1 and cal[0].get("interleaved_sweeps", 0) == (BATCHES if passes > 1 else 0)
+    assert len(rows) == 4 and all(r["wrong"] == 0 and r["iters"] == 3 * passes for r in rows)
+
+
 def test_the_tuned_vs_flat_benchmark_writes_both_tuners_rows_side_by_side(tmp_path) -> None:
     """`benchmarks/tuned_vs_flat.py` end to end on 2 shm ranks (quick calibration, one job per tuner):
     one row per collective and size, each with both tuners' algorithm, time and bandwidths, and the

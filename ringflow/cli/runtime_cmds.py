@@ -41,11 +41,14 @@ def register(app: typer.Typer) -> None:
         shm_alloc: bool = typer.Option(False, "--alloc", help="Use comm.alloc() buffers."),
         json_out: Optional[str] = typer.Option(None, "--json", help="Write rows as JSON to this file."),
         timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
+        passes: int = typer.Option(1, "--passes", help="Split each size's samples over this many sweeps of "
+                                   "all sizes (steadier medians on a noisy host)."),
     ) -> None:
         """nccl-tests style benchmark on real local ranks (time, algbw, busbw, #wrong)."""
         from ..runtime import bench
         rows = bench.launch(collective, nprocs, min_size, max_size, factor=factor, algo=algo, dtype=dtype, op=op,
-                            iters=iters, warmup=warmup, check=check, alloc=shm_alloc, timeout_s=timeout)
+                            iters=iters, warmup=warmup, check=check, alloc=shm_alloc, timeout_s=timeout,
+                            passes=passes)
         bench.print_rows(rows)
         if json_out:
             from .common import write_json

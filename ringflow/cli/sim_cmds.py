@@ -199,6 +199,8 @@ def validate_command(
     repeats: int = typer.Option(3, "--repeats", help="bench jobs per configuration (medians are compared)"),
     max_repeats: int = typer.Option(6, "--max-repeats", help="more jobs, up to this many, for a configuration "
                                     "whose jobs disagree by more than the tolerance on over a fifth of its sizes"),
+    passes: int = typer.Option(3, "--passes", help="sweeps each job's rows are timed in, interleaved with its "
+                               "calibration's (a burst of host noise meets one of them)"),
     transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),
     multihost: bool = typer.Option(False, "--multihost", help="instead: flat ring vs hierarchical all-reduce on "
@@ -236,7 +238,7 @@ def validate_command(
                             collectives=None if collectives == "all" else collectives.split(","),
                             min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
                             console=console, repeats=repeats, transports=tuple(transports.split(",")),
-                            record=record, tuned=tuned, max_repeats=max(repeats, max_repeats))
+                            record=record, tuned=tuned, max_repeats=max(repeats, max_repeats), passes=passes)
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
                 ["transport", "n", "collective", "algorithm", "size", "measured(us)", "run spread", "predicted(us)",

@@ -65,6 +65,15 @@ def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: 
     The one timing loop of every benchmark here (ringflow, Gloo and Open MPI baselines, calibration):
     warm-up calls (the last one sizes the batch, agreed by all ranks through `slowest`), then
     samples of a barrier and `batch_size` back-to-back calls."""
+    times = call_samples_s(call, barrier, slowest, warmup=warmup, iters=iters, quick=quick, clock=clock)
+    return float(np.median(times)), len(times)
+
+
+def call_samples_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: Callable[[float], float], *,
+                   warmup: int = 2, iters: int = 0, quick: bool = False, share: int = 1,
+                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """`median_call_s`'s samples, seconds per call; with `share` > 1 a 1/share part of their
+    count (`iters`, or the default; at least 3), for a row timed in that many passes."""
     one = 0.0
     for _ in range(max(1, warmup)):
         t0 = clock()
@@ -75,6 +84,8 @@ def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: 
     n = iters or default_iters(one, m)
     if quick and not iters:
         n = max(3, n // 4)
+    if share > 1:
+        n = max(3, -(-n // share))
     times = []
     for _ in range(n):
         barrier()
@@ -82,7 +93,7 @@ def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: 
         for _ in range(m):
             call()
         times.append(slowest((clock() - t0) / m))
-    return float(np.median(times)), n
+    return times
 
 
 def _fill(comm: Any, coll: str, nelem: int, dtype: np.dtype, alloc: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -162,6 +173,53 @@ def _tune_from(comm: Any, cal: dict, nprocs: int) -> dict:
     return cal
 
 
+def _bench_row(comm: Any, spec: dict, coll: str, nbytes: int, dtype: np.dtype, timer: np.ndarray, passes: int,
+               check: bool) -> dict | None:
+    """One row's share of samples (`samples_s`, seconds per call) and its description; None where the
+    size holds no element per rank."""
+    n, rank = comm.size, comm.rank
+    nelem = nbytes // dtype.itemsize
+    if coll in ("all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"):
+        nelem -= nelem % n
+    if nelem == 0:
+        return None
+    op = spec["op"] if coll in REDUCTIONS else None
+    x, out = _fill(comm, coll, nelem, dtype, spec["alloc"])
+    x0 = x.copy()
+    x[...] = x0
+
+    def slowest(seconds: float) -> float:
+        timer[0] = seconds
+        comm.all_reduce(timer, "max")
+        return float(timer[0])
+
+    ran: list[Any] = [None]  # the schedule the timed calls ran (not the timer's all-reduce)
+
+    def call() -> None:
+        _call(comm, coll, x, out, op or "sum")
+        ran[0] = getattr(comm, "last_schedule", None)
+
+    with np.errstate(all="ignore"):  # values are not reset between calls: they may overflow
+        times = call_samples_s(call, comm.barrier, slowest, warmup=spec["warmup"],
+                               iters=spec["iters"], share=passes)
+    wrong = 0
+    if spec["check"] and check:
+        x[...] = x0
+        res = _call(comm, coll, x, out, op or "sum")
+        in_n = x0.size
+        exp = _expected(coll, n, rank, nelem, dtype, lambda r: ((np.arange(in_n) % 97) + r + 1).astype(dtype))
+        if exp is not None:
+            wrong = int(np.count_nonzero(res.reshape(-1) != exp.reshape(-1)))
+        w = np.array([wrong], np.int64)
+        comm.all_reduce(w)
+        wrong = int(w[0])
+    return {"collective": coll, "nranks": n, "size_bytes": nelem * dtype.itemsize, "count": nelem,
+            "dtype": str(dtype), "redop": op or "none", "root": 0 if coll in ROOTED else -1, "samples_s": times,
+            "wrong": wrong, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
+            "algorithm": ran[0].algorithm if ran[0] is not None else (spec.get("algo") or "auto"),
+            "nchannels": ran[0].nchannels if ran[0] is not None else 1}
+
+
 def worker(spec: dict) -> list[dict]:
     """Body of one benchmark rank (run under `ringflow run`); rank 0 returns the rows."""
     import ringflow
@@ -170,58 +228,41 @@ def worker(spec: dict) -> list[dict]:
     dtype = np.dtype(spec["dtype"]) if spec["dtype"] != "bfloat16" else np.dtype("bfloat16")
     rows: list[dict] = []
     timer = np.zeros(1, np.float64)
+    passes = max(1, int(spec.get("passes") or 1))
+    samples: dict[tuple[str, int], list[float]] = {}
+    ran = [0]   # passes timed so far
+
+    def bench_pass() -> None:
+        """Time every row's share of its samples (the last pass also checks the results and adds the rows)."""
+        last = ran[0] == passes - 1
+        for coll in spec["collectives"]:
+            for nbytes in spec["sizes"]:
+                row = _bench_row(comm, spec, coll, nbytes, dtype, timer, passes, check=last)
+                if row is None:
+                    continue
+                got = samples.setdefault((coll, row["size_bytes"]), [])
+                got.extend(row.pop("samples_s"))
+                if last:
+                    t = float(np.median(got))
+                    algbw = row["size_bytes"] / t / 1e9 if t > 0 else 0.0
+                    rows.append({**row, "time_us": t * 1e6, "algbw_GBps": algbw,
+                                 "busbw_GBps": algbw * bus_factor(coll, n), "iters": len(got)})
+        ran[0] += 1
+
     if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
         from ..sim._calib_worker import measure
-        cal = measure(comm, quick=spec["calibrate"] == "quick")
+        # the bench's passes run between the calibration's sweeps, so both meet the same bursts of host
+        # noise, not one burst the calibration and another the rows (not where the rows' algorithms are
+        # tuned on the calibration, which must come first)
+        interleave = passes > 1 and not spec.get("tune_ranks")
+        cal = measure(comm, quick=spec["calibrate"] == "quick",
+                      between_sweeps=(lambda: bench_pass() if ran[0] < passes else None) if interleave else None)
         if spec.get("tune_ranks"):
             cal = _tune_from(comm, cal, int(spec["tune_ranks"]))
         if rank == 0:
             rows.append({"calibration": cal})
-    for coll in spec["collectives"]:
-        for nbytes in spec["sizes"]:
-            nelem = nbytes // dtype.itemsize
-            if coll in ("all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"):
-                nelem -= nelem % n
-            if nelem == 0:
-                continue
-            op = spec["op"] if coll in REDUCTIONS else None
-            x, out = _fill(comm, coll, nelem, dtype, spec["alloc"])
-            x0 = x.copy()
-            x[...] = x0
-
-            def slowest(seconds: float) -> float:
-                timer[0] = seconds
-                comm.all_reduce(timer, "max")
-                return float(timer[0])
-
-            ran: list[Any] = [None]  # the schedule the timed calls ran (not the timer's all-reduce)
-
-            def call() -> None:
-                _call(comm, coll, x, out, op or "sum")
-                ran[0] = getattr(comm, "last_schedule", None)
-
-            with np.errstate(all="ignore"):  # values are not reset between calls: they may overflow
-                t, iters = median_call_s(call, comm.barrier, slowest, warmup=spec["warmup"], iters=spec["iters"])
-            wrong = 0
-            if spec["check"]:
-                x[...] = x0
-                res = _call(comm, coll, x, out, op or "sum")
-                in_n = x0.size
-                exp = _expected(coll, n, rank, nelem, dtype,
-                                lambda r: ((np.arange(in_n) % 97) + r + 1).astype(dtype))
-                if exp is not None:
-                    wrong = int(np.count_nonzero(res.reshape(-1) != exp.reshape(-1)))
-                w = np.array([wrong], np.int64)
-                comm.all_reduce(w)
-                wrong = int(w[0])
-            size = nelem * dtype.itemsize
-            algbw = size / t / 1e9 if t > 0 else 0.0
-            rows.append({"collective": coll, "nranks": n, "size_bytes": size, "count": nelem, "dtype": str(dtype),
-                         "redop": op or "none", "root": 0 if coll in ROOTED else -1, "time_us": t * 1e6,
-                         "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(coll, n), "wrong": wrong,
-                         "iters": iters, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
-                         "algorithm": ran[0].algorithm if ran[0] is not None else (spec.get("algo") or "auto"),
-                         "nchannels": ran[0].nchannels if ran[0] is not None else 1})
+    while ran[0] < passes:
+        bench_pass()
     comm.destroy()
     return rows if rank == 0 else []
 
@@ -230,14 +271,19 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
            extra_env: dict[str, str] | None = None, sizes: list[int] | None = None,
-           calibrate: str | None = None, tune_ranks: int = 0) -> list[dict]:
+           calibrate: str | None = None, tune_ranks: int = 0, passes: int = 1) -> list[dict]:
     """Run the benchmark on `nprocs` local ranks; the rows (as in --json).
 
     `collective` is one name, a comma list, or 'all'; `sizes` (bytes) overrides min/max/factor.
     `calibrate` ('full' or 'quick'): the same job first runs the simulator's calibration schedules
     (`sim._calib_worker.measure`) and the first row is {"calibration": ...}; with `tune_ranks` the job
     then picks its algorithms on that calibration, fitted for a host of `tune_ranks` endpoints.
+    `passes` > 1: every row's samples are split over that many sweeps of all rows (a burst of host noise
+    meets one pass of a row, not all of its samples; with `calibrate` and no tuning, between the
+    calibration's sweeps), and its time is the median of them all.
     """
+    if passes < 1:
+        raise InvalidArgument(f"passes must be at least 1, got {passes}", "pass --passes 1 or more")
     if tune_ranks and not calibrate:
         raise InvalidArgument("tune_ranks needs calibrate", "pass calibrate='full' or 'quick'")
     colls = list(COLLECTIVES) if collective == "all" else [c.strip().replace("-", "_")
@@ -248,7 +294,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
     if sizes is None:
         sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
-            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate, "tune_ranks": tune_ranks}
+            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate, "tune_ranks": tune_ranks, "passes": passes}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
         with open(spec_path, "w") as fh:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -134,8 +134,9 @@ def exchange_outliers(results: dict, sizes: list[int]) -> list[int]:
     return [b for b, k, lim in zip(sizes, keys, bound) if results["exchange"][k] > OUTLIER_RATIO * lim]
 
 
-def measure(comm: Any, quick: bool = False) -> dict:
-    """Time every calibration schedule on `comm` (every rank calls it; rank 0's result counts)."""
+def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | None = None) -> dict:
+    """Time every calibration schedule on `comm` (every rank calls it; rank 0's result counts);
+    `between_sweeps` runs after each sweep of the curves' batches (the bench's passes, `ringflow validate`)."""
     n = comm.size
     scheds = _schedules(n)
     sizes = QUICK_SIZES if quick else SIZES
@@ -201,6 +202,11 @@ def measure(comm: Any, quick: bool = False) -> dict:
             for name in names:
                 for s in sizes:
                     spread_out[name][s].append(batch(name, s))
+            if between_sweeps is not None:   # with the runtime's checks, as `ringflow bench` runs
+                comm._checks = True
+                between_sweeps()
+                comm._checks = False
+                res["interleaved_sweeps"] = res.get("interleaved_sweeps", 0) + 1
         for name in names:
             res["results"][name] = {str(s): 1e6 * float(np.median(v)) for s, v in spread_out[name].items()}
         def retime(name: str, again: list[int], rounds: int = 1) -> None:
