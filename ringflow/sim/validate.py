@@ -87,17 +87,11 @@ def predict_rows(topo: Any, rows: Sequence[dict], transport: str, engine: str = 
     return out
 
 
-# a job's rows are timed in as many sweeps as the calibration's batches (`_calib_worker.BATCHES`), the two
-# interleaved: a burst of the host's noise (seconds to tens of seconds on this VM) then meets a third of
-# both, not the calibration alone or a row's every sample
-BENCH_PASSES = 3
-
-
 def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), collectives: Sequence[str] | None = None,
              min_size: str = "64KiB", max_size: str = "16MiB", tolerance: float = 0.15, quick: bool = False,
              console: Any = None, transports: Sequence[str] = TRANSPORTS,
              repeats: int = 2, record: str | None = None, tuned: bool = False,
-             max_repeats: int | None = None, passes: int = BENCH_PASSES) -> tuple[list[dict], bool]:
+             max_repeats: int | None = None, passes: int | None = None) -> tuple[list[dict], bool]:
     """Measure with `ringflow bench`, predict, compare; (rows, all within tolerance).
 
     Without `topo`, every bench job first calibrates with the same processes (`bench.launch(...,
@@ -111,8 +105,13 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     write every job (its calibration and bench rows) to this file, for `replay`.  `tuned`: the jobs pick
     their algorithms with the simulator on the calibrated host (RINGFLOW_TUNER_TOPO=`topo`, or each
     job's own calibration), so the model is checked on the choices it makes.  `passes`: each job's
-    rows are timed in that many sweeps, between the calibration's (`bench.launch`)."""
+    rows are timed in that many sweeps, between the calibration's (`bench.launch`); by default as many
+    as the calibration's sweeps of batches (`_calib_worker.BATCHES`): a burst of the host's noise (seconds
+    to tens of seconds on this VM) then meets a third of both, not the calibration alone or a row's every
+    sample."""
     from ..runtime import bench
+    from ._calib_worker import BATCHES
+    passes = BATCHES if passes is None else passes
     from ..topology import load_topology
     fixed = load_topology(topo) if isinstance(topo, str) else topo
     if fixed is not None and len(fixed.endpoints()) < max(ranks):
