@@ -830,13 +830,14 @@ def test_a_copy_s_extra_beside_a_transfer_counts_from_a_tenth_of_the_exchange(fr
         assert 1e-3 / got.copy_beside_transfer_GBps * 2**20 == pytest.approx(fraction * ex[str(2**20)], rel=0.05)
 
 
-@pytest.mark.parametrize("tr,n", [("shm", 2), ("tcp", 2), ("shm", 4)])
+@pytest.mark.parametrize("tr,n", [("shm", 2), ("tcp", 2), ("shm", 4), ("tcp", 4)])
 def test_every_rank_reducing_beside_its_exchange_pays_what_the_calibration_s_exchange_with_reduction_took(
         tr: str, n: int) -> None:
     """A rank reducing alone (one-way with reduction) was 5x faster than every rank reducing beside its
-    exchange: over shm the slot copy hides the lone reduction, so every rank reducing is that much slower
-    (a 2-rank halving-doubling reduce-scatter's step costs the calibration's exchange with reduction at its
-    message size), not at most n lone reductions in a row; over TCP the n-fold bound stays."""
+    exchange: over shm the slot copy hides the lone reduction, and over TCP with a core per rank its
+    socket receive does, so every rank reducing is that much slower (a 2-rank halving-doubling
+    reduce-scatter's step costs the calibration's exchange with reduction at its message size), not at most
+    n lone reductions in a row; over TCP with ranks sharing cores (4 on 2) the n-fold bound stays."""
     from ringflow.algorithms.registry import get_schedule
     m = synthetic(tr, n)
     red, ow = TRUE[tr][n]["red"], m["results"]["oneway"]
@@ -849,9 +850,10 @@ def test_every_rank_reducing_beside_its_exchange_pays_what_the_calibration_s_exc
     msg = size // 2
     params = params_for(topo, {"host_transport": tr})
     slowdown = params._from_curves(params.host_curves_for(n), msg, msg).reduce_busy_slowdown
+    own_core = n <= 2
     if n == 2:   # one step: the exchange of half the buffer, reduced
-        assert (got == pytest.approx(m["results"]["exchange_reduce"][str(msg)], rel=1e-6)) == (tr == "shm")
-    if tr == "shm":
+        assert got == pytest.approx(m["results"]["exchange_reduce"][str(msg)], rel=1e-6)
+    if tr == "shm" or own_core:
         assert slowdown == pytest.approx(5.0, rel=1e-6)
     else:
         assert 1.0 < slowdown <= n

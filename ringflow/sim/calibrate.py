@@ -279,7 +279,7 @@ def _source(key: str) -> str:
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
             "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "
                            "m/2..2m: one rank reducing alone (every rank at once: the exchange's, as "
-                           "reduce_busy_slowdown; over TCP at most the ranks reducing; over shm with a core per "
+                           "reduce_busy_slowdown; over TCP with ranks sharing cores at most the ranks reducing; over shm with a core per "
                            "rank at the message size itself)",
             "reduce_inplace_GBps": "1 / slope of (one-way-with-reduction time, IN = OUT - one-way time) over "
                                    "the sizes within m/2..2m: a rank reducing into its own operand "

@@ -561,10 +561,14 @@ class SimParams:
         return dataclasses.replace(
             self, link_efficiency=eff, endpoint_GBps={tr: engine_GBps}, reduce_GBps=1e-3 / red,
             reduce_inplace_GBps=1e-3 / red_ip,
-            # over TCP n ranks reducing at once are at worst n reductions in a row; over shm a lone rank's
-            # reduction hides behind its sender's slot copies, which every rank busy cannot (2 ranks at 256
-            # KiB: 5.5x, and with the 2x bound 512 KiB halving-doubling reduce-scatters were -10..-26 %)
-            reduce_busy_slowdown=float(red_busy / red if tr == "shm" else min(red_busy / red, busy)),
+            # over TCP with ranks sharing cores n ranks reducing at once are at worst n reductions in a row;
+            # over shm a lone rank's reduction hides behind its sender's slot copies, which every rank busy
+            # cannot (2 ranks at 256 KiB: 5.5x, and with the 2x bound 512 KiB halving-doubling reduce-scatters
+            # were -10..-26 %), and so it does over TCP with a core per rank on hosts where the sender bounds
+            # a lone transfer (2 ranks: one-way with reduction within 5 % of the plain one-way at 512 KiB-4 MiB,
+            # while the exchange with reduction took 40-50 us more than the exchange at 1 MiB; with the 2x bound
+            # 2-rank halving-doubling reduce-scatters were -0.10..-0.21 in 10 recordings of 10, rec76-rec85)
+            reduce_busy_slowdown=float(red_busy / red if tr == "shm" or own_core else min(red_busy / red, busy)),
             copy_GBps=1e-3 / cpy, fresh_send_GBps=1e-3 / fresh if fresh > tiny else None,
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
             fresh_slot_GBps=1e-3 / slot_copy if slot_copy > 0 else None,
