@@ -872,6 +872,8 @@ def test_a_real_4_rank_calibration_times_the_all_to_all_step_again_at_every_size
     assert set(k for k in r if k.endswith("_retimed")) <= {"alltoall_retimed", "exchange_retimed"}
     got = curves({"nranks": 4, "results": r})
     assert len(got["alltoall_us"]) == len(got["shift_us"]) == len(QUICK_SIZES)   # and the ring step
+    # the check timed apart before the exchange step of 64 KiB too (calls whose first step has every rank busy)
+    assert list(r["check_busy"]) == [str(2**16)] and got["check_busy_us"] >= 0.0
     # the reducing exchange of one block into the other of a two-block buffer, at every message size
     assert len(got["exchange_reduce_split_us"]) == len(QUICK_SIZES)
     assert all(s >= e for s, e in zip(got["exchange_reduce_split_us"], got["exchange_us"]))
@@ -1122,3 +1124,28 @@ def test_a_reducing_exchange_step_costs_the_calibrated_reduction_of_one_block_in
     if tr == "shm":   # with a core per shm rank read at the message size: the step is the curve's time there
         assert predicted(old) == pytest.approx(old["results"]["exchange_reduce"][str(msg)], rel=1e-6)
         assert predicted(new) == pytest.approx(new["results"]["exchange_reduce_split"][str(msg)], rel=1e-6)
+
+
+@pytest.mark.parametrize("coll,algo,busy", [("all_gather", "bruck", True), ("reduce_scatter", "halving_doubling", True),
+                                           ("all_reduce", "ring", True), ("all_reduce", "tree", False)])
+def test_a_call_whose_first_step_keeps_every_rank_busy_pays_the_check_timed_before_the_exchange_step(
+        coll: str, algo: str, busy: bool) -> None:
+    """4 TCP ranks on 2 cores: the argument check cost 526-540 us before the 4-byte step (`check_us`) but
+    325-360 before the 64 KiB exchange step and before the bench's all-gathers, reduce-scatters and
+    all-to-alls of 64 KiB (their first step has every rank sending and receiving). A calibration that timed
+    the check there (`check_busy`) prices such calls with it; a call whose first step leaves ranks idle (a
+    tree all-reduce's leaves send first) keeps `check_us`; a calibration without it prices both as before."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    n, size = 4, 2**16
+    with_busy = synthetic("tcp", n)
+    p = TRUE["tcp"][n]
+    with_busy["results"]["check_busy"] = {str(2**16): 0.6 * p["check"]}
+    sched = get_schedule(coll, algo, n)
+    assert from_schedule(sched).first_step_busy() == busy
+
+    def t_us(cal: dict) -> float:
+        topo, _ = fit({"tcp": {n: cal}}, nprocs=n, cores=2)
+        return simulate_schedule(topo, sched, size, params={"host_transport": "tcp"}).time_us
+    saved = t_us(synthetic("tcp", n)) - t_us(with_busy)
+    assert saved == pytest.approx(0.4 * p["check"] if busy else 0.0, abs=1e-6)

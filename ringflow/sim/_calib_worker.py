@@ -101,6 +101,11 @@ QUICK_SIZES = [2**12, 2**16, 2**20, 2**24]
 # check, more as they grow (4 TCP ranks: 500 us at 64 KiB, 270-370 us at 1-4 MiB)
 ROOTED_CHECK_SIZES = [2**16, 2**18, 2**20, 2**22]
 QUICK_ROOTED_CHECK_SIZES = [2**16, 2**20]
+# with more than one pair, the check is also timed apart before the exchange step of messages this size:
+# a call whose first step has every rank sending and receiving overlaps the check's tail with it (4 TCP
+# ranks on 2 cores: 325-360 us before exchanges, ring shifts and the bench's all-gathers, reduce-scatters
+# and all-to-alls of 64 KiB, 526-540 before the 4-byte step and a 64 KiB one-way)
+CHECK_BUSY_BYTES = 2**16
 
 
 # An exchange this much slower than the same exchange beside a copy, less the copy's work, is timed again
@@ -184,12 +189,16 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
     # apart, on the fan-out step at a few sizes
     rooted = {str(b): 1e6 * check_cost("fanout", b)
               for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
+    # (2 ranks' exchange checks itself: its first step exchanges with every peer)
+    busy_check = {str(CHECK_BUSY_BYTES): 1e6 * check_cost("exchange", CHECK_BUSY_BYTES)} if n > 2 else None
     comm._checks = False
     try:
         for name in ("steps1", "steps8"):
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
         res["results"]["check_rooted"] = rooted
+        if busy_check is not None:
+            res["results"]["check_busy"] = busy_check
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)
         # a reduction into its own operand (in-place all-reduce and reduce) streams one buffer fewer
         names = CURVE_STEPS + (MANY_RANK_STEPS if n > 2 else ())

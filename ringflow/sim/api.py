@@ -69,7 +69,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
                    checked: bool = False) -> SimResult:
     """Simulate a transfer table (from a schedule or the fast path) for one call size; `checked`:
     the runtime runs a CHECK exchange first (`SimParams.check_us`, before rooted collectives
-    `check_rooted_us`)."""
+    `check_rooted_us`, before a first step with every rank busy `check_busy_us`)."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
@@ -125,7 +125,11 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
-    check_us = prm.check_rooted_us if tab.collective.has_root and prm.check_rooted_us is not None else prm.check_us
+    check_us = prm.check_us
+    if tab.collective.has_root and prm.check_rooted_us is not None:
+        check_us = prm.check_rooted_us
+    elif prm.check_busy_us is not None and tab.first_step_busy():
+        check_us = prm.check_busy_us
     if checked and prm.asleep_check_us and tab.collective.has_root \
             and _last_step_lag_us(tab, fab, count_bytes) > prm.asleep_lag_us:
         check_us += prm.asleep_check_us

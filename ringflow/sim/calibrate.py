@@ -194,6 +194,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"),
             "single_copy_fresh_min_bytes": result.get("single_copy_fresh_min_bytes"),
             **_rooted_checks(r),
+            **({"check_busy_us": max(0.0, float(next(iter(r["check_busy"].values()))))} if "check_busy" in r else {}),
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),
@@ -243,8 +244,9 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
             report[f"{p}.alpha_us"] = {"value": c["alpha_us"], "from": _source("alpha_us")}
             report[f"{p}.base_us"] = {"value": c["base_us"], "from": _source("base_us")}
             report[f"{p}.check_us"] = {"value": c["check_us"], "from": _source("check_us")}
-            if "check_rooted_us" in c:
-                report[f"{p}.check_rooted_us"] = {"value": c["check_rooted_us"], "from": _source("check_rooted_us")}
+            for key in ("check_rooted_us", "check_busy_us"):
+                if key in c:
+                    report[f"{p}.{key}"] = {"value": c[key], "from": _source(key)}
             for label, m in (("64KiB", 2**16), ("1MiB", 2**20), ("16MiB", 2**24)):
                 q = dataclasses.replace(base, host_transport=tr).for_call(m, int(n), m)
                 tier = "loopback" if tr == "tcp" else "shm"
@@ -275,6 +277,8 @@ def _source(key: str) -> str:
             "check_us": "a 1-step call with the cross-rank argument check - one without (RINGFLOW_CHECKS_DISABLE)",
             "check_rooted_us": "the same on the fan-out step at 64 KiB (rooted collectives; a direct scatter reads "
                                "it per size, at its messages, where the calibration measured several)",
+            "check_busy_us": "the same on the exchange step at 64 KiB (calls whose first step has every rank "
+                             "sending and receiving; more than 2 ranks)",
             "oneway_GBps": "bytes / (one-way time - t 1 step) at this message size",
             "endpoint_GBps": "2 x bytes / (two-way exchange time - t 1 step): a rank's engine carries both",
             "reduce_GBps": "1 / slope of (one-way-with-reduction time - one-way time) over the sizes within "

@@ -232,6 +232,12 @@ class SimParams:
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
     # before a fan-out step; None: check_us.
     check_rooted_us: float | None = None
+    # The check's visible cost before a call whose first step has every rank sending and receiving
+    # (`TransferTable.first_step_busy`: exchanges, ring shifts, all-to-all steps), measured before the
+    # exchange step at 64 KiB; None: check_us. The check's last messages overlap that step's: 4 TCP ranks on
+    # 2 cores, 325-360 us before it and before the bench's all-gathers, reduce-scatters and all-to-alls of
+    # 64 KiB, 526-540 before the 4-byte step `check_us` is timed on (4 shm ranks: 72-74 against 84)
+    check_busy_us: float | None = None
     # True when the sender spends no CPU on a message: ringflow's single-copy transfers (the receiver
     # reads the sender's buffer, runtime.transport.cma) from `single_copy_min_bytes` up.  The per-rank
     # engine then carries only what a rank receives.
@@ -582,6 +588,7 @@ class SimParams:
             check_us=float(c.get("check_us", 0.0)), sender_free=sender_free, pair_links=True,
             asleep_check_us=float(c.get("check_us", 0.0)) if own_core and tr == "tcp" else 0.0,
             check_rooted_us=rooted_check(),
+            check_busy_us=float(c["check_busy_us"]) if "check_busy_us" in c else None,
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
             relay_step_slowdown=relay_slowdown(),
             chained_step_factor=chained_factor(),

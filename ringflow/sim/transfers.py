@@ -124,6 +124,15 @@ class TransferTable:
         sends, recvs = self.step_peers()
         return "in" if sends == 1 and recvs > 1 else "out" if recvs == 1 and sends > 1 else "all"
 
+    def first_step_busy(self) -> bool:
+        """Every rank both sends and receives in the first step with transfers (an exchange, a ring shift,
+        an all-to-all step), as the calibration's exchange step has them right after the argument check."""
+        if not self.ntransfers:
+            return False
+        first = self.step == self.step.min()
+        ranks = np.arange(self.nranks)
+        return bool(np.isin(ranks, self.src[first]).all() and np.isin(ranks, self.dst[first]).all())
+
     def wire_bytes(self, count_bytes: float) -> float:
         """Total bytes all transfers put on the wire for a call of `count_bytes`."""
         return float(self.frac.sum() * count_bytes)
