@@ -874,10 +874,6 @@ def test_a_real_4_rank_calibration_times_the_all_to_all_step_again_at_every_size
     assert len(got["alltoall_us"]) == len(got["shift_us"]) == len(QUICK_SIZES)   # and the ring step
     # the check timed apart before the exchange step of 64 KiB too (calls whose first step has every rank busy)
     assert list(r["check_busy"]) == [str(2**16)] and got["check_busy_us"] >= 0.0
-    # and the fan-out step's own time with the check, at every size its check was timed apart
-    from ringflow.sim._calib_worker import QUICK_ROOTED_CHECK_SIZES
-    assert list(r["fanout_checked"]) == [str(b) for b in QUICK_ROOTED_CHECK_SIZES]
-    assert len(got["fanout_checked_us"]) == len(QUICK_ROOTED_CHECK_SIZES)
     # the reducing exchange of one block into the other of a two-block buffer, at every message size
     assert len(got["exchange_reduce_split_us"]) == len(QUICK_SIZES)
     assert all(s >= e for s, e in zip(got["exchange_reduce_split_us"], got["exchange_us"]))
@@ -1153,32 +1149,3 @@ def test_a_call_whose_first_step_keeps_every_rank_busy_pays_the_check_timed_befo
         return simulate_schedule(topo, sched, size, params={"host_transport": "tcp"}).time_us
     saved = t_us(synthetic("tcp", n)) - t_us(with_busy)
     assert saved == pytest.approx(0.4 * p["check"] if busy else 0.0, abs=1e-6)
-
-
-@pytest.mark.parametrize("size", [2**16, 2**18])
-def test_a_direct_scatter_the_size_of_a_timed_fan_out_step_costs_that_step_s_checked_time(size: int) -> None:
-    """The fan-out step timed with the check (`fanout_checked`) is what a direct scatter of that buffer runs:
-    its check is read as that time less the sweeps' unchecked fan-out (4 TCP ranks on 2 cores: 90-205 us at
-    64 KiB unchecked, the peers asleep when the root's messages come). A calibration without it keeps the
-    check timed apart (the difference of medians)."""
-    from ringflow.algorithms.registry import get_schedule
-    from ringflow.sim.transfers import from_schedule
-    n = 4
-    plain = synthetic("tcp", n)
-    p = TRUE["tcp"][n]
-    rooted = [2**16, 2**18, 2**20, 2**22]
-    plain["results"]["check_rooted"] = {str(b): p["check_rooted"] for b in rooted}
-    kept = synthetic("tcp", n)
-    kept["results"]["check_rooted"] = dict(plain["results"]["check_rooted"])
-    fan = kept["results"]["fanout"]
-    kept["results"]["fanout_checked"] = {str(b): fan[str(b)] + 0.5 * p["check_rooted"] for b in rooted}
-    tab = from_schedule(get_schedule("scatter", "direct", n, root=0))
-
-    def check_paid(cal: dict) -> float:
-        topo, _ = fit({"tcp": {n: cal}}, nprocs=n, cores=2)
-        prm = {"host_transport": "tcp"}
-        return simulate_table(topo, tab, size, params=prm, checked=True).time_us \
-            - simulate_table(topo, tab, size, params=prm, checked=False).time_us
-    assert check_paid(plain) == pytest.approx(p["check_rooted"], rel=1e-6)
-    # the synthetic host's fan-out curve is what its sweeps measured: the check is the other half
-    assert check_paid(kept) == pytest.approx(0.5 * p["check_rooted"], rel=1e-3)

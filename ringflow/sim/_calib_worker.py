@@ -176,25 +176,18 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
     # the runtime's cross-rank argument check (a CHECK exchange before schedules that cannot check
     # themselves) is timed apart: once with it, once without; every curve is measured without it
     # the check's cost is the noisiest figure here (waking every peer): the median of interleaved pairs
-    def check_cost(name: str, nbytes: int, checked: dict[str, float] | None = None) -> float:
-        """The check's cost before `name` (seconds); `checked`: also keep the step's median time with it (us)."""
-        diffs, withs = [], []
+    def check_cost(name: str, nbytes: int) -> float:
+        diffs = []
         for _ in range(3 if quick else 5):
-            withs.append(timed(name, nbytes))
+            with_check = timed(name, nbytes)
             comm._checks = False
-            diffs.append(withs[-1] - timed(name, nbytes))
+            diffs.append(with_check - timed(name, nbytes))
             comm._checks = True
-        if checked is not None:
-            checked[str(nbytes)] = 1e6 * float(np.median(withs))
         return float(np.median(diffs))
     check_s = check_cost("steps1", 4)
     # before a rooted step (the root sends, its peers wait for one message each) the check is timed
-    # apart, on the fan-out step at a few sizes; the fan-out step's own time with the check is kept too (a
-    # direct scatter is that step: unchecked, its peers sleep before the root's messages wake them, which on
-    # 4 TCP ranks sharing 2 cores took 90-205 us at 64 KiB in the sweeps where the bench's checked scatters
-    # were no slower than on a host where it took 50-117)
-    fanout_checked: dict[str, float] = {}
-    rooted = {str(b): 1e6 * check_cost("fanout", b, fanout_checked)
+    # apart, on the fan-out step at a few sizes
+    rooted = {str(b): 1e6 * check_cost("fanout", b)
               for b in (QUICK_ROOTED_CHECK_SIZES if quick else ROOTED_CHECK_SIZES)}
     # (2 ranks' exchange checks itself: its first step exchanges with every peer)
     busy_check = {str(CHECK_BUSY_BYTES): 1e6 * check_cost("exchange", CHECK_BUSY_BYTES)} if n > 2 else None
@@ -204,7 +197,6 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
             res["results"][name] = {"4": 1e6 * timed(name, 4)}
         res["results"]["steps1_checked"] = {"4": res["results"]["steps1"]["4"] + 1e6 * check_s}
         res["results"]["check_rooted"] = rooted
-        res["results"]["fanout_checked"] = fanout_checked
         if busy_check is not None:
             res["results"]["check_busy"] = busy_check
         # with more ranks than one pair: one transfer alone (its receiver has a core to itself)

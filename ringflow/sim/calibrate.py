@@ -142,17 +142,13 @@ def monotone(values: list[float]) -> np.ndarray:
 
 def _rooted_checks(r: dict[str, Any]) -> dict[str, Any]:
     """The check's visible cost before the fan-out step: at the smallest size measured
-    (`check_rooted_us`), and per size where measured at several (`check_rooted_sizes`, `check_rooted_fanout_us`;
-    the fan-out step's time with the check there, `fanout_checked_us`)."""
+    (`check_rooted_us`), and per size where measured at several (`check_rooted_sizes`, `check_rooted_fanout_us`)."""
     if "check_rooted" not in r:
         return {}
     sizes = sorted(int(k) for k in r["check_rooted"])
     vals = [max(0.0, float(r["check_rooted"][str(b)])) for b in sizes]
-    withs = r.get("fanout_checked", {})
     return {"check_rooted_us": vals[0],
-            **({"check_rooted_sizes": sizes, "check_rooted_fanout_us": vals} if len(sizes) > 1 else {}),
-            **({"fanout_checked_us": [float(withs[str(b)]) for b in sizes]}
-               if len(sizes) > 1 and all(str(b) in withs for b in sizes) else {})}
+            **({"check_rooted_sizes": sizes, "check_rooted_fanout_us": vals} if len(sizes) > 1 else {})}
 
 
 def curves(result: dict[str, Any]) -> dict[str, Any]:

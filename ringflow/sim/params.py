@@ -510,18 +510,13 @@ class SimParams:
                 return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
             x, xs = n * msg_bytes, np.asarray(c["check_rooted_sizes"], dtype=np.float64)
             checks = np.asarray(c["check_rooted_fanout_us"], dtype=np.float64)
-            if not xs[0] <= x <= xs[-1]:
-                return float(checks[0] if x < xs[0] else checks[-1])
+            if not xs[0] < x < xs[-1]:
+                return float(checks[0] if x <= xs[0] else checks[-1])
             # between the measured sizes the fan-out step *with* its check is the smooth curve (4 shm ranks:
             # 174, 233 us at 256 KiB, 1 MiB); the check alone is a difference whose interpolation, added to
-            # a fan-out point that lies low, priced 512 KiB direct scatters -17..-22 % in 10 recordings of 11.
-            # Where the calibration kept that step's own time with the check (twenty-fifth session on) it is
-            # read as measured: the sweeps' unchecked fan-out has its peers asleep when the root's messages
-            # come, which a checked call does not (4 TCP ranks on 2 cores: 90-205 us at 64 KiB, where direct
-            # scatters of 64 KiB were +0.21 on average in rec72-rec86)
+            # a fan-out point that lies low, priced 512 KiB direct scatters -17..-22 % in 10 recordings of 11
             step = "fanout_us" if "fanout_us" in c else "oneway_us"
-            with_check = np.asarray(c["fanout_checked_us"], dtype=np.float64) if "fanout_checked_us" in c \
-                else checks + np.array([at(step, s) for s in xs])
+            with_check = checks + np.array([at(step, s) for s in xs])
             return max(0.0, float(np.exp(np.interp(np.log(x), np.log(xs), np.log(with_check)))) - at(step, x))
         def relay_slowdown() -> float:
             # a relay step's transfers over a pair exchange's: the calibrated shift step over the exchange,
