@@ -1149,3 +1149,26 @@ def test_a_call_whose_first_step_keeps_every_rank_busy_pays_the_check_timed_befo
         return simulate_schedule(topo, sched, size, params={"host_transport": "tcp"}).time_us
     saved = t_us(synthetic("tcp", n)) - t_us(with_busy)
     assert saved == pytest.approx(0.4 * p["check"] if busy else 0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("tr,coll,size,want_at", [("shm", "broadcast", 2**17, 2**18), ("shm", "reduce", 2**17, 2**18),
+                                                  ("shm", "broadcast", 2**16, 2**16), ("shm", "gather", 2**18, 2**18),
+                                                  ("shm", "broadcast", 2**19, 2**20), ("shm", "broadcast", 2**20, 2**16),
+                                                  ("tcp", "broadcast", 2**17, 2**16)])
+def test_two_shm_ranks_rooted_slot_message_pays_the_check_timed_before_the_largest_such_message_no_larger(
+        tr: str, coll: str, size: int, want_at: int) -> None:
+    """2 shm ranks: a rooted call below the single-copy size is one slot message, the calibration's fan-out
+    step of twice its size, whose check was timed at 32 and 128 KiB messages (12 and 19 us; the bench's 64
+    KiB broadcast paid 13, its 128 KiB one 19). The call pays the figure timed before the largest such
+    message no larger than its own; from the single-copy size on, and over TCP, the 32 KiB one."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    sizes, checks = [2**16, 2**18, 2**20, 2**22], [12.0, 19.0, 14.0, 14.0]
+    m = synthetic(tr, 2)
+    m["results"]["check_rooted"] = {str(b): v for b, v in zip(sizes, checks)}
+    topo, _ = fit({tr: {2: m}}, nprocs=2, cores=2)
+    tab = from_schedule(get_schedule(coll, "binomial", 2, root=0))
+    t = [simulate_table(topo, tab, size, params={"host_transport": tr}, endpoints=topo.endpoints()[:2],
+                        checked=c).time_us for c in (True, False)]
+    assert size < SINGLE or want_at == sizes[0]   # (the synthetic host's single-copy size)
+    assert t[0] - t[1] == pytest.approx(checks[sizes.index(want_at)], rel=1e-6)

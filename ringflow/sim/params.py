@@ -506,10 +506,22 @@ class SimParams:
             # ranks' binomial broadcasts and reduces 64 KiB-1 MiB: within 10 % with it, -11..-27 % with the
             # fan-out's per size; the calibration's fan-in measured 330-350 us at 64 KiB, the bench's direct
             # gathers 500, so a fan-in figure is not used)
-            if "check_rooted_fanout_us" not in c or step_pattern != "out":
+            if "check_rooted_fanout_us" not in c:
                 return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
             x, xs = n * msg_bytes, np.asarray(c["check_rooted_sizes"], dtype=np.float64)
             checks = np.asarray(c["check_rooted_fanout_us"], dtype=np.float64)
+            if step_pattern != "out":
+                # 2 shm ranks below the single-copy size: any rooted call is one slot message, the fan-out step
+                # of twice its size, whose check was timed at 32 and 128 KiB messages (12 and 19 us on the
+                # noisy host, 16 and 21 on the calm one; the bench's 64 KiB broadcast 13, its 128 KiB one 19):
+                # the check steps up between them, so the figure timed before the largest such message no
+                # larger than the call's counts (128 KiB binomial broadcasts and reduces were -0.19 on
+                # average with the 32 KiB figure, in 13 and 9 of 17 recordings outside 15 %; rec72-rec88 4,002
+                # -> 4,021 rows, rec55-rec71 4,752 -> 4,756; over TCP, or interpolated, fewer)
+                slot = xs / n < float(single) if single is not None and self.host_transport != "tcp" else xs < 0
+                if n != 2 or not slot[0] or msg_bytes >= float(single or 0):
+                    return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
+                return float(checks[slot][max(0, int(np.searchsorted(xs[slot], x, side="right")) - 1)])
             if not xs[0] < x < xs[-1]:
                 return float(checks[0] if x <= xs[0] else checks[-1])
             # between the measured sizes the fan-out step *with* its check is the smooth curve (4 shm ranks:
