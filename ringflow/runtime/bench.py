@@ -230,11 +230,11 @@ def worker(spec: dict) -> list[dict]:
     timer = np.zeros(1, np.float64)
     passes = max(1, int(spec.get("passes") or 1))
     samples: dict[tuple[str, int], list[float]] = {}
-    ran = [0]   # passes timed so far
+    passes_done = [0]
 
     def bench_pass() -> None:
         """Time every row's share of its samples (the last pass also checks the results and adds the rows)."""
-        last = ran[0] == passes - 1
+        last = passes_done[0] == passes - 1
         for coll in spec["collectives"]:
             for nbytes in spec["sizes"]:
                 row = _bench_row(comm, spec, coll, nbytes, dtype, timer, passes, check=last)
@@ -247,7 +247,7 @@ def worker(spec: dict) -> list[dict]:
                     algbw = row["size_bytes"] / t / 1e9 if t > 0 else 0.0
                     rows.append({**row, "time_us": t * 1e6, "algbw_GBps": algbw,
                                  "busbw_GBps": algbw * bus_factor(coll, n), "iters": len(got)})
-        ran[0] += 1
+        passes_done[0] += 1
 
     if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
         from ..sim._calib_worker import measure
@@ -256,12 +256,12 @@ def worker(spec: dict) -> list[dict]:
         # tuned on the calibration, which must come first)
         interleave = passes > 1 and not spec.get("tune_ranks")
         cal = measure(comm, quick=spec["calibrate"] == "quick",
-                      between_sweeps=(lambda: bench_pass() if ran[0] < passes else None) if interleave else None)
+                      between_sweeps=(lambda: bench_pass() if passes_done[0] < passes else None) if interleave else None)
         if spec.get("tune_ranks"):
             cal = _tune_from(comm, cal, int(spec["tune_ranks"]))
         if rank == 0:
             rows.append({"calibration": cal})
-    while ran[0] < passes:
+    while passes_done[0] < passes:
         bench_pass()
     comm.destroy()
     return rows if rank == 0 else []

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SystemError as RFSystemError
-from ._calib_worker import CURVE_STEPS, MANY_RANK_STEPS
+from ._calib_worker import CHECK_BUSY_BYTES, CURVE_STEPS, MANY_RANK_STEPS
 
 
 # A calibration point this far (natural log: 1.49x) above the line through its neighbours is one delayed
@@ -194,7 +194,7 @@ def curves(result: dict[str, Any]) -> dict[str, Any]:
             "t1_us": t1, "check_us": check, "single_copy_min_bytes": result.get("single_copy_min_bytes"),
             "single_copy_fresh_min_bytes": result.get("single_copy_fresh_min_bytes"),
             **_rooted_checks(r),
-            **({"check_busy_us": max(0.0, float(next(iter(r["check_busy"].values()))))} if "check_busy" in r else {}),
+            **({"check_busy_us": max(0.0, float(r["check_busy"][str(CHECK_BUSY_BYTES)]))} if "check_busy" in r else {}),
             "oneway_us": ow.tolist(), "exchange_us": ex.tolist(), "exchange_reduce_us": xr.tolist(),
             "copy_us": cp.tolist(), "oneway_solo_us": solo.tolist(),
             **({"oneway_reduce_us": owr.tolist()} if owr is not None else {}),

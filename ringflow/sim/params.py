@@ -518,8 +518,10 @@ class SimParams:
                 # larger than the call's counts (128 KiB binomial broadcasts and reduces were -0.19 on
                 # average with the 32 KiB figure, in 13 and 9 of 17 recordings outside 15 %; rec72-rec88 4,002
                 # -> 4,021 rows, rec55-rec71 4,752 -> 4,756; over TCP, or interpolated, fewer)
-                slot = xs / n < float(single) if single is not None and self.host_transport != "tcp" else xs < 0
-                if n != 2 or not slot[0] or msg_bytes >= float(single or 0):
+                one_slot_message = n == 2 and self.host_transport != "tcp" and single is not None \
+                    and msg_bytes < float(single)
+                slot = xs / n < float(single) if one_slot_message else np.zeros(len(xs), dtype=bool)
+                if not slot[0]:
                     return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
                 return float(checks[slot][max(0, int(np.searchsorted(xs[slot], x, side="right")) - 1)])
             if not xs[0] < x < xs[-1]:
