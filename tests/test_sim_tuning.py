@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from ringflow.algorithms import registry, tuner
@@ -157,6 +158,13 @@ def test_a_validation_job_times_its_rows_between_its_calibration_s_sweeps(passes
     rows = [r for r in got if "calibration" not in r]
     assert len(cal) == 1 and cal[0].get("interleaved_sweeps", 0) == (BATCHES if passes > 1 else 0)
     assert len(rows) == 4 and all(r["wrong"] == 0 and r["iters"] == 3 * passes for r in rows)
+    # every pass's median and every sweep's batch are kept apart, for pairing a pass with its sweep
+    assert all(len(r["pass_us"]) == passes and min(r["pass_us"]) <= r["time_us"] <= max(r["pass_us"])
+               for r in rows)
+    sweeps = cal[0]["sweeps"]
+    assert sweeps["oneway"].keys() == cal[0]["results"]["oneway"].keys()
+    assert all(len(v) == BATCHES and np.median(v) == pytest.approx(cal[0]["results"]["oneway"][s])
+               for s, v in sweeps["oneway"].items())
 
 
 def test_the_tuned_vs_flat_benchmark_writes_both_tuners_rows_side_by_side(tmp_path) -> None:

@@ -230,6 +230,7 @@ def worker(spec: dict) -> list[dict]:
     timer = np.zeros(1, np.float64)
     passes = max(1, int(spec.get("passes") or 1))
     samples: dict[tuple[str, int], list[float]] = {}
+    by_pass: dict[tuple[str, int], list[float]] = {}   # each pass's median (us)
     passes_done = [0]
 
     def bench_pass() -> None:
@@ -241,12 +242,15 @@ def worker(spec: dict) -> list[dict]:
                 if row is None:
                     continue
                 got = samples.setdefault((coll, row["size_bytes"]), [])
-                got.extend(row.pop("samples_s"))
+                mine = row.pop("samples_s")
+                got.extend(mine)
+                by_pass.setdefault((coll, row["size_bytes"]), []).append(1e6 * float(np.median(mine)))
                 if last:
                     t = float(np.median(got))
                     algbw = row["size_bytes"] / t / 1e9 if t > 0 else 0.0
                     rows.append({**row, "time_us": t * 1e6, "algbw_GBps": algbw,
-                                 "busbw_GBps": algbw * bus_factor(coll, n), "iters": len(got)})
+                                 "busbw_GBps": algbw * bus_factor(coll, n), "iters": len(got),
+                                 "pass_us": by_pass[(coll, row["size_bytes"])]})
         passes_done[0] += 1
 
     if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
