@@ -814,6 +814,31 @@ def test_on_shared_cores_a_copy_beside_a_receive_pays_the_calibrated_extra_in_pr
             assert got["beside"][e] - got["apart"][e] == pytest.approx(want, rel=1e-6, abs=1e-6), (engine, block)
 
 
+@pytest.mark.parametrize("tr,coll,algo,share", [("tcp", "gather", "binomial", 0.25), ("tcp", "all_gather", "bruck", 1.0),
+                                                 ("shm", "gather", "binomial", 1.0)])
+def test_over_tcp_a_rank_copying_beside_a_receive_it_does_not_send_in_pays_the_lone_reduction_s_share(
+        tr: str, coll: str, algo: str, share: float) -> None:
+    """2 TCP ranks whose lone receiver reduced 4x faster than every rank beside its exchange (its work hides
+    behind its socket receive): a binomial gather's root, which only receives while it copies its own
+    block, pays a quarter of the calibrated copy-beside extra; a Bruck all-gather's ranks, sending too, all
+    of it, as the calibration's exchange-and-copy step did; over shm the whole extra either way."""
+    from ringflow.algorithms.registry import get_schedule
+    measured = synthetic(tr, 2)
+    res = measured["results"]
+    res["oneway_reduce"] = {b: res["oneway"][b] + int(b) * TRUE[tr][2]["red"] / 4 for b in res["oneway"]}
+    apart = {**measured, "results": {k: v for k, v in res.items() if k != "exchange_copy"}}
+    size, block = 2**21, 2**20
+    tab = from_plans(get_schedule(coll, algo, 2, root=0 if coll == "gather" else None),
+                     CallShape(Collective.parse(coll), 2, block // 4, 4), inplace=False)
+    got = {}
+    for name, m in (("beside", measured), ("apart", apart)):
+        topo, _ = fit({tr: {2: m}}, nprocs=2, cores=2)
+        got[name] = [simulate_table(topo, tab, size, engine=e, params={"host_transport": tr},
+                                    endpoints=topo.endpoints()[:2]).time_us for e in ("analytic", "flow")]
+    for e in range(2):
+        assert got["beside"][e] - got["apart"][e] == pytest.approx(block * BESIDE * share, rel=1e-6)
+
+
 @pytest.mark.parametrize("fraction,counted", [(0.12, True), (0.08, False)])
 def test_a_copy_s_extra_beside_a_transfer_counts_from_a_tenth_of_the_exchange(fraction: float, counted: bool) -> None:
     """The exchange and a copy in one step took `fraction` of the exchange more than the two apart: from a

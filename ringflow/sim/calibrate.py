@@ -262,6 +262,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                                                           "from": _source("fresh_send_GBps")}
                 report[f"{p}.{label}.copy_beside_transfer_GBps"] = {
                     "value": q.copy_beside_transfer_GBps, "from": _source("copy_beside_transfer_GBps")}
+                report[f"{p}.{label}.beside_receive_share"] = {"value": q.beside_receive_share,
+                                                               "from": _source("beside_receive_share")}
                 report[f"{p}.{label}.relay_step_slowdown"] = {"value": q.relay_step_slowdown,
                                                               "from": _source("relay_step_slowdown")}
                 report[f"{p}.{label}.chained_step_factor"] = {"value": q.chained_step_factor,
@@ -297,6 +299,9 @@ def _source(key: str) -> str:
                                          "copy's work) over the sizes within m/2..2m: a copy beside a receive "
                                          "(None: none, below a tenth of the exchange, or more ranks than "
                                          "cores)",
+            "beside_receive_share": "over TCP with a core per rank: one rank's reduction beside a one-way over "
+                                    "every rank's beside the exchange (reduce_GBps's two), the share of "
+                                    "copy_beside_transfer a rank pays where it receives without sending; else 1",
             "chained_step_factor": "((three exchange steps - one) / 2 - alpha) / (one exchange - t 1 step), "
                                    "within 0.25..1: a transfer step right after another, no local work between, "
                                    "over the first (slot-copied messages where ranks outnumber cores; else 1)",

@@ -31,13 +31,16 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
-def _beside_transfer(table: Any, shares_cores: bool = False) -> np.ndarray:
+def _beside_transfer(table: Any, shares_cores: bool = False, receive_share: float = 1.0) -> np.ndarray:
     """Per local-work entry of `table`: 1.0 where its rank receives in the same step (a sender whose
-    receiver reads its buffer, a scatter's root, does not fill its own cache with the message); with
-    `shares_cores`, the fraction of the ranks copying beside a receive in that step instead."""
+    receiver reads its buffer, a scatter's root, does not fill its own cache with the message),
+    `receive_share` where it receives without sending; with `shares_cores`, the fraction of the ranks
+    copying beside a receive in that step instead."""
     width = table.nranks
-    busy = np.unique(table.step * width + table.dst)
-    beside = np.isin(table.lstep * width + table.lrank, busy).astype(np.float64)
+    here = table.lstep * width + table.lrank
+    beside = np.isin(here, np.unique(table.step * width + table.dst)).astype(np.float64)
+    if receive_share != 1.0 and beside.size:
+        beside[(beside > 0) & ~np.isin(here, np.unique(table.step * width + table.src))] = receive_share
     if shares_cores and beside.size:
         on = (table.lcopy > 0) & (beside > 0)
         ranks = np.unique(table.lstep[on] * width + table.lrank[on])   # a rank counts once per step
@@ -233,8 +236,8 @@ class Fabric:
         (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
         a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
         it fresh_send_GBps extra (the other fresh bytes fresh_slot_GBps, the sender's slot copy), and copies in a
-        step where the rank also receives copy_beside_transfer_GBps extra (on shared cores in proportion to
-        the ranks doing so)."""
+        step where the rank also receives copy_beside_transfer_GBps extra (beside_receive_share of it where
+        it only receives; on shared cores in proportion to the ranks doing so)."""
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
@@ -256,7 +259,8 @@ class Fabric:
             forwarded = table.lfresh - (table.lfresh_copied if table.lfresh_copied is not None else 0.0)
             per += forwarded / (p.fresh_slot_GBps * 1e3)
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
-            per += table.lcopy * _beside_transfer(table, p.beside_shares_cores) / (p.copy_beside_transfer_GBps * 1e3)
+            per += table.lcopy * _beside_transfer(table, p.beside_shares_cores, p.beside_receive_share) \
+                / (p.copy_beside_transfer_GBps * 1e3)
         if p.small_step_costs is not None and table.lrank.size:
             per = per * step_size_factor(p, table)[table.lstep]
         return per * self.local_slowdown(table.nranks)[table.lrank]

@@ -146,6 +146,10 @@ class SimParams:
     # all-to-alls and Bruck all-gathers at 512 KiB-2 MiB, -0.15..-0.21 in 6 recordings of 6, came to
     # -0.15..-0.05). False: every rank has a core and pays it in full.
     beside_shares_cores: bool = False
+    # The share of that extra a rank pays where it receives but does not send in the step (a gather's
+    # root): over TCP with a core per rank the receiver's own work partly hides behind its socket receive,
+    # as much as its reduction does beside a one-way (`SimParams._from_curves`); 1.0: all of it.
+    beside_receive_share: float = 1.0
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
     # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
@@ -498,6 +502,12 @@ class SimParams:
                          extra("exchange_copy_us", "exchange_us", "copy_us", point=True))
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
+        # the calibration copied beside an exchange, sending too; over TCP with a core per rank a rank that
+        # only receives hides work behind its socket receive, as a lone receiver's reduction shows against
+        # every rank's (2 TCP ranks: binomial gathers of 2-16 MiB, a message and the root's copy of its
+        # block in one step, +0.10..+0.16 on average over rec72-rec92 with the whole extra, +0.01..+0.09
+        # with this share; on rec55-rec71's host, where the lone reduction was visible, unchanged)
+        receive_share = red / red_busy if self.host_transport == "tcp" and own_core and red_busy > 0 else 1.0
 
         def rooted_check() -> float | None:
             # a call made of the fan-out step (a direct scatter): the check before the calibration's fan-out
@@ -593,6 +603,7 @@ class SimParams:
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
             fresh_slot_GBps=1e-3 / slot_copy if slot_copy > 0 else None,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None, beside_shares_cores=not own_core,
+            beside_receive_share=float(min(1.0, receive_share)),
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
@@ -632,6 +643,9 @@ class SimParams:
             if not float(getattr(self, name)) >= 1.0:
                 raise ConfigError(f"sim {name}={getattr(self, name)} must be >= 1",
                                   "give the lone one-way rate over the rate with every rank busy (1: no effect)")
+        if not 0.0 <= float(self.beside_receive_share) <= 1.0:
+            raise ConfigError(f"sim beside_receive_share={self.beside_receive_share} must be within 0..1",
+                              "give the share of the copy-beside extra a receive-only rank pays (1: all of it)")
         if self.host_cores is not None and int(self.host_cores) < 1:
             raise ConfigError(f"sim host_cores={self.host_cores} must be >= 1", "or null for no limit")
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
