@@ -200,7 +200,7 @@ def validate_command(
     max_repeats: int = typer.Option(6, "--max-repeats", help="more jobs, up to this many, for a configuration "
                                     "whose jobs disagree by more than the tolerance on over a fifth of its sizes"),
     passes: Optional[int] = typer.Option(None, "--passes", help="sweeps each job's rows are timed in, interleaved "
-                                         "with its calibration's (default: as many as its sweeps, 3; a burst of "
+                                         "with its calibration's (default: as many as its sweeps, 5; a burst of "
                                          "host noise meets one of them)"),
     transports: str = typer.Option("shm,tcp", "--transports"),
     gpu: bool = typer.Option(False, "--gpu", help="instead: published NCCL results on DGX servers vs predicted"),

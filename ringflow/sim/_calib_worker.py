@@ -114,7 +114,13 @@ OUTLIER_RATIO = 1.1
 
 # Times the all-to-all step is taken again at every size (its slow mode, `measure`)
 ALLTOALL_RETIMES = 2
-BATCHES = 3   # timed batches per calibration point (their median counts)
+# timed batches per calibration point (their median counts), and the sweeps a validation job's rows are timed
+# in between them: with the same samples in 5 sweeps instead of 3 a burst of host noise meets a fifth of a
+# point or a row (rec92-rec93, kept apart per sweep and pass: all 5 put 231 and 252 rows within 15 %, any 3
+# of them 207-233 and 233-254)
+BATCHES = 5
+# samples per calibration point, split over its batches (`measure`; a quick calibration takes half)
+POINT_SAMPLES = 30
 # the steps timed at every size (`measure`): on any rank count, and on more than one pair of ranks
 CURVE_STEPS = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
                "exchange_reduce_split", "exchange_fresh", "exchange_copy")
@@ -167,7 +173,7 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         x = y if inplace else np.ones(count, dtype=np.float32)
         with np.errstate(all="ignore"):
             return median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
-                                 iters=5 if quick else 10)[0]
+                                 iters=max(3, (POINT_SAMPLES // (2 if quick else 1)) // BATCHES))[0]
 
     def timed(name: str, nbytes: int) -> float:
         """The median of BATCHES batches in a row."""

@@ -107,7 +107,7 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     job's own calibration), so the model is checked on the choices it makes.  `passes`: each job's
     rows are timed in that many sweeps, between the calibration's (`bench.launch`); by default as many
     as the calibration's sweeps of batches (`_calib_worker.BATCHES`): a burst of the host's noise (seconds
-    to tens of seconds on this VM) then meets a third of both, not the calibration alone or a row's every
+    to tens of seconds on this VM) then meets a fifth of both, not the calibration alone or a row's every
     sample."""
     from ..runtime import bench
     from ._calib_worker import BATCHES
