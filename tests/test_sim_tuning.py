@@ -158,7 +158,7 @@ def test_a_validation_job_times_its_rows_between_its_calibration_s_sweeps(passes
     rows = [r for r in got if "calibration" not in r]
     assert len(cal) == 1 and cal[0].get("interleaved_sweeps", 0) == (BATCHES if passes > 1 else 0)
     assert len(rows) == 4 and all(r["wrong"] == 0 and r["iters"] == 3 * passes for r in rows)
-    # every pass's median and every sweep's batch are kept apart, for pairing a pass with its sweep
+    # every pass's median and every sweep's batch are kept apart, on record
     assert all(len(r["pass_us"]) == passes and min(r["pass_us"]) <= r["time_us"] <= max(r["pass_us"])
                for r in rows)
     sweeps = cal[0]["sweeps"]

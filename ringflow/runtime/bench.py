@@ -241,16 +241,17 @@ def worker(spec: dict) -> list[dict]:
                 row = _bench_row(comm, spec, coll, nbytes, dtype, timer, passes, check=last)
                 if row is None:
                     continue
-                got = samples.setdefault((coll, row["size_bytes"]), [])
+                key = (coll, row["size_bytes"])
                 mine = row.pop("samples_s")
+                got = samples.setdefault(key, [])
                 got.extend(mine)
-                by_pass.setdefault((coll, row["size_bytes"]), []).append(1e6 * float(np.median(mine)))
+                by_pass.setdefault(key, []).append(1e6 * float(np.median(mine)))
                 if last:
                     t = float(np.median(got))
                     algbw = row["size_bytes"] / t / 1e9 if t > 0 else 0.0
                     rows.append({**row, "time_us": t * 1e6, "algbw_GBps": algbw,
                                  "busbw_GBps": algbw * bus_factor(coll, n), "iters": len(got),
-                                 "pass_us": by_pass[(coll, row["size_bytes"])]})
+                                 "pass_us": by_pass[key]})
         passes_done[0] += 1
 
     if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes

@@ -224,7 +224,7 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
                 res["interleaved_sweeps"] = res.get("interleaved_sweeps", 0) + 1
         for name in names:
             res["results"][name] = {str(s): 1e6 * float(np.median(v)) for s, v in spread_out[name].items()}
-        # every sweep's batch apart (us), for the validation to pair a sweep with the bench pass after it
+        # every sweep's batch apart (us), on record: statistics over sweeps are judged on recordings offline
         res["sweeps"] = {name: {str(s): [1e6 * t for t in v] for s, v in by_size.items()}
                          for name, by_size in spread_out.items()}
         def retime(name: str, again: list[int], rounds: int = 1) -> None:

@@ -507,7 +507,7 @@ class SimParams:
         # every rank's (2 TCP ranks: binomial gathers of 2-16 MiB, a message and the root's copy of its
         # block in one step, +0.10..+0.16 on average over rec72-rec92 with the whole extra, +0.01..+0.09
         # with this share; on rec55-rec71's host, where the lone reduction was visible, unchanged)
-        receive_share = red / red_busy if self.host_transport == "tcp" and own_core and red_busy > 0 else 1.0
+        receive_share = red / red_busy if self.host_transport == "tcp" and own_core else 1.0   # red <= red_busy
 
         def rooted_check() -> float | None:
             # a call made of the fan-out step (a direct scatter): the check before the calibration's fan-out
@@ -516,8 +516,9 @@ class SimParams:
             # ranks' binomial broadcasts and reduces 64 KiB-1 MiB: within 10 % with it, -11..-27 % with the
             # fan-out's per size; the calibration's fan-in measured 330-350 us at 64 KiB, the bench's direct
             # gathers 500, so a fan-in figure is not used)
+            flat = float(c["check_rooted_us"]) if "check_rooted_us" in c else None
             if "check_rooted_fanout_us" not in c:
-                return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
+                return flat
             x, xs = n * msg_bytes, np.asarray(c["check_rooted_sizes"], dtype=np.float64)
             checks = np.asarray(c["check_rooted_fanout_us"], dtype=np.float64)
             if step_pattern != "out":
@@ -530,9 +531,9 @@ class SimParams:
                 # -> 4,021 rows, rec55-rec71 4,752 -> 4,756; over TCP, or interpolated, fewer)
                 one_slot_message = n == 2 and self.host_transport != "tcp" and single is not None \
                     and msg_bytes < float(single)
-                slot = xs / n < float(single) if one_slot_message else np.zeros(len(xs), dtype=bool)
-                if not slot[0]:
-                    return float(c["check_rooted_us"]) if "check_rooted_us" in c else None
+                if not (one_slot_message and xs[0] / n < float(single)):
+                    return flat
+                slot = xs / n < float(single)
                 return float(checks[slot][max(0, int(np.searchsorted(xs[slot], x, side="right")) - 1)])
             if not xs[0] < x < xs[-1]:
                 return float(checks[0] if x <= xs[0] else checks[-1])
@@ -603,7 +604,7 @@ class SimParams:
             fresh_send_scope="all" if fresh_path else "copied", protocols=protos,
             fresh_slot_GBps=1e-3 / slot_copy if slot_copy > 0 else None,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None, beside_shares_cores=not own_core,
-            beside_receive_share=float(min(1.0, receive_share)),
+            beside_receive_share=float(receive_share),
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
