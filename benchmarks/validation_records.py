@@ -8,11 +8,17 @@ rows' medians are stable from run to run; where the model beats it, its calibrat
 `--rows` lists the rows outside, `--bias` the rows whose mean error over all recordings passes a
 threshold (systematic errors, not noise). Writes JSON with `--json FILE`.
 
+Two ways of reading the same measurements can be judged too (the model is unchanged): `--summary STAT`
+summarises each calibration point over its sweeps and each bench row over its passes with another statistic
+than the median (recordings that keep them apart, rec91 on), and `--calibration pooled` predicts every job
+of a configuration from the per-point median of all its jobs' calibrations instead of its own.
+
     python benchmarks/validation_records.py benchmarks/records/rec*.json.gz --bias 0.1
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -24,10 +30,62 @@ import numpy as np
 Key = tuple[str, int, str, int]
 
 
-def replay_rows(path: str) -> list[dict]:
-    """The replayed comparison rows of one recording (`sim.validate.replay`)."""
-    from ringflow.sim.validate import replay
-    return replay(path)[0]
+# statistics a calibration point's sweeps and a bench row's passes can be summarised by (`--summary`)
+SUMMARIES = {
+    "median": lambda v: float(np.median(v)),
+    "min": lambda v: float(np.min(v)),
+    "q25": lambda v: float(np.quantile(v, 0.25)),
+    "mean2": lambda v: float(np.mean(np.sort(v)[:2])),   # the mean of the two fastest
+}
+
+
+def resummarised(job: dict, summary: str) -> dict:
+    """A copy of a recorded job whose calibration points (those kept per sweep) and bench rows (those kept
+    per pass) are `summary` of their sweeps and passes; a point the calibration timed again (NAME_retimed)
+    keeps the faster of that and the retime, as `_calib_worker.measure` does."""
+    stat = SUMMARIES[summary]
+    job = copy.deepcopy(job)
+    cal = job.get("calibration") or {}
+    for name, by_size in (cal.get("sweeps") or {}).items():
+        retimed = cal["results"].get(f"{name}_retimed", {})
+        for size, batches in by_size.items():
+            v = stat(batches)
+            cal["results"][name][size] = min(v, cal["results"][name][size]) if size in retimed else v
+    for row in job["rows"]:
+        if row.get("pass_us"):
+            row["time_us"] = stat(row["pass_us"])
+    return job
+
+
+def pooled(jobs: Sequence[dict]) -> list[dict]:
+    """Copies of `jobs` in which every job of a (transport, ranks) configuration has the per-point median of
+    all that configuration's calibrations instead of its own."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for j in jobs:
+        groups.setdefault((j["transport"], int(j["nranks"])), []).append(j)
+    common: dict[tuple[str, int], dict] = {}
+    for key, js in groups.items():
+        cal = copy.deepcopy(js[0]["calibration"])
+        for name, by_size in cal["results"].items():
+            for size in by_size:
+                seen = [j["calibration"]["results"].get(name, {}).get(size) for j in js]
+                by_size[size] = float(np.median([v for v in seen if v is not None]))
+        common[key] = cal
+    return [{**j, "calibration": common[(j["transport"], int(j["nranks"]))]} for j in jobs]
+
+
+def replay_rows(path: str, summary: str | None = None, calibration: str = "own") -> list[dict]:
+    """The replayed comparison rows of one recording (`sim.validate.replay`), its measurements read with
+    `summary` (`resummarised`) and `calibration` "pooled" (`pooled`) where given."""
+    from ringflow.sim.validate import _open_record, compare_jobs, replay
+    if summary is None and calibration == "own":
+        return replay(path)[0]
+    with _open_record(path, "r") as fh:
+        rec = json.load(fh)
+    jobs = [resummarised(j, summary) for j in rec["jobs"]] if summary else rec["jobs"]
+    if calibration == "pooled":
+        jobs = pooled(jobs)
+    return compare_jobs(jobs, None, int(rec["max_ranks"]), 0.15)[0]
 
 
 def row_key(r: dict) -> Key:
@@ -74,11 +132,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bias", type=float, default=None, help="list rows whose mean error is at least this")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="recordings replayed at once")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--summary", choices=sorted(SUMMARIES), default=None,
+                    help="summarise calibration points over their sweeps and rows over their passes with this "
+                         "statistic (default: as recorded, the median of all samples)")
+    ap.add_argument("--calibration", choices=("own", "pooled"), default="own",
+                    help="pooled: predict each job from the per-point median of its configuration's calibrations")
     a = ap.parse_args(argv)
+    from functools import partial
+
     from rich.console import Console
     from rich.table import Table
     with ProcessPoolExecutor(max(1, a.jobs)) as ex:
-        rows_by_rec = list(ex.map(replay_rows, a.records))
+        rows_by_rec = list(ex.map(partial(replay_rows, summary=a.summary, calibration=a.calibration), a.records))
     table = Table(title=f"rows within {a.tolerance:.0%}: this code's model vs the leave-one-out oracle")
     for col in ("recording", "rows", "model", "oracle"):
         table.add_column(col, justify="left" if col == "recording" else "right")
