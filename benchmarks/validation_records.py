@@ -60,11 +60,9 @@ def resummarised(job: dict, summary: str) -> dict:
 def pooled(jobs: Sequence[dict]) -> list[dict]:
     """Copies of `jobs` in which every job of a (transport, ranks) configuration has the per-point median of
     all that configuration's calibrations instead of its own."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for j in jobs:
-        groups.setdefault((j["transport"], int(j["nranks"])), []).append(j)
+    from ringflow.sim.validate import by_configuration
     common: dict[tuple[str, int], dict] = {}
-    for key, js in groups.items():
+    for key, js in by_configuration(jobs).items():
         cal = copy.deepcopy(js[0]["calibration"])
         for name, by_size in cal["results"].items():
             for size in by_size:
@@ -77,15 +75,15 @@ def pooled(jobs: Sequence[dict]) -> list[dict]:
 def replay_rows(path: str, summary: str | None = None, calibration: str = "own") -> list[dict]:
     """The replayed comparison rows of one recording (`sim.validate.replay`), its measurements read with
     `summary` (`resummarised`) and `calibration` "pooled" (`pooled`) where given."""
-    from ringflow.sim.validate import _open_record, compare_jobs, replay
+    from ringflow.sim.validate import compare_jobs, read_record, replay
     if summary is None and calibration == "own":
         return replay(path)[0]
-    with _open_record(path, "r") as fh:
-        rec = json.load(fh)
-    jobs = [resummarised(j, summary) for j in rec["jobs"]] if summary else rec["jobs"]
+    jobs, max_ranks = read_record(path)
+    if summary:
+        jobs = [resummarised(j, summary) for j in jobs]
     if calibration == "pooled":
         jobs = pooled(jobs)
-    return compare_jobs(jobs, None, int(rec["max_ranks"]), 0.15)[0]
+    return compare_jobs(jobs, None, max_ranks, 0.15)[0]
 
 
 def row_key(r: dict) -> Key:

@@ -165,20 +165,34 @@ def _open_record(path: str, mode: str) -> Any:
     return open(path, mode, encoding="utf-8")
 
 
-def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) -> tuple[list[dict], bool]:
-    """`validate`'s comparison again from a file its `record` wrote: the same measurements and
-    calibrations, this code's model (tells a model change from the machine's drift)."""
+def read_record(path: str) -> tuple[list[dict], int]:
+    """The jobs and the largest rank count of a file `validate`'s `record` wrote."""
     import json
 
     from ..errors import InvalidArgument
-    from ..topology import load_topology
     try:
         with _open_record(path, "r") as fh:
             rec = json.load(fh)
-        jobs, max_ranks = rec["jobs"], int(rec["max_ranks"])
+        return rec["jobs"], int(rec["max_ranks"])
     except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgument(f"{path} is not a validation record: {exc}",
                               "write one with `ringflow validate --record FILE`") from None
+
+
+def by_configuration(jobs: Sequence[dict]) -> dict[tuple[str, int], list[dict]]:
+    """Recorded jobs grouped by (transport, ranks), in their order."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for j in jobs:
+        groups.setdefault((j["transport"], int(j["nranks"])), []).append(j)
+    return groups
+
+
+def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) -> tuple[list[dict], bool]:
+    """`validate`'s comparison again from a file its `record` wrote: the same measurements and
+    calibrations, this code's model (tells a model change from the machine's drift)."""
+    from ..errors import InvalidArgument
+    from ..topology import load_topology
+    jobs, max_ranks = read_record(path)
     fixed = load_topology(topo) if isinstance(topo, str) else topo
     if fixed is None and any(j["calibration"] is None for j in jobs):
         raise InvalidArgument(f"{path} was measured against a fixed topology (no calibrations inside)",
@@ -189,11 +203,8 @@ def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) ->
 def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: float) -> tuple[list[dict], bool]:
     """Predict every job's bench rows (from its own calibration, or `fixed`) and merge the jobs of one
     (transport, ranks) into rows: medians, the median error, and the measurement's spread."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for j in jobs:
-        groups.setdefault((j["transport"], int(j["nranks"])), []).append(j)
     rows: list[dict] = []
-    for (tr, n), js in groups.items():
+    for (tr, n), js in by_configuration(jobs).items():
         meas: dict[tuple[str, int], list[float]] = {}
         pred: dict[tuple[str, int], list[float]] = {}
         errs: dict[tuple[str, int], list[float]] = {}
