@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", "--dtype", "-d", help="Element type."),
         op: str = typer.Option("sum", "--op", "-o", help="Reduction op."),
         iters: int = typer.Option(0, "--iters", "-n-iters", help="Timed iterations per size (0 = by size)."),
-        warmup: int = typer.Option(2, "--warmup", "-w", help="Untimed iterations per size."),
+        warmup: Optional[int] = typer.Option(None, "--warmup", "-w",
+                                             help="Untimed iterations per size (default 5, as nccl-tests)."),
         check: bool = typer.Option(False, "--check", "-c", help="Verify results (#wrong column)."),
         shm_alloc: bool = typer.Option(False, "--alloc", help="Use comm.alloc() buffers."),
         json_out: Optional[str] = typer.Option(None, "--json", help="Write rows as JSON to this file."),
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """nccl-tests style benchmark on real local ranks (time, algbw, busbw, #wrong)."""
         from ..runtime import bench
         rows = bench.launch(collective, nprocs, min_size, max_size, factor=factor, algo=algo, dtype=dtype, op=op,
-                            iters=iters, warmup=warmup, check=check, alloc=shm_alloc, timeout_s=timeout,
+                            iters=iters, warmup=bench.WARMUP_CALLS if warmup is None else warmup, check=check, alloc=shm_alloc, timeout_s=timeout,
                             passes=passes)
         bench.print_rows(rows)
         if json_out:

@@ -196,9 +196,11 @@ def validate_command(
     tolerance: float = typer.Option(0.15, "--tolerance", help="allowed relative error per size"),
     json_out: Optional[str] = typer.Option(None, "--json"),
     quick: bool = typer.Option(False, "--quick"),
-    repeats: int = typer.Option(3, "--repeats", help="bench jobs per configuration (medians are compared)"),
-    max_repeats: int = typer.Option(6, "--max-repeats", help="more jobs, up to this many, for a configuration "
-                                    "whose jobs disagree by more than the tolerance on over a fifth of its sizes"),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="bench jobs per configuration (medians are "
+                                          "compared; default 6, validate.DEFAULT_REPEATS)"),
+    max_repeats: Optional[int] = typer.Option(None, "--max-repeats", help="more jobs, up to this many, for a "
+                                              "configuration whose jobs disagree by more than the tolerance on "
+                                              "over a fifth of its sizes (default: --repeats, no more)"),
     passes: Optional[int] = typer.Option(None, "--passes", help="sweeps each job's rows are timed in, interleaved "
                                          "with its calibration's (default: as many as its sweeps, 5; a burst of "
                                          "host noise meets one of them)"),
@@ -228,7 +230,8 @@ def validate_command(
         _multihost(topo, hosts, per_host, rate_mbit, tolerance, json_out, quick)
         return
     from ..sim.calibrate import busy_warning
-    from ..sim.validate import replay, validate
+    from ..sim.validate import DEFAULT_REPEATS, replay, validate
+    repeats = DEFAULT_REPEATS if repeats is None else repeats
     if replay_file:
         rows, ok = replay(replay_file, topo, tolerance)
     else:
@@ -239,7 +242,8 @@ def validate_command(
                             collectives=None if collectives == "all" else collectives.split(","),
                             min_size=min_size, max_size=max_size, tolerance=tolerance, quick=quick,
                             console=console, repeats=repeats, transports=tuple(transports.split(",")),
-                            record=record, tuned=tuned, max_repeats=max(repeats, max_repeats), passes=passes)
+                            record=record, tuned=tuned, max_repeats=max(repeats, max_repeats or repeats),
+                            passes=passes)
     from ..units import format_size
     print_table("predicted vs measured (ringflow bench)",
                 ["transport", "n", "collective", "algorithm", "size", "measured(us)", "run spread", "predicted(us)",

@@ -41,6 +41,11 @@ def bus_factor(collective: str, n: int) -> float:
             "broadcast": 1.0, "reduce": 1.0}[collective]
 
 
+# untimed calls before a row's samples, as nccl-tests' default (-w 5): on this VM a 16 MiB in-place reduce
+# between 2 ranks runs 1.3-1.7x slow for its first 4-6 calls on memory not touched for a while (its
+# buffers fresh, or used last a sweep ago) and settles by the sixth, so 2 warm-up calls left the
+# calibration's 6-sample points half in that transient (10-15 % slow) and the bench's 20-sample rows a fifth
+WARMUP_CALLS = 5
 SAMPLE_MIN_S = 1e-3   # a sample times back-to-back calls for at least this long (barrier skew is amortised)
 ROW_TARGET_S = 0.3    # samples per row: about this much timed work, between MIN_ and MAX_SAMPLES
 MIN_SAMPLES, MAX_SAMPLES = 10, 200
@@ -58,7 +63,7 @@ def default_iters(call_s: float, batch: int) -> int:
 
 
 def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: Callable[[float], float], *,
-                  warmup: int = 2, iters: int = 0, quick: bool = False,
+                  warmup: int = WARMUP_CALLS, iters: int = 0, quick: bool = False,
                   clock: Callable[[], float] = time.perf_counter) -> tuple[float, int]:
     """Median over samples of the slowest rank's mean time per call; (seconds, samples).
 
@@ -70,7 +75,7 @@ def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: 
 
 
 def call_samples_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: Callable[[float], float], *,
-                   warmup: int = 2, iters: int = 0, quick: bool = False, share: int = 1,
+                   warmup: int = WARMUP_CALLS, iters: int = 0, quick: bool = False, share: int = 1,
                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """`median_call_s`'s samples, seconds per call; with `share` > 1 a 1/share part of their
     count (`iters`, or the default; at least 3), for a row timed in that many passes."""
@@ -273,7 +278,7 @@ def worker(spec: dict) -> list[dict]:
 
 
 def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
-           algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = 2,
+           algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = WARMUP_CALLS,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
            extra_env: dict[str, str] | None = None, sizes: list[int] | None = None,
            calibrate: str | None = None, tune_ranks: int = 0, passes: int = 1) -> list[dict]:

@@ -20,6 +20,11 @@ TRANSPORTS = ("shm", "tcp")
 # configuration (rec29-rec33, 300 draws): 3 jobs put 266 rows within 15 % on average, 6 jobs 273, this
 # rule 268 with 13.6 jobs; on the noisier day of rec36-rec38 (9 jobs each): 240, 260 and 259 with 22 jobs.
 NOISY_FRACTION = 0.2
+# Bench jobs per configuration in `ringflow validate` (the CLI's --repeats; up to --max-repeats 6 by default,
+# so no more): on the calm host of rec96-rec100 every job's error scatters by 0.03-0.08 about its row's
+# bias, and two recordings' jobs merged (6 per configuration) put 279-284 rows within 15 % where each
+# recording's own 3 gave 273-276 (three merged, 9 jobs: 279-283); a run takes about twice as long.
+DEFAULT_REPEATS = 6
 
 # the collectives `ringflow bench` calls in place (runtime.bench._call); the others go out of place
 BENCH_IN_PLACE = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
@@ -147,7 +152,7 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                 cal = [r["calibration"] for r in got if "calibration" in r]
                 mine.append({"transport": tr, "nranks": n, "calibration": cal[0] if cal else None,
                              "rows": [r for r in got if "calibration" not in r], "tuned": tuned,
-                             "passes": passes})
+                             "passes": passes, "warmup": bench.WARMUP_CALLS})
             jobs.extend(mine)
     if record:
         import json
