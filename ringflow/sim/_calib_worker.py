@@ -112,6 +112,14 @@ CHECK_BUSY_BYTES = 2**16
 OUTLIER_RATIO = 1.1
 
 
+# Warm-up calls before a step's batch where not the bench's (`runtime.bench.WARMUP_CALLS`, 5): the lone
+# one-way on 4 shm ranks over 2 cores has two modes, the pair with a core each (512 KiB: 52-66 us) or
+# beside the idle ranks still spinning (100-170), which a binomial tree's lone first step meets. Its batch
+# size follows the last warm-up call, and after 5 calls it is often the fast one: 31 of rec101-rec102's
+# 45 sweeps took the fast mode (1 of rec97-rec99's 45 with 2 calls; in one calibration run each,
+# [119, 67, 125, 115, 120] us with 2, [65, 56, 65, 59, 95] with 5), and 4-shm-rank binomial
+# broadcasts of 512 KiB-1 MiB, priced by it, came out -0.16..-0.21.
+WARMUP_CALLS = {"oneway_solo": 2}
 # Times the all-to-all step is taken again at every size (its slow mode, `measure`)
 ALLTOALL_RETIMES = 2
 # timed batches per calibration point (their median counts), and the sweeps a validation job's rows are timed
@@ -160,6 +168,8 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         comm.all_reduce(timer, "max")
         return float(timer[0])
 
+    from ..runtime.bench import WARMUP_CALLS as BENCH_WARMUP
+
     def batch(name: str, nbytes: int) -> float:
         """One batch timed like `ringflow bench` (runtime.bench.median_call_s), seconds per call.
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
@@ -173,6 +183,7 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         x = y if inplace else np.ones(count, dtype=np.float32)
         with np.errstate(all="ignore"):
             return median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
+                                 warmup=WARMUP_CALLS.get(name, BENCH_WARMUP),
                                  iters=max(3, (POINT_SAMPLES // (2 if quick else 1)) // BATCHES))[0]
 
     def timed(name: str, nbytes: int) -> float:
