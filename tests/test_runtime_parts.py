@@ -166,6 +166,38 @@ def test_call_samples_take_their_share_of_the_default_count() -> None:
     assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=1000, clock=clock)) == 3
 
 
+def test_rows_and_calibration_points_settle_over_nccl_tests_five_warm_up_calls(monkeypatch) -> None:  # noqa: ANN001
+    """By default 5 untimed calls precede a row's samples (nccl-tests' -w 5); the calibration's lone
+    one-way keeps 2, the rest take the bench's."""
+    from ringflow.runtime.bench import WARMUP_CALLS, call_samples_s
+    from ringflow.sim import _calib_worker
+    calls = []
+    clock = iter(np.arange(0.0, 1e4, 1.0)).__next__   # 1 s per read: one call per sample
+    got = call_samples_s(lambda: calls.append(1), lambda: None, lambda s: s, iters=3, clock=clock)
+    assert WARMUP_CALLS == 5 and len(got) == 3 and len(calls) == WARMUP_CALLS + 3
+    calls.clear()
+    call_samples_s(lambda: calls.append(1), lambda: None, lambda s: s, iters=3, warmup=2, clock=clock)
+    assert len(calls) == 2 + 3
+
+    from ringflow.runtime import bench
+    monkeypatch.setattr(bench, "batch_size", lambda call_s: 1)   # a batch: its warm-up, then 3 calls
+
+    class CountingComm:
+        size, _checks = 4, True
+        def __init__(self) -> None:
+            self.calls: dict[str, int] = {}
+        def execute(self, sched, x, y) -> None:  # noqa: ANN001
+            self.calls[sched.algorithm] = self.calls.get(sched.algorithm, 0) + 1
+        def barrier(self) -> None: ...
+        def all_reduce(self, x, op) -> None: ...  # noqa: ANN001
+    comm = CountingComm()
+    _calib_worker.measure(comm, quick=True)
+    per_batch = 3
+    batches = _calib_worker.BATCHES * len(_calib_worker.QUICK_SIZES)
+    assert comm.calls["cal-oneway-solo"] == batches * (2 + per_batch)
+    assert comm.calls["cal-oneway"] == batches * (WARMUP_CALLS + per_batch)
+
+
 def test_large_tcp_transfers_are_striped_element_aligned() -> None:
     from ringflow.runtime.executor import STRIPE_MIN_BYTES, stripes
     assert stripes(1000, 4, 2) == [(0, 1000)]
