@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
         """nccl-tests style benchmark on real local ranks (time, algbw, busbw, #wrong)."""
         from ..runtime import bench
         rows = bench.launch(collective, nprocs, min_size, max_size, factor=factor, algo=algo, dtype=dtype, op=op,
-                            iters=iters, warmup=bench.WARMUP_CALLS if warmup is None else warmup, check=check, alloc=shm_alloc, timeout_s=timeout,
-                            passes=passes)
+                            iters=iters, warmup=bench.WARMUP_CALLS if warmup is None else warmup, check=check,
+                            alloc=shm_alloc, timeout_s=timeout, passes=passes)
         bench.print_rows(rows)
         if json_out:
             from .common import write_json

@@ -119,7 +119,7 @@ OUTLIER_RATIO = 1.1
 # 45 sweeps took the fast mode (1 of rec97-rec99's 45 with 2 calls; in one calibration run each,
 # [119, 67, 125, 115, 120] us with 2, [65, 56, 65, 59, 95] with 5), and 4-shm-rank binomial
 # broadcasts of 512 KiB-1 MiB, priced by it, came out -0.16..-0.21.
-WARMUP_CALLS = {"oneway_solo": 2}
+STEP_WARMUP_CALLS = {"oneway_solo": 2}
 # Times the all-to-all step is taken again at every size (its slow mode, `measure`)
 ALLTOALL_RETIMES = 2
 # timed batches per calibration point (their median counts), and the sweeps a validation job's rows are timed
@@ -168,12 +168,10 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         comm.all_reduce(timer, "max")
         return float(timer[0])
 
-    from ..runtime.bench import WARMUP_CALLS as BENCH_WARMUP
-
     def batch(name: str, nbytes: int) -> float:
         """One batch timed like `ringflow bench` (runtime.bench.median_call_s), seconds per call.
         A name ending in `_inplace` runs that schedule with IN and OUT the same array."""
-        from ..runtime.bench import median_call_s
+        from ..runtime.bench import WARMUP_CALLS, median_call_s
         count = max(1, buffer_bytes(name, nbytes) // 4)
         sched = scheds[name]
         # in place, the one array is written first: never-written pages map the kernel's zero page, which a
@@ -183,7 +181,7 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         x = y if inplace else np.ones(count, dtype=np.float32)
         with np.errstate(all="ignore"):
             return median_call_s(lambda: comm.execute(sched, x, y), comm.barrier, slowest,
-                                 warmup=WARMUP_CALLS.get(name, BENCH_WARMUP),
+                                 warmup=STEP_WARMUP_CALLS.get(name, WARMUP_CALLS),
                                  iters=max(3, (POINT_SAMPLES // (2 if quick else 1)) // BATCHES))[0]
 
     def timed(name: str, nbytes: int) -> float:
