@@ -954,42 +954,50 @@ def test_a_real_4_rank_calibration_times_the_all_to_all_step_again_at_every_size
     assert all(s >= e for s, e in zip(got["exchange_reduce_split_us"], got["exchange_us"]))
 
 
-def test_a_ring_step_s_transfers_take_the_calibrated_shift_step_over_the_exchange() -> None:
-    """4 TCP ranks on 2 cores: every rank sending to the next and receiving from the one before (the
-    calibration's shift step) took 1.3x the exchange's transfer time. Relay steps (a pairwise
+@pytest.mark.parametrize("size, cores", [(2**22, 2), (2**22, 4), (2**19, 2), (2**19, 4)])
+def test_a_ring_step_s_transfers_take_the_calibrated_shift_step_over_the_exchange(size: int, cores: int) -> None:
+    """4 TCP ranks: every rank sending to the next and receiving from the one before (the calibration's
+    shift step) took 1.3x the exchange's transfer time. From 1 MiB messages relay steps (a pairwise
     all-to-all's shifts by 1 and 3; every ring step) pay that on their transfers, in both engines; pairs
-    (its shift by 2, halving-doubling) and lone sends (a binomial broadcast) do not."""
+    (its shift by 2, halving-doubling) and lone sends (a binomial broadcast) do not. With ranks sharing
+    cores (2 cores) shift steps pay it below 1 MiB too, and a relay step that opens the call does not."""
     from ringflow.algorithms.registry import get_schedule
     from ringflow.sim import analytic
     from ringflow.sim.api import count_for_size
     from ringflow.sim.fabric import fabric_for
+    from ringflow.sim.params import RELAY_MIN_BYTES
     m = synthetic("tcp", 4)
     t1 = TRUE["tcp"][4]["base"] + TRUE["tcp"][4]["alpha"]
     slow = {**m, "results": {**m["results"], "shift": {b: t1 + 1.3 * (t - t1) for b, t in m["results"]["exchange"].items()}}}
-    size = 2**22
     cases = {(c, a): from_plans(get_schedule(c, a, 4, root=0 if c == "broadcast" else None),
                                 CallShape(Collective.parse(c), 4, size // 4 // (4 if c == "all_to_all" else 1), 4),
                                 inplace=False)
              for c, a in (("all_to_all", "pairwise"), ("all_reduce", "ring"), ("all_reduce", "halving_doubling"),
-                          ("broadcast", "binomial"))}
+                          ("broadcast", "binomial"), ("all_gather", "bruck"))}
     relay = {k: sorted(set(t.step[t.in_relay_step].tolist())) for k, t in cases.items()}
     assert relay == {("all_to_all", "pairwise"): [0, 2], ("all_reduce", "ring"): list(range(6)),
-                     ("all_reduce", "halving_doubling"): [], ("broadcast", "binomial"): []}
+                     ("all_reduce", "halving_doubling"): [], ("broadcast", "binomial"): [], ("all_gather", "bruck"): [0]}
+    assert {k: sorted(set(t.step[t.in_shift_step].tolist())) for k, t in cases.items()} == relay
+    shared, large = cores == 2, size >= 4 * RELAY_MIN_BYTES   # the all-to-all's and the ring's messages: size / 4
+    paying = {k: [s for s in v if s > 0 or not shared] if large or shared else [] for k, v in relay.items()}
     for (coll, algo), tab in cases.items():
         got = {}
         for name, meas in (("plain", m), ("shift", slow)):
-            topo, _ = fit({"tcp": {4: meas}}, nprocs=4, cores=2)
+            topo, _ = fit({"tcp": {4: meas}}, nprocs=4, cores=cores)
             got[name] = [simulate_table(topo, tab, size, engine=e, params={"host_transport": "tcp"},
                                         endpoints=topo.endpoints()[:4]).time_us for e in ("analytic", "flow")]
             p = params_for(topo, {"host_transport": "tcp"})
             nbytes = 4 * count_for_size(tab.collective, 4, size, 4)
             call = p.for_call(nbytes, 4, float(np.max(tab.frac / tab.nmsg)) * nbytes, None, tab.peers_per_step(),
                               tab.step_pattern())
-            assert call.relay_step_slowdown == pytest.approx(1.3 if name == "shift" else 1.0, rel=1e-6)
+            ratio = 1.3 if name == "shift" else 1.0
+            assert call.relay_step_slowdown == pytest.approx(ratio if large else 1.0, rel=1e-6)
+            assert call.shift_step_slowdown == pytest.approx(ratio if shared and not large else 1.0, rel=1e-6)
+            assert call.relay_skips_opening_step == shared
             if name == "plain":
                 model = analytic.build_model(tab, fabric_for(topo, call, topo.endpoints()[:4]), call)
                 lines = model.line_c[0] * nbytes
-                transfer_us = sum(lines[model.line_step == s].max() for s in relay[(coll, algo)])
+                transfer_us = sum(lines[model.line_step == s].max() for s in paying[(coll, algo)])
         for e in (0, 1):
             assert got["shift"][e] - got["plain"][e] == pytest.approx(0.3 * transfer_us, rel=1e-6, abs=1e-6)
 

@@ -266,6 +266,8 @@ def fit(measured: dict[str, dict[int, dict[str, Any]]], nprocs: int = 4,
                                                                "from": _source("beside_receive_share")}
                 report[f"{p}.{label}.relay_step_slowdown"] = {"value": q.relay_step_slowdown,
                                                               "from": _source("relay_step_slowdown")}
+                report[f"{p}.{label}.shift_step_slowdown"] = {"value": q.shift_step_slowdown,
+                                                              "from": _source("shift_step_slowdown")}
                 report[f"{p}.{label}.chained_step_factor"] = {"value": q.chained_step_factor,
                                                               "from": _source("chained_step_factor")}
     report["host_cores"] = {"value": topo.meta["sim"]["host_cores"],
@@ -307,7 +309,11 @@ def _source(key: str) -> str:
                                    "over the first (slot-copied messages where ranks outnumber cores; else 1)",
             "relay_step_slowdown": "(shift step - t 1 step) / (exchange - t 1 step), summed over the sizes within "
                                    "m/2..2m, at least 1: what a ring step's transfers take over a pair exchange's "
-                                   "(1 below 1 MiB messages, or without a shift step: 2 ranks)",
+                                   "(1 below 1 MiB messages, or without a shift step: 2 ranks; over TCP with "
+                                   "ranks sharing cores not in the call's opening step)",
+            "shift_step_slowdown": "the same ratio below 1 MiB messages, on shift steps alone (every rank sends "
+                                   "one message and receives one, not in pairs) after the call's opening step, "
+                                   "over TCP with ranks sharing cores; else 1",
             }.get(key, "")
 
 

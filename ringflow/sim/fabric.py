@@ -194,12 +194,15 @@ class Fabric:
 
     def transfer_work(self, table: Any) -> np.ndarray:
         """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
-        (`relay_step_slowdown` in ring steps, `chained_step_factor` in a step right after another
+        (`relay_step_slowdown` in ring steps, `shift_step_slowdown` in shifts, `chained_step_factor` in a step right after another
         transfer step, `slot_reduce_factor` one-way into an in-place reduction; 1 / the NVLS efficiency for switch
         operations; else 1)."""
         w = np.ones(table.ntransfers)
+        later = table.step > 0 if self.params.relay_skips_opening_step else np.ones(table.ntransfers, dtype=bool)
         if self.params.relay_step_slowdown != 1.0:
-            w[table.in_relay_step] = self.params.relay_step_slowdown
+            w[table.in_relay_step & later] = self.params.relay_step_slowdown
+        if self.params.shift_step_slowdown != 1.0:
+            w[table.in_shift_step & later] = self.params.shift_step_slowdown
         if self.params.chained_step_factor != 1.0:
             # a single copy completes when its receiver has read it: in a relay step that ties every rank to
             # the next, so none is ahead when the step starts (4 shm ranks' pairwise all-to-alls at 1-2 MiB

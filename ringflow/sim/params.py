@@ -286,6 +286,21 @@ class SimParams:
     # (4 TCP ranks on 2 cores: 1.2-1.5x from 512 KiB). The calibrated shift step over the exchange
     # (`_from_curves`, from RELAY_MIN_BYTES messages); 1: no effect.
     relay_step_slowdown: float = 1.0
+    # The same slowdown below RELAY_MIN_BYTES, on shift steps alone (`TransferTable.in_shift_step`: every
+    # rank sends one message and receives one, not in pairs; a pairwise all-to-all's shifts by 1 and n - 1,
+    # a Bruck step, a ring step), over TCP with ranks sharing cores (4 TCP ranks on 2 cores, 64-256 KiB
+    # messages: one shift 250-380 us against an exchange's 160-240; pairwise all-to-alls of 128 KiB-2 MiB
+    # -0.07..-0.13 on average over rec96-rec106 priced as exchanges). Pipelined chains, where only some
+    # ranks relay, keep the exchange's price below RELAY_MIN_BYTES (4 TCP ranks' tree broadcasts of 2-8 MiB
+    # went +0.14..+0.23 with it); 1: no effect.
+    shift_step_slowdown: float = 1.0
+    # Over TCP with ranks sharing cores a relay step that opens the call (its step 0, right after the
+    # argument check, whose tail it overlaps: `check_busy_us` was timed before an exchange) is priced as the
+    # exchange, without either slowdown: 4 TCP ranks' Bruck all-gathers, whose only shift opens the call,
+    # were within ±0.05 on average at every size over rec96-rec106 as exchanges and +0.10..+0.11 at
+    # 64-512 KiB with the shift's price, while the pairwise all-to-all's later shift, and the Bruck
+    # all-to-all's after its rotation, pay it (`Fabric.transfer_work`)
+    relay_skips_opening_step: bool = False
     # What a transfer step right after another transfer step (no local work between them, so the ranks
     # are still running) costs over the first: ranks that share cores pay a wake-up in the first step that
     # the next do not (4 shm ranks on 2 cores, 16-64 KiB: one exchange 94-96 us, three in a row 183-203;
@@ -543,17 +558,17 @@ class SimParams:
             step = "fanout_us" if "fanout_us" in c else "oneway_us"
             with_check = checks + np.array([at(step, s) for s in xs])
             return max(0.0, float(np.exp(np.interp(np.log(x), np.log(xs), np.log(with_check)))) - at(step, x))
-        def relay_slowdown() -> float:
-            # a relay step's transfers over a pair exchange's: the calibrated shift step over the exchange,
-            # both less the step's fixed cost, summed over the sizes within m/2 .. 2m (one size's ratio is
-            # 0.8-1.9 from job to job on 4 TCP ranks); from RELAY_MIN_BYTES messages, below which the
-            # shift step's slow modes (1.5-3x on 4 shm ranks at 4-64 KiB) are not what relay steps pay
-            # (4-rank pairwise all-to-alls at 128-256 KiB were over-priced by +25..+60 % with them)
-            if "shift_us" not in c or m < RELAY_MIN_BYTES:
-                return 1.0
-            xs = near
-            return max(1.0, sum(at("shift_us", x) - t1 for x in xs) / sum(max(at("exchange_us", x) - t1, tiny * x)
-                                                                          for x in xs))
+        # a relay step's transfers over a pair exchange's: the calibrated shift step over the exchange,
+        # both less the step's fixed cost, summed over the sizes within m/2 .. 2m (one size's ratio is
+        # 0.8-1.9 from job to job on 4 TCP ranks); from RELAY_MIN_BYTES messages, below which the shift
+        # step's slow modes (1.5-3x on 4 shm ranks at 4-64 KiB) are not what relay steps pay (4-rank
+        # pairwise all-to-alls at 128-256 KiB were over-priced by +25..+60 % with them), except shift steps
+        # over TCP with ranks sharing cores (`shift_step_slowdown`)
+        shift_ratio = 1.0 if "shift_us" not in c else max(1.0, sum(at("shift_us", x) - t1 for x in near) / sum(
+            max(at("exchange_us", x) - t1, tiny * x) for x in near))
+        shared_tcp = self.host_transport == "tcp" and not own_core
+        relay_slowdown = shift_ratio if m >= RELAY_MIN_BYTES else 1.0
+        shift_slowdown = shift_ratio if m < RELAY_MIN_BYTES and shared_tcp else 1.0
         def chained_factor() -> float:
             # the next exchange step's data time over the first's, from three in a row, summed over the sizes
             # within m/2 .. 2m (at 16-64 KiB one size's figure is a difference of noisy times); over shm with
@@ -616,7 +631,8 @@ class SimParams:
             check_rooted_us=rooted_check(),
             check_busy_us=float(c["check_busy_us"]) if "check_busy_us" in c else None,
             cache_bytes=None, dram_factor=1.0, host_curves=None, per_transport=None,
-            relay_step_slowdown=relay_slowdown(),
+            relay_step_slowdown=relay_slowdown, shift_step_slowdown=shift_slowdown,
+            relay_skips_opening_step=shared_tcp,
             chained_step_factor=chained_factor(),
             slot_reduce_factor=slot_reduce(),
             lone_pair_speedup=float(max(1.0, pair / solo)),
