@@ -954,6 +954,27 @@ def test_a_real_4_rank_calibration_times_the_all_to_all_step_again_at_every_size
     assert all(s >= e for s, e in zip(got["exchange_reduce_split_us"], got["exchange_us"]))
 
 
+def test_a_shift_step_has_every_rank_send_once_and_receive_once_not_in_pairs_nor_a_chain() -> None:
+    """`TransferTable.in_shift_step`: ring steps and a pairwise all-to-all's shifts by 1 .. n-1 other than
+    n/2 are shifts; a pipelined tree broadcast relays (some ranks receive and send on) but its root only
+    sends and its leaves only receive, so its steps are not; exchanges in pairs are neither."""
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.sim.transfers import from_schedule
+    from ringflow.sim.validate import runtime_schedule
+
+    def steps(t, mask):
+        return sorted(set(t.step[mask].tolist()))
+    for n, shifts in ((3, [0, 1]), (4, [0, 2]), (5, [0, 1, 2, 3])):
+        t = from_schedule(get_schedule("all_to_all", "pairwise", n))
+        assert steps(t, t.in_shift_step) == shifts == steps(t, t.in_relay_step)
+        t = from_schedule(get_schedule("all_reduce", "ring", n))
+        assert steps(t, t.in_shift_step) == list(range(2 * (n - 1)))
+    tree = from_schedule(runtime_schedule("broadcast", 2**23, 4, 4, 0))
+    assert tree.algorithm == "tree" and steps(tree, tree.in_relay_step) and not tree.in_shift_step.any()
+    hd = from_schedule(get_schedule("all_reduce", "halving_doubling", 4))
+    assert not hd.in_shift_step.any() and not hd.in_relay_step.any()
+
+
 @pytest.mark.parametrize("size, cores", [(2**22, 2), (2**22, 4), (2**19, 2), (2**19, 4)])
 def test_a_ring_step_s_transfers_take_the_calibrated_shift_step_over_the_exchange(size: int, cores: int) -> None:
     """4 TCP ranks: every rank sending to the next and receiving from the one before (the calibration's

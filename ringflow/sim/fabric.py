@@ -194,9 +194,9 @@ class Fabric:
 
     def transfer_work(self, table: Any) -> np.ndarray:
         """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
-        (`relay_step_slowdown` in ring steps, `shift_step_slowdown` in shifts, `chained_step_factor` in a step right after another
-        transfer step, `slot_reduce_factor` one-way into an in-place reduction; 1 / the NVLS efficiency for switch
-        operations; else 1)."""
+        (`relay_step_slowdown` in ring steps, `shift_step_slowdown` in shifts, `chained_step_factor` in a step
+        right after another transfer step, `slot_reduce_factor` one-way into an in-place reduction; 1 / the NVLS
+        efficiency for switch operations; else 1)."""
         w = np.ones(table.ntransfers)
         later = table.step > 0 if self.params.relay_skips_opening_step else np.ones(table.ntransfers, dtype=bool)
         if self.params.relay_step_slowdown != 1.0:

@@ -96,41 +96,19 @@ class TransferTable:
 
     @cached_property
     def in_shift_step(self) -> np.ndarray:
-        """bool [T]: the transfer's step is a shift: every rank sends one message and receives one, and
-        some rank's receiver does not send back to it (not an exchange in pairs)."""
-        if not self.ntransfers or self.nranks < 3:
-            return np.zeros(self.ntransfers, dtype=bool)
-        n, steps = self.nranks, np.unique(self.step)
-        out = np.zeros(self.ntransfers, dtype=bool)
-        relay = self.in_relay_step
-        for s in steps:
-            on = self.step == s
-            if not relay[on].any():
-                continue
-            src, dst = self.src[on], self.dst[on]
-            pairs = np.unique(src * n + dst)
-            if pairs.size == n and np.unique(pairs // n).size == n and np.unique(pairs % n).size == n:
-                out[on] = True
-        return out
-
-    @cached_property
-    def in_shift_step(self) -> np.ndarray:
         """bool [T]: the transfer's step is a shift: a relay step in which every rank sends to one peer and
         receives from one (a ring step, a pairwise all-to-all's shift by 1, a Bruck step), not a chain."""
         if not self.ntransfers or self.nranks < 3:
             return np.zeros(self.ntransfers, dtype=bool)
         n = self.nranks
-        pairs = np.unique((self.step * n + self.src) * n + self.dst)
+        pairs = np.unique((self.step * n + self.src) * n + self.dst)   # distinct (step, sender, receiver)
         step, src, dst = pairs // (n * n), pairs // n % n, pairs % n
+        steps, npairs = np.unique(step, return_counts=True)
 
-        def each_rank_once(ranks: np.ndarray) -> np.ndarray:   # per step of `step`: n distinct ranks, once each
-            steps, count = np.unique(step, return_counts=True)
-            distinct = np.unique(step * n + ranks) // n
-            return np.isin(steps, steps[np.bincount(np.searchsorted(steps, distinct), minlength=steps.size) == n]) \
-                & (count == n)
-        steps = np.unique(step)
-        shift = steps[each_rank_once(src) & each_rank_once(dst)]
-        return np.isin(self.step, shift) & self.in_relay_step
+        def distinct(ranks: np.ndarray) -> np.ndarray:   # per step of `steps`: how many distinct ranks
+            return np.bincount(np.searchsorted(steps, np.unique(step * n + ranks) // n), minlength=steps.size)
+        full = (npairs == n) & (distinct(src) == n) & (distinct(dst) == n)
+        return np.isin(self.step, steps[full]) & self.in_relay_step
 
     @cached_property
     def chained_step(self) -> np.ndarray:
