@@ -564,9 +564,10 @@ class SimParams:
         # step's slow modes (1.5-3x on 4 shm ranks at 4-64 KiB) are not what relay steps pay (4-rank
         # pairwise all-to-alls at 128-256 KiB were over-priced by +25..+60 % with them), except shift steps
         # over TCP with ranks sharing cores (`shift_step_slowdown`)
-        shift_ratio = 1.0 if "shift_us" not in c else max(1.0, sum(at("shift_us", x) - t1 for x in near) / sum(
-            max(at("exchange_us", x) - t1, tiny * x) for x in near))
         shared_tcp = self.host_transport == "tcp" and not own_core
+        shift_ratio = max(1.0, sum(at("shift_us", x) - t1 for x in near) / sum(
+            max(at("exchange_us", x) - t1, tiny * x) for x in near)) \
+            if "shift_us" in c and (m >= RELAY_MIN_BYTES or shared_tcp) else 1.0
         relay_slowdown = shift_ratio if m >= RELAY_MIN_BYTES else 1.0
         shift_slowdown = shift_ratio if m < RELAY_MIN_BYTES and shared_tcp else 1.0
         def chained_factor() -> float:

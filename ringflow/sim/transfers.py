@@ -62,11 +62,17 @@ class TransferTable:
         return int(self.step.size)
 
     @cached_property
+    def _step_pairs(self) -> np.ndarray:
+        """The distinct (step, sender, receiver) of the table, each as (step * n + sender) * n + receiver."""
+        n = self.nranks
+        return np.unique((self.step * n + self.src) * n + self.dst)
+
+    @cached_property
     def _step_peers(self) -> tuple[int, int]:
         if not self.ntransfers:
             return 0, 0
         n = self.nranks
-        pairs = np.unique((self.step * n + self.src) * n + self.dst)
+        pairs = self._step_pairs
         sends = np.unique(pairs // n, return_counts=True)[1].max()
         recvs = np.unique((pairs // (n * n)) * n + pairs % n, return_counts=True)[1].max()
         return int(sends), int(recvs)
@@ -101,7 +107,7 @@ class TransferTable:
         if not self.ntransfers or self.nranks < 3:
             return np.zeros(self.ntransfers, dtype=bool)
         n = self.nranks
-        pairs = np.unique((self.step * n + self.src) * n + self.dst)   # distinct (step, sender, receiver)
+        pairs = self._step_pairs
         step, src, dst = pairs // (n * n), pairs // n % n, pairs % n
         steps, npairs = np.unique(step, return_counts=True)
 
