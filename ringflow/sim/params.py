@@ -515,6 +515,15 @@ class SimParams:
             # messages were priced +0.16..+0.19 in 5 recordings of 10; replays of rec55-rec64: 2,764 -> 2,773)
             beside = min(extra("exchange_copy_us", "exchange_us", "copy_us"),
                          extra("exchange_copy_us", "exchange_us", "copy_us", point=True))
+            if not own_core and mc > m and self.host_transport != "tcp":
+                # where ranks share cores, and like the copy itself and the reductions above, from the cache
+                # level the call's working set fits in: 4 shm ranks on 2 cores copying a 4 MiB block beside the
+                # transfers of a 16 MiB all-to-all (16 MiB buffers) paid 560-940 us over the copy where the
+                # 4 MiB calibration step gave 265, and the calibration's own extra per byte grows 1.6x from 4 to
+                # 16 MiB. Pairwise all-to-alls at 16 MiB were -0.167 on average over rec101-rec117 (14 of 17
+                # outside 15 %), -0.140 with it (4); at 512 KiB -0.131 -> -0.110 (8 -> 0); replays of all 63
+                # recordings 16,745 -> 16,762 rows, of rec101-rec117 4,810 -> 4,828
+                beside = max(beside, extra("exchange_copy_us", "exchange_us", "copy_us", x0=mc))
         if beside * m < BESIDE_MIN_FRACTION * at("exchange_us"):
             beside = 0.0
         # the calibration copied beside an exchange, sending too; over TCP with a core per rank a rank that
