@@ -653,6 +653,7 @@ def test_a_direct_scatter_pays_the_rooted_check_measured_at_its_own_messages(
                                                         ("tcp", "reduce", 2**21, 2, True),
                                                         ("tcp", "gather", 2**16, 2, False),
                                                         ("tcp", "broadcast", 2**21, 2, False),
+                                                        ("tcp", "scatter", 2**21, 2, False),
                                                         ("tcp", "gather", 2**21, 1, False),
                                                         ("shm", "gather", 2**21, 2, False)])
 def test_a_checked_call_whose_root_works_on_after_its_peer_is_done_pays_a_wake_up(
@@ -660,13 +661,15 @@ def test_a_checked_call_whose_root_works_on_after_its_peer_is_done_pays_a_wake_u
     """2 ranks over TCP, each with a core: a binomial gather's root copies its own block (a reduce's
     reduces) after the peer's message, so the peer waits for the next call's check past the runtime's
     spin and sleeps: where that work exceeds `asleep_lag_us` the check costs once more; not a broadcast
-    (no work after the message), not small calls, not ranks sharing a core (they never spin), not shm."""
+    (no work after the message), not a scatter (its peer, done first while the root copies its own block,
+    only receives: it wakes while the next call's message is on the way; 2 TCP ranks timed a 2 MiB scatter
+    the same with a 500 us spin), not small calls, not ranks sharing a core (they never spin), not shm."""
     from ringflow.algorithms.registry import get_schedule
     topo, _ = fit({tr: {2: synthetic(tr, 2)}}, nprocs=2, cores=cores)
     c = Collective.parse(coll)
-    count = size // 4 // (2 if c == Collective.GATHER else 1)
+    count = size // 4 // (2 if c.per_rank_sized else 1)
     tab = from_plans(get_schedule(coll, "binomial", 2, root=0), CallShape(c, 2, count, 4),
-                     inplace=c != Collective.GATHER)   # as `ringflow bench` calls them
+                     inplace=not c.per_rank_sized)   # as `ringflow bench` calls them
     t = [simulate_table(topo, tab, size, params={"host_transport": tr}, endpoints=topo.endpoints()[:2],
                         checked=c).time_us for c in (True, False)]
     p = TRUE[tr][2]
@@ -887,6 +890,33 @@ def test_over_tcp_a_rank_copying_beside_a_receive_it_does_not_send_in_pays_the_l
                                     endpoints=topo.endpoints()[:2]).time_us for e in ("analytic", "flow")]
     for e in range(2):
         assert got["beside"][e] - got["apart"][e] == pytest.approx(block * BESIDE * share, rel=1e-6)
+
+
+@pytest.mark.parametrize("tr,cores,coll,charged", [("tcp", 2, "scatter", True), ("shm", 2, "scatter", False),
+                                                   ("tcp", 1, "scatter", False), ("tcp", 2, "gather", False)])
+def test_over_tcp_a_scatter_root_copying_beside_its_send_pays_the_one_way_copy_extra(
+        tr: str, cores: int, coll: str, charged: bool) -> None:
+    """2 ranks with a core each: a binomial scatter's root sends the peer's block and copies its own in one
+    step; over TCP its core also copies the message into the socket, and its copy pays what the
+    calibration's one-way with the sender copying took beyond the two apart. Not over shm (the peer reads
+    the root's buffer), not where ranks share a core, not a gather (its root receives)."""
+    from ringflow.algorithms.registry import get_schedule
+    send_beside = 1 / 5e3   # us per byte
+    measured = synthetic(tr, 2)
+    res = measured["results"]
+    res["oneway_copy"] = {b: res["oneway"][b] + int(b) * TRUE[tr][2]["copy"] + int(b) * send_beside
+                          for b in res["oneway"]}
+    apart = {**measured, "results": {k: v for k, v in res.items() if k != "oneway_copy"}}
+    size, block = 2**21, 2**20
+    tab = from_plans(get_schedule(coll, "binomial", 2, root=0), CallShape(Collective.parse(coll), 2, block // 4, 4),
+                     inplace=False)
+    got = {}
+    for name, m in (("beside", measured), ("apart", apart)):
+        topo, _ = fit({tr: {2: m}}, nprocs=2, cores=cores)
+        got[name] = [simulate_table(topo, tab, size, engine=e, params={"host_transport": tr},
+                                    endpoints=topo.endpoints()[:2]).time_us for e in ("analytic", "flow")]
+    for e in range(2):
+        assert got["beside"][e] - got["apart"][e] == pytest.approx(block * send_beside * charged, rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize("fraction,counted", [(0.12, True), (0.08, False)])

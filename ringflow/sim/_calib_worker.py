@@ -50,6 +50,12 @@ def _schedules(n: int):
     # together can overflow a core's cache, where apart they fit
     fr = copy_and_exchange("cal-exchange-fresh", fresh=True)
     xc = copy_and_exchange("cal-exchange-copy", fresh=False)
+    # the one-way and a copy of as many bytes on the sender in one step (a scatter's root copies its own
+    # block beside its sends; over TCP its core also copies each message into the socket)
+    oc = ScheduleBuilder("all_reduce", n, "cal-oneway-copy", layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
+    for lo, hi in every:
+        oc.copy(lo, 0, SC0, IN0)
+        oc.transfer(0, lo, hi, IN0, OUT0)
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
 
     def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
@@ -71,7 +77,7 @@ def _schedules(n: int):
            "fanin": blocks_step("cal-fanin", [(q, 0) for q in range(1, n)]),
            "fanout": blocks_step("cal-fanout", [(0, q) for q in range(1, n)])}
     return {**block_steps, "copy": cp.build(), "exchange_fresh": fr, "exchange_copy": xc,
-            "oneway": build("cal-oneway", 1),
+            "oneway_copy": oc.build(), "oneway": build("cal-oneway", 1),
             "exchange": build("cal-exchange", 1, exchange=True),
             # the same exchange three times in a row: what a step costs once the ranks are running
             "exchange3": build("cal-exchange3", 3, exchange=True),
@@ -131,7 +137,7 @@ BATCHES = 5
 POINT_SAMPLES = 30
 # the steps timed at every size (`measure`): on any rank count, and on more than one pair of ranks
 CURVE_STEPS = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
-               "exchange_reduce_split", "exchange_fresh", "exchange_copy")
+               "exchange_reduce_split", "exchange_fresh", "exchange_copy", "oneway_copy")
 # steps whose buffers hold two messages (the sizes timed are the message's)
 TWO_BLOCK_STEPS = ("exchange_reduce_split",)
 

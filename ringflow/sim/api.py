@@ -140,14 +140,17 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
 
 
 def _last_step_lag_us(tab: TransferTable, fab: Fabric, count_bytes: float) -> float:
-    """How far apart the ranks' local work in the call's last step ends them (e.g. a root reducing what
-    it received while its peer is done): the spread of that work's modelled time."""
+    """How long after a rank that sends in the call's first step the local work of its last step ends
+    another (e.g. a root reducing what it received while its peer is done): that sender waits for the
+    next call's check asleep, and wakes on the next call's path. A rank that only receives first (a
+    scatter's peer) wakes while its message is on the way: no lag counts for it."""
     last = tab.lstep == tab.nsteps - 1
-    if not last.any():
+    senders = np.unique(tab.src[tab.step == 0])
+    if not last.any() or not senders.size:
         return 0.0
     work = np.zeros(tab.nranks)
     np.add.at(work, tab.lrank[last], (fab.local_us_per_byte(tab) * count_bytes)[last])
-    return float(work.max() - work.min())
+    return float(work.max() - work[senders].min())
 
 
 def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:

@@ -49,6 +49,15 @@ def _beside_transfer(table: Any, shares_cores: bool = False, receive_share: floa
     return beside
 
 
+def _sends_only(table: Any) -> np.ndarray:
+    """Per local-work entry of `table`: whether its rank sends in the same step and receives nothing (a
+    scatter's root)."""
+    width = table.nranks
+    here = table.lstep * width + table.lrank
+    return np.isin(here, np.unique(table.step * width + table.src)) \
+        & ~np.isin(here, np.unique(table.step * width + table.dst))
+
+
 def step_size_factor(params: SimParams, table: Any) -> np.ndarray:
     """Per step of `table`: what its bytes cost per byte over what the call's largest message's do, where
     its messages are smaller (`SimParams.small_step_costs`: the calibrated exchange's per-byte cost at the
@@ -240,7 +249,8 @@ class Fabric:
         a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
         it fresh_send_GBps extra (the other fresh bytes fresh_slot_GBps, the sender's slot copy), and copies in a
         step where the rank also receives copy_beside_transfer_GBps extra (beside_receive_share of it where
-        it only receives; on shared cores in proportion to the ranks doing so)."""
+        it only receives; on shared cores in proportion to the ranks doing so), where it only sends
+        copy_beside_send_GBps extra."""
         p = self.params
         per = np.zeros(table.lrank.size)
         if p.copy_GBps:
@@ -264,6 +274,8 @@ class Fabric:
         if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
             per += table.lcopy * _beside_transfer(table, p.beside_shares_cores, p.beside_receive_share) \
                 / (p.copy_beside_transfer_GBps * 1e3)
+        if p.copy_beside_send_GBps and table.lrank.size and table.ntransfers:
+            per += table.lcopy * _sends_only(table) / (p.copy_beside_send_GBps * 1e3)
         if p.small_step_costs is not None and table.lrank.size:
             per = per * step_size_factor(p, table)[table.lstep]
         return per * self.local_slowdown(table.nranks)[table.lrank]

@@ -150,6 +150,11 @@ class SimParams:
     # root): over TCP with a core per rank the receiver's own work partly hides behind its socket receive,
     # as much as its reduction does beside a one-way (`SimParams._from_curves`); 1.0: all of it.
     beside_receive_share: float = 1.0
+    # A copy's extra cost per byte where its rank sends in the step and receives nothing (a scatter's root):
+    # over TCP its core copies each message into its socket beside the copy; measured by the calibration's
+    # one-way with the sender copying (`oneway_copy`) on hosts with a core per rank; None: no extra (over
+    # shm the receiver reads the root's buffer by single copy).
+    copy_beside_send_GBps: float | None = None
     reduce_GBps: float | None = None
     # A reduction into its own operand (dst is also the local input: in-place all-reduce, reduce)
     # reads and writes one buffer instead of reading one and writing another; None: reduce_GBps.
@@ -532,6 +537,17 @@ class SimParams:
         # block in one step, +0.10..+0.16 on average over rec72-rec92 with the whole extra, +0.01..+0.09
         # with this share; on rec55-rec71's host, where the lone reduction was visible, unchanged)
         receive_share = red / red_busy if self.host_transport == "tcp" and own_core else 1.0   # red <= red_busy
+        # over TCP a rank that sends without receiving (a scatter's root) copies each message into its
+        # socket, and its own copy in that step pays for it what the calibration's one-way with the sender
+        # copying took beyond the two apart (2 TCP ranks: a 1 MiB binomial scatter, a 512 KiB message and
+        # the root's copy of its block, 95 us unchecked against 57 for the message alone and 13-18 for the
+        # copy alone; -0.134 on average over rec100-rec124, in 15 of 25 outside 15 %). Over shm its
+        # receiver reads its buffer by single copy, and calibrations without that step price no share
+        # (where ranks share cores the one-way pairs' time-sharing is in that figure, as in the exchange's)
+        send_beside = 0.0
+        if self.host_transport == "tcp" and own_core and "oneway_copy_us" in c:
+            send_beside = min(extra("oneway_copy_us", "oneway_us", "copy_us"),
+                              extra("oneway_copy_us", "oneway_us", "copy_us", point=True))
 
         def rooted_check() -> float | None:
             # a call made of the fan-out step (a direct scatter): the check before the calibration's fan-out
@@ -630,6 +646,7 @@ class SimParams:
             fresh_slot_GBps=1e-3 / slot_copy if slot_copy > 0 else None,
             copy_beside_transfer_GBps=1e-3 / beside if beside > tiny else None, beside_shares_cores=not own_core,
             beside_receive_share=float(receive_share),
+            copy_beside_send_GBps=1e-3 / send_beside if send_beside > tiny else None,
             call_overhead_per_peer_us=0.0, host_cores=None,
             host_pool_GBps=pool_GBps,
             # the fan steps' pools were measured with three ranks copying on two cores: their packing is in them
@@ -678,6 +695,7 @@ class SimParams:
         for rate, name in ((self.copy_GBps, "copy_GBps"), (self.reduce_GBps, "reduce_GBps"),
                            (self.fresh_send_GBps, "fresh_send_GBps"), (self.fresh_slot_GBps, "fresh_slot_GBps"),
                            (self.copy_beside_transfer_GBps, "copy_beside_transfer_GBps"),
+                           (self.copy_beside_send_GBps, "copy_beside_send_GBps"),
                            (self.reduce_inplace_GBps, "reduce_inplace_GBps")):
             if rate is not None and rate <= 0:
                 raise ConfigError(f"sim {name}={rate} must be > 0", "or null for 'free'")
