@@ -50,12 +50,6 @@ def _schedules(n: int):
     # together can overflow a core's cache, where apart they fit
     fr = copy_and_exchange("cal-exchange-fresh", fresh=True)
     xc = copy_and_exchange("cal-exchange-copy", fresh=False)
-    # the one-way and a copy of as many bytes on the sender in one step (a scatter's root copies its own
-    # block beside its sends; over TCP its core also copies each message into the socket)
-    oc = ScheduleBuilder("all_reduce", n, "cal-oneway-copy", layouts={**lay, Buffer.SCRATCH: BufferLayout(1, like=Buffer.IN)})
-    for lo, hi in every:
-        oc.copy(lo, 0, SC0, IN0)
-        oc.transfer(0, lo, hi, IN0, OUT0)
     blocks = {Buffer.IN: BufferLayout(n), Buffer.OUT: BufferLayout(n)}
 
     def blocks_step(name: str, pairs: list[tuple[int, int]]):  # noqa: ANN202
@@ -68,6 +62,13 @@ def _schedules(n: int):
     # once), and one rank receiving from every peer (fan-in, a direct gather) or sending to each
     # (fan-out, a direct scatter): the root's n - 1 messages measured as a whole
     halves = {Buffer.IN: BufferLayout(2), Buffer.OUT: BufferLayout(2)}
+    # the one-way of one block of a two-block buffer and the sender's copy of the other block in one step,
+    # as a scatter's root sends its peer's block and copies its own (over TCP its core also copies each
+    # message into the socket; a copy of the block just sent would read it from the cache)
+    oc = ScheduleBuilder("all_reduce", n, "cal-oneway-copy", layouts=halves)
+    for lo, hi in every:
+        oc.copy(lo, 0, ChunkRef(Buffer.OUT, 0), ChunkRef(Buffer.IN, 0))
+        oc.transfer(0, lo, hi, ChunkRef(Buffer.IN, 1), ChunkRef(Buffer.OUT, 1))
     split = ScheduleBuilder("all_reduce", n, "cal-exchange-reduce-split", layouts=halves)
     for lo, hi in every:
         for a, z in ((lo, hi), (hi, lo)):
@@ -139,7 +140,7 @@ POINT_SAMPLES = 30
 CURVE_STEPS = ("copy", "oneway", "oneway_reduce", "oneway_reduce_inplace", "exchange", "exchange_reduce",
                "exchange_reduce_split", "exchange_fresh", "exchange_copy", "oneway_copy")
 # steps whose buffers hold two messages (the sizes timed are the message's)
-TWO_BLOCK_STEPS = ("exchange_reduce_split",)
+TWO_BLOCK_STEPS = ("exchange_reduce_split", "oneway_copy")
 
 
 def buffer_bytes(name: str, message_bytes: int) -> int:

@@ -23,9 +23,10 @@ default) times tiny hand-built schedules on the real runtime (``_calib_worker``,
 - ``exchange_copy``: the exchange and a copy of as many bytes in one step, as an all-gather's or a
   gather's root's step runs them: what the copy costs beside a transfer beyond the two apart (on this
   VM +40-60 us at 512 KiB-1 MiB on 2 shm ranks: together they overflow the core's 2 MiB L2);
-- ``oneway_copy``: the one-way and a copy of as many bytes on the sender in one step, as a scatter's
-  root runs them: what the copy costs beside a send alone (over TCP the sender's core copies the
-  message into the socket; the exchange's figure has every rank receiving too);
+- ``oneway_copy``: the one-way of one block of a two-block buffer and the sender's copy of the other
+  block in one step, as a scatter's root runs them: what the copy costs beside a send alone (over TCP
+  the sender's core copies the message into the socket; the exchange's figure has every rank receiving
+  too, and copies the block it sends, which the send left in the cache);
 - ``alltoall`` (more than 2 ranks): one step in which every rank sends 1/n of its buffer to each
   peer: a rank with several peers in a step pays per message, which the one-peer exchange cannot
   show (the simulator prices steps with several peers per rank from it). Timed twice more after every
