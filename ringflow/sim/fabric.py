@@ -31,31 +31,30 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
+def _step_roles(table: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per local-work entry of `table`: whether its rank sends, and whether it receives, in the same step."""
+    width = table.nranks
+    here = table.lstep * width + table.lrank
+    return (np.isin(here, np.unique(table.step * width + table.src)),
+            np.isin(here, np.unique(table.step * width + table.dst)))
+
+
 def _beside_transfer(table: Any, shares_cores: bool = False, receive_share: float = 1.0) -> np.ndarray:
     """Per local-work entry of `table`: 1.0 where its rank receives in the same step (a sender whose
     receiver reads its buffer, a scatter's root, does not fill its own cache with the message),
     `receive_share` where it receives without sending; with `shares_cores`, the fraction of the ranks
     copying beside a receive in that step instead."""
     width = table.nranks
-    here = table.lstep * width + table.lrank
-    beside = np.isin(here, np.unique(table.step * width + table.dst)).astype(np.float64)
+    sends, receives = _step_roles(table)
+    beside = receives.astype(np.float64)
     if receive_share != 1.0 and beside.size:
-        beside[(beside > 0) & ~np.isin(here, np.unique(table.step * width + table.src))] = receive_share
+        beside[receives & ~sends] = receive_share
     if shares_cores and beside.size:
         on = (table.lcopy > 0) & (beside > 0)
         ranks = np.unique(table.lstep[on] * width + table.lrank[on])   # a rank counts once per step
         copying = np.bincount(ranks // width, minlength=int(table.lstep.max()) + 1)
         beside *= copying[table.lstep] / width
     return beside
-
-
-def _sends_only(table: Any) -> np.ndarray:
-    """Per local-work entry of `table`: whether its rank sends in the same step and receives nothing (a
-    scatter's root)."""
-    width = table.nranks
-    here = table.lstep * width + table.lrank
-    return np.isin(here, np.unique(table.step * width + table.src)) \
-        & ~np.isin(here, np.unique(table.step * width + table.dst))
 
 
 def step_size_factor(params: SimParams, table: Any) -> np.ndarray:
@@ -275,7 +274,8 @@ class Fabric:
             per += table.lcopy * _beside_transfer(table, p.beside_shares_cores, p.beside_receive_share) \
                 / (p.copy_beside_transfer_GBps * 1e3)
         if p.copy_beside_send_GBps and table.lrank.size and table.ntransfers:
-            per += table.lcopy * _sends_only(table) / (p.copy_beside_send_GBps * 1e3)
+            sends, receives = _step_roles(table)
+            per += table.lcopy * (sends & ~receives) / (p.copy_beside_send_GBps * 1e3)
         if p.small_step_costs is not None and table.lrank.size:
             per = per * step_size_factor(p, table)[table.lstep]
         return per * self.local_slowdown(table.nranks)[table.lrank]

@@ -438,6 +438,11 @@ class SimParams:
             d = np.array([at(hi, x) - at(lo, x) - (at(less, x) - float(c["base_us"]) if less else 0.0) for x in xs])
             slope = float(np.mean(d / xs)) if less or mean else float(np.dot(d, xs) / np.dot(xs, xs))
             return max(slope, tiny)
+
+        def copy_extra(hi: str, lo: str) -> float:
+            # what a copy beside the transfer of step `lo` added in step `hi`, per byte: the window's mean,
+            # no more than the figure at m itself
+            return min(extra(hi, lo, "copy_us"), extra(hi, lo, "copy_us", point=True))
         # one rank reducing alone (one-way with reduction) and every rank at once (the exchange's). With a
         # core per rank over shm the latter is read at the call's size: the slope through m/2 .. 2m took 2
         # ranks' 256 KiB jump (6 us at 128 KiB, 29 at 256 KiB) into 128 KiB messages
@@ -518,8 +523,7 @@ class SimParams:
             # ... and no more than the calibration's own figure at m, which the window's mean exceeds where it
             # carries a neighbour's bump (2 shm ranks: +53 us at 1 MiB, +5 at 2 MiB, where all-to-alls of 2 MiB
             # messages were priced +0.16..+0.19 in 5 recordings of 10; replays of rec55-rec64: 2,764 -> 2,773)
-            beside = min(extra("exchange_copy_us", "exchange_us", "copy_us"),
-                         extra("exchange_copy_us", "exchange_us", "copy_us", point=True))
+            beside = copy_extra("exchange_copy_us", "exchange_us")
             if not own_core and mc > m and self.host_transport != "tcp":
                 # where ranks share cores, and like the copy itself and the reductions above, from the cache
                 # level the call's working set fits in: 4 shm ranks on 2 cores copying a 4 MiB block beside the
@@ -542,12 +546,11 @@ class SimParams:
         # copying took beyond the two apart (2 TCP ranks: a 1 MiB binomial scatter, a 512 KiB message and
         # the root's copy of its block, 95 us unchecked against 57 for the message alone and 13-18 for the
         # copy alone; -0.134 on average over rec100-rec124, in 15 of 25 outside 15 %). Over shm its
-        # receiver reads its buffer by single copy, and calibrations without that step price no share
+        # receiver reads its buffer by single copy, and calibrations without that step price no extra
         # (where ranks share cores the one-way pairs' time-sharing is in that figure, as in the exchange's)
         send_beside = 0.0
         if self.host_transport == "tcp" and own_core and "oneway_copy_us" in c:
-            send_beside = min(extra("oneway_copy_us", "oneway_us", "copy_us"),
-                              extra("oneway_copy_us", "oneway_us", "copy_us", point=True))
+            send_beside = copy_extra("oneway_copy_us", "oneway_us")
 
         def rooted_check() -> float | None:
             # a call made of the fan-out step (a direct scatter): the check before the calibration's fan-out
