@@ -193,6 +193,12 @@ def stream_key(key: str, j: int) -> str:
 
 
 HOT_SPIN_S = 50e-6  # small messages: spin this long, then sleep (an in-step peer is usually that close)
+# Socket-only waits with a core per rank poll this long before sleeping: a peer that finished its call first
+# (a gather's or reduce's, while the root still copies or reduces) waits in the next call's check, and
+# asleep it pays a wake-up that grows with how long it slept. 2 TCP ranks, checked - unchecked at 512 KiB /
+# 1 MiB / 2 MiB: gathers 31 / 62 / 82 us with HOT_SPIN_S (50 us), 37 / 40 / 43 with 500 us, broadcasts 29-31
+# either way (docs/simulator.md, thirty-second and thirty-third sessions)
+SOCKET_SPIN_S = 500e-6
 
 
 class Waiter:
@@ -202,6 +208,7 @@ class Waiter:
         self.bell = bell
         self.spin_s = doorbell.spin_budget_s(local_ranks)
         self.hot_s = 0.0 if doorbell.oversubscribed(local_ranks) else HOT_SPIN_S
+        self.socket_s = 0.0 if doorbell.oversubscribed(local_ranks) else SOCKET_SPIN_S
         self.failure = failure  # raises if the communicator failed or was aborted
 
     def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:
@@ -212,9 +219,9 @@ class Waiter:
         spinning (or sched_yield, which on a busy host hands the core to anybody for a timeslice)
         would only delay it. Bulk transfers spin yielding the core, up to the spin budget: the peer
         is busy copying the next slice and will be back within tens of microseconds.
-        Socket-only waits poll their sockets for HOT_SPIN_S before sleeping, unless the host is
-        oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-40 us on a
-        VM), and a pair of ranks can lock into paying it on every call.
+        Socket-only waits poll their sockets for SOCKET_SPIN_S before sleeping, unless the host is
+        oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-80 us on a
+        VM, more the longer it slept), and a pair of ranks can lock into paying it on every call.
         """
         self.failure()
         shm = [op for op in pending if op.is_shm]
@@ -229,7 +236,7 @@ class Waiter:
                     break
                 if not hot_spin:
                     os.sched_yield()
-        elif self.hot_s > 0 and _sockets_ready(pending, self.hot_s):
+        elif self.socket_s > 0 and _sockets_ready(pending, self.socket_s):
             return
         for op in shm:
             op.set_waiting(1)

@@ -262,7 +262,10 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
             retime("alltoall", list(sizes), rounds=ALLTOALL_RETIMES)
     finally:
         comm._checks = True
+    from ..runtime import executor
     from ..runtime.transport import cma, shm
+    # how long a rank polls its sockets before sleeping (the model's asleep check counts past it)
+    res["socket_spin_us"] = 1e6 * executor.SOCKET_SPIN_S
     if cma.reads:   # large messages went by single copy: from which size the sender is free
         res["single_copy_min_bytes"] = shm.CMA_COPY_MIN_BYTES
         res["single_copy_fresh_min_bytes"] = shm.CMA_MIN_BYTES   # ... and from which a just-written source
