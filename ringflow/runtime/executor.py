@@ -259,18 +259,26 @@ class Waiter:
 
 
 def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:
-    """Poll the pending ops' sockets without sleeping for up to budget_s; True once one is ready."""
+    """Poll the pending ops' sockets without sleeping for up to budget_s; True once one is ready. Past
+    HOT_SPIN_S each poll yields the core: ranks of emulated hosts (network namespaces) each count a core
+    per rank while sharing this machine's (2 namespaces x 2 ranks on 2 cores, flat ring all-reduce of
+    256 KiB: 2,989 us with a 50 us poll, 4,937 with 500 us of plain polling)."""
     fds = [fd for op in pending for fd in op.fds]
     if not fds:
         return False
     poller = select.poll()
     for fd, ev in fds:
         poller.register(fd, ev)
-    end = time.monotonic() + budget_s
-    while time.monotonic() < end:
+    start = time.monotonic()
+    hot_end, end = start + min(HOT_SPIN_S, budget_s), start + budget_s
+    while True:
         if poller.poll(0):
             return True
-    return False
+        now = time.monotonic()
+        if now >= end:
+            return False
+        if now >= hot_end:
+            os.sched_yield()
 
 
 def drive(ops: list[XferOp], waiter: Waiter, deadline: float, what: str, hot: bool = True) -> None:
