@@ -207,8 +207,9 @@ class Waiter:
     def __init__(self, bell: doorbell.Doorbell, local_ranks: int, failure: Callable[[], None]) -> None:
         self.bell = bell
         self.spin_s = doorbell.spin_budget_s(local_ranks)
-        self.hot_s = 0.0 if doorbell.oversubscribed(local_ranks) else HOT_SPIN_S
-        self.socket_s = 0.0 if doorbell.oversubscribed(local_ranks) else SOCKET_SPIN_S
+        crowded = doorbell.oversubscribed(local_ranks)
+        self.hot_s = 0.0 if crowded else HOT_SPIN_S
+        self.socket_s = 0.0 if crowded else SOCKET_SPIN_S
         self.failure = failure  # raises if the communicator failed or was aborted
 
     def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:

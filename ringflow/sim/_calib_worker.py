@@ -264,7 +264,8 @@ def measure(comm: Any, quick: bool = False, between_sweeps: Callable[[], Any] | 
         comm._checks = True
     from ..runtime import executor
     from ..runtime.transport import cma, shm
-    # how long a rank polls its sockets before sleeping (the model's asleep check counts past it)
+    # how long a rank polls its sockets before sleeping, on record only (recordings before it ran with 50 us;
+    # the model's asleep rule does not read it: docs/simulator.md, thirty-third session)
     res["socket_spin_us"] = 1e6 * executor.SOCKET_SPIN_S
     if cma.reads:   # large messages went by single copy: from which size the sender is free
         res["single_copy_min_bytes"] = shm.CMA_COPY_MIN_BYTES
