@@ -227,20 +227,13 @@ class SimParams:
     # microseconds that exchange costs (measured by `ringflow calibrate`; 0 elsewhere).
     check_us: float = 0.0
     # A checked rooted call whose ranks end its last step more than `asleep_lag_us` apart (the root still
-    # copying or reducing what it received) costs `asleep_check_us` more: the rank done first waits for
-    # the next call's check spinning only so long (runtime.executor.SOCKET_SPIN_S on sockets with a core
-    # per rank: 50 us before the thirty-third session, 500 since), then sleeps, and the check waits for its
-    # wake-up; with the 500 us spin it no longer sleeps, yet the check still costs such calls more than a
-    # broadcast's (2 TCP ranks, checked - unchecked at 512 KiB-2 MiB: gathers 37-43 us, reduces 43-67,
-    # broadcasts 29-31; unlike the unchecked call, its peer's next messages cannot go ahead while the root
-    # works on), and replays of rec130 (with the 500 us spin) put 1-2 MiB gathers and reduces within
-    # -0.03..+0.04 with the rule and -0.09..-0.13 without it. 2 TCP ranks, checks on and off in
-    # one job: gathers and reduces from 1 MiB 80-110 us checked - unchecked, one-ways and broadcasts 40
-    # (docs/simulator.md, twelfth session). `asleep_check_us`: the calibrated check (the size of that
-    # difference) on TCP with a core per rank, 0 elsewhere (on shm the rule priced 2-rank gathers and
-    # reduces worse). `asleep_lag_us`: fitted, 30 us of the root's modelled local work, which leaves out
-    # the tail of its receive (1 MiB gathers model 30-50 us of copy; replays rec15-rec19 gain 0-4 rows
-    # each with 30, 0-3 with 50).
+    # copying or reducing what it received) costs `asleep_check_us` more: its peer's next messages cannot go
+    # ahead while the root works on, so the next call's check waits on the root (2 TCP ranks, checked -
+    # unchecked at 512 KiB-2 MiB: gathers 37-43 us, reduces 43-67, broadcasts 29-31). `asleep_check_us`: the
+    # calibrated check on TCP with a core per rank, 0 elsewhere (on shm the rule priced 2-rank gathers and
+    # reduces worse); `asleep_lag_us`: fitted, 30 us of the root's modelled local work, which leaves out the
+    # tail of its receive. Its history (the wake-up it first priced, the spin that removed the sleep, the
+    # replays that kept it): docs/simulator.md, twelfth and thirty-third sessions.
     asleep_check_us: float = 0.0
     asleep_lag_us: float = 30.0
     # The check's visible cost before a rooted collective (broadcast, reduce, gather, scatter), measured
