@@ -267,6 +267,10 @@ def noise_summary(rows: list[dict], tolerance: float) -> str:
         ok = sum(abs(r["error"]) <= tolerance for r in steady)
         text += (f"; the bench's own jobs disagreed by more than {tolerance:.0%} on {len(rows) - len(steady)} "
                  f"sizes; of the {len(steady)} it measured steadily, {ok} are within {tolerance:.0%}")
+    busy = {(r["transport"], r["nranks"]): r.get("busy_jobs", 0) for r in rows}
+    if any(busy.values()):
+        text += ("; jobs that ran beside other processes' work (their times include it): "
+                 + ", ".join(f"{tr}{n} {k}" for (tr, n), k in busy.items() if k))
     return text
 
 

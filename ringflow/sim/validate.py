@@ -115,6 +115,7 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
     to tens of seconds on this VM) then meets a fifth of both, not the calibration alone or a row's every
     sample."""
     from ..runtime import bench
+    from ..runtime.hostload import HostLoadMeter
     from ._calib_worker import BATCHES
     passes = BATCHES if passes is None else passes
     from ..topology import load_topology
@@ -146,13 +147,18 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                     if console is not None:
                         console.print(f"  the jobs disagree by more than {tolerance:.0%} on {apart:.0%} of the "
                                       f"sizes: job {len(mine) + 1}")
-                got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
-                                   calibrate=None if fixed is not None else ("quick" if quick else "full"),
-                                   tune_ranks=max(ranks) if tuned and fixed is None else 0, passes=passes)
+                with HostLoadMeter() as meter:
+                    got = bench.launch(groups, n, min_size, max_size, factor=4 if quick else 2, extra_env=env,
+                                       calibrate=None if fixed is not None else ("quick" if quick else "full"),
+                                       tune_ranks=max(ranks) if tuned and fixed is None else 0, passes=passes)
+                load = meter.result
+                if console is not None and load is not None and load.busy:
+                    console.print(f"  [yellow]job {len(mine) + 1} ran beside other work:[/] {load.describe()}")
                 cal = [r["calibration"] for r in got if "calibration" in r]
                 mine.append({"transport": tr, "nranks": n, "calibration": cal[0] if cal else None,
                              "rows": [r for r in got if "calibration" not in r], "tuned": tuned,
-                             "passes": passes, "warmup": bench.WARMUP_CALLS})
+                             "passes": passes, "warmup": bench.WARMUP_CALLS,
+                             "host_load": None if load is None else load.as_dict()})
             jobs.extend(mine)
     if record:
         import json
@@ -205,6 +211,14 @@ def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) ->
     return compare_jobs(jobs, fixed, max_ranks, tolerance)
 
 
+def job_ran_busy(job: dict) -> bool:
+    """Whether a recorded job ran beside other processes' work (`runtime.hostload`; recordings before the
+    thirty-fourth session did not measure it)."""
+    from ..runtime.hostload import FOREIGN_BUSY_FRACTION
+    load = job.get("host_load")
+    return bool(load) and float(load.get("foreign_fraction", 0.0)) >= FOREIGN_BUSY_FRACTION
+
+
 def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: float) -> tuple[list[dict], bool]:
     """Predict every job's bench rows (from its own calibration, or `fixed`) and merge the jobs of one
     (transport, ranks) into rows: medians, the median error, and the measurement's spread."""
@@ -226,10 +240,11 @@ def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: fl
                 pred.setdefault(key, []).append(r["predicted_us"])
                 errs.setdefault(key, []).append(r["error"])
                 first.setdefault(key, r)
+        busy = sum(job_ran_busy(j) for j in js)
         for key in sorted(first):
             m, p = float(np.median(meas[key])), float(np.median(pred[key]))
             rows.append({**first[key], "measured_us": m, "predicted_us": p,
                          "error": float(np.median(errs[key])), "jobs": len(errs[key]),
-                         "spread": spread(meas[key])})
+                         "spread": spread(meas[key]), "busy_jobs": busy})
     ok = all(abs(r["error"]) <= tolerance for r in rows)
     return rows, ok
