@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 # other processes' share of the machine from which a measurement is flagged as run beside other work:
@@ -49,6 +49,11 @@ class HostLoad:
     def as_dict(self) -> dict[str, Any]:
         """The figures for a JSON record, with the derived share."""
         return {**asdict(self), "foreign_fraction": round(self.foreign_fraction, 4)}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "HostLoad":
+        """The figures `as_dict` wrote (the derived share is computed again)."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})
 
     def describe(self) -> str:
         """One line for a console: how much other work ran, and what it means."""

@@ -214,9 +214,9 @@ def replay(path: str, topo: str | Any | None = None, tolerance: float = 0.15) ->
 def job_ran_busy(job: dict) -> bool:
     """Whether a recorded job ran beside other processes' work (`runtime.hostload`; recordings before the
     thirty-fourth session did not measure it)."""
-    from ..runtime.hostload import FOREIGN_BUSY_FRACTION
+    from ..runtime.hostload import HostLoad
     load = job.get("host_load")
-    return bool(load) and float(load.get("foreign_fraction", 0.0)) >= FOREIGN_BUSY_FRACTION
+    return bool(load) and HostLoad.from_dict(load).busy
 
 
 def compare_jobs(jobs: Sequence[dict], fixed: Any, max_ranks: int, tolerance: float) -> tuple[list[dict], bool]:
