@@ -60,9 +60,9 @@ def resummarised(job: dict, summary: str) -> dict:
 def pooled(jobs: Sequence[dict]) -> list[dict]:
     """Copies of `jobs` in which every job of a (transport, ranks) configuration has the per-point median of
     all that configuration's calibrations instead of its own."""
-    from ringflow.sim.validate import by_configuration
+    from ringflow.sim.validate import by_configuration, compared_jobs
     common: dict[tuple[str, int], dict] = {}
-    for key, js in by_configuration(jobs).items():
+    for key, js in by_configuration(compared_jobs(jobs)).items():
         cal = copy.deepcopy(js[0]["calibration"])
         for name, by_size in cal["results"].items():
             for size in by_size:
