@@ -1,6 +1,8 @@
 """HostLoadMeter on real processes: a busy process it did not reap is other work, a reaped child is ours."""
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,3 +72,18 @@ def test_summary_names_busy_configurations():
     text = noise_summary(rows, 0.15)
     assert text.startswith("1/2 sizes within 15%")
     assert "shm2 2" in text and "tcp4" not in text
+
+
+def test_start_of_run_warning_sees_work_running_now():
+    """`busy_warning` samples the cores for a second: a busy-looping process per core makes it warn with
+    its share (the load average it replaced lagged a minute and warned after work had ended)."""
+    from ringflow.sim.calibrate import busy_warning
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        time.sleep(0.3)
+        warn = busy_warning(window_s=0.5)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait(timeout=30)
+    assert warn is not None and "other processes are using" in warn, warn

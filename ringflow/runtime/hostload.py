@@ -1,9 +1,9 @@
 """How much of the machine other processes used while a measurement ran.
 
-A benchmark's times include whatever else the cores did meanwhile. The 1-minute load average read before
-a run (`sim.calibrate.busy_warning`) misses work that starts during it: a `nice -n 19` replay beside a
-`ringflow validate` run put its 2-shm-rank rooted rows 16-460 % off while the start-of-run load looked
-normal. `HostLoadMeter` measures the window itself, from Linux's /proc/stat (every core's busy time)
+A benchmark's times include whatever else the cores did meanwhile. A check before a run
+(`sim.calibrate.busy_warning`, a second of this meter) misses work that starts during it: a `nice -n 19`
+replay beside a `ringflow validate` run put its 2-shm-rank rooted rows 16-460 % off while the start-of-run
+load looked normal. `HostLoadMeter` measures the window itself, from Linux's /proc/stat (every core's busy time)
 minus the CPU time of this process and of the children it has waited for (a launcher's ranks are its
 children's children, counted once each process is reaped), and the time the hypervisor stole.
 """

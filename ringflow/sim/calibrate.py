@@ -77,17 +77,33 @@ from ._calib_worker import CHECK_BUSY_BYTES, CURVE_STEPS, MANY_RANK_STEPS
 SPIKE_TOL = 0.4
 
 
-def busy_warning() -> str | None:
-    """A warning when other processes load this machine (timings then only bound the truth)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    cores = os.cpu_count() or 1
-    if load > 0.5 * cores:
-        return (f"this machine is busy (1-minute load {load:.1f} on {cores} cores): measured times include "
-                f"other processes' work; repeat when it is idle for trustworthy figures")
-    return None
+def busy_warning(window_s: float = 1.0) -> str | None:
+    """A warning when other processes use this machine now (timings then only bound the truth).
+
+    Their share of the cores over `window_s` from /proc/stat (`runtime.hostload`); the 1-minute load
+    average, used where /proc/stat is missing, lags by a minute and still counts work that has just ended
+    (a test run before a validation warned of a host that was idle)."""
+    import time
+
+    from ..runtime.hostload import HostLoadMeter
+    with HostLoadMeter() as meter:
+        time.sleep(window_s)
+    load = meter.result
+    if load is not None:
+        if not load.busy:
+            return None
+        what = f"other processes are using {load.foreign_fraction:.0%} of its {load.cores} cores"
+    else:
+        try:
+            avg = os.getloadavg()[0]
+        except OSError:
+            return None
+        cores = os.cpu_count() or 1
+        if avg <= 0.5 * cores:
+            return None
+        what = f"1-minute load {avg:.1f} on {cores} cores"
+    return (f"this machine is busy ({what}): measured times include other processes' work; repeat when it "
+            f"is idle for trustworthy figures")
 
 
 def measure(nranks: int, transport: str, quick: bool = False, timeout_s: float = 300.0) -> dict[str, Any]:
