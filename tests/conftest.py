@@ -1,8 +1,11 @@
-"""Shared test set-up: the resilience tests' rank-side programs and their shared-memory leak check."""
+"""Shared test set-up: the resilience tests' rank-side programs and their shared-memory leak check, and
+busy-looping processes for the host-load tests."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -19,3 +22,18 @@ def no_leaked_shared_memory():
     yield
     leaked = take_leaked_names(since)
     assert not leaked, f"shared-memory names left behind: {leaked}"
+
+
+@pytest.fixture
+def busy_loops() -> Iterator[Callable[[int], None]]:
+    """`busy_loops(n)` starts n processes that spin on a core each until the test ends (other work the
+    host-load meter must see); they are killed at teardown."""
+    procs: list[subprocess.Popen] = []
+
+    def start(n: int) -> None:
+        procs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n))
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait(timeout=30)

@@ -74,16 +74,11 @@ def test_summary_names_busy_configurations():
     assert "shm2 2" in text and "tcp4" not in text
 
 
-def test_start_of_run_warning_sees_work_running_now():
+def test_start_of_run_warning_sees_work_running_now(busy_loops):
     """`busy_warning` samples the cores for a second: a busy-looping process per core makes it warn with
     its share (the load average it replaced lagged a minute and warned after work had ended)."""
     from ringflow.sim.calibrate import busy_warning
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    try:
-        time.sleep(0.3)
-        warn = busy_warning(window_s=0.5)
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait(timeout=30)
+    busy_loops(os.cpu_count() or 1)
+    time.sleep(0.3)
+    warn = busy_warning(window_s=0.5)
     assert warn is not None and "other processes are using" in warn, warn

@@ -510,28 +510,20 @@ def test_validate_runs_more_real_bench_jobs_while_they_disagree(tmp_path, tolera
     assert [r["jobs"] for r in rows] == [jobs]
 
 
-def test_validate_sets_aside_and_reruns_jobs_that_ran_beside_other_work(tmp_path) -> None:
+def test_validate_sets_aside_and_reruns_jobs_that_ran_beside_other_work(tmp_path, busy_loops) -> None:
     """Real 2-rank bench jobs beside real busy-looping processes: the host-load meter flags every job, so
     the first BUSY_RERUNS are set aside (kept in the recording, left out of the rows) and run again, and the
     last counts as a busy job; a replay of the recording compares the same single job."""
     import json
     import os
-    import subprocess
-    import sys
 
     from ringflow.cli.sim_cmds import noise_summary
     from ringflow.sim.validate import BUSY_RERUNS, replay, validate
     topo, _ = fit({"shm": {2: synthetic("shm", 2)}}, nprocs=2)
     record = tmp_path / "rec.json"
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-               for _ in range(max(1, (os.cpu_count() or 1) // 2))]
-    try:
-        rows, _ = validate(topo, ranks=[2], collectives=["all_reduce"], min_size="64KiB", max_size="64KiB",
-                           quick=True, transports=("shm",), repeats=1, max_repeats=1, record=str(record))
-    finally:
-        for b in burners:
-            b.kill()
-            b.wait(timeout=30)
+    busy_loops(max(1, (os.cpu_count() or 1) // 2))
+    rows, _ = validate(topo, ranks=[2], collectives=["all_reduce"], min_size="64KiB", max_size="64KiB",
+                       quick=True, transports=("shm",), repeats=1, max_repeats=1, record=str(record))
     jobs = json.loads(record.read_text())["jobs"]
     assert [bool(j.get("set_aside")) for j in jobs] == [True] * BUSY_RERUNS + [False]
     assert [(r["jobs"], r["busy_jobs"], r["set_aside_jobs"]) for r in rows] == [(1, 1, BUSY_RERUNS)]

@@ -267,14 +267,12 @@ def noise_summary(rows: list[dict], tolerance: float) -> str:
         ok = sum(abs(r["error"]) <= tolerance for r in steady)
         text += (f"; the bench's own jobs disagreed by more than {tolerance:.0%} on {len(rows) - len(steady)} "
                  f"sizes; of the {len(steady)} it measured steadily, {ok} are within {tolerance:.0%}")
-    aside = {(r["transport"], r["nranks"]): r.get("set_aside_jobs", 0) for r in rows}
-    if any(aside.values()):
-        text += ("; jobs set aside and run again because other processes' work ran beside them: "
-                 + ", ".join(f"{tr}{n} {k}" for (tr, n), k in aside.items() if k))
-    busy = {(r["transport"], r["nranks"]): r.get("busy_jobs", 0) for r in rows}
-    if any(busy.values()):
-        text += ("; jobs that ran beside other processes' work (their times include it): "
-                 + ", ".join(f"{tr}{n} {k}" for (tr, n), k in busy.items() if k))
+    for key, what in (("set_aside_jobs", "jobs set aside and run again because other processes' work ran "
+                                         "beside them"),
+                      ("busy_jobs", "jobs that ran beside other processes' work (their times include it)")):
+        counts = {(r["transport"], r["nranks"]): r.get(key, 0) for r in rows}   # per configuration
+        if any(counts.values()):
+            text += f"; {what}: " + ", ".join(f"{tr}{n} {k}" for (tr, n), k in counts.items() if k)
     return text
 
 

@@ -160,8 +160,9 @@ def validate(topo: str | Any | None = None, ranks: Sequence[int] = (2, 4), colle
                                        calibrate=None if fixed is not None else ("quick" if quick else "full"),
                                        tune_ranks=max(ranks) if tuned and fixed is None else 0, passes=passes)
                 load = meter.result
-                rerun = load is not None and load.busy and len(aside) < BUSY_RERUNS
-                if console is not None and load is not None and load.busy:
+                flagged = load is not None and load.busy
+                rerun = flagged and len(aside) < BUSY_RERUNS
+                if console is not None and flagged:
                     console.print(f"  [yellow]job {len(mine) + 1} ran beside other work:[/] {load.describe()}"
                                   + ("; set aside, running it again" if rerun else ""))
                 cal = [r["calibration"] for r in got if "calibration" in r]
