@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test lint venv clean
 
 $(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c
 	$(PY) -m venv $(VENV)
@@ -19,7 +19,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m ringflow.demo
 
-test: $(STAMP)
+# lint runs first: style (ruff), types (mypy, strict on algorithms/topology/hardware), then the import contracts
+lint: $(STAMP)
+	$(BIN)/ruff check ringflow tests benchmarks
+	$(BIN)/mypy ringflow
+	# import contracts (import-linter, `[tool.importlinter]` in pyproject.toml): add `$(BIN)/lint-imports` here
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -x --durations=15
 
 clean:

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import ringflow  # noqa: E402
 from ringflow.errors import RemoteError, RingflowError  # noqa: E402
-from ringflow.runtime.selftest import reduce_ref, values  # noqa: E402
+from ringflow.testing.selftest import reduce_ref, values  # noqa: E402
 
 
 def err_info(exc: BaseException, t0: float | None = None) -> dict[str, Any]:

@@ -10,8 +10,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import (Aborted, ConfigError, InvalidArgument, InvalidUsage, ProtocolError, RemoteError,
-                     RingflowError, SystemError, Timeout, TopologyError, UnknownAlgorithm, VerificationError)
+from .errors import (
+    Aborted,
+    ConfigError,
+    InvalidArgument,
+    InvalidUsage,
+    ProtocolError,
+    RemoteError,
+    RingflowError,
+    RingflowSystemError,
+    Timeout,
+    TopologyError,
+    UnknownAlgorithm,
+    VerificationError,
+    _deprecated_alias,
+)
 
 __version__ = "0.1.0"
 
@@ -27,12 +40,12 @@ _LAZY = {
 __all__ = [
     "__version__", "init", "Communicator", "Work", "Topology", "Schedule",
     "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm", "InvalidUsage",
-    "VerificationError", "SystemError", "ProtocolError", "RemoteError", "Timeout", "Aborted",
+    "VerificationError", "RingflowSystemError", "ProtocolError", "RemoteError", "Timeout", "Aborted",
 ]
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'ringflow' has no attribute {name!r}")
+        return _deprecated_alias(__name__, name)  # `ringflow.SystemError` warns; anything else: AttributeError
     return getattr(importlib.import_module(module), name)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import ConfigError
 from .units import parse_size
@@ -72,7 +73,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("NCHANNELS", 0, _int, "Number of channels (parallel rings/streams); 0 = chosen per size.", "runtime"),
     Knob("ALGO", "", _str, "Restrict algorithms: `ring`, `tree`, or per collective "
          "`allreduce:ring;allgather:bruck`.", "algorithms"),
-    Knob("RINGS", "", _str, "Explicit ring orders (NCCL_RINGS): ranks separated by '-' or ' ', rings by '|'.", "topology"),
+    Knob("RINGS", "", _str, "Explicit ring orders (NCCL_RINGS): ranks separated by '-' or ' ', rings by '|'.",
+         "topology"),
     Knob("LL_THRESHOLD", 16 * 2**10, parse_size, "Messages below this size (bytes) take the low-latency "
          "path (NCCL_LL_THRESHOLD, 16 KiB).", "runtime"),
     Knob("SINGLE_RING_THRESHOLD", 256 * 2**10, parse_size, "Below this size (bytes) one channel is used "
@@ -82,9 +84,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "use cubic or reno, since BBR paces even loopback: +40 us per 64 KiB message after a bulk "
          "transfer; other peers keep the system's), `system`, or a name the kernel offers.", "runtime"),
     Knob("TRAFFIC_CLASS", -1, _int, "DSCP/TOS value set on a communicator's sockets (-1: leave unset).", "runtime"),
-    Knob("TUNER_TOPO", "", _str, "A topology file written by `ringflow calibrate` on this host: communicators "
-         "whose ranks all run here take, among the tuner's candidates, the one the simulator predicts fastest "
-         "on it where that beats the flat alpha-beta model's choice by 1.3x (docs/simulator.md).", "algorithms"),
+    Knob("TUNER_MODEL", "", _str, "A host-model file written by `ringflow calibrate` on this host: communicators "
+         "whose ranks all run here take, among the tuner's candidates, the one the model predicts fastest where "
+         "that beats the flat alpha-beta choice by more than the model's own error (docs/hostmodel.md).",
+         "algorithms"),
     Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
          "(the launcher generates one).", "runtime"),

@@ -9,15 +9,20 @@ Every error says what happened and what to do about it::
     │   └── UnknownAlgorithm   an algorithm/collective name that does not exist
     ├── InvalidUsage           a programming error (NCCL: ncclInvalidUsage)
     ├── VerificationError      a schedule does not do what its collective promises
-    ├── SystemError            an OS, socket or shared-memory call failed (NCCL: ncclSystemError)
+    ├── RingflowSystemError    an OS, socket or shared-memory call failed (NCCL: ncclSystemError)
     │   └── ProtocolError      a peer sent a malformed/truncated/out-of-sequence frame
     ├── RemoteError            a peer died or aborted (names the rank)
     ├── Timeout                a blocking call ran out of time (also a builtin TimeoutError)
     └── Aborted                the communicator was aborted (by abort() or a failure)
+
+``SystemError`` is a deprecated alias of ``RingflowSystemError`` (the old name shadowed the builtin);
+importing it warns with a DeprecationWarning.
 """
 from __future__ import annotations
 
 import builtins
+import warnings
+from typing import Any
 
 
 class RingflowError(Exception):
@@ -58,11 +63,11 @@ class VerificationError(RingflowError):
         super().__init__(message, hint)
 
 
-class SystemError(RingflowError, OSError):  # noqa: A001 - the NCCL class name, scoped to this module
-    """An operating-system, socket or shared-memory call failed."""
+class RingflowSystemError(RingflowError, OSError):
+    """An operating-system, socket or shared-memory call failed (NCCL's ncclSystemError)."""
 
 
-class ProtocolError(SystemError):
+class ProtocolError(RingflowSystemError):
     """A peer sent a frame that fails validation (magic, version, size, sequence)."""
 
 
@@ -84,6 +89,23 @@ class Aborted(RingflowError):
 
 __all__ = [
     "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm",
-    "InvalidUsage", "VerificationError", "SystemError", "ProtocolError", "RemoteError",
+    "InvalidUsage", "VerificationError", "RingflowSystemError", "ProtocolError", "RemoteError",
     "Timeout", "Aborted",
 ]
+
+#: old name -> new name; each old name still imports, with a DeprecationWarning
+_DEPRECATED = {"SystemError": "RingflowSystemError"}
+
+
+def _deprecated_alias(module: str, name: str) -> Any:
+    """The class that the deprecated `name` now means, after warning; AttributeError if `name` is not one."""
+    new = _DEPRECATED.get(name)
+    if new is None:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    warnings.warn(f"{module}.{name} is deprecated (it shadows the builtin {name}); use {module}.{new}",
+                  DeprecationWarning, stacklevel=3)
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    return _deprecated_alias(__name__, name)

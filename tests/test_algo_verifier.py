@@ -7,8 +7,16 @@ import pytest
 
 from ringflow.algorithms import registry, verifier
 from ringflow.algorithms.layout import CallShape
-from ringflow.algorithms.schedule import (Buffer, BufferLayout, ChunkRef, Collective, Op, OpKind, Schedule,
-                                          ScheduleBuilder)
+from ringflow.algorithms.schedule import (
+    Buffer,
+    BufferLayout,
+    ChunkRef,
+    Collective,
+    Op,
+    OpKind,
+    Schedule,
+    ScheduleBuilder,
+)
 from ringflow.errors import VerificationError
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH

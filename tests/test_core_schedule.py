@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ringflow.algorithms import (Buffer, BufferLayout, CallShape, ChunkRef, Collective, Schedule, ScheduleBuilder,
-                                 chunk_bounds, split_counts)
+from ringflow.algorithms import (
+    Buffer,
+    BufferLayout,
+    CallShape,
+    ChunkRef,
+    Collective,
+    Schedule,
+    ScheduleBuilder,
+    chunk_bounds,
+    split_counts,
+)
 from ringflow.errors import InvalidArgument, InvalidUsage
 
 
@@ -85,7 +95,7 @@ def test_all_to_allv_layout_uses_the_split_matrix():
     lay = {Buffer.IN: BufferLayout(3), Buffer.OUT: BufferLayout(3)}
     s = ScheduleBuilder(Collective.ALL_TO_ALLV, 3, "x", layouts=lay).build()
     shape = CallShape(Collective.ALL_TO_ALLV, 3, 0, splits=splits)
-    assert [l for _, l in chunk_bounds(shape, s, Buffer.IN, 1)] == [4, 5, 6]
-    assert [l for _, l in chunk_bounds(shape, s, Buffer.OUT, 2)] == [3, 6, 7]
+    assert [n for _, n in chunk_bounds(shape, s, Buffer.IN, 1)] == [4, 5, 6]
+    assert [n for _, n in chunk_bounds(shape, s, Buffer.OUT, 2)] == [3, 6, 7]
     with pytest.raises(InvalidArgument):
         CallShape(Collective.ALL_TO_ALLV, 3, 0, splits=((1, 2), (3, 4)))

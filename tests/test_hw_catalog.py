@@ -8,8 +8,20 @@ from typer.testing import CliRunner
 
 from ringflow.cli import build_app
 from ringflow.errors import InvalidArgument
-from ringflow.hardware import (GPU_MODELS, NET_LINKS, NVLINK_GENERATIONS, NVSWITCH_GENERATIONS, SOCKET_LINKS,
-                               catalog_rows, gpu_model, ib_for_gbps, nvlink_gen, pcie_arithmetic, pcie_gen, pcie_GBps)
+from ringflow.hardware import (
+    GPU_MODELS,
+    NET_LINKS,
+    NVLINK_GENERATIONS,
+    NVSWITCH_GENERATIONS,
+    SOCKET_LINKS,
+    catalog_rows,
+    gpu_model,
+    ib_for_gbps,
+    nvlink_gen,
+    pcie_arithmetic,
+    pcie_GBps,
+    pcie_gen,
+)
 
 
 def test_seed_pcie_worked_examples_exact() -> None:

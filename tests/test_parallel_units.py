@@ -9,10 +9,9 @@ from hypothesis import strategies as st
 from ringflow.errors import InvalidArgument, ProtocolError, UnknownAlgorithm
 from ringflow.parallel.buckets import plan_buckets
 from ringflow.parallel.data import global_batch, local_batch, make_classification
-from ringflow.parallel.nn import mlp, softmax_xent
+from ringflow.parallel.nn import mlp, mlp_layers, softmax_xent
 from ringflow.parallel.param_server import ShardServer, roles, shard_bounds
 from ringflow.parallel.pipeline import stage_bounds
-from ringflow.parallel.nn import mlp_layers
 from ringflow.parallel.pp_schedule import peak_inflight, schedule, simulate, theoretical_bubble
 from ringflow.parallel.tensor import TransformerBlock, shard_block_params
 

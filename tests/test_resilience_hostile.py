@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ringflow.errors import ProtocolError, RemoteError, SystemError
+from ringflow.errors import ProtocolError, RemoteError, RingflowSystemError
 from ringflow.runtime import auth, store
 from ringflow.runtime.store import Store, StoreServer, decode, encode
 from ringflow.runtime.transport import frames
@@ -48,7 +48,7 @@ def test_hostile_frames_get_typed_errors_naming_the_peer_and_never_touch_the_buf
                 assert case["unchanged"], f"case {tag} wrote into the user buffer"
         # the receiver stayed alive and correct: an honest message and a collective after the attacks
         assert r0["honest_recv_ok"] and r0["after_ok"] and r1["after_ok"]
-        assert r1["wrong_secret"]["type"] == "SystemError" and "secret" in r1["wrong_secret"]["message"]
+        assert r1["wrong_secret"]["type"] == "RingflowSystemError" and "secret" in r1["wrong_secret"]["message"]
         log0 = (tmp_path / "log0.txt").read_text()
         assert REFUSED.search(log0), log0
         assert "is for communicator 'not-this-communicator'" in log0
@@ -282,7 +282,7 @@ def test_listeners_bind_only_the_selected_interface_and_refuse_outsiders(tmp_pat
         # the wrong secret
         bad = socket.create_connection((host, port), timeout=5)
         bad_local = bad.getsockname()
-        with pytest.raises(SystemError, match="secret"):
+        with pytest.raises(RingflowSystemError, match="secret"):
             auth.client_handshake(bad, b"guess", b"ringflow-transport-v1", 5.0, what="rank 0")
         bad.close()
         (tmp_path / "done").write_text("1")
@@ -320,7 +320,7 @@ def test_store_refuses_unauthenticated_clients_and_logs_their_address(caplog: py
             raw.settimeout(5)
             assert raw.recv(64)[:1] in (b"\x00", b"")
             raw.close()
-            with pytest.raises(SystemError, match="secret"):
+            with pytest.raises(RingflowSystemError, match="secret"):
                 Store(*server.address, "a-guess", timeout=5.0, connect_timeout=5.0)
             end = time.monotonic() + 5
             while server.refused < 2 and time.monotonic() < end:

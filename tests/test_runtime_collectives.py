@@ -44,7 +44,7 @@ def run_suite(n: int, suite: str, out: Path, extra_env: dict[str, str] | None = 
               timeout_s: float = 150.0) -> list[dict]:
     """Launch n ranks under `ringflow run` running one self-test suite; their result files."""
     cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), "--timeout", str(timeout_s), "-m",
-           "ringflow.runtime.selftest", "--suite", suite, "--out", str(out)]
+           "ringflow.testing.selftest", "--suite", suite, "--out", str(out)]
     proc = subprocess.run(cmd, env=_env(extra_env), capture_output=True, text=True, timeout=timeout_s + 30)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return _results(out, n)
@@ -97,7 +97,7 @@ def test_two_hosts_in_network_namespaces(tmp_path: Path) -> None:
         for r in range(4):
             env = _env({"RINGFLOW_RANK": str(r), "RINGFLOW_WORLD_SIZE": "4", "RINGFLOW_STORE_ADDR": store,
                         "RINGFLOW_SECRET": secret, "RINGFLOW_JOB_ID": "nstest" + cl.tag})
-            cmd = cl.command(r // 2, [sys.executable, "-m", "ringflow.runtime.selftest", "--suite", "tcp",
+            cmd = cl.command(r // 2, [sys.executable, "-m", "ringflow.testing.selftest", "--suite", "tcp",
                                       "--out", str(tmp_path), "--timeout", "60"])
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))

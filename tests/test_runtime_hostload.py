@@ -8,7 +8,6 @@ import pytest
 
 from ringflow.runtime import hostload
 from ringflow.runtime.hostload import HostLoad, HostLoadMeter
-from ringflow.sim.validate import job_ran_busy
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/stat")
 
@@ -47,17 +46,6 @@ def test_reaped_child_counts_as_ours():
     assert load.busy_core_s >= 0.8 * load.ours_core_s, load
 
 
-def test_shares_and_verdict():
-    load = HostLoad(wall_s=2.0, cores=2, busy_core_s=3.0, ours_core_s=1.0, steal_core_s=0.4)
-    assert load.foreign_core_s == pytest.approx(2.0)
-    assert load.foreign_fraction == pytest.approx(0.6)
-    assert load.busy and "60%" in load.describe()
-    quiet = HostLoad(wall_s=10.0, cores=2, busy_core_s=9.0, ours_core_s=9.2, steal_core_s=0.1)
-    assert quiet.foreign_core_s == 0.0 and not quiet.busy
-    assert job_ran_busy({"host_load": load.as_dict()}) and not job_ran_busy({"host_load": quiet.as_dict()})
-    assert not job_ran_busy({})   # recordings made before the meter
-
-
 def test_no_proc_stat_gives_no_figure(monkeypatch):
     monkeypatch.setattr(hostload, "_STAT", "/nonexistent/stat")
     with HostLoadMeter() as meter:
@@ -65,20 +53,3 @@ def test_no_proc_stat_gives_no_figure(monkeypatch):
     assert meter.result is None
 
 
-def test_summary_names_busy_configurations():
-    from ringflow.cli.sim_cmds import noise_summary
-    rows = [{"transport": "shm", "nranks": 2, "error": 0.01, "jobs": 6, "spread": 0.02, "busy_jobs": 2},
-            {"transport": "tcp", "nranks": 4, "error": 0.30, "jobs": 6, "spread": 0.02, "busy_jobs": 0}]
-    text = noise_summary(rows, 0.15)
-    assert text.startswith("1/2 sizes within 15%")
-    assert "shm2 2" in text and "tcp4" not in text
-
-
-def test_start_of_run_warning_sees_work_running_now(busy_loops):
-    """`busy_warning` samples the cores for a second: a busy-looping process per core makes it warn with
-    its share (the load average it replaced lagged a minute and warned after work had ended)."""
-    from ringflow.sim.calibrate import busy_warning
-    busy_loops(os.cpu_count() or 1)
-    time.sleep(0.3)
-    warn = busy_warning(window_s=0.5)
-    assert warn is not None and "other processes are using" in warn, warn

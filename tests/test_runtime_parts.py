@@ -166,11 +166,9 @@ def test_call_samples_take_their_share_of_the_default_count() -> None:
     assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=1000, clock=clock)) == 3
 
 
-def test_rows_and_calibration_points_settle_over_nccl_tests_five_warm_up_calls(monkeypatch) -> None:  # noqa: ANN001
-    """By default 5 untimed calls precede a row's samples (nccl-tests' -w 5); the calibration's lone
-    one-way keeps 2, the rest take the bench's."""
+def test_rows_settle_over_nccl_tests_five_warm_up_calls() -> None:
+    """By default 5 untimed calls precede a row's samples (nccl-tests' -w 5); a caller may ask for fewer."""
     from ringflow.runtime.bench import WARMUP_CALLS, call_samples_s
-    from ringflow.sim import _calib_worker
     calls = []
     clock = iter(np.arange(0.0, 1e4, 1.0)).__next__   # 1 s per read: one call per sample
     got = call_samples_s(lambda: calls.append(1), lambda: None, lambda s: s, iters=3, clock=clock)
@@ -179,23 +177,6 @@ def test_rows_and_calibration_points_settle_over_nccl_tests_five_warm_up_calls(m
     call_samples_s(lambda: calls.append(1), lambda: None, lambda s: s, iters=3, warmup=2, clock=clock)
     assert len(calls) == 2 + 3
 
-    from ringflow.runtime import bench
-    monkeypatch.setattr(bench, "batch_size", lambda call_s: 1)   # a batch: its warm-up, then 3 calls
-
-    class CountingComm:
-        size, _checks = 4, True
-        def __init__(self) -> None:
-            self.calls: dict[str, int] = {}
-        def execute(self, sched, x, y) -> None:  # noqa: ANN001
-            self.calls[sched.algorithm] = self.calls.get(sched.algorithm, 0) + 1
-        def barrier(self) -> None: ...
-        def all_reduce(self, x, op) -> None: ...  # noqa: ANN001
-    comm = CountingComm()
-    _calib_worker.measure(comm, quick=True)
-    per_batch = 3
-    batches = _calib_worker.BATCHES * len(_calib_worker.QUICK_SIZES)
-    assert comm.calls["cal-oneway-solo"] == batches * (2 + per_batch)
-    assert comm.calls["cal-oneway"] == batches * (WARMUP_CALLS + per_batch)
 
 
 def test_large_tcp_transfers_are_striped_element_aligned() -> None:
@@ -211,13 +192,13 @@ def test_runtime_reranks_tuner_choice_with_local_copy_cost() -> None:
     from ringflow.algorithms import registry, tuner
     from ringflow.algorithms.layout import CallShape
     from ringflow.algorithms.schedule import Collective
-    from ringflow.runtime.communicator import local_copy_bytes, runtime_rank
+    from ringflow.algorithms.selection import flat_choice, local_copy_bytes
     one_shot = registry.get_schedule("all_reduce", "one_shot", 2)
     ring = registry.get_schedule("all_reduce", "ring", 2)
     shape = CallShape(Collective.ALL_REDUCE, 2, 1 << 20, 4)
     assert local_copy_bytes(one_shot, shape) > 0 and local_copy_bytes(ring, shape) == 0
     big = 64 << 20
-    chosen = runtime_rank(tuner.choose("all_reduce", big, 2), Collective.ALL_REDUCE, 2, None, big, 4, registry)
+    chosen = flat_choice(tuner.choose("all_reduce", big, 2), Collective.ALL_REDUCE, 2, None, big, 4)
     assert local_copy_bytes(chosen, CallShape(Collective.ALL_REDUCE, 2, big // 4, 4)) == 0
 
 
@@ -282,7 +263,7 @@ def test_plan_marks_sends_a_receiver_copies_from_a_source_not_yet_written() -> N
     from ringflow.algorithms import registry
     from ringflow.algorithms.layout import CallShape
     from ringflow.algorithms.schedule import Collective, OpKind
-    from ringflow.runtime.executor import compile_plan
+    from ringflow.algorithms.plan import compile_plan
 
     def sends(coll: str, algo: str, inplace: bool) -> list:
         sched = registry.get_schedule(coll, algo, 2)

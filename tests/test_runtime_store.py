@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ringflow.errors import InvalidArgument, SystemError, Timeout
+from ringflow.errors import InvalidArgument, RingflowSystemError, Timeout
 from ringflow.runtime import auth
 from ringflow.runtime.store import PrefixStore, Store, StoreServer, decode, encode, parse_addr
 from ringflow.errors import ProtocolError
@@ -68,7 +68,7 @@ def test_prefix_namespaces_are_separate(server: StoreServer) -> None:
 
 def test_wrong_secret_is_refused_and_logged(server: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", logger="ringflow.runtime"):
-        with pytest.raises(SystemError, match="secret"):
+        with pytest.raises(RingflowSystemError, match="secret"):
             _client(server, secret="not-the-secret")
     deadline = time.monotonic() + 5
     while server.refused == 0 and time.monotonic() < deadline:
@@ -119,7 +119,7 @@ def test_handshake_needs_secret_on_both_sides() -> None:
     ok = []
     t = threading.Thread(target=lambda: ok.append(auth.server_handshake(a, b"one", b"ctx")))
     t.start()
-    with pytest.raises(SystemError):
+    with pytest.raises(RingflowSystemError):
         auth.client_handshake(b, b"two", b"ctx")
     t.join()
     assert ok == [False]

@@ -64,30 +64,3 @@ def test_validate_gpu_references(app, tmp_path) -> None:
     for r in rows.values():
         if r["modelled"] and not r["fitted"]:
             assert abs(r["error"]) <= 0.15, r
-
-
-def test_calibrate_writes_a_host_file_and_prints_every_fitted_figure(app, tmp_path) -> None:
-    """`ringflow calibrate --quick` on this machine (real ranks over shm and TCP, 2 and 4 of them): the
-    table prints every fitted figure, including those that are absent on a transport (a fresh send's
-    extra over TCP: "none"), the fitted model's residuals on the calibration's own steps (every step
-    timed, each with a finite error), and the file it writes loads and prices a call."""
-    from ringflow.sim.api import simulate_schedule
-    from ringflow.algorithms.registry import get_schedule
-    from ringflow.topology import load_topology
-    out = tmp_path / "host.yaml"
-    resid = tmp_path / "residuals.json"
-    res = CliRunner().invoke(app, ["calibrate", "--quick", "--out", str(out), "--residuals", str(resid)])
-    assert res.exit_code == 0, res.output
-    assert "relay_step_slowdown" in res.output and "none" in res.output and f"wrote {out}" in res.output
-    assert "the fitted model on the calibration's own steps" in res.output
-    rows = json.loads(resid.read_text())
-    steps = {(r["transport"], r["nranks"], r["step"]) for r in rows}
-    assert {("tcp", 4, "shift"), ("shm", 2, "exchange"), ("shm", 4, "fanin")} <= steps
-    assert all(np.isfinite(r["error"]) and r["measured_us"] > 0 and r["predicted_us"] > 0 for r in rows)
-    topo = load_topology(str(out))
-    curves = topo.meta["sim"]["host_curves"]
-    assert sorted(curves) == ["shm", "tcp"] and all(sorted(c) == ["2", "4"] for c in curves.values())
-    assert all("shift_us" in c["4"] and "shift_us" not in c["2"] for c in curves.values())   # a ring step: 3+ ranks
-    t = simulate_schedule(topo, get_schedule("all_to_all", "pairwise", 4), 2**22,
-                          params={"host_transport": "tcp"}, endpoints=topo.endpoints()[:4]).time_us
-    assert np.isfinite(t) and t > 0

@@ -14,7 +14,7 @@ def _canon(tab):
     rows = np.stack([tab.step, tab.src, tab.dst, tab.chan]).T
     order = np.lexsort(rows.T[::-1])
     loc = {(int(r), int(s), kind): float(v) for kind, col in (("red", tab.lreduce), ("copy", tab.lcopy))
-           for r, s, v in zip(tab.lrank, tab.lstep, col) if v}
+           for r, s, v in zip(tab.lrank, tab.lstep, col, strict=True) if v}
     return rows[order], tab.frac[order], tab.nmsg[order], loc
 
 

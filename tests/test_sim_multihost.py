@@ -11,7 +11,7 @@ REASON = netns.available()
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
 def test_ring_and_hierarchical_measured_and_predicted_on_two_emulated_hosts() -> None:
-    from ringflow.sim import multihost
+    from ringflow.hostmodel import multihost
     from ringflow.topology import load_topology
     host = load_topology("host-cpu:2")
     rows, why = multihost.run(host, nhosts=2, per_host=2, rate_mbit=1000.0, sizes=(2**20,))

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from ringflow.hardware import nvlink_gen, pcie_GBps
-from ringflow.topology import LinkType, NodeKind, PRESETS, load_topology
+from ringflow.topology import PRESETS, LinkType, NodeKind, load_topology
 from ringflow.topology.presets import DGX1V_NVLINKS
 
 

@@ -10,8 +10,19 @@ from hypothesis import strategies as st
 
 from ringflow import config
 from ringflow.errors import TopologyError
-from ringflow.topology import (LinkType, NodeKind, Ring, Topology, all_nvlink, build_cluster, double_binary_tree,
-                               find_rings, load_topology, parse_rings, tree_children)
+from ringflow.topology import (
+    LinkType,
+    NodeKind,
+    Ring,
+    Topology,
+    all_nvlink,
+    build_cluster,
+    double_binary_tree,
+    find_rings,
+    load_topology,
+    parse_rings,
+    tree_children,
+)
 from ringflow.topology.search import brute_force_best_ring, ring_hop_types
 
 
@@ -209,7 +220,7 @@ def test_multi_host_ring_with_gpus_on_different_rails_stays_rail_aligned():
     rings = find_rings(topo, eps)
     assert rings and all(r.bottleneck_GBps == pytest.approx(50.0) for r in rings)  # one 400G NIC per hop
     order = rings[0].ranks
-    for a, b in zip(order, order[1:] + order[:1]):
+    for a, b in zip(order, order[1:] + order[:1], strict=True):
         if topo.host_of(eps[a]) != topo.host_of(eps[b]):
             nics = [node.split("/")[1] for node in topo.path(eps[a], eps[b]) if "/nic" in node]
             assert len(nics) == 2 and nics[0] == nics[1], (eps[a], eps[b], nics)  # same rail at both ends

@@ -25,8 +25,8 @@ def test_preset_parameter_counts(name, billions, tol):
 def test_megatron_family_matches_narayanan_eq2_and_table1_sizes():
     for row in TABLE1:
         m = load_model(row.model)
-        l, h, V, s = m.layers, m.hidden, m.vocab, m.seq_len
-        eq2 = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+        L, h, V, s = m.layers, m.hidden, m.vocab, m.seq_len
+        eq2 = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
         assert m.params() - eq2 == pytest.approx(m.norm_params(), abs=1e-3)  # Eq. 2 omits the final LayerNorm
         assert abs(m.params() / 1e9 - row.params_b) / row.params_b < 0.03, row.model
 
@@ -41,8 +41,8 @@ def test_mixtral_total_and_active_parameters():
 def test_flops_per_token_megatron_formula():
     # Narayanan et al. Eq. 3 without recomputation: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) per B s tokens
     m = load_model("megatron-gpt-145.6b")
-    l, h, V, s = m.layers, m.hidden, m.vocab, 2048
-    per_token = 72 * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+    L, h, V, s = m.layers, m.hidden, m.vocab, 2048
+    per_token = 72 * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
     assert m.training_flops_per_token(s) == pytest.approx(per_token, rel=1e-12)
 
 

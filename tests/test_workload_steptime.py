@@ -107,7 +107,7 @@ def test_more_nic_bandwidth_never_slows_a_step():
         best = plan(m, topo, 32, 64, 4096, space=PlanSpace(tp=(1, 2, 4), micro_batch=(1, 2), interleave=(1,)),
                     refine=None).ranked[0].step_time_s
         if prev is not None:
-            assert all(t <= p + 1e-12 for t, p in zip(times + [best], prev))
+            assert all(t <= p + 1e-12 for t, p in zip(times + [best], prev, strict=True))
         prev = times + [best]
 
 

@@ -1,7 +1,7 @@
 """Small helpers shared by the algorithm modules: layouts, chunk refs, rank maps, ranges."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import InvalidArgument
 from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule, ScheduleBuilder
@@ -96,15 +96,6 @@ def reduce_copies_in_rank_order(b: ScheduleBuilder, rank: int, step: int, lay: d
     b.copy(rank, step, blk(Buffer.OUT, lo, block), blk(Buffer.SCRATCH, ls, 0, copy=0))
     for q in range(1, b.nranks):
         b.reduce(rank, step, blk(Buffer.OUT, lo, block), blk(Buffer.SCRATCH, ls, 0, copy=q))
-
-
-def tree_children(parent: Sequence[int]) -> list[list[int]]:
-    """Children lists from a parent array (parent[r] = -1 for the root)."""
-    kids: list[list[int]] = [[] for _ in parent]
-    for r, p in enumerate(parent):
-        if p >= 0:
-            kids[p].append(r)
-    return kids
 
 
 def pow2_floor(n: int) -> int:

@@ -11,8 +11,8 @@ Bytes per rank: sum over k of |{i < n : bit k of i set}| blocks, about (n/2) log
 """
 from __future__ import annotations
 
-from .schedule import Buffer, ChunkRef, Collective, Schedule
 from ._common import blk, ceil_log2, new_builder, std_layouts, wrapped
+from .schedule import Buffer, ChunkRef, Collective, Schedule
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

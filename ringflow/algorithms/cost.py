@@ -19,8 +19,8 @@ the fuller engine in ``ringflow.sim`` models more.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TopologyError
@@ -58,7 +58,7 @@ class Traffic:
     @property
     def bytes_per_rank(self) -> int:
         """Max over ranks of max(bytes sent, bytes received) (the closed forms' figure)."""
-        return max((max(s, r) for s, r in zip(self.bytes_sent, self.bytes_recv)), default=0)
+        return max((max(s, r) for s, r in zip(self.bytes_sent, self.bytes_recv, strict=True)), default=0)
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Cost:
                 "algbw_GBps": self.algbw_GBps, **self.params}
 
 
-_TRAFFIC_CACHE: "OrderedDict[tuple[int, CallShape], tuple[Schedule, Traffic]]" = OrderedDict()
+_TRAFFIC_CACHE: OrderedDict[tuple[int, CallShape], tuple[Schedule, Traffic]] = OrderedDict()
 
 
 def traffic(schedule: Schedule, shape: CallShape) -> Traffic:
@@ -147,7 +147,7 @@ def _step_time_flat(msgs: tuple[tuple[int, int, int], ...], n: int, alpha_s: flo
 class _Routes:
     """Cached equal-cost paths, links, bandwidths and latencies of a topology."""
 
-    def __init__(self, topo: "Topology", endpoints: list[str]) -> None:
+    def __init__(self, topo: Topology, endpoints: list[str]) -> None:
         self.topo, self.ep = topo, endpoints
         self.cache: dict[tuple[int, int], tuple[list[list[tuple[str, str]]], float]] = {}
 
@@ -164,7 +164,7 @@ class _Routes:
 _route_cache: dict[tuple[int, int], _Routes] = {}
 
 
-def _routes(topo: "Topology", endpoints: list[str]) -> _Routes:
+def _routes(topo: Topology, endpoints: list[str]) -> _Routes:
     key = (id(topo), len(endpoints))
     r = _route_cache.get(key)
     if r is None or r.topo is not topo or r.ep != endpoints:
@@ -184,14 +184,14 @@ def _step_time_topo(msgs: tuple[tuple[int, int, int], ...], routes: _Routes, alp
             for e in path:
                 load[e] = load.get(e, 0.0) + share
     worst = 0.0
-    for a, b, nb in msgs:
+    for a, b, _nb in msgs:
         edges, lat_s = routes.get(a, b)
         t = max((load[e] / (g.edges[e]["bw_GBps"] * 1e9) for path in edges for e in path), default=0.0)
         worst = max(worst, alpha_s + lat_s + t)
     return worst
 
 
-def schedule_cost(schedule: Schedule, shape: CallShape, topo: "Topology | None" = None, *,
+def schedule_cost(schedule: Schedule, shape: CallShape, topo: Topology | None = None, *,
                   alpha_us: float | None = None, beta_GBps: float = DEFAULT_BETA_GBPS,
                   endpoints: list[str] | None = None) -> Cost:
     """Alpha-beta time of `schedule` for `shape`, on `topo` (rank r on endpoints[r]) or a flat switch."""

@@ -18,10 +18,10 @@ Survivor u stands for the original ranks [lo(u), lo(u+1)) with lo(u) = 2u (u < r
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from .schedule import Buffer, ChunkRef, Collective, Schedule, ScheduleBuilder
 from ._common import blk, need_root, new_builder, pow2_floor, single_rank_copy, std_layouts
+from .schedule import Buffer, ChunkRef, Collective, Schedule, ScheduleBuilder
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

@@ -13,12 +13,12 @@ give g = 1: one rank per host, i.e. a flat ring).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import InvalidArgument
-from .schedule import Buffer, Collective, Schedule
 from ._common import blk, new_builder, std_layouts
 from .ring import ring_ag_ops, ring_allreduce_ops, ring_rs_ops
+from .schedule import Buffer, Collective, Schedule
 
 IN, OUT = Buffer.IN, Buffer.OUT
 
@@ -54,14 +54,14 @@ def build(collective: Collective | str, nranks: int, *, nsegs: int = 1,
     if n == 1:
         b.copy(0, 0, blk(OUT, lay[OUT], 0, m * H), blk(IN, lay[IN], 0, m * H))
         return b.build()
-    shard = [l * H for l in range(m)]
+    shard = [local * H for local in range(m)]
     step = 0
     for g in groups:
         ring_rs_ops(b, g, shard, nsegs, 0, 0, span_blocks=H)
     step = m - 1
-    for l in range(m):
-        order = [g[(l - 1) % m] for g in groups]
-        ring_allreduce_ops(b, order, [l * H + q for q in range(H)], nsegs, step, 0,
+    for local in range(m):
+        order = [g[(local - 1) % m] for g in groups]
+        ring_allreduce_ops(b, order, [local * H + q for q in range(H)], nsegs, step, 0,
                            first_buf=OUT if m > 1 else IN)
     step += 2 * (H - 1)
     for g in groups:

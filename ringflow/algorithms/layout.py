@@ -17,7 +17,7 @@ parts one element more than the rest (MPI's and NCCL's convention).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from ..errors import InvalidArgument
 from .schedule import Buffer, BufferLayout, Collective, Schedule
@@ -31,7 +31,7 @@ def split_counts(total: int, parts: int) -> tuple[int, ...]:
     return tuple(q + 1 if i < r else q for i in range(parts))
 
 
-@lru_cache(maxsize=None)
+@cache
 def partitioned(collective: Collective, buffer: Buffer) -> bool:
     """True if `buffer` of `collective` holds one part per rank (all-gather output, all-to-all, ...);
     cached: the runtime asks on every call."""

@@ -10,8 +10,8 @@ heard, transitively, from every other rank, for any n.
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule
 from ._common import blk, ceil_log2, need_root, new_builder, std_layouts
+from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

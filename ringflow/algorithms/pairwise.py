@@ -12,8 +12,8 @@ Direct gather / scatter (one step): the root exchanges with all n-1 other ranks 
 """
 from __future__ import annotations
 
-from .schedule import Buffer, Collective, Schedule
 from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, single_rank_copy, std_layouts
+from .schedule import Buffer, Collective, Schedule
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

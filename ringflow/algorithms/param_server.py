@@ -13,8 +13,8 @@ of 2(n-1), at the cost of n-1 concurrent peers per rank (NCCL/TensorRT-LLM call 
 """
 from __future__ import annotations
 
-from .schedule import Buffer, BufferLayout, Collective, Schedule
 from ._common import blk, need_root, new_builder, reduce_copies_in_rank_order, single_rank_copy, std_layouts
+from .schedule import Buffer, BufferLayout, Collective, Schedule
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

@@ -12,14 +12,15 @@ input). ``p = 2^floor(log2 n)``, ``r = n - p`` (fold for non-powers of two),
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Callable, Sequence
 
 from .. import config
 from ..errors import InvalidArgument, UnknownAlgorithm
-from . import bruck, halving_doubling as hd, hierarchical, p2p, pairwise, param_server, ring, tree
+from . import bruck, hierarchical, p2p, pairwise, param_server, ring, tree
+from . import halving_doubling as hd
 from ._common import ceil_log2, pow2_floor
 from .schedule import Collective, Schedule
 

@@ -17,10 +17,10 @@ N(S+K-2)/(S B).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
-from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
 from ._common import blk, need_root, new_builder, resolve_rings, seg, std_layouts
+from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -52,7 +52,8 @@ def ring_rs_ops(b: ScheduleBuilder, order: Sequence[int], block_of: Sequence[int
         for j in range(n):
             snd, _ = seed_allreduce_blocks(n, i, j, "scatter_reduce")
             a, nxt = order[j], order[(j + 1) % n]
-            for sref, dref, lref in zip(first_refs[snd] if i == 0 else out_refs[snd], out_refs[snd], first_refs[snd]):
+            src_refs = first_refs[snd] if i == 0 else out_refs[snd]
+            for sref, dref, lref in zip(src_refs, out_refs[snd], first_refs[snd], strict=True):
                 b.transfer(step0 + i, a, nxt, sref, dref, reduce=True, local=lref, channel=channel)
     return step0 + max(n - 1, 0)
 

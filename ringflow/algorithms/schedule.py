@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import InvalidArgument, InvalidUsage
 
@@ -49,7 +50,7 @@ class Collective(str, enum.Enum):
     SENDRECV = "sendrecv"
 
     @classmethod
-    def parse(cls, name: str | "Collective") -> "Collective":
+    def parse(cls, name: str | Collective) -> Collective:
         """Accept 'all_reduce', 'allreduce', 'all-reduce' (any case)."""
         if isinstance(name, Collective):
             return name
@@ -125,7 +126,7 @@ class ChunkRef:
         return [self.buffer.value, self.index, self.span]
 
     @classmethod
-    def from_json(cls, data: list) -> "ChunkRef":
+    def from_json(cls, data: list) -> ChunkRef:
         return cls(Buffer(data[0]), int(data[1]), int(data[2]))
 
 
@@ -171,7 +172,7 @@ class Op:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Op":
+    def from_json(cls, d: dict) -> Op:
         return cls(OpKind(d["kind"]),
                    ChunkRef.from_json(d["src"]) if "src" in d else None,
                    ChunkRef.from_json(d["dst"]) if "dst" in d else None,
@@ -216,7 +217,7 @@ class BufferLayout:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "BufferLayout":
+    def from_json(cls, d: dict) -> BufferLayout:
         return cls(int(d["nblocks"]), int(d.get("nsegs", 1)),
                    Buffer(d["like"]) if d.get("like") else None, int(d.get("copies", 1)),
                    bool(d.get("own_block", False)))
@@ -284,7 +285,7 @@ class Schedule:
         return json.dumps(self.to_json())
 
     @classmethod
-    def from_json(cls, data: dict | str) -> "Schedule":
+    def from_json(cls, data: dict | str) -> Schedule:
         """Rebuild a schedule from `to_json` output; checks the schema version."""
         if isinstance(data, str):
             data = json.loads(data)
@@ -293,7 +294,7 @@ class Schedule:
                                   f"schema={data.get('schema')!r} version={data.get('version')!r}",
                                   "write it with Schedule.to_json() of this ringflow version")
         return cls(Collective(data["collective"]), data["algorithm"], int(data["nranks"]),
-                   {Buffer(b): BufferLayout.from_json(l) for b, l in data["layouts"].items()},
+                   {Buffer(b): BufferLayout.from_json(lay) for b, lay in data["layouts"].items()},
                    tuple(tuple(tuple(Op.from_json(o) for o in step) for step in prog)
                          for prog in data["programs"]),
                    data.get("root"), int(data.get("nchannels", 1)), dict(data.get("params", {})))
@@ -364,7 +365,7 @@ class ScheduleBuilder:
                         self.root, self.nchannels, dict(self.params))
 
 
-def is_self_checking(schedule: "Schedule") -> bool:
+def is_self_checking(schedule: Schedule) -> bool:
     """True if step 0 moves exactly one channel-0 message each way between every pair of ranks: the
     runtime then checks the call's arguments on those messages instead of a CHECK exchange first."""
     n = schedule.nranks

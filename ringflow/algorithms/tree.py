@@ -14,10 +14,11 @@ the rounds in reverse. ceil(log2 n) steps each; all-reduce = reduce + broadcast.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
+from ..topology.search import tree_children
+from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, wrapped
 from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
-from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, tree_children, wrapped
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 

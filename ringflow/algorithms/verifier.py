@@ -16,8 +16,8 @@ with IN and OUT aliased.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ..errors import VerificationError
 from .layout import CallShape, chunk_bounds, ref_bounds
@@ -141,7 +141,7 @@ def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
                 raise _errn(name, f"sends {len(ss)} message(s) to rank {b} on channel {ch} but rank {b} receives "
                            f"{len(rr)} (would deadlock)", a, step, extra.src,
                            "every send needs a receive in the same step")
-            for so, ro in zip(ss, rr):
+            for so, ro in zip(ss, rr, strict=True):
                 assert so.src is not None and ro.dst is not None
                 if so.src.span != ro.dst.span:
                     raise _errn(name, f"receives {ro.dst.span} chunk(s) from rank {a} which sends {so.src} "
@@ -156,7 +156,7 @@ def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
     return count
 
 
-def _bounds_fn(s: Schedule, shape: CallShape | None) -> "Callable[[Buffer, int], tuple[tuple[int, int], ...]]":
+def _bounds_fn(s: Schedule, shape: CallShape | None) -> Callable[[Buffer, int], tuple[tuple[int, int], ...]]:
     """chunk_bounds of (buffer, rank) for `shape`, memoised for one pass."""
     memo: dict[tuple[Buffer, int], tuple[tuple[int, int], ...]] = {}
 
@@ -170,7 +170,7 @@ def _bounds_fn(s: Schedule, shape: CallShape | None) -> "Callable[[Buffer, int],
 
 
 def _check_local_lengths(s: Schedule, shape: CallShape, name: str,
-                         bounds: "Callable[[Buffer, int], tuple[tuple[int, int], ...]]") -> None:
+                         bounds: Callable[[Buffer, int], tuple[tuple[int, int], ...]]) -> None:
     """Copies and reductions join chunk ranges of equal element counts."""
     for r, step, op in s.ops():
         if op.kind in (OpKind.COPY, OpKind.REDUCE, OpKind.RECV_REDUCE):
@@ -283,7 +283,7 @@ class _Machine:
                     local = self.read(r, step, op.src)
                     self.lengths_equal(r, step, op.src, op.dst)
                     vals = [self.combine(r, step, ChunkRef(op.dst.buffer, op.dst.index + i), a, b)
-                            for i, (a, b) in enumerate(zip(local, vals))]
+                            for i, (a, b) in enumerate(zip(local, vals, strict=True))]
                 writes.append((r, op.dst, vals))
         for r, ref, vals in writes:
             buf = self.bufs[r][ref.buffer]
@@ -303,7 +303,7 @@ class _Machine:
                     cur = self.read(r, step, op.dst)
                     self.lengths_equal(r, step, op.src, op.dst)
                     out = [self.combine(r, step, ChunkRef(op.dst.buffer, op.dst.index + i), a, b)
-                           for i, (a, b) in enumerate(zip(cur, vals))]
+                           for i, (a, b) in enumerate(zip(cur, vals, strict=True))]
                     self.write_target(r, step, op.dst)[op.dst.index:op.dst.index + op.dst.span] = out
 
     def _key(self, buf: Buffer, i: int) -> tuple[Buffer, int]:

@@ -155,8 +155,8 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                nranks: int = typer.Option(8, "-n", "--nranks", help="number of ranks"),
                topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
                dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
-               calibrated: Optional[str] = typer.Option(None, "--calibrated", help="a `ringflow calibrate` file: "
-                                                        "what RINGFLOW_TUNER_TOPO=FILE makes the runtime run"),
+               calibrated: Optional[str] = typer.Option(None, "--calibrated", help="a `ringflow calibrate` host-model "
+                                                        "file: what RINGFLOW_TUNER_MODEL=FILE makes the runtime run"),
                transport: str = typer.Option("shm", "--transport", help="--calibrated: the ranks' transport, "
                                              "shm or tcp"),
                in_place: Optional[bool] = typer.Option(None, "--in-place/--out-of-place", help="--calibrated: "
@@ -186,26 +186,26 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 
 def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: int, path: str, transport: str,
                        in_place: Optional[bool], json_out: bool) -> None:
-    """The runtime's flat choice, every candidate priced on the calibrated host, and what calibrated
-    tuning runs (`runtime.communicator.calibrated_decision`, as `pick_schedule` decides)."""
+    """The runtime's flat choice, every candidate priced on the host model, and what the runtime runs with
+    RINGFLOW_TUNER_MODEL=`path` (`algorithms.selection.model_decision`)."""
     from .. import config
-    from ..algorithms.schedule import Collective
+    from ..algorithms.schedule import Collective, Schedule
+    from ..algorithms.selection import model_decision
     from ..errors import InvalidArgument
-    from ..runtime.communicator import calibrated_decision
-    from ..sim.tuning import MIN_PREDICTED_GAIN, load_host_model
-    from ..sim.validate import BENCH_IN_PLACE
+    from ..hostmodel import load_cost_model
+    from ..runtime.bench import IN_PLACE
     from ..units import format_size
     c = Collective.parse(collective)
-    host = load_host_model(path, transport)
-    if not host.supports(nranks):
-        raise InvalidArgument(f"{path} has fewer than {nranks} endpoints", "calibrate with --nprocs >= the ranks")
-    inplace = in_place if in_place is not None else c in BENCH_IN_PLACE
-    d = calibrated_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
-                            int(config.get("SINGLE_RING_THRESHOLD")), host)
+    model = load_cost_model(path, transport)
+    if not model.supports(nranks):
+        raise InvalidArgument(f"{path} was not calibrated for {nranks} ranks", "calibrate with --ranks including it")
+    inplace = in_place if in_place is not None else c.value in IN_PLACE
+    d = model_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
+                       int(config.get("SINGLE_RING_THRESHOLD")), model)
     flat, chosen, t_flat = d.flat, d.chosen, d.flat_us
 
-    def name(s: object) -> tuple:
-        return (s.algorithm, s.params.get("nsegs", 1), s.nchannels)  # type: ignore[attr-defined]
+    def name(s: Schedule) -> tuple[str, int, int]:
+        return (s.algorithm, int(s.params.get("nsegs", 1)), s.nchannels)
     rows = [{"algorithm": cand.algorithm, "nsegs": cand.nsegs, "nchannels": cand.nchannels,
              "flat_model_us": cand.time_s * 1e6, "calibrated_us": t,
              "flat_choice": name(s) == name(flat), "calibrated_choice": name(s) == name(chosen)}
@@ -214,15 +214,16 @@ def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: in
         print_json({"collective": c.value, "nbytes": nbytes, "nranks": nranks, "transport": transport,
                     "in_place": inplace, "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat))),
                     "flat_calibrated_us": t_flat, "chosen": dict(zip(("algorithm", "nsegs", "nchannels"), name(chosen))),
-                    "min_predicted_gain": MIN_PREDICTED_GAIN, "candidates": rows})
+                    "margin": model.margin, "candidates": rows})
         return
-    console.print(f"{c.value} of {format_size(nbytes)} on {nranks} ranks over {transport}, calibrated host {path}: "
-                  f"flat tuner runs [bold]{flat.algorithm}[/] ({t_flat:.1f} us predicted here); calibrated tuning "
-                  f"runs [bold]{chosen.algorithm}[/] (segments {name(chosen)[1]}, channels {chosen.nchannels}; "
-                  f"it switches only for a predicted {MIN_PREDICTED_GAIN}x)", highlight=False)
-    print_table(None, ["algorithm", "segs", "chans", "flat model (us)", "calibrated (us)", ""],
+    console.print(f"{c.value} of {format_size(nbytes)} on {nranks} ranks over {transport}, host model {path}: "
+                  f"flat tuner runs [bold]{flat.algorithm}[/] ({t_flat:.1f} us predicted here); with the model the "
+                  f"runtime runs [bold]{chosen.algorithm}[/] (segments {name(chosen)[1]}, channels {chosen.nchannels}; "
+                  f"it switches only for a predicted speed-up over {model.margin:.2f}x, the model's error)",
+                  highlight=False)
+    print_table(None, ["algorithm", "segs", "chans", "flat model (us)", "host model (us)", ""],
                 [(r["algorithm"], r["nsegs"], r["nchannels"], f"{r['flat_model_us']:.1f}", f"{r['calibrated_us']:.1f}",
-                  " ".join(m for m, on in (("flat", r["flat_choice"]), ("calibrated", r["calibrated_choice"])) if on))
+                  " ".join(m for m, on in (("flat", r["flat_choice"]), ("model", r["calibrated_choice"])) if on))
                  for r in rows])
 
 

@@ -2,28 +2,16 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..errors import RingflowError
+from ..tables import make_console, print_table  # noqa: F401 - print_table: the commands' table helper
 
-# Piped into a file or a CI log, rich would wrap at 80 columns and cut the tables' cells; COLUMNS still rules.
-PIPED_WIDTH = 160
-
-
-def _console(stderr: bool = False) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
-    piped = not (hasattr(stream, "isatty") and stream.isatty()) and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, width=PIPED_WIDTH if piped else None)
-
-
-console = _console()
-err_console = _console(stderr=True)
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def run_app(app: typer.Typer, argv: list[str]) -> None:
@@ -55,14 +43,3 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "to_dict"):
         return o.to_dict()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
-                justify_right: bool = True) -> None:
-    """Print rows as a rich table."""
-    table = Table(title=title, show_lines=False)
-    for i, c in enumerate(columns):
-        table.add_column(str(c), justify="right" if (justify_right and i > 0) else "left")
-    for r in rows:
-        table.add_row(*[str(x) for x in r])
-    console.print(table)

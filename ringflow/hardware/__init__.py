@@ -10,9 +10,15 @@ from .cpu_links import SOCKET_LINKS, SocketLink, socket_link
 from .gpus import GPU_MODELS, GpuModel, gpu_model
 from .latency import HOST_LOOPBACK_GBPS_DEFAULT, HOST_SHM_GBPS_DEFAULT, LATENCY_US
 from .network import NET_LINKS, NetLink, ib_for_gbps, net_link
-from .nvlink import (NVLINK_C2C_GBPS_PER_DIR, NVLINK_GENERATIONS, NVSWITCH_GENERATIONS, NvlinkGen, NvswitchGen,
-                     nvlink_gen)
-from .pcie import LANE_WIDTHS, PCIE_GENERATIONS, PcieGen, pcie_arithmetic, pcie_gen, pcie_GBps
+from .nvlink import (
+                     NVLINK_C2C_GBPS_PER_DIR,
+                     NVLINK_GENERATIONS,
+                     NVSWITCH_GENERATIONS,
+                     NvlinkGen,
+                     NvswitchGen,
+                     nvlink_gen,
+)
+from .pcie import LANE_WIDTHS, PCIE_GENERATIONS, PcieGen, pcie_arithmetic, pcie_GBps, pcie_gen
 
 __all__ = [
     "catalog_rows", "SOCKET_LINKS", "SocketLink", "socket_link", "GPU_MODELS", "GpuModel", "gpu_model",

@@ -14,7 +14,8 @@ def catalog_rows() -> list[dict]:
     for g in PCIE_GENERATIONS.values():
         rows.append({"kind": "pcie", "name": f"PCIe Gen{g.gen} x16", "per_dir_GBps": round(g.throughput_GBps(16), 6),
                      "bidir_GBps": round(g.bidirectional_GBps(16), 6),
-                     "detail": f"{float(g.rate_GTps):g} GT/s, {g.encoding}, x1 = {g.throughput_GBps(1) * 1000:.1f} MB/s",
+                     "detail": f"{float(g.rate_GTps):g} GT/s, {g.encoding}, "
+                               f"x1 = {g.throughput_GBps(1) * 1000:.1f} MB/s",
                      "source": g.source})
     for n in NVLINK_GENERATIONS.values():
         rows.append({"kind": "nvlink", "name": f"NVLink{n.gen} ({n.gpu})", "per_dir_GBps": n.link_GBps,

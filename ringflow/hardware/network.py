@@ -37,7 +37,8 @@ NET_LINKS: dict[str, NetLink] = {n.name: n for n in [
     NetLink("IB-EDR", "ib", 100.0, 4, "IBTA roadmap; NVIDIA ConnectX-5 datasheet (EDR 100 Gb/s, 4x25G)"),
     NetLink("IB-HDR", "ib", 200.0, 4, "IBTA roadmap; NVIDIA ConnectX-6 / Quantum datasheets (HDR 200 Gb/s, 4x50G)"),
     NetLink("IB-NDR", "ib", 400.0, 4, "IBTA roadmap; NVIDIA ConnectX-7 / Quantum-2 datasheets (NDR 400 Gb/s, 4x100G)"),
-    NetLink("IB-XDR", "ib", 800.0, 4, "IBTA roadmap; NVIDIA ConnectX-8 / Quantum-X800 datasheets (XDR 800 Gb/s, 4x200G)"),
+    NetLink("IB-XDR", "ib", 800.0, 4,
+            "IBTA roadmap; NVIDIA ConnectX-8 / Quantum-X800 datasheets (XDR 800 Gb/s, 4x200G)"),
     NetLink("25GbE", "ethernet", 25.0, 1, "IEEE 802.3by (25GBASE-R); RoCE v2 over it"),
     NetLink("50GbE", "ethernet", 50.0, 1, "IEEE 802.3cd (50GBASE-R, PAM4)"),
     NetLink("100GbE", "ethernet", 100.0, 4, "IEEE 802.3bj/cd (100GBASE-R4)"),
@@ -59,4 +60,5 @@ def ib_for_gbps(gbps: float) -> NetLink:
     for n in NET_LINKS.values():
         if n.family == "ib" and n.gbps == gbps:
             return n
-    raise InvalidArgument(f"no InfiniBand generation runs at {gbps:g} Gb/s", "use 100 (EDR), 200 (HDR), 400 (NDR) or 800 (XDR)")
+    raise InvalidArgument(f"no InfiniBand generation runs at {gbps:g} Gb/s",
+                          "use 100 (EDR), 200 (HDR), 400 (NDR) or 800 (XDR)")

@@ -38,7 +38,8 @@ class NvlinkGen:
 
 
 NVLINK_GENERATIONS: dict[int, NvlinkGen] = {g.gen: g for g in [
-    # P100 whitepaper ("NVIDIA Tesla P100", 2016): 4 links x 40 GB/s bidirectional = 160 GB/s; 20 Gb/s lanes. Seed 000/002.
+    # P100 whitepaper ("NVIDIA Tesla P100", 2016): 4 links x 40 GB/s bidirectional = 160 GB/s; 20 Gb/s lanes.
+    # Seed 000/002.
     NvlinkGen(1, "P100", 20.0, 20.0, 4, "NVIDIA Tesla P100 whitepaper (2016); seed 002"),
     # V100 whitepaper ("NVIDIA Tesla V100 GPU Architecture", 2017): 6 links x 50 GB/s = 300 GB/s; 25 Gb/s lanes.
     NvlinkGen(2, "V100", 25.0, 25.0, 6, "NVIDIA Tesla V100 architecture whitepaper (2017); seed 002"),
@@ -81,7 +82,8 @@ class NvswitchGen:
 
 
 NVSWITCH_GENERATIONS: dict[int, NvswitchGen] = {g.gen: g for g in [
-    # NVSwitch whitepaper ("NVIDIA NVSwitch", 2018): 18 NVLink2 ports per chip; DGX-2 300 GB/s per GPU bidir. Seed 000/002.
+    # NVSwitch whitepaper ("NVIDIA NVSwitch", 2018): 18 NVLink2 ports per chip; DGX-2 300 GB/s per GPU bidir.
+    # Seed 000/002.
     NvswitchGen(1, "DGX-2", 2, 18, 150.0, "NVIDIA NVSwitch technical overview (2018); seed 000/002"),
     # A100 whitepaper: 2nd-gen NVSwitch, 36 ports, 600 GB/s per GPU bidir in DGX A100.
     NvswitchGen(2, "DGX A100", 3, 36, 300.0, "NVIDIA A100 architecture whitepaper / DGX A100 user guide (2020)"),

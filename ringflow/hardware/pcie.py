@@ -32,7 +32,7 @@ class PcieGen:
         """Payload gigabytes per second (1e9 B/s) for `lanes` lanes, one direction."""
         if lanes not in LANE_WIDTHS:
             raise InvalidArgument(f"PCIe link width x{lanes} does not exist",
-                                  f"use one of {', '.join('x%d' % w for w in LANE_WIDTHS)}")
+                                  f"use one of {', '.join(f'x{w}' for w in LANE_WIDTHS)}")
         return float(self.rate_GTps * self.efficiency * lanes / 8)
 
     def bidirectional_GBps(self, lanes: int = 1) -> float:

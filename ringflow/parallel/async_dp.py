@@ -16,8 +16,9 @@ The parameter-server ASP mode (`param_server.py`) is the centralised variant.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -11,8 +11,8 @@ so buckets are issued in the same order everywhere.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import InvalidArgument
 

@@ -116,7 +116,7 @@ class NumpyDDP(_OverlapSwitch):
         self.buckets = plan_buckets([ps.nbytes(n) for n in ps.names], bucket_cap_nbytes, first_bucket_nbytes)
         self._ranges = []
         for b in self.buckets:
-            los, his = zip(*(ps.offsets[ps.names[i]] for i in b.params))
+            los, his = zip(*(ps.offsets[ps.names[i]] for i in b.params), strict=True)
             self._ranges.append((min(los), max(his)))
         self._launcher = _BucketLauncher(self.buckets, overlap, self._launch)
         self._works: list[Any] = []

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -7,8 +7,9 @@ order of `ParamSet.names`; backward produces them in reverse.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -31,8 +32,8 @@ class ParamSet:
             size = int(np.prod(s, dtype=np.int64))
             self.offsets[n] = (lo, lo + size)
             lo += size
-        self.flat = np.zeros(lo, dtype=dtype)
-        self.grad = np.zeros(lo, dtype=dtype)
+        self.flat: Array = np.zeros(lo, dtype=dtype)
+        self.grad: Array = np.zeros(lo, dtype=dtype)
 
     @property
     def numel(self) -> int:
@@ -87,7 +88,7 @@ class Linear(Layer):
         return x @ p["W"] + p["b"], x
 
     def backward(self, p: dict[str, Array], g: dict[str, Array], cache: object, dy: Array) -> Array:
-        x = cache
+        x = cast(Array, cache)
         g["W"][...] = x.T @ dy
         g["b"][...] = dy.sum(axis=0)
         return dy @ p["W"].T
@@ -101,7 +102,8 @@ class Tanh(Layer):
         return y, y
 
     def backward(self, p: dict[str, Array], g: dict[str, Array], cache: object, dy: Array) -> Array:
-        return dy * (1.0 - cache * cache)
+        y = cast(Array, cache)
+        return dy * (1.0 - y * y)
 
 
 @dataclass
@@ -122,7 +124,7 @@ class Sequential:
         self._g = [{k: self.params.gradient(f"{self.first_index + i}.{k}") for k in layer.param_shapes}
                    for i, layer in enumerate(self.layers)]
 
-    def init(self, seed: int) -> "Sequential":
+    def init(self, seed: int) -> Sequential:
         """Deterministic init: layer i draws from rng([seed, i]), independent of how the model is cut."""
         for i, layer in enumerate(self.layers):
             rng = np.random.default_rng([seed, self.first_index + i])
@@ -137,7 +139,7 @@ class Sequential:
     def forward(self, x: Array) -> tuple[Array, list[object]]:
         """Output and the per-layer caches."""
         caches = []
-        for layer, p in zip(self.layers, self._p):
+        for layer, p in zip(self.layers, self._p, strict=True):
             x, c = layer.forward(p, x)
             caches.append(c)
         return x, caches

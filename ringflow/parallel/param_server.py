@@ -21,8 +21,9 @@ bye, and servers finish when every worker has.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -210,22 +211,22 @@ class _Worker:
             self.busy_until = None
             self.clock += 1
             g = self.model.params.grad
-            for srv, (lo, hi) in zip(self.servers, self.bounds):
+            for srv, (lo, hi) in zip(self.servers, self.bounds, strict=True):
                 self.box.send(srv, PUSH_TAG, np.concatenate(([KIND_GRAD, self.clock], g[lo:hi])))
             self.state, self.replies = "wait", {}
             return True
         progressed = False
-        for srv, (lo, hi) in zip(self.servers, self.bounds):
+        for srv, (lo, hi) in zip(self.servers, self.bounds, strict=True):
             if srv not in self.replies:
                 msg = self.box.try_recv(srv, REPLY_TAG, 2 + hi - lo)
                 if msg is not None:
                     self.replies[srv] = msg
                     progressed = True
         if len(self.replies) == len(self.servers):
-            for srv, (lo, hi) in zip(self.servers, self.bounds):
+            for srv, (lo, hi) in zip(self.servers, self.bounds, strict=True):
                 self.model.params.flat[lo:hi] = self.replies[srv][2:]
             if self.replies[self.servers[0]][0] != 0.0:
-                for srv, (lo, hi) in zip(self.servers, self.bounds):
+                for srv, (lo, hi) in zip(self.servers, self.bounds, strict=True):
                     self.box.send(srv, PUSH_TAG, np.concatenate(([KIND_BYE, self.clock], np.zeros(hi - lo))))
                 self.done = True
             else:

@@ -9,8 +9,9 @@ model. The measured bubble is 1 - sum(stage compute time) / (p x step wall time)
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -17,8 +17,16 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .nn import ParamSet
-from .transformer import (attention_bwd, attention_fwd, gelu_bwd, gelu_fwd, layernorm_bwd, layernorm_fwd,
-                          merge_heads, split_heads)
+from .transformer import (
+    attention_bwd,
+    attention_fwd,
+    gelu_bwd,
+    gelu_fwd,
+    layernorm_bwd,
+    layernorm_fwd,
+    merge_heads,
+    split_heads,
+)
 
 Array = np.ndarray
 

@@ -16,7 +16,7 @@ import secrets
 import socket
 import time
 
-from ..errors import InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
+from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 
 log = logging.getLogger("ringflow.runtime")
 
@@ -53,7 +53,7 @@ def recv_exact(sock: socket.socket, nbytes: int, deadline: float, what: str) -> 
         except socket.timeout:
             continue
         except OSError as exc:
-            raise SystemError(f"reading {what} failed: {exc}", "the peer closed the connection") from None
+            raise RingflowSystemError(f"reading {what} failed: {exc}", "the peer closed the connection") from None
         if n == 0:
             raise RemoteError(f"connection closed while reading {what}", hint="the peer exited or refused us")
         got += n
@@ -97,7 +97,7 @@ def _refuse(sock: socket.socket, why: str) -> None:
 
 def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0,
                      what: str = "peer") -> None:
-    """Answer the server's challenge and check its proof; raises SystemError if refused."""
+    """Answer the server's challenge and check its proof; raises RingflowSystemError if refused."""
     deadline = time.monotonic() + timeout_s
     hello = recv_exact(sock, len(_HELLO) + _NONCE, deadline, f"auth challenge from {what}")
     if hello[:len(_HELLO)] != _HELLO:
@@ -110,8 +110,8 @@ def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout
     except RemoteError:
         status = b"\x00"
     if status != b"\x01":
-        raise SystemError(f"{what} refused the connection: job secret does not match",
+        raise RingflowSystemError(f"{what} refused the connection: job secret does not match",
                           "use the same RINGFLOW_SECRET on every rank and the store")
     mac = recv_exact(sock, _MAC, deadline, f"auth proof from {what}")
     if not hmac.compare_digest(mac, _mac(secret, b"s", context, nonce_c, nonce_s)):
-        raise SystemError(f"{what} could not prove the job secret", "you may be talking to an impostor")
+        raise RingflowSystemError(f"{what} could not prove the job secret", "you may be talking to an impostor")

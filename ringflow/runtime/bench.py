@@ -29,6 +29,7 @@ from ..units import format_size, parse_size, size_range
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
                "scatter")
 REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce")
+IN_PLACE = ("all_reduce", "broadcast", "reduce")  # called in place, as nccl-tests and torch users do
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
@@ -160,24 +161,6 @@ def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) 
     raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
 
 
-def _tune_from(comm: Any, cal: dict, nprocs: int) -> dict:
-    """Every rank takes rank 0's calibration, fits it as `ringflow validate` does (`nprocs` endpoints) and
-    tunes the communicator with it; returns that calibration."""
-    from .. import config
-    from ..sim.calibrate import fit
-    from ..sim.tuning import HostModel
-    blob = np.frombuffer(json.dumps(cal).encode(), np.uint8) if comm.rank == 0 else np.zeros(0, np.uint8)
-    size = np.array([blob.size], np.int64)
-    comm.broadcast(size, 0)
-    buf = blob.copy() if comm.rank == 0 else np.zeros(int(size[0]), np.uint8)
-    comm.broadcast(buf, 0)
-    cal = json.loads(buf.tobytes().decode())
-    tr = "tcp" if config.get("SHM_DISABLE") else "shm"
-    topo, _ = fit({tr: {comm.size: cal}}, nprocs=nprocs)
-    comm.tune_with(HostModel(topo, tr))
-    return cal
-
-
 def _bench_row(comm: Any, spec: dict, coll: str, nbytes: int, dtype: np.dtype, timer: np.ndarray, passes: int,
                check: bool) -> dict | None:
     """One row's share of samples (`samples_s`, seconds per call) and its description; None where the
@@ -259,18 +242,6 @@ def worker(spec: dict) -> list[dict]:
                                  "pass_us": by_pass[key]})
         passes_done[0] += 1
 
-    if spec.get("calibrate"):   # `ringflow validate`: the simulator's calibration, by the same processes
-        from ..sim._calib_worker import measure
-        # the bench's passes run between the calibration's sweeps, so both meet the same bursts of host
-        # noise, not one burst the calibration and another the rows (not where the rows' algorithms are
-        # tuned on the calibration, which must come first)
-        interleave = passes > 1 and not spec.get("tune_ranks")
-        cal = measure(comm, quick=spec["calibrate"] == "quick",
-                      between_sweeps=(lambda: bench_pass() if passes_done[0] < passes else None) if interleave else None)
-        if spec.get("tune_ranks"):
-            cal = _tune_from(comm, cal, int(spec["tune_ranks"]))
-        if rank == 0:
-            rows.append({"calibration": cal})
     while passes_done[0] < passes:
         bench_pass()
     comm.destroy()
@@ -280,22 +251,15 @@ def worker(spec: dict) -> list[dict]:
 def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = WARMUP_CALLS,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
-           extra_env: dict[str, str] | None = None, sizes: list[int] | None = None,
-           calibrate: str | None = None, tune_ranks: int = 0, passes: int = 1) -> list[dict]:
+           extra_env: dict[str, str] | None = None, sizes: list[int] | None = None, passes: int = 1) -> list[dict]:
     """Run the benchmark on `nprocs` local ranks; the rows (as in --json).
 
     `collective` is one name, a comma list, or 'all'; `sizes` (bytes) overrides min/max/factor.
-    `calibrate` ('full' or 'quick'): the same job first runs the simulator's calibration schedules
-    (`sim._calib_worker.measure`) and the first row is {"calibration": ...}; with `tune_ranks` the job
-    then picks its algorithms on that calibration, fitted for a host of `tune_ranks` endpoints.
     `passes` > 1: every row's samples are split over that many sweeps of all rows (a burst of host noise
-    meets one pass of a row, not all of its samples; with `calibrate` and no tuning, between the
-    calibration's sweeps), and its time is the median of them all.
+    meets one pass of a row, not all of its samples), and its time is the median of them all.
     """
     if passes < 1:
         raise InvalidArgument(f"passes must be at least 1, got {passes}", "pass --passes 1 or more")
-    if tune_ranks and not calibrate:
-        raise InvalidArgument("tune_ranks needs calibrate", "pass calibrate='full' or 'quick'")
     colls = list(COLLECTIVES) if collective == "all" else [c.strip().replace("-", "_")
                                                           for c in collective.split(",") if c.strip()]
     for c in colls:
@@ -304,7 +268,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
     if sizes is None:
         sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
-            "check": check, "alloc": alloc, "algo": algo, "calibrate": calibrate, "tune_ranks": tune_ranks, "passes": passes}
+            "check": check, "alloc": alloc, "algo": algo, "passes": passes}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
         with open(spec_path, "w") as fh:
@@ -317,15 +281,15 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
                "-m", "ringflow.runtime.bench", spec_path, out_path]
         proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
         if proc.returncode != 0:
-            from ..errors import SystemError
-            raise SystemError(f"benchmark ranks failed (exit code {proc.returncode})", "see the rank output above")
+            from ..errors import RingflowSystemError
+            raise RingflowSystemError(f"benchmark ranks failed (exit code {proc.returncode})", "see the rank output above")
         with open(out_path) as fh:
             return json.load(fh)
 
 
 def print_rows(rows: list[dict]) -> None:
     """The nccl-tests table."""
-    from ..cli.common import print_table
+    from ..tables import print_table
     by = {}
     for r in rows:
         by.setdefault((r["collective"], r["nranks"]), []).append(r)

@@ -23,10 +23,14 @@ import numpy as np
 from .. import config
 from ..algorithms.layout import CallShape, partitioned
 from ..algorithms.schedule import Buffer, Collective, Schedule
-from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, SystemError, Timeout)
+from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError,
+                      Timeout)
 from . import auth, logs
 from .env import detect
-from .executor import (CallContext, Waiter, _Broken, bind, check_exchange, compile_plan, describe, drive, run_bound)
+from .plugins import load_cost_model
+from ..algorithms.plan import compile_plan
+from ..algorithms.selection import CostModel, pick_schedule
+from .executor import CallContext, Waiter, _Broken, bind, check_exchange, describe, drive, run_bound
 from .native import copy_into
 from .ops import UFUNCS, Buf, finish_avg, parse_op
 from .store import PrefixStore, Store, StoreServer
@@ -56,108 +60,6 @@ def host_id() -> str:
 
 
 TCP_STREAMS = 2  # sockets a large TCP transfer is striped over (RINGFLOW_NCHANNELS overrides)
-RERANK_TOP = 6  # tuner candidates re-priced with the runtime's local copy cost
-
-
-def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False) -> int:
-    """Max over ranks of bytes a rank's local work touches outside the transfers: COPY and REDUCE ops
-    (a reduce counted 1.5x: 2 reads, 1 write) and the snapshot copies of sends whose source a
-    receive of the same step overwrites (in-place calls)."""
-    from ..algorithms.schedule import OpKind
-    worst = 0
-    for r in range(schedule.nranks):
-        plan = compile_plan(schedule, shape, r, inplace)
-        tot = 0.0
-        for step in plan.steps:
-            for lo in step.locals:
-                tot += lo.n * shape.itemsize * (1.0 if lo.kind == OpKind.COPY else 1.5)
-            for x in step.xfers:
-                if x.snapshot:
-                    tot += x.nbytes
-        worst = max(worst, int(tot))
-    return worst
-
-
-def _call_shape(coll: Collective, nranks: int, nbytes: int, dtype_size: int) -> CallShape:
-    """The shape of a call moving `nbytes` (per-rank collectives: `nbytes` over all ranks)."""
-    from ..algorithms.tuner import count_for
-    return CallShape(coll, nranks, count_for(coll, nbytes, nranks, dtype_size), dtype_size)
-
-
-def candidate_pool(choice: Any, single_channel: bool) -> list:
-    """The tuner's candidates the runtime may run (below RINGFLOW_SINGLE_RING_THRESHOLD: one-channel ones)."""
-    pool = [c for c in choice.candidates if c.nchannels == 1] if single_channel else list(choice.candidates)
-    return pool or list(choice.candidates)
-
-
-def _candidate_schedule(registry: Any, choice: Any, cand: Any, coll: Collective, nranks: int,
-                        root: int | None) -> Schedule:
-    """The schedule of one tuner candidate (its segments and channels)."""
-    return registry.get_schedule(coll, cand.algorithm, nranks, root=root, nsegs=cand.nsegs,
-                                 nchannels=cand.nchannels, rings=choice.rings if cand.nchannels > 1 else None)
-
-
-def runtime_rank(choice: Any, coll: Collective, nranks: int, root: int | None, nbytes: int, dtype_size: int,
-                 registry: Any, single_channel: bool = False, inplace: bool = False) -> Schedule:
-    """The tuner's candidates re-priced for this runtime: its model treats local copies and reductions as
-    free, but here they run on the same cores and memory as the transfers, at the shared-memory
-    bandwidth the tuner assumes (algorithms.cost.DEFAULT_BETA_GBPS). The cheapest of the tuner's
-    RERANK_TOP best candidates wins. `single_channel` (below RINGFLOW_SINGLE_RING_THRESHOLD) keeps only
-    one-channel candidates."""
-    from ..algorithms.cost import DEFAULT_BETA_GBPS
-    cands = sorted(candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
-    shape = _call_shape(coll, nranks, nbytes, dtype_size)
-    best, best_t = None, float("inf")
-    for c in cands:
-        s = _candidate_schedule(registry, choice, c, coll, nranks, root)
-        t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9)
-        if t < best_t:
-            best, best_t = s, t
-    assert best is not None
-    return best
-
-
-def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
-                  single_ring_bytes: int, host: Any = None) -> Schedule:
-    """The schedule the runtime runs for one call (the tuner's choice re-ranked by `runtime_rank`; with a
-    calibrated `host` (`sim.tuning.HostModel`) the fastest of its candidates there where that is a
-    clear win); the simulator's validation asks the same function, so it predicts what was measured."""
-    from ..algorithms import registry, tuner  # lazily: the algorithms package is large
-    tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
-    ch = tuner.choose(tc, nbytes, nranks, dtype_size=dtype_size, root=root)
-    if coll == Collective.ALL_TO_ALLV:
-        algo = ch.algorithm if ch.algorithm in registry.algorithms_for(coll) else registry.algorithms_for(coll)[0]
-        return registry.get_schedule(coll, algo, nranks, root=root)
-    if host is not None:
-        return _calibrated(ch, coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, host).chosen
-    return runtime_rank(ch, coll, nranks, root, nbytes, dtype_size, registry,
-                        single_channel=nbytes < single_ring_bytes, inplace=inplace)
-
-
-def calibrated_decision(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int,
-                        inplace: bool, single_ring_bytes: int, host: Any) -> Any:
-    """What `pick_schedule` decides on a calibrated `host`, with its prices (`sim.tuning.CalibratedDecision`:
-    the flat choice, every candidate the runtime may run, and the one it runs)."""
-    from ..algorithms import tuner
-    ch = tuner.choose(coll, nbytes, nranks, dtype_size=dtype_size, root=root)
-    return _calibrated(ch, coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, host)
-
-
-def _calibrated(choice: Any, coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int,
-                inplace: bool, single_ring_bytes: int, host: Any) -> Any:
-    """`calibrated_decision` from the tuner's `choice` (pick_schedule has it already), priced once per call
-    on `host` (the tuner's choice is a function of the call)."""
-    from ..algorithms import registry
-    from ..sim.tuning import decide
-
-    def price() -> Any:
-        single_channel = nbytes < single_ring_bytes
-        flat = runtime_rank(choice, coll, nranks, root, nbytes, dtype_size, registry, single_channel=single_channel,
-                            inplace=inplace)
-        pool = candidate_pool(choice, single_channel)
-        scheds = [_candidate_schedule(registry, choice, c, coll, nranks, root) for c in pool]
-        return decide(flat, pool, scheds, _call_shape(coll, nranks, nbytes, dtype_size), inplace, host)
-    return host.decision((coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes), price)
 
 
 def _data_ptr(obj: Any) -> int | None:
@@ -236,7 +138,7 @@ class Communicator:
             self._transport = Transport(job=shared.job, uid=self.uid, rank=rank, cards=cards,
                                         secret=shared.secret, tos=shared.tos, listener=self._listener,
                                         shm_disabled=bool(config.get("SHM_DISABLE")), buffsize=buffsize())
-            self._host_model = self._load_host_model(str(config.get("TUNER_TOPO") or ""), cards)
+            self._host_model = self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards)
         except BaseException:
             self._teardown()
             raise
@@ -248,34 +150,34 @@ class Communicator:
                  rank, size, *self._listener.address, sorted(self._transport.shm_peers),
                  [p for p in range(size) if p != rank and p not in self._transport.shm_peers])
 
-    def _load_host_model(self, path: str, cards: Sequence[PeerCard]) -> Any:
-        """The calibrated host RINGFLOW_TUNER_TOPO names, where it covers this job (every rank on this host,
-        all over shared memory or all over TCP); None otherwise, with a log line saying why."""
+    def _load_host_model(self, path: str, cards: Sequence[PeerCard]) -> CostModel | None:
+        """The cost model RINGFLOW_TUNER_MODEL names, where it covers this job (every rank on this host, all
+        over shared memory or all over TCP); None otherwise, with a log line saying why."""
         if not path:
             return None
         others = [p for p in range(self.size) if p != self.rank]
         if len({c.host_id for c in cards}) > 1:
-            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: the job spans several hosts")
+            log.warning("ringflow: RINGFLOW_TUNER_MODEL ignored: the job spans several hosts")
             return None
         shm = [p for p in others if p in self._transport.shm_peers]
         if shm and len(shm) != len(others):
-            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: peers mix shared memory and TCP")
+            log.warning("ringflow: RINGFLOW_TUNER_MODEL ignored: peers mix shared memory and TCP")
             return None
-        from ..sim.tuning import load_host_model
-        model = load_host_model(path, "shm" if shm or not others else "tcp")
+        model = load_cost_model(path, "shm" if shm or not others else "tcp")
         if not model.supports(self.size):
-            log.warning("ringflow: RINGFLOW_TUNER_TOPO ignored: %s has fewer than %d endpoints", path, self.size)
+            log.warning("ringflow: RINGFLOW_TUNER_MODEL ignored: %s was not calibrated for %d ranks", path, self.size)
             return None
         return model
 
-    def tune_with(self, host: Any) -> None:
-        """Pick this communicator's algorithms on a calibrated host (`sim.tuning.HostModel`; None: the flat
-        tuner again). Every rank must call it with the same model before its next collective, as
-        RINGFLOW_TUNER_TOPO does at creation: ranks that chose differently fail the argument check."""
-        if host is not None and not host.supports(self.size):
-            raise InvalidArgument(f"the calibrated host has no {host.transport} curves for {self.size} ranks",
-                                  "calibrate with --nprocs >= the communicator's size")
-        self._host_model = host
+    def tune_with(self, model: CostModel | None) -> None:
+        """Pick this communicator's algorithms with a cost model (`algorithms.selection.CostModel`, e.g. a
+        `ringflow.hostmodel.HostCostModel`; None: the flat tuner again). Every rank must call it with the same
+        model before its next collective, as RINGFLOW_TUNER_MODEL does at creation: ranks that chose
+        differently fail the argument check."""
+        if model is not None and not model.supports(self.size):
+            raise InvalidArgument(f"the cost model was not calibrated for {self.size} ranks",
+                                  "calibrate with the communicator's size among --ranks")
+        self._host_model = model
         self._schedules.clear()
         self._calls.clear()
 
@@ -756,7 +658,7 @@ class Communicator:
         if hasattr(self, "_transport"):
             try:
                 self._transport.close()
-            except SystemError:
+            except RingflowSystemError:
                 pass
         for obj in ("_listener", "_watchdog"):
             o = getattr(self, obj, None)
@@ -796,7 +698,7 @@ def init(rank: int | None = None, world_size: int | None = None, store_addr: str
     elif info.rank == 0:
         try:
             server = StoreServer(host, port, sec)
-        except SystemError:
+        except RingflowSystemError:
             server = None  # somebody (the launcher, `ringflow store`) already serves it
     store = Store(host, port, sec, timeout=timeout_s)
     try:

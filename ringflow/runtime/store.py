@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Iterable
 
-from ..errors import InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
+from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
 
 log = logging.getLogger("ringflow.runtime")
@@ -87,7 +87,7 @@ class StoreServer:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
-            raise SystemError(f"store cannot listen on {host}:{port}: {exc}",
+            raise RingflowSystemError(f"store cannot listen on {host}:{port}: {exc}",
                               "pick another port or stop the process using it") from None
         self._sock.listen(512)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
@@ -115,7 +115,7 @@ class StoreServer:
             while not self._stop.is_set():
                 try:
                     code, args = _read_msg(conn, time.monotonic() + 86400.0 * 365, "store request")
-                except (RemoteError, SystemError, Timeout):
+                except (RemoteError, RingflowSystemError, Timeout):
                     return
                 status, out = self._handle(code, args)
                 conn.settimeout(30.0)
@@ -228,7 +228,7 @@ class Store:
             except (ConnectionRefusedError, socket.timeout, ConnectionResetError) as exc:
                 last = exc
             except OSError as exc:
-                if isinstance(exc, (SystemError, Timeout)):
+                if isinstance(exc, (RingflowSystemError, Timeout)):
                     raise
                 last = exc
             if time.monotonic() + delay > deadline:
@@ -240,13 +240,13 @@ class Store:
     def _call(self, code: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
         with self._lock:
             if self._sock is None:
-                raise SystemError("store client is closed", "create a new Store")
+                raise RingflowSystemError("store client is closed", "create a new Store")
             try:
                 self._sock.settimeout(30.0 + wait_s)
                 self._sock.sendall(encode(code, args))
                 status, out = _read_msg(self._sock, time.monotonic() + 30.0 + wait_s, "store reply")
             except (OSError, RemoteError) as exc:
-                raise SystemError(f"store {self.host}:{self.port} connection failed: {exc}",
+                raise RingflowSystemError(f"store {self.host}:{self.port} connection failed: {exc}",
                                   "the store process (rank 0 or `ringflow store`) exited") from None
         if status == ERR:
             raise ProtocolError(f"store error: {out[0].decode(errors='replace') if out else '?'}")

@@ -159,7 +159,7 @@ def lpt_busy(busy: np.ndarray, inv: np.ndarray, pair_busy: np.ndarray, on_pool: 
     return out
 
 
-_MODELS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_MODELS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
 def model_for(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:

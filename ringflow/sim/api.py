@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def itemsize_of(dtype: str) -> int:
         raise InvalidArgument(f"unknown dtype {dtype!r}", f"use one of {', '.join(ITEMSIZE)}") from None
 
 
-_EPS: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+_EPS: weakref.WeakKeyDictionary[Any, tuple] = weakref.WeakKeyDictionary()
 
 
 def endpoints_of(topo: Any) -> list[str]:
@@ -160,7 +161,7 @@ def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int
 def _timeline(tab: TransferTable, t0: np.ndarray, t1: np.ndarray, limit: int = 200_000) -> list:
     n = min(tab.ntransfers, limit)
     return list(zip(tab.step[:n].tolist(), tab.src[:n].tolist(), tab.dst[:n].tolist(), tab.chan[:n].tolist(),
-                    np.asarray(t0[:n], dtype=float).tolist(), np.asarray(t1[:n], dtype=float).tolist()))
+                    np.asarray(t0[:n], dtype=float).tolist(), np.asarray(t1[:n], dtype=float).tolist(), strict=True))
 
 
 # ------------------------------------------------------------------------------ collectives
@@ -197,7 +198,7 @@ def table_for(topo: Any, collective: Collective | str, nranks: int, algorithm: s
     return hit
 
 
-_TABLES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_TABLES: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
 def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: int, nchannels: int | None,

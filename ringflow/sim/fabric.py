@@ -8,8 +8,10 @@ with the share of the message each carries (see SimParams.routing_*).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +79,8 @@ def step_size_factor(params: SimParams, table: Any) -> np.ndarray:
         return np.exp(np.interp(np.log(x), lx, np.log(np.asarray(curve, dtype=np.float64))))
     smaller = (step_msg > 0) & (step_msg < msg_bytes)
     x = step_msg[smaller]
-    ratio = np.where(reduces[smaller], at(reducing, x) / at(reducing, msg_bytes), at(exchange, x) / at(exchange, msg_bytes))
+    ratio = np.where(reduces[smaller], at(reducing, x) / at(reducing, msg_bytes),
+                     at(exchange, x) / at(exchange, msg_bytes))
     out[smaller] = np.maximum(ratio, 1.0)
     return out
 
@@ -121,9 +124,10 @@ class Fabric:
             return
         transport = "tcp" if self.params.host_transport == "tcp" else "shm"
         rate = eprate.get(transport) or next(iter(eprate.values()))
-        caps, names = [], []
+        caps: list[float] = []
+        names: list[tuple[tuple[str, str], str]] = []
         self._ep_link = []
-        for r, e in enumerate(self.endpoints):
+        for e in self.endpoints:
             self._ep_link.append(self.nlinks + len(caps))
             caps.append(rate * 1e3)
             names.append(((e, e), "endpoint"))
@@ -263,7 +267,7 @@ class Fabric:
                 k = busy[table.lstep]
                 red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
             # the in-place rate is timed with every pair's receiver reducing: no busy slowdown on top
-            per += red + (inplace / (p.reduce_inplace_GBps * 1e3) if inplace.any() else 0.0)
+            per += red + (inplace / (p.reduce_inplace_GBps * 1e3) if inplace.any() and p.reduce_inplace_GBps else 0.0)
         fresh = table.lfresh if p.fresh_send_scope == "all" else table.lfresh_copied
         if fresh is not None and p.fresh_send_GBps:
             per += fresh / (p.fresh_send_GBps * 1e3)
@@ -312,7 +316,7 @@ class Fabric:
 
     def _link_ids(self, path: list[str]) -> np.ndarray:
         try:
-            return np.array([self.edge_index[(a, b)] for a, b in zip(path[:-1], path[1:])], dtype=np.int64)
+            return np.array([self.edge_index[(a, b)] for a, b in pairwise(path)], dtype=np.int64)
         except KeyError as exc:
             raise TopologyError(f"path {path} uses a missing edge {exc}", "check the topology's links") from None
 
@@ -384,7 +388,7 @@ class Fabric:
         return route
 
 
-_FABRICS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_FABRICS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
 def fabric_for(topo: Any, params: SimParams, endpoints: Sequence[str] | None = None) -> Fabric:

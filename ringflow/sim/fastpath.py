@@ -15,8 +15,8 @@ FASTPATH_MIN_TRANSFERS; smaller calls always flatten the real schedule.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ def hierarchical_allreduce_phases(nranks: int, groups: Sequence[Sequence[int]], 
         k = np.full(s.size, intra_msgs, dtype=np.int64)
         phases.append(Phase(s, d, z, f, k, True, m - 1))
     if H > 1:
-        orders = [[g[(l - 1) % m] for g in groups] for l in range(m)]
+        orders = [[g[(local - 1) % m] for g in groups] for local in range(m)]
         s, d = _ring_pairs(orders)
         z = np.zeros(s.size, dtype=np.int64)
         f = np.full(s.size, 1.0 / (m * H))

@@ -20,8 +20,8 @@ the number of distinct bottleneck levels (usually 1-3); the number of events is 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -35,7 +35,8 @@ modelled): the simulator refuses NVLS elsewhere with a clear error.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -105,8 +106,8 @@ def nvls_table(nranks: int, nchunks: int, collective: Collective = Collective.AL
                               "simulate at least 2 ranks")
     _require_collective(collective)
     n, C = nranks, nchunks
-    owner, peer = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")   # owner j of the shard, peer i
-    owner, peer = owner.ravel(), peer.ravel()
+    owner_grid, peer_grid = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")   # owner j of the shard, peer i
+    owner, peer = owner_grid.ravel(), peer_grid.ravel()
     reduces = collective != Collective.ALL_GATHER
     copies = collective != Collective.REDUCE_SCATTER
     nsteps = C + 1 if reduces and copies else C

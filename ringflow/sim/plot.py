@@ -1,7 +1,8 @@
 """busbw-versus-size plots (matplotlib imported lazily)."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def plot_busbw(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str, title: str = "") -> None:
@@ -37,10 +38,10 @@ def plot_references(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     ax.bar([x - 0.2 for x in xs], [r["reference_GBps"] for r in rows], width=0.4, label="published (NCCL)")
     bars = ax.bar([x + 0.2 for x in xs], [r["predicted_GBps"] for r in rows], width=0.4,
                   label="ringflow simulator (hatched: the figure a default was fitted to)")
-    for bar, r in zip(bars, rows):
+    for bar, r in zip(bars, rows, strict=True):
         if r.get("fitted"):
             bar.set_hatch("//")
-    for x, r in zip(xs, rows):
+    for x, r in zip(xs, rows, strict=True):
         ax.annotate(f"{r['error']:+.0%}", (x + 0.2, r["predicted_GBps"]), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(list(xs))
     ax.set_xticklabels([r["name"] for r in rows], rotation=35, ha="right", fontsize=8)

@@ -5,8 +5,9 @@ from (its error is small by construction); the others are independent checks.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _h800() -> Any:
     from ..topology import load_topology
     topo = load_topology("dgx-h100")
     per_dir = 8 * nvlink_gen(4).link_GBps
-    for u, v, d in topo.graph.edges(data=True):
+    for _u, _v, d in topo.graph.edges(data=True):
         if d.get("tier") == "nvlink":
             d["bw_GBps"], d["nlinks"] = per_dir, 8
     topo.invalidate()

@@ -41,7 +41,7 @@ class TransferTable:
     lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
     # float64 [W] the part of lreduce whose destination is also its local operand (in place); None: none known
     lreduce_inplace: np.ndarray | None = None
-    # float64 [W] bytes sent fresh (`executor.Xfer.fresh`: written earlier in the call, copied by the
+    # float64 [W] bytes sent fresh (`algorithms.plan.Xfer.fresh`: written earlier in the call, copied by the
     # receiver); None: none known
     lfresh: np.ndarray | None = None
     # float64 [W] the part of lfresh that a local copy of the rank wrote (an all-gather's own block); None: none
@@ -222,9 +222,9 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
 
 
 def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferTable:
-    """The table of what ringflow's runtime executes for one call (`runtime.executor.compile_plan`):
+    """The table of what ringflow's runtime executes for one call (`algorithms.plan.compile_plan`):
     in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
-    from ..runtime.executor import aliased, compile_plan
+    from ..algorithms.plan import aliased, compile_plan
 
     def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array
         return aliased(b1, inplace) == aliased(b2, inplace) and o1 == o2
@@ -278,7 +278,7 @@ class _Rows:
 
     def work(self, rank: int, step: int, kind: int, nbytes: int, inplace: bool = False) -> None:
         """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand), 3 bytes
-        sent fresh (written earlier in the call, copied by the receiver: `executor.Xfer.fresh`), 4 the part
+        sent fresh (written earlier in the call, copied by the receiver: `algorithms.plan.Xfer.fresh`), 4 the part
         of those a local copy of the rank wrote."""
         w = self.local.setdefault((rank, step), [0, 0, 0, 0, 0])
         w[kind] += nbytes

@@ -1,1 +1,1 @@
-"""Helpers for tests and validation runs that need real multi-host setups."""
+"""Helpers for tests and validation runs: network namespaces for multi-host setups, the in-rank self-test matrix."""

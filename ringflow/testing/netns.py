@@ -12,7 +12,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 
-from ..errors import SystemError as RfSystemError
+from ..errors import RingflowSystemError as RfSystemError
 
 SUBNET = "192.0.2"
 

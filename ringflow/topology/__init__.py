@@ -17,8 +17,16 @@ from .cluster import FABRICS, build_cluster
 from .graph import LinkType, NodeKind, Topology
 from .presets import PRESETS, build_preset, preset_names
 from .schema import SCHEMA, SCHEMA_VERSION
-from .search import (Ring, all_nvlink, double_binary_tree, find_rings, hierarchical_trees, parse_rings, ring_hop_types,
-                     tree_children)
+from .search import (
+    Ring,
+    all_nvlink,
+    double_binary_tree,
+    find_rings,
+    hierarchical_trees,
+    parse_rings,
+    ring_hop_types,
+    tree_children,
+)
 
 _CLUSTER_SPEC = re.compile(r"^(\d+)x([a-z0-9-]+(?::\d+)?)(?:@(rail|fat-tree))?$")
 

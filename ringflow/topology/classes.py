@@ -8,6 +8,7 @@ intermediate GPU), PIX, PXB, PHB (NODE folds into PHB), SYS, NET (another host).
 """
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from .graph import LinkType, NodeKind
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
 
 
-def nvlink_count(topo: "Topology", a: str, b: str) -> int:
+def nvlink_count(topo: Topology, a: str, b: str) -> int:
     """NVLinks between a and b: a direct link, or through NVSwitch nodes only (0 if none)."""
     g = topo.graph
     if g.has_edge(a, b) and g.edges[a, b]["type"] == LinkType.NVLINK:
@@ -41,7 +42,7 @@ def nvlink_count(topo: "Topology", a: str, b: str) -> int:
     return int(min(sum(sa.values()), sum(sb.values())))
 
 
-def _pcie_class(topo: "Topology", a: str, b: str) -> str:
+def _pcie_class(topo: Topology, a: str, b: str) -> str:
     """PIX/PXB/PHB/NODE/SYS from the non-NVLink path between a and b inside one host."""
     g = topo.graph
     router = topo.router
@@ -50,7 +51,7 @@ def _pcie_class(topo: "Topology", a: str, b: str) -> str:
                        or d["type"] not in (LinkType.NVLINK, LinkType.IB, LinkType.ETHERNET))
     if p is None:
         return "SYS"
-    edges = list(zip(p[:-1], p[1:]))
+    edges = list(pairwise(p))
     if any(g.edges[e]["type"] == LinkType.QPI for e in edges):
         return "SYS"
     transit = p[1:-1]
@@ -66,7 +67,7 @@ def _pcie_class(topo: "Topology", a: str, b: str) -> str:
     return "PIX" if nsw <= 1 else "PXB"
 
 
-def smi_class(topo: "Topology", a: str, b: str) -> str:
+def smi_class(topo: Topology, a: str, b: str) -> str:
     """nvidia-smi class of the connection a <-> b (NET when on different hosts)."""
     if a == b:
         return "X"
@@ -78,7 +79,7 @@ def smi_class(topo: "Topology", a: str, b: str) -> str:
     return _pcie_class(topo, a, b)
 
 
-def nccl_class(topo: "Topology", a: str, b: str) -> str:
+def nccl_class(topo: Topology, a: str, b: str) -> str:
     """NCCL path type of a -> b."""
     if a == b:
         return "LOC"

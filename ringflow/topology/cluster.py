@@ -44,7 +44,7 @@ def _replicate(template: Topology, topo: Topology, host: int) -> None:
                       bidirectional=False, **attrs)
 
 
-def build_cluster(preset: "str | Topology", nodes: int, fabric: str = "rail", nic_gbps: float | None = None,
+def build_cluster(preset: str | Topology, nodes: int, fabric: str = "rail", nic_gbps: float | None = None,
                   oversubscription: float = 1.0, tiers: int = 2, radix: int = 64) -> Topology:
     """`nodes` servers of `preset` on a rail-optimised or fat-tree fabric of `tiers` (2 or 3) switch tiers."""
     if fabric not in FABRICS:

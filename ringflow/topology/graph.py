@@ -16,6 +16,7 @@ widest PCIe/CPU path, and between hosts: GPU -> nearest NIC (same PCIe switch, s
 from __future__ import annotations
 
 from enum import Enum
+from itertools import pairwise
 from typing import Any
 
 import networkx as nx
@@ -215,7 +216,7 @@ class Topology:
     @staticmethod
     def path_edges(path: list[str]) -> list[tuple[str, str]]:
         """Consecutive (u, v) pairs of a path."""
-        return list(zip(path[:-1], path[1:]))
+        return list(pairwise(path))
 
     def bottleneck_GBps(self, a: str, b: str) -> float:
         """Minimum per-direction bandwidth along path(a, b) (inf when a == b)."""
@@ -243,7 +244,7 @@ class Topology:
         return topology_to_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Topology":
+    def from_dict(cls, d: dict) -> Topology:
         """Build from the schema; TopologyError names the bad field."""
         from .schema import topology_from_dict
         return topology_from_dict(d)
@@ -254,12 +255,12 @@ class Topology:
         save_topology(self, path)
 
     @classmethod
-    def load(cls, path: str) -> "Topology":
+    def load(cls, path: str) -> Topology:
         """Read a YAML/JSON topology file."""
         from .schema import load_topology_file
         return load_topology_file(path)
 
-    def copy(self) -> "Topology":
+    def copy(self) -> Topology:
         """A deep copy (graph, meta)."""
         return Topology.from_dict(self.to_dict())
 

@@ -9,12 +9,20 @@ Presets: dgx1-p100, dgx1-v100, dgx2, dgx-a100, dgx-h100, gb200-nvl72, pcie-8gpu,
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..errors import TopologyError
-from ..hardware import (HOST_LOOPBACK_GBPS_DEFAULT, HOST_SHM_GBPS_DEFAULT, LATENCY_US, NVLINK_C2C_GBPS_PER_DIR,
-                        NVSWITCH_GENERATIONS, nvlink_gen, pcie_GBps, socket_link)
+from ..hardware import (
+    HOST_LOOPBACK_GBPS_DEFAULT,
+    HOST_SHM_GBPS_DEFAULT,
+    LATENCY_US,
+    NVLINK_C2C_GBPS_PER_DIR,
+    NVSWITCH_GENERATIONS,
+    nvlink_gen,
+    pcie_GBps,
+    socket_link,
+)
 from .graph import LinkType, NodeKind, Topology
 
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from itertools import pairwise
+from typing import TYPE_CHECKING
 
 from ..errors import TopologyError
 from .graph import LinkType, NodeKind
@@ -41,7 +43,7 @@ _EPS = 1e-9
 class Router:
     """Routes on one Topology; built lazily by `Topology.router` and dropped on any change."""
 
-    def __init__(self, topo: "Topology") -> None:
+    def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self.g = topo.graph
         self._cache: dict[tuple[str, str], list[str]] = {}
@@ -275,7 +277,7 @@ class Router:
             p = self._intra(x, nic)
             if p is None:
                 continue
-            bw = min(self.g.edges[e]["bw_GBps"] for e in zip(p[:-1], p[1:]))
+            bw = min(self.g.edges[e]["bw_GBps"] for e in pairwise(p))
             scored.append(((len(p), -round(bw, 6)), nic))
         if not scored:
             self._near[x] = []

@@ -53,7 +53,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def topology_to_dict(topo: "Topology") -> dict:
+def topology_to_dict(topo: Topology) -> dict:
     """Serialise: nodes sorted by (host, kind, index); a link pair with equal figures is one bidirectional entry."""
     g = topo.graph
     nodes = []
@@ -108,7 +108,7 @@ def _int(v: Any, where: str, minimum: int | None = None) -> int:
     return v
 
 
-def topology_from_dict(d: Any, default_name: str = "custom") -> "Topology":
+def topology_from_dict(d: Any, default_name: str = "custom") -> Topology:
     """Validate and build a Topology; every error names the offending field."""
     from .graph import Topology
     if not isinstance(d, dict):
@@ -119,7 +119,8 @@ def topology_from_dict(d: Any, default_name: str = "custom") -> "Topology":
                             f"add 'schema: {SCHEMA}' at the top of the file")
     unknown = sorted(set(d) - {"schema", "version", "name", "meta", "nodes", "links"})
     if unknown:
-        raise TopologyError(f"unknown top-level key {unknown[0]!r}", "the keys are schema, version, name, meta, nodes, links")
+        raise TopologyError(f"unknown top-level key {unknown[0]!r}",
+                            "the keys are schema, version, name, meta, nodes, links")
     version = d.get("version")
     if version != SCHEMA_VERSION:
         raise TopologyError(f"version: {version!r} is not supported (this reader knows {SCHEMA_VERSION})",
@@ -182,7 +183,7 @@ def topology_from_dict(d: Any, default_name: str = "custom") -> "Topology":
     return topo
 
 
-def save_topology(topo: "Topology", path: str) -> None:
+def save_topology(topo: Topology, path: str) -> None:
     """Write YAML (.yaml/.yml) or JSON (.json)."""
     data = topology_to_dict(topo)
     ext = os.path.splitext(path)[1].lower()
@@ -198,7 +199,7 @@ def save_topology(topo: "Topology", path: str) -> None:
                                 "use .yaml, .yml or .json")
 
 
-def load_topology_file(path: str) -> "Topology":
+def load_topology_file(path: str) -> Topology:
     """Read and validate a YAML/JSON topology file."""
     ext = os.path.splitext(path)[1].lower()
     if not os.path.exists(path):

@@ -17,10 +17,10 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
-from ..algorithms._common import tree_children  # noqa: F401 - re-exported: one parent->children helper
 from .. import config
 from ..errors import TopologyError
 from .graph import LinkType, NodeKind
@@ -69,7 +69,8 @@ def parse_rings(text: str, n: int) -> list[tuple[int, ...]]:
             ranks.append(int(t))
         bad = [r for r in ranks if r >= n]
         if bad:
-            raise TopologyError(f"RINGFLOW_RINGS ring {i}: rank {bad[0]} does not exist (there are {n} ranks, 0..{n - 1})",
+            raise TopologyError(f"RINGFLOW_RINGS ring {i}: rank {bad[0]} does not exist "
+                                f"(there are {n} ranks, 0..{n - 1})",
                                 "use ranks 0..n-1 of this communicator")
         dup = sorted({r for r in ranks if ranks.count(r) > 1})
         missing = sorted(set(range(n)) - set(ranks))
@@ -107,6 +108,16 @@ def _btree(n: int, rank: int) -> tuple[int, int, int]:
     return up, down0, down1
 
 
+
+def tree_children(parent: Sequence[int]) -> list[list[int]]:
+    """Children lists from a parent array (parent[r] = -1 for the root)."""
+    kids: list[list[int]] = [[] for _ in parent]
+    for r, p in enumerate(parent):
+        if p >= 0:
+            kids[p].append(r)
+    return kids
+
+
 def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
     """Two binary trees over n ranks (parent per rank, -1 = root) whose leaves are the other's inner nodes.
 
@@ -127,7 +138,7 @@ def double_binary_tree(n: int) -> tuple[list[int], list[int]]:
     return t0, t1
 
 
-def hierarchical_trees(topo: "Topology", endpoints: list[str] | None = None) -> tuple[list[int], list[int]]:
+def hierarchical_trees(topo: Topology, endpoints: list[str] | None = None) -> tuple[list[int], list[int]]:
     """NCCL-style trees over several hosts: a chain inside each host (in the best ring's local order, so
     hops stay on NVLink) hanging from the host leader; leaders joined by the double binary tree over hosts.
 
@@ -154,7 +165,7 @@ def hierarchical_trees(topo: "Topology", endpoints: list[str] | None = None) -> 
 class _Hops:
     """Cached hop edges and capacities for a set of endpoints."""
 
-    def __init__(self, topo: "Topology", eps: list[str]) -> None:
+    def __init__(self, topo: Topology, eps: list[str]) -> None:
         self.topo = topo
         self.eps = eps
         self._edges: dict[tuple[int, int], tuple[Edge, ...]] = {}
@@ -181,7 +192,7 @@ class _Hops:
         e = self._edges.get(key)
         if e is None:
             p = self.topo.path(self.eps[i], self.eps[j])
-            e = tuple(zip(p[:-1], p[1:]))
+            e = tuple(itertools.pairwise(p))
             self._edges[key] = e
         return e
 
@@ -310,7 +321,7 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
 
 def _order_bw(order: list[int], closed: bool, hops: _Hops, cap: dict[Edge, float]) -> float:
     load: dict[Edge, int] = {}
-    pairs = list(zip(order[:-1], order[1:])) + ([(order[-1], order[0])] if closed else [])
+    pairs = list(itertools.pairwise(order)) + ([(order[-1], order[0])] if closed else [])
     for i, j in pairs:
         for e in hops.edges(i, j):
             load[e] = load.get(e, 0) + 1
@@ -318,7 +329,7 @@ def _order_bw(order: list[int], closed: bool, hops: _Hops, cap: dict[Edge, float
 
 
 # ----------------------------------------------------------------------------- public search
-def _capacities(topo: "Topology") -> dict[Edge, float]:
+def _capacities(topo: Topology) -> dict[Edge, float]:
     return {(u, v): d["bw_GBps"] for u, v, d in topo.graph.edges(data=True)}
 
 
@@ -333,12 +344,12 @@ def _single_host_ring(n: int, hops: _Hops, cap: dict[Edge, float],
     return _best_order(list(range(n)), 0, None, hops, cap, budget, tiebreak)
 
 
-def _host_fingerprint(topo: "Topology", eps: list[str], idx: list[int]) -> tuple:
+def _host_fingerprint(topo: Topology, eps: list[str], idx: list[int]) -> tuple:
     g = topo.graph
     return tuple((g.nodes[eps[i]]["index"], g.nodes[eps[i]].get("model")) for i in idx)
 
 
-def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
+def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
                      cap: dict[Edge, float]) -> tuple[list[int], float]:
     eps = hops.eps
     router = topo.router
@@ -363,7 +374,7 @@ def _multi_host_ring(topo: "Topology", groups: list[list[int]], hops: _Hops,
         # one rail instead of all crossing rails through the spines (what NCCL's rail-aligned rings do)
         for alternate in (False, True):
             ring: list[int] = []
-            for h, (g, fp) in enumerate(zip(groups, fps)):
+            for h, (g, fp) in enumerate(zip(groups, fps, strict=True)):
                 if fp == fps[0] and len(g) == len(first):
                     ring.extend(g[p] for p in (pos[::-1] if alternate and h % 2 else pos))
                 else:
@@ -403,7 +414,7 @@ def _entry_exit(group: list[int], want: set[int], eps: list[str], router: object
     return group[0], group[-1]
 
 
-def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: int | None = None) -> list[Ring]:
+def find_rings(topo: Topology, endpoints: list[str] | None = None, nchannels: int | None = None) -> list[Ring]:
     """Best-bottleneck ring(s) over `endpoints` (default: all); several channels that together use the bandwidth.
 
     RINGFLOW_RINGS (NCCL_RINGS syntax) overrides the search; its rings are validated and evaluated.
@@ -418,7 +429,8 @@ def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: 
         raise TopologyError("find_rings: an endpoint is listed twice", "pass each GPU once")
     for x in eps:
         if topo.kind(x) not in (NodeKind.GPU, NodeKind.PROC):
-            raise TopologyError(f"find_rings: {x!r} is a {topo.kind(x).value}, not a GPU/PROC", "pass GPU or PROC nodes")
+            raise TopologyError(f"find_rings: {x!r} is a {topo.kind(x).value}, not a GPU/PROC",
+                                "pass GPU or PROC nodes")
     if nchannels is not None and nchannels < 1:
         raise TopologyError(f"nchannels={nchannels} must be >= 1", "ask for at least one channel")
     hops = _Hops(topo, eps)
@@ -451,7 +463,7 @@ def find_rings(topo: "Topology", endpoints: list[str] | None = None, nchannels: 
 
 
 def _greedy_channels(groups: list[list[int]], hops: _Hops, cap: dict[Edge, float], max_ch: int,
-                     tiebreak: dict[int, int] | None, topo: "Topology") -> list[Ring]:
+                     tiebreak: dict[int, int] | None, topo: Topology) -> list[Ring]:
     """Best ring on the residual capacities, subtract, repeat (same link classes, >= half the first ring)."""
     n = len(hops.eps)
     found: list[Ring] = []
@@ -490,14 +502,14 @@ def _share(orders: list[tuple[int, ...]], hops: _Hops, cap: dict[Edge, float],
     return [Ring(tuple(o), per) for o in orders]
 
 
-def ring_hop_types(topo: "Topology", ring: Ring, endpoints: list[str] | None = None) -> list[str]:
+def ring_hop_types(topo: Topology, ring: Ring, endpoints: list[str] | None = None) -> list[str]:
     """Link types used by each hop of a ring ('nvlink', 'pcie+qpi', 'pcie+ib', ...)."""
     eps = topo.endpoints() if endpoints is None else endpoints
     out = []
     for i, j in ring.hops():
         p = topo.path(eps[i], eps[j])
         types = []
-        for e in zip(p[:-1], p[1:]):
+        for e in itertools.pairwise(p):
             t = topo.graph.edges[e]["type"].value
             if t not in types:
                 types.append(t)
@@ -505,12 +517,12 @@ def ring_hop_types(topo: "Topology", ring: Ring, endpoints: list[str] | None = N
     return out
 
 
-def all_nvlink(topo: "Topology", ring: Ring, endpoints: list[str] | None = None) -> bool:
+def all_nvlink(topo: Topology, ring: Ring, endpoints: list[str] | None = None) -> bool:
     """True when every hop of the ring travels only over NVLink."""
     return all(t == LinkType.NVLINK.value for t in ring_hop_types(topo, ring, endpoints))
 
 
-def brute_force_best_ring(topo: "Topology", endpoints: list[str] | None = None) -> float:
+def brute_force_best_ring(topo: Topology, endpoints: list[str] | None = None) -> float:
     """Exhaustive best single-ring bottleneck (for tests on <= 8 endpoints)."""
     eps = topo.endpoints() if endpoints is None else list(endpoints)
     hops = _Hops(topo, eps)

@@ -91,7 +91,7 @@ def parse_smi_text(text: str) -> SmiMatrix:
         if len(vals) < len(devices):
             raise TopologyError(f"row {row}: {len(vals)} cells for {len(devices)} columns: {ln.strip()!r}",
                                 "pass the complete matrix")
-        for col, v in zip(devices, vals):
+        for col, v in zip(devices, vals, strict=True):
             if not _CLASS_RE.match(v):
                 raise TopologyError(f"row {row}, column {col}: {v!r} is not an nvidia-smi class",
                                     "cells are X, NV#, PIX, PXB, PHB, NODE or SYS")
@@ -307,7 +307,7 @@ def render_smi(topo: Topology, host: int = 0, bandwidth: bool = False) -> str:
     names = [topo.label(d).split("/")[-1] for d in devs]
     w = max(6, max((len(n) for n in names), default=4) + 2)
     lines = [" " * w + "".join(n.ljust(w) for n in names) + "CPU Affinity    NUMA Affinity"]
-    for d, n in zip(devs, names):
+    for d, n in zip(devs, names, strict=True):
         cells = "".join(topo.path_class_smi(d, e).ljust(w) for e in devs)
         attrs = topo.graph.nodes[d]
         extra = ""
@@ -316,14 +316,15 @@ def render_smi(topo: Topology, host: int = 0, bandwidth: bool = False) -> str:
         lines.append(n.ljust(w) + cells + extra)
     lines += ["", "Legend:", "  X    = Self",
               "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
-              "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+              "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges "
+              "within a NUMA node",
               "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
               "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
               "  PIX  = Connection traversing at most a single PCIe bridge",
               "  NV#  = Connection traversing a bonded set of # NVLinks"]
     if nics:
         lines += ["", "NIC Legend:", ""]
-        lines += [f"  {n}: {topo.graph.nodes[d].get('name', n)}" for d, n in zip(nics, names[len(gpus):])]
+        lines += [f"  {n}: {topo.graph.nodes[d].get('name', n)}" for d, n in zip(nics, names[len(gpus):], strict=True)]
     return "\n".join(lines) + "\n"
 
 

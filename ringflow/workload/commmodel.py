@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from ..errors import InvalidArgument
 
@@ -123,9 +124,9 @@ class AlphaBetaModel:
         nvls = 0.0
         if not other and len(group) > 1:
             from ..sim.nvls import efficiency, nvls_switch
-            hit = nvls_switch(topo, list(group))
-            if hit is not None:
-                nvls = efficiency(params, hit[1])
+            switch = nvls_switch(topo, list(group))
+            if switch is not None:
+                nvls = efficiency(params, switch[1])
         gl = GroupLinks(len(group), len(count), max(count.values()), nv_GBps, nic_GBps, intra_hop, inter_hop, nvls)
         self._cache[key] = gl
         return gl

@@ -21,11 +21,15 @@ eff_max, d_half and n_half are fitted to Narayanan et al. 2021, Table 1 (Megatro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
 from .layout import Layout
 from .memory import activation_bytes_per_layer
 from .models import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..topology.graph import Topology
 
 
 @dataclass(frozen=True)
@@ -63,11 +67,10 @@ def gpu_spec(name: str) -> GpuSpec:
     raise InvalidArgument(f"unknown GPU model {name!r}", f"known: {', '.join(GPUS)}")
 
 
-def gpu_of_topology(topo: object) -> GpuSpec:
+def gpu_of_topology(topo: Topology) -> GpuSpec:
     """The GPU model of a topology's first endpoint (node attribute 'model')."""
-    graph = getattr(topo, "graph")
-    ep = topo.endpoints()[0]  # type: ignore[attr-defined]
-    model = graph.nodes[ep].get("model") or getattr(topo, "meta", {}).get("gpu") or getattr(topo, "name", "")
+    ep = topo.endpoints()[0]
+    model = topo.graph.nodes[ep].get("model") or getattr(topo, "meta", {}).get("gpu") or getattr(topo, "name", "")
     return gpu_spec(str(model))
 
 

@@ -76,7 +76,7 @@ class Layout:
         """Tokens in one global batch."""
         return self.global_batch * self.seq_len
 
-    def with_(self, **changes: Any) -> "Layout":
+    def with_(self, **changes: Any) -> Layout:
         """A copy with some fields changed."""
         return replace(self, **changes)
 

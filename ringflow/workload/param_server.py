@@ -24,8 +24,9 @@ Slow-worker distributions (``--straggler``): ``none``; ``lognormal:SIGMA`` (comp
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -11,8 +11,9 @@ Complexity: O(|TP| |PP| |mb| |ZeRO| |recompute| |v|) step-time evaluations, each
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, BudgetSpent, CommModel, DeadlineModel, default_comm_model

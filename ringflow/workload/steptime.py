@@ -31,7 +31,7 @@ from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
 from .layout import Layout, first_groups, group_endpoints, rank_groups, rank_of
-from .memory import MemoryBreakdown, OPTIMIZER_BYTES, memory_per_gpu, stage_params
+from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_params
 from .models import ModelSpec
 
 ACT_BYTES = 2  # bf16 activations on the wire
@@ -133,7 +133,8 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     # ---- expert parallel: dispatch + combine all-to-all per MoE layer, forward and backward
     t_ep = 0.0
     if model.is_moe and L.ep > 1:
-        a2a_bytes = L.micro_batch * s_local * model.top_k * model.hidden * ACT_BYTES / (L.tp if L.sequence_parallel else 1)
+        a2a_bytes = (L.micro_batch * s_local * model.top_k * model.hidden * ACT_BYTES
+                     / (L.tp if L.sequence_parallel else 1))
         t_ep = 4 * layers * comm.time_s("all_to_all", a2a_bytes, ep("ep"), topo) * f("ep")
     # ---- pipeline point-to-point, per micro-batch and virtual stage
     t_pp = 0.0

@@ -20,11 +20,12 @@ What a training step really sends (P parameters of 2-byte gradients, t tokens pe
 
 Plus the GPU-storage class of the seed: data loading (tokens x token bytes, once per epoch) and checkpoints
 (weights + fp32 master + Adam moments, 14 B/parameter, every `checkpoint_every` steps).
-"""
+"""  # noqa: E501 - a markdown table's rows cannot wrap
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InvalidArgument
 from .layout import Layout, group_endpoints, rank_groups

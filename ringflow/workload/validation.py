@@ -94,8 +94,8 @@ _CLUSTERS: dict[tuple, Any] = {}
 
 def predict_table1(comm: Any = None, eff: Any = None) -> list[dict[str, Any]]:
     """Predicted vs published TFLOP/s per GPU for every row of Table 1."""
-    from .steptime import step_time
     from .compute import gpu_spec
+    from .steptime import step_time
     out = []
     a100 = gpu_spec("A100")
     for row in TABLE1:

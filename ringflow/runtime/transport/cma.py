@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from ...errors import RemoteError, SystemError
+from ...errors import RemoteError, RingflowSystemError
 
 # Reduce path: read a chunk into a cache-resident buffer, then reduce it.  Each chunk costs a syscall
 # (pinning its pages) and a NumPy call, so a message far larger than the cache takes bigger chunks:
@@ -80,7 +80,7 @@ def _fail(pid: int, peer: int, err: int) -> Exception:
     if err in (-3, -14):  # ESRCH: the process is gone; EFAULT: its buffer is gone
         return RemoteError(f"rank {peer} (pid {pid}) exited or freed its buffer while this rank read it",
                            rank=peer, hint="check that rank's log; the communicator must be recreated")
-    return SystemError(f"single-copy read from rank {peer} (pid {pid}) failed: {os.strerror(-err)}",
+    return RingflowSystemError(f"single-copy read from rank {peer} (pid {pid}) failed: {os.strerror(-err)}",
                        "set RINGFLOW_CMA_DISABLE=1 to move data through shared-memory slots")
 
 

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from ... import config
-from ...errors import SystemError
+from ...errors import RingflowSystemError
 from . import doorbell
 from .shm import Regions, ShmIn, ShmOut, segment_name
 from .tcp import Listener, TcpIn, TcpOut, dial
@@ -138,7 +138,7 @@ class Transport:
         self._created.clear()
         self.regions.close()
         if errors:
-            raise SystemError(f"closing connections: {errors[0]}")
+            raise RingflowSystemError(f"closing connections: {errors[0]}")
 
 
 def buffsize() -> int:

@@ -32,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-from ...errors import ProtocolError, SystemError
+from ...errors import ProtocolError, RingflowSystemError
 from .. import reaper
 from . import cma, doorbell
 from .base import Mismatch, Sink, XferOp
@@ -83,14 +83,14 @@ def _create(name: str, nbytes: int) -> mmap.mmap:
         os.unlink(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
-        raise SystemError(f"cannot create shared memory {path}: {exc}",
+        raise RingflowSystemError(f"cannot create shared memory {path}: {exc}",
                           "check /dev/shm space and permissions, or set RINGFLOW_SHM_DISABLE=1") from None
     try:
         os.ftruncate(fd, nbytes)
         return mmap.mmap(fd, nbytes)
     except OSError as exc:
         os.unlink(path)
-        raise SystemError(f"cannot size shared memory {path} to {nbytes} bytes: {exc}",
+        raise RingflowSystemError(f"cannot size shared memory {path} to {nbytes} bytes: {exc}",
                           "containers need a larger /dev/shm (docker --shm-size), or lower RINGFLOW_BUFFSIZE") from None
     finally:
         os.close(fd)
@@ -196,7 +196,7 @@ class ShmOut:
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
              copied: bool = True) -> "ShmSend":
         """Start sending one message; `lone`: the sender has nothing else to do until it is taken;
-        `copied`: the receiver copies it and the source is not freshly written (executor.Xfer.cold_copy)."""
+        `copied`: the receiver copies it and the source is not freshly written (algorithms.plan.Xfer.cold_copy)."""
         op = ShmSend(self, src_u8, kind, sig, op_seq, tag, lone and self.spare_core,
                      CMA_COPY_MIN_BYTES if copied else CMA_MIN_BYTES)
         op._post(self)
@@ -337,7 +337,7 @@ class ShmIn:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise SystemError(f"cannot open shared memory {path}: {exc}", "check /dev/shm permissions") from None
+            raise RingflowSystemError(f"cannot open shared memory {path}: {exc}", "check /dev/shm permissions") from None
         try:
             size = os.fstat(fd).st_size
             if size < DATA_OFF:

@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ... import config
-from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, SystemError, Timeout
+from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from .. import auth
 from . import frames
 from .base import Mismatch, Sink, XferOp
@@ -91,7 +91,7 @@ def select_interface(spec: str = "", available: list[tuple[str, str]] | None = N
     if lo:
         log.info("ringflow: no non-loopback interface; using %s", lo[0][0])
         return lo[0]
-    raise SystemError("no network interface with an IPv4 address", "bring one up or set RINGFLOW_SOCKET_IFNAME")
+    raise RingflowSystemError("no network interface with an IPv4 address", "bring one up or set RINGFLOW_SOCKET_IFNAME")
 
 
 AVAILABLE_CC_PATH = "/proc/sys/net/ipv4/tcp_available_congestion_control"
@@ -353,7 +353,7 @@ class TcpSend(XferOp):
             raise RemoteError(f"rank {self.peer} closed its connection while we were sending ({exc})",
                               rank=self.peer, hint="the peer died or aborted") from None
         except OSError as exc:
-            raise SystemError(f"sending to rank {self.peer} failed: {exc}", "check the network") from None
+            raise RingflowSystemError(f"sending to rank {self.peer} failed: {exc}", "check the network") from None
         return moved
 
 

@@ -1,0 +1,176 @@
+"""Which schedule the runtime runs for one call: the tuner's candidates, re-ranked, or priced by a cost model.
+
+The tuner (`tuner.choose`) prices candidates with a flat alpha-beta line that treats local copies
+and reductions as free. `flat_choice` re-prices its best candidates with the bytes each rank copies
+and reduces locally (they run on the same cores and memory as the transfers). A `CostModel` (for
+example the calibrated host model of `ringflow.hostmodel`) can price every candidate instead:
+`model_decision` then runs the one it predicts fastest, where it beats the flat choice by more than
+the model's own `margin` (its relative error: a smaller predicted gain is within what it cannot tell).
+Every rank computes the same answer from the same inputs, so ranks agree without talking.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from . import registry, tuner
+from .cost import DEFAULT_BETA_GBPS
+from .layout import CallShape
+from .plan import compile_plan
+from .schedule import Collective, OpKind, Schedule
+
+RERANK_TOP = 6  # the tuner's best candidates re-priced with their local copy cost
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the runtime needs of a model that prices its calls (e.g. `ringflow.hostmodel.HostCostModel`)."""
+
+    margin: float
+
+    def supports(self, nranks: int) -> bool:
+        """True if the model was calibrated for a job of `nranks` ranks."""
+        ...
+
+    def predict_us(self, schedule: Schedule, shape: CallShape, inplace: bool) -> float:
+        """Predicted time (us) of one runtime call of `schedule` with this shape."""
+        ...
+
+
+def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False) -> int:
+    """Max over ranks of the bytes a rank's local work touches outside the transfers: COPY and REDUCE ops
+    (a reduce counted 1.5x: 2 reads, 1 write) and the snapshot copies of sends whose source a receive of
+    the same step overwrites (in-place calls)."""
+    worst = 0
+    for r in range(schedule.nranks):
+        plan = compile_plan(schedule, shape, r, inplace)
+        tot = 0.0
+        for step in plan.steps:
+            for lo in step.locals:
+                tot += lo.n * shape.itemsize * (1.0 if lo.kind == OpKind.COPY else 1.5)
+            for x in step.xfers:
+                if x.snapshot:
+                    tot += x.nbytes
+        worst = max(worst, int(tot))
+    return worst
+
+
+def call_shape(coll: Collective, nranks: int, nbytes: int, dtype_size: int) -> CallShape:
+    """The shape of a call moving `nbytes` (per-rank collectives: `nbytes` over all ranks)."""
+    return CallShape(coll, nranks, tuner.count_for(coll, nbytes, nranks, dtype_size), dtype_size)
+
+
+def candidate_pool(choice: tuner.Choice, single_channel: bool) -> list[tuner.Candidate]:
+    """The tuner's candidates the runtime may run (below RINGFLOW_SINGLE_RING_THRESHOLD: one-channel ones)."""
+    pool = [c for c in choice.candidates if c.nchannels == 1] if single_channel else list(choice.candidates)
+    return pool or list(choice.candidates)
+
+
+def candidate_schedule(choice: tuner.Choice, cand: tuner.Candidate, coll: Collective, nranks: int,
+                       root: int | None) -> Schedule:
+    """The schedule of one tuner candidate (its segments and channels)."""
+    return registry.get_schedule(coll, cand.algorithm, nranks, root=root, nsegs=cand.nsegs,
+                                 nchannels=cand.nchannels, rings=choice.rings if cand.nchannels > 1 else None)
+
+
+def flat_choice(choice: tuner.Choice, coll: Collective, nranks: int, root: int | None, nbytes: int,
+                dtype_size: int, single_channel: bool = False, inplace: bool = False) -> Schedule:
+    """The cheapest of the tuner's RERANK_TOP best candidates once each is charged its local copies and
+    reductions at the shared-memory bandwidth the tuner assumes (`cost.DEFAULT_BETA_GBPS`)."""
+    cands = sorted(candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
+    shape = call_shape(coll, nranks, nbytes, dtype_size)
+    best: Schedule | None = None
+    best_t = float("inf")
+    for c in cands:
+        s = candidate_schedule(choice, c, coll, nranks, root)
+        t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9)
+        if t < best_t:
+            best, best_t = s, t
+    if best is None:
+        raise RuntimeError(f"the tuner offered no candidate for {coll.value} on {nranks} ranks")
+    return best
+
+
+@dataclass(frozen=True)
+class ModelDecision:
+    """One call's choice on a cost model: the flat choice and its price, every candidate with its price,
+    and the schedule that runs."""
+
+    flat: Schedule
+    flat_us: float
+    candidates: tuple[tuple[tuner.Candidate, Schedule, float], ...]
+    chosen: Schedule
+
+    @property
+    def chosen_us(self) -> float:
+        """The predicted time of the schedule that runs."""
+        if self.chosen is self.flat:
+            return self.flat_us
+        return next(t for _, s, t in self.candidates if s is self.chosen)
+
+
+def decide(flat: Schedule, pool: Sequence[tuner.Candidate], schedules: Sequence[Schedule], shape: CallShape,
+           inplace: bool, model: CostModel) -> ModelDecision:
+    """The candidate `model` prices fastest where it beats `flat` by more than `model.margin`, else `flat`
+    (ties: the earlier candidate, so every rank agrees)."""
+    t_flat = model.predict_us(flat, shape, inplace)
+    times = [model.predict_us(s, shape, inplace) for s in schedules]
+    chosen = flat
+    if times:
+        i = min(range(len(times)), key=lambda k: (times[k], k))
+        if t_flat > max(1.0, model.margin) * times[i]:
+            chosen = schedules[i]
+    return ModelDecision(flat, t_flat, tuple(zip(pool, schedules, times)), chosen)
+
+
+MAX_DECISIONS = 4096  # priced call shapes kept per cost model (each prices a dozen candidates)
+_DECISIONS: dict[int, tuple[CostModel, dict[tuple[object, ...], ModelDecision]]] = {}
+_DECISIONS_LOCK = threading.Lock()
+
+
+def _cached(model: CostModel, key: tuple[object, ...], make: Callable[[], ModelDecision]) -> ModelDecision:
+    """The decision for `key` on `model`, computed once (groups of a job sharing one model price a call once)."""
+    with _DECISIONS_LOCK:
+        entry = _DECISIONS.get(id(model))
+        if entry is None or entry[0] is not model:
+            entry = (model, {})
+            _DECISIONS[id(model)] = entry
+        hit = entry[1].get(key)
+    if hit is None:
+        hit = make()
+        with _DECISIONS_LOCK:
+            if len(entry[1]) >= MAX_DECISIONS:
+                entry[1].clear()
+            entry[1][key] = hit
+    return hit
+
+
+def model_decision(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
+                   single_ring_bytes: int, model: CostModel) -> ModelDecision:
+    """What the runtime decides for one call priced on `model`, with every price (cached per call)."""
+    choice = tuner.choose(coll, nbytes, nranks, dtype_size=dtype_size, root=root)
+
+    def price() -> ModelDecision:
+        single = nbytes < single_ring_bytes
+        flat = flat_choice(choice, coll, nranks, root, nbytes, dtype_size, single_channel=single, inplace=inplace)
+        pool = candidate_pool(choice, single)
+        scheds = [candidate_schedule(choice, c, coll, nranks, root) for c in pool]
+        return decide(flat, pool, scheds, call_shape(coll, nranks, nbytes, dtype_size), inplace, model)
+    return _cached(model, (coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes), price)
+
+
+def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
+                  single_ring_bytes: int, model: CostModel | None = None) -> Schedule:
+    """The schedule the runtime runs for one call: `flat_choice`, or with a cost `model` its `model_decision`."""
+    tc = Collective.ALL_TO_ALL if coll == Collective.ALL_TO_ALLV else coll
+    choice = tuner.choose(tc, nbytes, nranks, dtype_size=dtype_size, root=root)
+    if coll == Collective.ALL_TO_ALLV:
+        names = registry.algorithms_for(coll)
+        algo = choice.algorithm if choice.algorithm in names else names[0]
+        return registry.get_schedule(coll, algo, nranks, root=root)
+    if model is not None:
+        return model_decision(coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, model).chosen
+    return flat_choice(choice, coll, nranks, root, nbytes, dtype_size, single_channel=nbytes < single_ring_bytes,
+                       inplace=inplace)

@@ -1,0 +1,166 @@
+"""Fit a host cost model to calibration rows: weighted non-negative least squares, a 1-D search for core sharing.
+
+For a fixed `core_share` the model is linear in its other nine parameters once it is known which rank is
+the slowest in each step; the fit alternates between choosing those ranks under the current prices and
+solving the non-negative least squares problem (Lawson-Hanson active set) weighted by 1/measured time,
+so it minimises relative, not absolute, error. `core_share` is found by a golden-section search around
+that inner fit. The model's `margin` is 1 + the 90th percentile of its K-fold cross-validated relative
+error: a predicted gain smaller than that is within what the model cannot tell.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from .features import FEATURES, CacheSizes, CallFeatures
+from .model import HostCostModel, HostParams, sharing_factor
+
+MAX_SHARE = 4.0          # core_share search interval [0, MAX_SHARE]
+CV_FOLDS = 5
+MARGIN_QUANTILE = 0.9
+_INIT_THETA = np.array([5.0, 1.0, 0.5, 150.0, 150.0, 200.0, 50.0, 50.0])  # starting prices (FEATURES order)
+assert len(_INIT_THETA) == len(FEATURES)
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 0) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    m, n = a.shape
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 10 * np.finfo(float).eps * max(1.0, np.abs(a).max(initial=0.0)) * max(m, n)
+    for _ in range(max_iter or 3 * n + 10):
+        if passive.all() or w[~passive].max(initial=-np.inf) <= tol:
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One calibration measurement: a call's features and its measured time."""
+
+    feats: CallFeatures
+    time_us: float
+
+
+def _design(samples: Sequence[Sample], theta: np.ndarray, cores: int, share: float) -> np.ndarray:
+    rows = []
+    for s in samples:
+        f = sharing_factor(s.feats.nranks, cores, share)
+        rows.append(np.concatenate(([1.0], s.feats.critical(theta))) * f / s.time_us)
+    return np.array(rows)
+
+
+def fit_linear(samples: Sequence[Sample], cores: int, share: float, iters: int = 8) -> tuple[np.ndarray, float]:
+    """(call_us and per-feature prices, loss) for a fixed core_share: alternating slowest-rank choice and NNLS."""
+    theta = _INIT_THETA.copy()
+    b = np.ones(len(samples))
+    x = np.zeros(len(FEATURES) + 1)
+    for _ in range(iters):
+        a = _design(samples, theta, cores, share)
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        x_new = nnls(a / scale, b) / scale
+        done = np.allclose(x_new, x, rtol=1e-6, atol=1e-9)
+        x = x_new
+        theta = np.maximum(x[1:], 1e-9)   # a zero price still breaks ties towards the busier rank
+        if done:
+            break
+    a = _design(samples, x[1:], cores, share)
+    r = a @ x - b
+    return x, float(r @ r)
+
+
+def _golden(f, lo: float, hi: float, tol: float = 1e-3) -> float:
+    g = (np.sqrt(5) - 1) / 2
+    c, d = hi - g * (hi - lo), lo + g * (hi - lo)
+    fc, fd = f(c), f(d)
+    while hi - lo > tol:
+        if fc < fd:
+            hi, d, fd = d, c, fc
+            c = hi - g * (hi - lo)
+            fc = f(c)
+        else:
+            lo, c, fc = c, d, fd
+            d = lo + g * (hi - lo)
+            fd = f(d)
+    return (lo + hi) / 2
+
+
+def fit_params(samples: Sequence[Sample], cores: int) -> HostParams:
+    """The parameters minimising the squared relative error over `samples`."""
+    if len(samples) < len(FEATURES) + 2:
+        raise InvalidArgument(f"{len(samples)} calibration rows cannot determine {len(FEATURES) + 2} parameters",
+                              "calibrate more sizes, collectives or rank counts")
+    if any(s.time_us <= 0 for s in samples):
+        raise InvalidArgument("a calibration time is not positive", "re-measure: every time must be > 0")
+    oversub = any(s.feats.nranks > cores for s in samples)
+    if oversub:
+        grid = np.linspace(0.0, MAX_SHARE, 9)
+        losses = [fit_linear(samples, cores, g)[1] for g in grid]
+        k = int(np.argmin(losses))
+        lo, hi = grid[max(0, k - 1)], grid[min(len(grid) - 1, k + 1)]
+        share = _golden(lambda s: fit_linear(samples, cores, s)[1], lo, hi)
+    else:
+        share = 0.0
+    x, _ = fit_linear(samples, cores, share)
+    names = HostParams.linear_names()
+    return HostParams(**{n: float(v) for n, v in zip(names, x)}, core_share=float(share))
+
+
+def relative_errors(model: HostCostModel, samples: Sequence[Sample]) -> np.ndarray:
+    """(predicted - measured) / measured per sample."""
+    return np.array([(model.predict_features_us(s.feats) - s.time_us) / s.time_us for s in samples])
+
+
+def cross_validated_errors(samples: Sequence[Sample], cores: int, folds: int = CV_FOLDS,
+                           share: float | None = None) -> np.ndarray:
+    """Out-of-fold relative errors: each sample predicted by a model fitted without its fold (fixed `share`
+    if given, else searched per fold)."""
+    n = len(samples)
+    order = np.random.default_rng(0).permutation(n)
+    errs = np.zeros(n)
+    for k in range(folds):
+        test = order[k::folds]
+        mask = np.ones(n, dtype=bool)
+        mask[test] = False
+        train = [samples[i] for i in np.flatnonzero(mask)]
+        if share is None:
+            p = fit_params(train, cores)
+        else:
+            x, _ = fit_linear(train, cores, share)
+            p = HostParams(**{nm: float(v) for nm, v in zip(HostParams.linear_names(), x)}, core_share=share)
+        m = HostCostModel("shm", p, cores, (2,), CacheSizes(1, 1))
+        errs[test] = relative_errors(m, [samples[i] for i in test])
+    return errs
+
+
+def fit_model(samples: Sequence[Sample], transport: str, cores: int, caches: CacheSizes,
+              calibrated_ranks: Sequence[int]) -> HostCostModel:
+    """A fitted model with its margin from cross-validation and its fit statistics."""
+    params = fit_params(samples, cores)
+    model = HostCostModel(transport, params, cores, tuple(calibrated_ranks), caches)
+    ins = np.abs(relative_errors(model, samples))
+    cv = np.abs(cross_validated_errors(samples, cores, share=params.core_share))
+    model.margin = float(1.0 + np.quantile(cv, MARGIN_QUANTILE))
+    model.fit_stats = {"rows": len(samples), "in_sample_median": float(np.median(ins)),
+                       "in_sample_p90": float(np.quantile(ins, 0.9)), "cv_median": float(np.median(cv)),
+                       "cv_p90": float(np.quantile(cv, 0.9)), "cv_folds": CV_FOLDS}
+    return model
