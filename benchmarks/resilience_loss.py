@@ -1,4 +1,4 @@
-"""The seed's "zero packet loss" requirement, quantified: all-reduce between two emulated hosts
+"""Why training fabrics are built lossless, quantified: all-reduce between two emulated hosts
 (network namespaces, one rank each, TCP between them) with 0% and 1% random packet loss.
 
     python benchmarks/resilience_loss.py --sizes 4KiB,64KiB,1MiB,16MiB,64MiB --json out.json

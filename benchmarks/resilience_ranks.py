@@ -157,7 +157,7 @@ def scenario_mismatch(a: argparse.Namespace) -> dict[str, Any]:
         add(f"broadcast root 0 vs 1 ({count} elements)", np.empty(count, np.float32),
             lambda b: comm.broadcast(b, root=1 if odd else 0))
     out = np.full((8 + int(odd)) * n, -1, np.float32)  # each rank's call is locally consistent
-    add("all_gather count 8 vs 9", np.empty(8 + int(odd), np.float32), lambda b: comm.all_gather(b, out))
+    add("all_gather count 8 vs 9", np.empty(8 + int(odd), np.float32), lambda b: comm.all_gather(b, out=out))
     res: dict[str, Any] = {"rank": r, "cases": []}
     for name, fn, buf in cases:
         before = buf.copy()
@@ -385,7 +385,7 @@ def _mixed_ops(comm: Any) -> list[Callable[[], bool]]:
         return bool(np.array_equal(buf, xs[0]))
 
     def all_gather() -> bool:
-        comm.all_gather(mine[:c], gat)
+        comm.all_gather(mine[:c], out=gat)
         return bool(np.array_equal(gat, cat))
 
     def reduce_scatter() -> bool:
@@ -393,7 +393,7 @@ def _mixed_ops(comm: Any) -> list[Callable[[], bool]]:
         return bool(np.array_equal(part, red[r * c:(r + 1) * c]))
 
     def all_to_all() -> bool:
-        comm.all_to_all(mine, buf)
+        comm.all_to_all(mine, out=buf)
         return bool(np.array_equal(buf, a2a_want))
 
     def reduce() -> bool:

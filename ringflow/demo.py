@@ -7,13 +7,13 @@ import sys
 import time
 
 STEPS: list[tuple[str, list[str]]] = [
-    ("Hardware arithmetic: PCIe Gen3 x16 as the seed computes it",
+    ("Hardware arithmetic: PCIe Gen3 x16 from the PCI-SIG rate and encoding",
      ["hw", "pcie", "--gen", "3", "--lanes", "16"]),
     ("DGX-1 V100 hybrid cube-mesh, as nvidia-smi topo -m prints it",
      ["topo", "show", "dgx1-v100"]),
     ("NVLink rings found on it (every hop NVLink; several channels use all links)",
      ["topo", "rings", "dgx1-v100"]),
-    ("The seed's ring all-reduce as a schedule (scatter-reduce then all-gather)",
+    ("The ring all-reduce as a schedule (scatter-reduce then all-gather)",
      ["algo", "show", "all_reduce", "ring", "-n", "4"]),
     ("The verifier proves every algorithm of every collective on 7 ranks",
      ["algo", "verify", "all", "all", "-n", "7"]),
@@ -26,7 +26,7 @@ STEPS: list[tuple[str, list[str]]] = [
       "--min", "1MiB", "--max", "1GiB", "--factor", "4"]),
     ("The simulator against published NCCL results: DGX H100 ring and NVLink SHARP, A100, H800, B300, InfiniBand",
      ["validate", "--gpu"]),
-    ("Seed 004's per-epoch traffic of Llama-3-70B next to what ringflow's algorithms move",
+    ("Closed-form per-epoch traffic of Llama-3-70B next to what ringflow's algorithms move",
      ["traffic", "--model", "llama3-70b", "--tokens", "156e9", "--batch", "2048", "--gpus", "8",
       "--formula", "both", "--tp", "8", "--pp", "8", "--dp", "16"]),
     ("Step time of Llama-3-70B on 1,024 H100s (8 TP x 8 PP x 16 DP)",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import InvalidArgument
 from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule, ScheduleBuilder
@@ -76,7 +77,7 @@ def resolve_rings(rings: Sequence[Sequence[int]] | None, nranks: int, nchannels:
     return tuple(rs[c % len(rs)] for c in range(nchannels))
 
 
-def single_rank_copy(c: Collective, nsegs: int, name: str, **params: object) -> Schedule:
+def single_rank_copy(c: Collective, nsegs: int, name: str, **params: Any) -> Schedule:
     """The schedule of any algorithm on one rank: OUT := IN."""
     lay = std_layouts(c, 1, 1, nsegs)
     b = new_builder(c, 1, name, lay, 0 if c.has_root else None, nsegs=nsegs, **params)

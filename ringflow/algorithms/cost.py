@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # beta is the host-cpu preset's shared-memory link figure (ringflow.hardware.latency, where its
 # source is cited: one DDR4-3200 channel, UNCALIBRATED); alpha = 10 us per step is an UNCALIBRATED
 # assumption for a cross-process wake-up plus the Python/numpy call overhead of one step.
-# `ringflow sim calibrate` measures both on the machine (host-cpu topology).
+# `ringflow calibrate` measures this machine's figures (its host model, docs/hostmodel.md).
 DEFAULT_ALPHA_US = 10.0
 DEFAULT_BETA_GBPS = HOST_SHM_GBPS_DEFAULT
 # With a topology the link latencies come from its links; this is the per-step software
@@ -83,7 +83,7 @@ class Cost:
         """nbytes / time (nccl-tests' algorithm bandwidth)."""
         return self.nbytes / self.time_s / 1e9 if self.time_s > 0 else float("inf")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without per-rank vectors)."""
         return {"collective": self.collective, "algorithm": self.algorithm, "nranks": self.nranks,
                 "nbytes": self.nbytes, "time_s": self.time_s, "time_us": self.time_s * 1e6, "steps": self.steps,
@@ -114,7 +114,7 @@ def _traffic(schedule: Schedule, shape: CallShape) -> Traffic:
     pairs: dict[tuple[int, int], int] = {}
     per_step: list[tuple[tuple[int, int, int], ...]] = []
     isz = shape.itemsize
-    bcache: dict[tuple, tuple[tuple[int, int], ...]] = {}
+    bcache: dict[tuple[Buffer, int], tuple[tuple[int, int], ...]] = {}
     for step in range(schedule.nsteps):
         agg: dict[tuple[int, int], int] = {}   # messages of one step merged per (src, dst)
         for r, prog in enumerate(schedule.programs):
@@ -207,7 +207,8 @@ def schedule_cost(schedule: Schedule, shape: CallShape, topo: Topology | None = 
                                 "use a larger topology (e.g. build_cluster) or fewer ranks")
         routes = _routes(topo, list(eps[:n]))
         alpha_s = (DEFAULT_TOPO_ALPHA_US if alpha_us is None else alpha_us) * 1e-6
-        memo: dict[tuple, float] = {}  # lock-step phases repeat the same traffic pattern step after step
+        # lock-step phases repeat the same traffic pattern step after step
+        memo: dict[tuple[tuple[int, int, int], ...], float] = {}
         times = tuple(memo[m] if m in memo else memo.setdefault(m, _step_time_topo(m, routes, alpha_s))
                       for m in tr.per_step)
     from .registry import collective_bytes

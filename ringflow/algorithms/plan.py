@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import InvalidArgument
 from .layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
-from .schedule import Buffer, OpKind, Schedule, is_self_checking
+from .schedule import Buffer, ChunkRef, Op, OpKind, Schedule, is_self_checking
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Plan:
     max_xfer_bytes: int = 0
 
 
-_PLANS: dict[tuple, tuple[Schedule, "Plan"]] = {}
+_PLANS: dict[tuple[int, CallShape, int, bool], tuple[Schedule, Plan]] = {}
 _PLANS_MAX = 1024
 
 
@@ -87,63 +87,103 @@ def aliased(b: Buffer, inplace: bool) -> Buffer:
     return Buffer.OUT if (inplace and b == Buffer.IN) else b
 
 
-def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
-    """Flatten one rank's program into byte ranges for this call shape."""
-    isz = shape.itemsize
-    bounds = {b: chunk_bounds(shape, schedule, b, rank) for b in schedule.layouts}
+Ranges = list[tuple[Buffer, int, int]]   # (array, first element, end element)
 
-    def alias(b: Buffer) -> Buffer:
-        return aliased(b, inplace)
 
-    steps = []
-    peers = set()
-    written: list[tuple[Buffer, int, int]] = []   # (array, first, end element) this rank wrote so far
+def _ref(ref: ChunkRef | None, what: str) -> ChunkRef:
+    """The chunk reference an op of this kind must carry."""
+    if ref is None:
+        raise InvalidArgument(f"schedule op without its {what} chunk", "every send has a src, every receive a dst")
+    return ref
 
-    def overlaps(ranges: list[tuple[Buffer, int, int]], b: Buffer, o: int, n: int) -> bool:
-        return any(alias(b) == rb and o < hi and lo < o + n for rb, lo, hi in ranges)
 
-    for si, step in enumerate(schedule.steps(rank)):
-        xf, loc = [], []
-        recv_ranges = []
-        for op in step:
+def _peer(op: Op) -> int:
+    """The peer a transfer op must name."""
+    if op.peer is None:
+        raise InvalidArgument(f"schedule op {op} names no peer", "every send and receive has a peer")
+    return op.peer
+
+
+class _Compiler:
+    """Flattens one rank's program into byte ranges for one call shape (`compile_plan` caches the result)."""
+
+    def __init__(self, schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> None:
+        self.schedule, self.shape, self.rank, self.inplace = schedule, shape, rank, inplace
+        self.bounds = {b: chunk_bounds(shape, schedule, b, rank) for b in schedule.layouts}
+        self.peers: set[int] = set()
+        self.written: Ranges = []   # ranges this rank wrote so far in the call
+
+    def alias(self, b: Buffer) -> Buffer:
+        return aliased(b, self.inplace)
+
+    def elems(self, ref: ChunkRef) -> tuple[int, int]:
+        """(offset, count) in elements of a chunk reference of this rank."""
+        return ref_bounds(self.bounds[ref.buffer], ref.index, ref.span)
+
+    def overlaps(self, ranges: Ranges, b: Buffer, o: int, n: int) -> bool:
+        return any(self.alias(b) == rb and o < hi and lo < o + n for rb, lo, hi in ranges)
+
+    def send(self, op: Op, si: int, recv_ranges: Ranges) -> Xfer:
+        src, peer, isz = _ref(op.src, "src"), _peer(op), self.shape.itemsize
+        o, n = self.elems(src)
+        reduces = any(q.kind == OpKind.RECV_REDUCE and q.peer == self.rank and q.channel == op.channel
+                      for q in self.schedule.steps(peer)[si])
+        fresh = self.overlaps(self.written, src.buffer, o, n)
+        return Xfer(OpKind.SEND, peer, f"c{op.channel}", src.buffer, o * isz, n * isz,
+                    snapshot=self.overlaps(recv_ranges, src.buffer, o, n), cold_copy=not reduces and not fresh,
+                    fresh=fresh and not reduces)
+
+    def receive(self, op: Op) -> Xfer:
+        dst, peer, isz = _ref(op.dst, "dst"), _peer(op), self.shape.itemsize
+        o, n = self.elems(dst)
+        if op.kind == OpKind.RECV:
+            return Xfer(OpKind.RECV, peer, f"c{op.channel}", dst.buffer, o * isz, n * isz)
+        src = _ref(op.src, "src")
+        so, sn = self.elems(src)
+        if sn != n:
+            raise InvalidArgument(f"schedule {self.schedule.algorithm}: recv_reduce sizes differ ({sn} vs {n})")
+        return Xfer(OpKind.RECV_REDUCE, peer, f"c{op.channel}", dst.buffer, o * isz, n * isz, src.buffer, so * isz)
+
+    def local(self, op: Op) -> Local | None:
+        dst, src = _ref(op.dst, "dst"), _ref(op.src, "src")
+        (o, n), (so, sn) = self.elems(dst), self.elems(src)
+        if sn != n:
+            raise InvalidArgument(f"schedule {self.schedule.algorithm}: local op sizes differ ({sn} vs {n})")
+        if op.kind == OpKind.COPY and self.alias(dst.buffer) == self.alias(src.buffer) and o == so:
+            return None   # in place, a copy onto itself (e.g. the root's IN -> OUT of a broadcast)
+        return Local(op.kind, dst.buffer, o, n, src.buffer, so)
+
+    def step(self, si: int, ops: list[Op]) -> StepPlan:
+        recv_ranges: Ranges = []
+        for op in ops:
             if op.kind.is_recv:
-                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
-                recv_ranges.append((alias(op.dst.buffer), o, o + n))
-        for op in step:
+                o, n = self.elems(_ref(op.dst, "dst"))
+                recv_ranges.append((self.alias(_ref(op.dst, "dst").buffer), o, o + n))
+        xf: list[Xfer] = []
+        loc: list[Local] = []
+        for op in ops:
             if op.kind == OpKind.SEND:
-                o, n = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
-                b = op.src.buffer
-                snap = overlaps(recv_ranges, b, o, n)
-                reduces = any(q.kind == OpKind.RECV_REDUCE and q.peer == rank and q.channel == op.channel
-                              for q in schedule.steps(op.peer)[si])
-                fresh = overlaps(written, b, o, n)
-                xf.append(Xfer(OpKind.SEND, op.peer, f"c{op.channel}", b, o * isz, n * isz, snapshot=snap,
-                               cold_copy=not reduces and not fresh, fresh=fresh and not reduces))
-                peers.add(op.peer)
-            elif op.kind == OpKind.RECV:
-                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
-                xf.append(Xfer(OpKind.RECV, op.peer, f"c{op.channel}", op.dst.buffer, o * isz, n * isz))
-                peers.add(op.peer)
-            elif op.kind == OpKind.RECV_REDUCE:
-                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
-                so, sn = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
-                if sn != n:
-                    raise InvalidArgument(f"schedule {schedule.algorithm}: recv_reduce sizes differ ({sn} vs {n})")
-                xf.append(Xfer(OpKind.RECV_REDUCE, op.peer, f"c{op.channel}", op.dst.buffer, o * isz, n * isz,
-                               op.src.buffer, so * isz))
-                peers.add(op.peer)
+                xf.append(self.send(op, si, recv_ranges))
+            elif op.kind in (OpKind.RECV, OpKind.RECV_REDUCE):
+                xf.append(self.receive(op))
             else:
-                o, n = ref_bounds(bounds[op.dst.buffer], op.dst.index, op.dst.span)
-                so, sn = ref_bounds(bounds[op.src.buffer], op.src.index, op.src.span)
-                if sn != n:
-                    raise InvalidArgument(f"schedule {schedule.algorithm}: local op sizes differ ({sn} vs {n})")
-                if op.kind == OpKind.COPY and alias(op.dst.buffer) == alias(op.src.buffer) and o == so:
-                    continue   # in place, a copy onto itself (e.g. the root's IN -> OUT of a broadcast)
-                loc.append(Local(op.kind, op.dst.buffer, o, n, op.src.buffer, so))
-        written += recv_ranges + [(alias(lo.dst), lo.dst_off, lo.dst_off + lo.n) for lo in loc]
+                lo = self.local(op)
+                if lo is not None:
+                    loc.append(lo)
+        self.peers.update(x.peer for x in xf)
+        self.written += recv_ranges + [(self.alias(lo.dst), lo.dst_off, lo.dst_off + lo.n) for lo in loc]
         if len(xf) == 1 and xf[0].kind == OpKind.SEND:
             xf[0] = replace(xf[0], lone=True)
-        steps.append(StepPlan(tuple(xf), tuple(loc)))
-    scratch = buffer_elements(shape, schedule, Buffer.SCRATCH, rank) if Buffer.SCRATCH in schedule.layouts else 0
-    biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
-    return Plan(tuple(steps), scratch, is_self_checking(schedule), tuple(sorted(peers)), biggest)
+        return StepPlan(tuple(xf), tuple(loc))
+
+    def plan(self) -> Plan:
+        steps = [self.step(si, list(ops)) for si, ops in enumerate(self.schedule.steps(self.rank))]
+        sch = self.schedule
+        scratch = buffer_elements(self.shape, sch, Buffer.SCRATCH, self.rank) if Buffer.SCRATCH in sch.layouts else 0
+        biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
+        return Plan(tuple(steps), scratch, is_self_checking(sch), tuple(sorted(self.peers)), biggest)
+
+
+def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
+    """Flatten one rank's program into byte ranges for this call shape."""
+    return _Compiler(schedule, shape, rank, inplace).plan()

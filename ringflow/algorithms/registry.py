@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from typing import Any
 
 from .. import config
 from ..errors import InvalidArgument, UnknownAlgorithm
@@ -324,7 +325,7 @@ def get_schedule(collective: Collective | str, algorithm: str, nranks: int, *, r
 def _build_cached(c: Collective, name: str, nranks: int, root: int | None, nsegs: int, nchannels: int,
                   rings: tuple[tuple[int, ...], ...] | None, host_groups: tuple[tuple[int, ...], ...] | None,
                   peer: int | None) -> Schedule:
-    kw: dict = dict(root=root, nsegs=nsegs, nchannels=nchannels, rings=rings, host_groups=host_groups)
+    kw: dict[str, Any] = dict(root=root, nsegs=nsegs, nchannels=nchannels, rings=rings, host_groups=host_groups)
     if peer is not None:
         kw["peer"] = peer
     return ALGORITHMS[name].builder(c, nranks, **kw)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._common import blk, need_root, new_builder, resolve_rings, seg, std_layouts
-from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
+from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule, ScheduleBuilder
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -32,7 +32,7 @@ def seed_allreduce_blocks(n: int, i: int, j: int, phase: str) -> tuple[int, int]
     return (j - i + 1) % n, (j - i) % n
 
 
-def _group_refs(lay, buf: Buffer, first_block: int, nsegs: int, span_blocks: int) -> list:
+def _group_refs(lay: BufferLayout, buf: Buffer, first_block: int, nsegs: int, span_blocks: int) -> list[ChunkRef]:
     if span_blocks == 1:
         return [seg(buf, lay, first_block, s) for s in range(nsegs)]
     return [blk(buf, lay, first_block, span_blocks)]

@@ -122,11 +122,11 @@ class ChunkRef:
         rng = f"{self.index}" if self.span == 1 else f"{self.index}:{self.index + self.span}"
         return f"{self.buffer.value}[{rng}]"
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[str | int]:
         return [self.buffer.value, self.index, self.span]
 
     @classmethod
-    def from_json(cls, data: list) -> ChunkRef:
+    def from_json(cls, data: list[Any]) -> ChunkRef:
         return cls(Buffer(data[0]), int(data[1]), int(data[2]))
 
 
@@ -159,7 +159,7 @@ class Op:
             return f"copy {self.dst}={self.src}"
         return f"reduce {self.dst}+={self.src}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"kind": self.kind.value}
         if self.src is not None:
             d["src"] = self.src.to_json()
@@ -172,7 +172,7 @@ class Op:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> Op:
+    def from_json(cls, d: dict[str, Any]) -> Op:
         return cls(OpKind(d["kind"]),
                    ChunkRef.from_json(d["src"]) if "src" in d else None,
                    ChunkRef.from_json(d["dst"]) if "dst" in d else None,
@@ -207,7 +207,7 @@ class BufferLayout:
         """The chunk index of (copy, block, segment)."""
         return (copy * self.blocks_per_copy + block) * self.nsegs + seg
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"nblocks": self.nblocks, "nsegs": self.nsegs}
         if self.like is not None:
             d["like"] = self.like.value
@@ -217,7 +217,7 @@ class BufferLayout:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> BufferLayout:
+    def from_json(cls, d: dict[str, Any]) -> BufferLayout:
         return cls(int(d["nblocks"]), int(d.get("nsegs", 1)),
                    Buffer(d["like"]) if d.get("like") else None, int(d.get("copies", 1)),
                    bool(d.get("own_block", False)))
@@ -270,7 +270,7 @@ class Schedule:
                     lines.append(f"  r{r}: " + "; ".join(str(o) for o in ops))
         return "\n".join(lines)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (schema version SCHEMA_VERSION)."""
         return {
             "schema": "ringflow.schedule", "version": SCHEMA_VERSION,
@@ -285,19 +285,18 @@ class Schedule:
         return json.dumps(self.to_json())
 
     @classmethod
-    def from_json(cls, data: dict | str) -> Schedule:
+    def from_json(cls, data: dict[str, Any] | str) -> Schedule:
         """Rebuild a schedule from `to_json` output; checks the schema version."""
-        if isinstance(data, str):
-            data = json.loads(data)
-        if data.get("schema") != "ringflow.schedule" or data.get("version") != SCHEMA_VERSION:
+        d: dict[str, Any] = json.loads(data) if isinstance(data, str) else data
+        if d.get("schema") != "ringflow.schedule" or d.get("version") != SCHEMA_VERSION:
             raise InvalidArgument(f"not a ringflow schedule of version {SCHEMA_VERSION}: "
-                                  f"schema={data.get('schema')!r} version={data.get('version')!r}",
+                                  f"schema={d.get('schema')!r} version={d.get('version')!r}",
                                   "write it with Schedule.to_json() of this ringflow version")
-        return cls(Collective(data["collective"]), data["algorithm"], int(data["nranks"]),
-                   {Buffer(b): BufferLayout.from_json(lay) for b, lay in data["layouts"].items()},
+        return cls(Collective(d["collective"]), d["algorithm"], int(d["nranks"]),
+                   {Buffer(b): BufferLayout.from_json(lay) for b, lay in d["layouts"].items()},
                    tuple(tuple(tuple(Op.from_json(o) for o in step) for step in prog)
-                         for prog in data["programs"]),
-                   data.get("root"), int(data.get("nchannels", 1)), dict(data.get("params", {})))
+                         for prog in d["programs"]),
+                   d.get("root"), int(d.get("nchannels", 1)), dict(d.get("params", {})))
 
 
 class ScheduleBuilder:

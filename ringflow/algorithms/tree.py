@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ..topology.search import tree_children
 from ._common import blk, ceil_log2, need_root, new_builder, seg, std_layouts, wrapped
-from .schedule import Buffer, Collective, Schedule, ScheduleBuilder
+from .schedule import Buffer, BufferLayout, Collective, Schedule, ScheduleBuilder
 
 IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
 
@@ -159,61 +159,87 @@ def build_binomial(collective: Collective | str, nranks: int, *, root: int | Non
     c = Collective.parse(collective)
     n = nranks
     root = 0 if c == Collective.ALL_REDUCE else need_root(root, n)
-    K = ceil_log2(n)
     if c in (Collective.GATHER, Collective.SCATTER):
         like = OUT if c == Collective.GATHER else IN
         lay = std_layouts(c, n, 1, nsegs, scratch=(like, 1) if n > 2 else None)
     else:
         lay = std_layouts(c, n, 1, nsegs)
     b = new_builder(c, n, "binomial", lay, root if c != Collective.ALL_REDUCE else None, 1, nsegs=nsegs)
-    li, lo = lay[IN], lay[OUT]
-    absr = lambda v: (root + v) % n  # noqa: E731
-
     if c in (Collective.REDUCE, Collective.ALL_REDUCE, Collective.BROADCAST):
-        whole_in, whole_out = blk(IN, li, 0), blk(OUT, lo, 0)
-        step = 0
-        if c != Collective.BROADCAST:
-            received = set()
-            for k in range(K):
-                for v in range(n):
-                    if v % (2 << k) == (1 << k):
-                        dst = absr(v - (1 << k))
-                        src = whole_in if v not in received else whole_out
-                        b.transfer(step, absr(v), dst, src, whole_out, reduce=True,
-                                   local=whole_out if (v - (1 << k)) in received else whole_in)
-                        received.add(v - (1 << k))
-                step += 1
-            if n == 1:
-                b.copy(root, 0, whole_out, whole_in)
-        if c == Collective.BROADCAST:
-            b.copy(root, 0, whole_out, whole_in)
-        if c != Collective.REDUCE:
-            for k in reversed(range(K)):
-                for v in range(0, n, 2 << k):
-                    if v + (1 << k) < n:
-                        src = whole_in if (v == 0 and c == Collective.BROADCAST) else whole_out
-                        b.transfer(step, absr(v), absr(v + (1 << k)), src, whole_out)
-                step += 1
-        return b.build()
+        _binomial_reduce_broadcast(b, c, lay, n, root)
+    elif c == Collective.GATHER:
+        _binomial_gather(b, lay, n, root)
+    else:
+        _binomial_scatter(b, lay, n, root)
+    return b.build()
 
-    if c == Collective.GATHER:
-        b.copy(root, 0, blk(OUT, lo, root), blk(IN, li, 0))
-        for v in range(1, n):
-            low = v & -v
-            if low > 1 and n > 2:  # inner node: own block joins its subtree in scratch
-                b.copy(absr(v), 0, blk(SCR, lay[SCR], absr(v)), blk(IN, li, 0))
+
+def _binomial_reduce_broadcast(b: ScheduleBuilder, c: Collective, lay: dict[Buffer, BufferLayout], n: int,
+                               root: int) -> None:
+    """Reduce up the tree (reduce, all_reduce), then broadcast down it (broadcast, all_reduce)."""
+    K = ceil_log2(n)
+
+    def absr(v: int) -> int:
+        return (root + v) % n
+
+    whole_in, whole_out = blk(IN, lay[IN], 0), blk(OUT, lay[OUT], 0)
+    step = 0
+    if c != Collective.BROADCAST:
+        received = set()
         for k in range(K):
             for v in range(n):
                 if v % (2 << k) == (1 << k):
-                    p = v - (1 << k)
-                    length = min(1 << k, n - v)
-                    for first, cnt in _rel_pieces(root, n, v, length):
-                        src = blk(IN, li, 0) if k == 0 else blk(SCR, lay[SCR], first, cnt)
-                        dst = blk(OUT, lo, first, cnt) if p == 0 else blk(SCR, lay[SCR], first, cnt)
-                        b.transfer(k, absr(v), absr(p), src, dst)
-        return b.build()
+                    dst = absr(v - (1 << k))
+                    src = whole_in if v not in received else whole_out
+                    b.transfer(step, absr(v), dst, src, whole_out, reduce=True,
+                               local=whole_out if (v - (1 << k)) in received else whole_in)
+                    received.add(v - (1 << k))
+            step += 1
+        if n == 1:
+            b.copy(root, 0, whole_out, whole_in)
+    if c == Collective.BROADCAST:
+        b.copy(root, 0, whole_out, whole_in)
+    if c != Collective.REDUCE:
+        for k in reversed(range(K)):
+            for v in range(0, n, 2 << k):
+                if v + (1 << k) < n:
+                    src = whole_in if (v == 0 and c == Collective.BROADCAST) else whole_out
+                    b.transfer(step, absr(v), absr(v + (1 << k)), src, whole_out)
+            step += 1
 
-    # scatter: rounds from the top; the receiver's own part goes straight to OUT
+
+def _binomial_gather(b: ScheduleBuilder, lay: dict[Buffer, BufferLayout], n: int, root: int) -> None:
+    """Gather: subtrees collect in scratch and send up in rounds of doubling size."""
+    K = ceil_log2(n)
+    li, lo = lay[IN], lay[OUT]
+
+    def absr(v: int) -> int:
+        return (root + v) % n
+
+    b.copy(root, 0, blk(OUT, lo, root), blk(IN, li, 0))
+    for v in range(1, n):
+        low = v & -v
+        if low > 1 and n > 2:  # inner node: own block joins its subtree in scratch
+            b.copy(absr(v), 0, blk(SCR, lay[SCR], absr(v)), blk(IN, li, 0))
+    for k in range(K):
+        for v in range(n):
+            if v % (2 << k) == (1 << k):
+                p = v - (1 << k)
+                length = min(1 << k, n - v)
+                for first, cnt in _rel_pieces(root, n, v, length):
+                    src = blk(IN, li, 0) if k == 0 else blk(SCR, lay[SCR], first, cnt)
+                    dst = blk(OUT, lo, first, cnt) if p == 0 else blk(SCR, lay[SCR], first, cnt)
+                    b.transfer(k, absr(v), absr(p), src, dst)
+
+
+def _binomial_scatter(b: ScheduleBuilder, lay: dict[Buffer, BufferLayout], n: int, root: int) -> None:
+    """Scatter: rounds from the top; the receiver's own part goes straight to OUT."""
+    K = ceil_log2(n)
+    li, lo = lay[IN], lay[OUT]
+
+    def absr(v: int) -> int:
+        return (root + v) % n
+
     b.copy(root, 0, blk(OUT, lo, 0), blk(IN, li, root))
     step = 0
     for k in reversed(range(K)):
@@ -223,7 +249,7 @@ def build_binomial(collective: Collective | str, nranks: int, *, root: int | Non
                 continue
             length = min(1 << k, n - w)
             for first, cnt in _rel_pieces(root, n, w, length):
-                src_buf, src_lay = (IN, li) if v == 0 else (SCR, lay.get(SCR))
+                src_buf, src_lay = (IN, li) if v == 0 else (SCR, lay[SCR])
                 pieces: list[tuple[int, int, Buffer]] = []
                 own = absr(w)
                 if first == own:
@@ -233,8 +259,7 @@ def build_binomial(collective: Collective | str, nranks: int, *, root: int | Non
                 else:
                     pieces.append((first, cnt, SCR))
                 for f, cn, dbuf in pieces:
-                    src = blk(src_buf, src_lay, f, cn)  # type: ignore[arg-type]
+                    src = blk(src_buf, src_lay, f, cn)
                     dst = blk(OUT, lo, 0) if dbuf == OUT else blk(SCR, lay[SCR], f, cn)
                     b.transfer(step, absr(v), absr(w), src, dst)
         step += 1
-    return b.build()

@@ -16,8 +16,9 @@ with IN and OUT aliased.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ..errors import VerificationError
 from .layout import CallShape, chunk_bounds, ref_bounds
@@ -60,7 +61,7 @@ class _Exprs:
     """Interned reduction trees, commutative at each node."""
 
     def __init__(self) -> None:
-        self.ids: dict[tuple, int] = {}
+        self.ids: dict[tuple[str, int] | tuple[str, int, int], int] = {}
 
     def leaf(self, rank: int) -> int:
         return self.ids.setdefault(("leaf", rank), len(self.ids))
@@ -110,50 +111,66 @@ def check_layouts(s: Schedule) -> None:
 
 def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
     """Every send has its receive in the same step (per sender, receiver, channel, in order)."""
-    n, count, name = s.nranks, 0, _name(s)
+    count, name = 0, _name(s)
     bounds = _bounds_fn(s, shape)
     if shape is not None:
         _check_local_lengths(s, shape, name, bounds)
     for step in range(s.nsteps):
-        sends: dict[tuple[int, int, int], list[Op]] = {}
-        recvs: dict[tuple[int, int, int], list[Op]] = {}
-        for r in range(n):
-            prog = s.programs[r]
-            for op in (prog[step] if step < len(prog) else ()):
-                if op.kind == OpKind.SEND:
-                    if op.peer == r:
-                        raise _errn(name, "sends to itself", r, step, op.src, "use a local copy")
-                    sends.setdefault((r, op.peer, op.channel), []).append(op)
-                elif op.kind.is_recv:
-                    if op.peer == r:
-                        raise _errn(name, "receives from itself", r, step, op.dst, "use a local copy")
-                    recvs.setdefault((op.peer, r, op.channel), []).append(op)
+        sends, recvs = _step_messages(s, step, name)
         for key in sorted(set(sends) | set(recvs)):
-            a, b, ch = key
-            ss, rr = sends.get(key, []), recvs.get(key, [])
-            if len(ss) != len(rr):
-                if len(ss) < len(rr):
-                    missing = rr[len(ss)]
-                    raise _errn(name, f"expects {len(rr)} receive(s) from rank {a} on channel {ch} but rank {a} sends "
-                               f"{len(ss)} (a dropped send?)", b, step, missing.dst,
-                               "every receive needs a send in the same step")
-                extra = ss[len(rr)]
-                raise _errn(name, f"sends {len(ss)} message(s) to rank {b} on channel {ch} but rank {b} receives "
-                           f"{len(rr)} (would deadlock)", a, step, extra.src,
-                           "every send needs a receive in the same step")
-            for so, ro in zip(ss, rr, strict=True):
-                assert so.src is not None and ro.dst is not None
-                if so.src.span != ro.dst.span:
-                    raise _errn(name, f"receives {ro.dst.span} chunk(s) from rank {a} which sends {so.src} "
-                               f"({so.src.span} chunks)", b, step, ro.dst)
-                if shape is not None:
-                    la = ref_bounds(bounds(so.src.buffer, a), so.src.index, so.src.span)[1]
-                    lb = ref_bounds(bounds(ro.dst.buffer, b), ro.dst.index, ro.dst.span)[1]
-                    if la != lb:
-                        raise _errn(name, f"receives {lb} elements into {ro.dst} but rank {a} sends {la} from {so.src} "
-                                   f"(count={shape.count})", b, step, ro.dst)
-                count += 1
+            count += _match_channel(name, step, key, sends.get(key, []), recvs.get(key, []), shape, bounds)
     return count
+
+
+_Channel = tuple[int, int, int]  # (sender, receiver, channel)
+
+
+def _step_messages(s: Schedule, step: int, name: str) -> tuple[dict[_Channel, list[Op]], dict[_Channel, list[Op]]]:
+    """The sends and the receives of one step, in program order, per (sender, receiver, channel)."""
+    sends: dict[_Channel, list[Op]] = {}
+    recvs: dict[_Channel, list[Op]] = {}
+    for r in range(s.nranks):
+        prog = s.programs[r]
+        for op in (prog[step] if step < len(prog) else ()):
+            if op.kind == OpKind.SEND:
+                if op.peer == r:
+                    raise _errn(name, "sends to itself", r, step, op.src, "use a local copy")
+                assert op.peer is not None
+                sends.setdefault((r, op.peer, op.channel), []).append(op)
+            elif op.kind.is_recv:
+                if op.peer == r:
+                    raise _errn(name, "receives from itself", r, step, op.dst, "use a local copy")
+                assert op.peer is not None
+                recvs.setdefault((op.peer, r, op.channel), []).append(op)
+    return sends, recvs
+
+
+def _match_channel(name: str, step: int, key: _Channel, ss: list[Op], rr: list[Op], shape: CallShape | None,
+                   bounds: Callable[[Buffer, int], tuple[tuple[int, int], ...]]) -> int:
+    """Pair the sends `ss` and receives `rr` of one (sender, receiver, channel); the number of pairs."""
+    a, b, ch = key
+    if len(ss) != len(rr):
+        if len(ss) < len(rr):
+            missing = rr[len(ss)]
+            raise _errn(name, f"expects {len(rr)} receive(s) from rank {a} on channel {ch} but rank {a} sends "
+                       f"{len(ss)} (a dropped send?)", b, step, missing.dst,
+                       "every receive needs a send in the same step")
+        extra = ss[len(rr)]
+        raise _errn(name, f"sends {len(ss)} message(s) to rank {b} on channel {ch} but rank {b} receives "
+                   f"{len(rr)} (would deadlock)", a, step, extra.src,
+                   "every send needs a receive in the same step")
+    for so, ro in zip(ss, rr, strict=True):
+        assert so.src is not None and ro.dst is not None
+        if so.src.span != ro.dst.span:
+            raise _errn(name, f"receives {ro.dst.span} chunk(s) from rank {a} which sends {so.src} "
+                       f"({so.src.span} chunks)", b, step, ro.dst)
+        if shape is not None:
+            la = ref_bounds(bounds(so.src.buffer, a), so.src.index, so.src.span)[1]
+            lb = ref_bounds(bounds(ro.dst.buffer, b), ro.dst.index, ro.dst.span)[1]
+            if la != lb:
+                raise _errn(name, f"receives {lb} elements into {ro.dst} but rank {a} sends {la} from {so.src} "
+                           f"(count={shape.count})", b, step, ro.dst)
+    return len(ss)
 
 
 def _bounds_fn(s: Schedule, shape: CallShape | None) -> Callable[[Buffer, int], tuple[tuple[int, int], ...]]:
@@ -222,7 +239,7 @@ class _Machine:
             if v is None:
                 raise _errn(self.name, "reads an undefined chunk (never written)", r, step,
                            ChunkRef(ref.buffer, ref.index + i), "initialise it first (copy from IN or receive)")
-        return vals  # type: ignore[return-value]
+        return cast(list[Value], vals)  # every entry checked above
 
     def combine(self, r: int, step: int, ref: ChunkRef, a: Value, b: Value) -> Value:
         if not self.s.collective.is_reduction:
@@ -309,9 +326,10 @@ class _Machine:
     def _key(self, buf: Buffer, i: int) -> tuple[Buffer, int]:
         return (Buffer.OUT if self.aliased and buf == Buffer.IN else buf, i)
 
-    def _check_recv_sources(self, r: int, step: int, ops: tuple) -> None:
+    def _check_recv_sources(self, r: int, step: int, ops: Sequence[Op]) -> None:
         """A RECV_REDUCE must not read a chunk that another receive of the same step writes (order ambiguous)."""
-        written = {self._key(op.dst.buffer, i) for op in ops if op.kind.is_recv for i in op.dst.indices()}
+        written = {self._key(op.dst.buffer, i) for op in ops if op.kind.is_recv and op.dst is not None
+                   for i in op.dst.indices()}
         for op in ops:
             if op.kind != OpKind.RECV_REDUCE or op.src is None or op.dst is None:
                 continue
@@ -323,65 +341,106 @@ class _Machine:
                                 "writes (ambiguous order)", r, step, ChunkRef(op.src.buffer, i),
                                 "reduce from a chunk no receive of this step writes")
 
-    def expect(self, r: int, i: int, pos: int, mask: int) -> None:
+    def expect(self, r: int, i: int, pos: int, mask: int) -> Value:
+        """Rank r's OUT chunk i holds position `pos` reduced over the ranks of `mask`; that value."""
         found = self.bufs[r][Buffer.OUT][i]
         if found is None or found[0] != pos or found[1] != mask:
             raise _errn(self.name, f"OUT ends with {_fmt(found)}, expected {_fmt((pos, mask, 0))}", r, None,
                        ChunkRef(Buffer.OUT, i))
+        return found
 
     def final_check(self) -> None:
-        s, n, c = self.s, self.s.nranks, self.s.collective
+        """Every rank's OUT holds what the collective promises (barrier: every rank heard from every other)."""
+        check = self._FINAL_CHECKS.get(self.s.collective)
+        if check is not None:
+            check(self)
+
+    def _root(self) -> int:
+        root = self.s.root
+        assert root is not None, "rooted collectives have a root"
+        return root
+
+    def _final_all_reduce(self) -> None:
+        n, nchunks = self.s.nranks, self.s.layouts[Buffer.OUT].nchunks
         full = (1 << n) - 1
-        lin, lout = s.layouts[Buffer.IN], s.layouts[Buffer.OUT]
-        if c == Collective.ALL_REDUCE:
-            for r in range(n):
-                for i in range(lout.nchunks):
-                    self.expect(r, i, i, full)
-                    if self.bufs[r][Buffer.OUT][i][2] != self.bufs[0][Buffer.OUT][i][2]:  # type: ignore[index]
-                        raise _errn(self.name,
-                                    "reduction order differs from rank 0: results would not be bitwise identical",
-                                    r, None, ChunkRef(Buffer.OUT, i),
-                                    "reduce each chunk once and copy it, or reduce in the same order everywhere")
-        elif c == Collective.REDUCE:
-            for i in range(lout.nchunks):
-                self.expect(s.root, i, i, full)  # type: ignore[arg-type]
-        elif c == Collective.BROADCAST:
-            for r in range(n):
-                for i in range(lout.nchunks):
-                    self.expect(r, i, i, 1 << s.root)  # type: ignore[operator]
-        elif c == Collective.REDUCE_SCATTER:
-            k = lout.nchunks
-            for r in range(n):
+        for r in range(n):
+            for i in range(nchunks):
+                expr = self.expect(r, i, i, full)[2]
+                first = self.bufs[0][Buffer.OUT][i]  # rank 0's chunk i, checked before any other rank's
+                if first is None or expr != first[2]:
+                    raise _errn(self.name,
+                                "reduction order differs from rank 0: results would not be bitwise identical",
+                                r, None, ChunkRef(Buffer.OUT, i),
+                                "reduce each chunk once and copy it, or reduce in the same order everywhere")
+
+    def _final_reduce(self) -> None:
+        full = (1 << self.s.nranks) - 1
+        for i in range(self.s.layouts[Buffer.OUT].nchunks):
+            self.expect(self._root(), i, i, full)
+
+    def _final_broadcast(self) -> None:
+        root = self._root()
+        for r in range(self.s.nranks):
+            for i in range(self.s.layouts[Buffer.OUT].nchunks):
+                self.expect(r, i, i, 1 << root)
+
+    def _final_reduce_scatter(self) -> None:
+        n, k = self.s.nranks, self.s.layouts[Buffer.OUT].nchunks
+        full = (1 << n) - 1
+        for r in range(n):
+            for j in range(k):
+                self.expect(r, j, r * k + j, full)
+
+    def _final_gather(self) -> None:
+        n, k = self.s.nranks, self.s.layouts[Buffer.IN].nchunks
+        for r in (range(n) if self.s.collective == Collective.ALL_GATHER else [self._root()]):
+            for q in range(n):
                 for j in range(k):
-                    self.expect(r, j, r * k + j, full)
-        elif c in (Collective.ALL_GATHER, Collective.GATHER):
-            k = lin.nchunks
-            for r in (range(n) if c == Collective.ALL_GATHER else [s.root]):
-                for q in range(n):
-                    for j in range(k):
-                        self.expect(r, q * k + j, j, 1 << q)  # type: ignore[arg-type]
-        elif c == Collective.SCATTER:
-            k = lout.nchunks
-            for r in range(n):
+                    self.expect(r, q * k + j, j, 1 << q)
+
+    def _final_scatter(self) -> None:
+        root, k = self._root(), self.s.layouts[Buffer.OUT].nchunks
+        for r in range(self.s.nranks):
+            for j in range(k):
+                self.expect(r, j, r * k + j, 1 << root)
+
+    def _final_all_to_all(self) -> None:
+        n = self.s.nranks
+        k = self.s.layouts[Buffer.IN].nchunks // n
+        for p in range(n):
+            for q in range(n):
                 for j in range(k):
-                    self.expect(r, j, r * k + j, 1 << s.root)  # type: ignore[operator]
-        elif c in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
-            k = lin.nchunks // n
-            for p in range(n):
-                for q in range(n):
-                    for j in range(k):
-                        self.expect(p, q * k + j, p * k + j, 1 << q)
-        elif c == Collective.SENDRECV:
-            if n > 1:
-                dst = int(s.params.get("peer", (s.root + 1) % n))  # type: ignore[operator]
-                for j in range(lout.nchunks):
-                    self.expect(dst, j, j, 1 << s.root)  # type: ignore[operator]
-        elif c == Collective.BARRIER:
-            for r in range(n):
-                if self.know[r] != full:
-                    missing = _ranks(full & ~self.know[r])
-                    raise _errn(self.name, f"leaves the barrier without hearing from rank(s) {missing}", r, None, None,
-                               "every rank must hear (transitively) from every other")
+                    self.expect(p, q * k + j, p * k + j, 1 << q)
+
+    def _final_sendrecv(self) -> None:
+        n = self.s.nranks
+        if n > 1:
+            root = self._root()
+            dst = int(self.s.params.get("peer", (root + 1) % n))
+            for j in range(self.s.layouts[Buffer.OUT].nchunks):
+                self.expect(dst, j, j, 1 << root)
+
+    def _final_barrier(self) -> None:
+        full = (1 << self.s.nranks) - 1
+        for r in range(self.s.nranks):
+            if self.know[r] != full:
+                missing = _ranks(full & ~self.know[r])
+                raise _errn(self.name, f"leaves the barrier without hearing from rank(s) {missing}", r, None, None,
+                           "every rank must hear (transitively) from every other")
+
+    _FINAL_CHECKS: dict[Collective, Callable[[_Machine], None]] = {
+        Collective.ALL_REDUCE: _final_all_reduce,
+        Collective.REDUCE: _final_reduce,
+        Collective.BROADCAST: _final_broadcast,
+        Collective.REDUCE_SCATTER: _final_reduce_scatter,
+        Collective.ALL_GATHER: _final_gather,
+        Collective.GATHER: _final_gather,
+        Collective.SCATTER: _final_scatter,
+        Collective.ALL_TO_ALL: _final_all_to_all,
+        Collective.ALL_TO_ALLV: _final_all_to_all,
+        Collective.SENDRECV: _final_sendrecv,
+        Collective.BARRIER: _final_barrier,
+    }
 
 
 def verify(schedule: Schedule, shapes: Iterable[CallShape] = (), *, in_place: bool | None = None) -> VerifyReport:
@@ -420,8 +479,8 @@ def verify(schedule: Schedule, shapes: Iterable[CallShape] = (), *, in_place: bo
 
 
 def check_algorithm(collective: Collective | str, algorithm: str, nranks: int, *, root: int | None = None,
-                    nsegs: int = 1, nchannels: int = 1, rings: list | None = None,
-                    host_groups: list | None = None) -> dict:
+                    nsegs: int = 1, nchannels: int = 1, rings: Sequence[Sequence[int]] | None = None,
+                    host_groups: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
     """Build a registered schedule, verify it on uneven counts (0, 1, n-1, 7n+3, in place too) and check
     its step and byte counts against the algorithm's closed form (VerificationError if they differ)."""
     from fractions import Fraction
@@ -442,8 +501,9 @@ def check_algorithm(collective: Collective | str, algorithm: str, nranks: int, *
         shapes = [CallShape(c, n, k) for k in sorted({0, 1, max(n - 1, 0), 7 * n + 3})]
     rep = verify(s, shapes)
     a = info(algorithm)
-    out = {"collective": c.value, "algorithm": a.name, "nranks": n, "steps": rep.nsteps, "transfers": rep.transfers,
-           "in_place_checked": rep.in_place_checked, "cost_line": a.cost_lines[c]}
+    out: dict[str, Any] = {"collective": c.value, "algorithm": a.name, "nranks": n, "steps": rep.nsteps,
+                           "transfers": rep.transfers, "in_place_checked": rep.in_place_checked,
+                           "cost_line": a.cost_lines[c]}
     if c == Collective.ALL_TO_ALLV:
         out.update(bytes_per_rank=traffic(s, shapes[0]).bytes_per_rank, bytes_fraction="-")
         return out

@@ -32,13 +32,13 @@ def _pb(x: float) -> str:
 
 def traffic_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
-    tokens: float = typer.Option(156e9, "--tokens", help="tokens per epoch (C4: 156e9, the seed's figure)"),
+    tokens: float = typer.Option(156e9, "--tokens", help="tokens per epoch (C4: 156e9)"),
     samples: Optional[float] = typer.Option(None, "--samples", help="samples per epoch (default: C4's 364.6e6 "
                                             "when --tokens is C4's, else tokens / seq-len)"),
     batch: int = typer.Option(2048, "--batch", help="global batch in samples (N = samples / batch)"),
-    gpus: int = typer.Option(8, "--gpus", help="G of the seed's 1-D rows"),
+    gpus: int = typer.Option(8, "--gpus", help="G of the closed-form 1-D rows"),
     tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(1, "--dp"),
-    formula: str = typer.Option("seed", "--formula", help="seed (the seed's formulas), exact (ringflow's "
+    formula: str = typer.Option("seed", "--formula", help="seed (the closed-form formulas), exact (ringflow's "
                                 "algorithms on --topo), or both"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset for --formula exact"),
     fabric: str = typer.Option("rail", "--fabric"),
@@ -47,7 +47,7 @@ def traffic_command(
     checkpoint_every: int = typer.Option(1000, "--checkpoint-every", help="steps between checkpoints"),
     json_out: bool = typer.Option(False, "--json", help="print rows and totals as JSON"),
 ) -> None:
-    """Per-epoch traffic of DP / FSDP / TP / PP and 3-D training: seed 004's formulas and the real algorithms'."""
+    """Per-epoch traffic of DP / FSDP / TP / PP and 3-D training: the closed-form formulas and the real algorithms'."""
     from ..workload import load_model
     from ..workload import seed_traffic as st
     from ..workload.layout import Layout
@@ -115,7 +115,7 @@ def _print_traffic(out: dict[str, Any]) -> None:
         rows = [[r["mode"], r["pattern"], _pb(r["backward_bytes"]), f"{r['seed_printed'][0]:g}",
                  f"{r['backward_syncs']:g}", _pb(r["forward_bytes"]), f"{r['seed_printed'][1]:g}",
                  f"{r['forward_transfers']:.4g}"] for r in out["rows"]]
-        print_table("seed 004 per epoch (PB = 1e15 B; 'as printed' = in the seed's own unit, rounded up)",
+        print_table("closed-form traffic per epoch (PB = 1e15 B; 'as printed' = in the reference table's unit, rounded up)",
                     ["mode", "pattern", "backward PB", "as printed", "syncs", "forward PB", "as printed",
                      "transfers"], rows)
         if "three_d" in out:
@@ -124,7 +124,7 @@ def _print_traffic(out: dict[str, Any]) -> None:
                           f"{_eb(d['backward_bytes'])} EB + forward {_eb(d['forward_bytes'])} EB = "
                           f"[bold]{d['total_EB']:.1f} EB[/] per epoch")
             console.print(f"one {s['switch_tbps']:g} Tb/s switch: {s['seed_days_per_epoch']:.1f} days per epoch "
-                          f"the seed's way (Tb/s read as TB/s) -> {s['seed_switches']} switches for {s['epochs']} "
+                          f"with Tb/s read as TB/s -> {s['seed_switches']} switches for {s['epochs']} "
                           f"epochs in {s['days']:g} days; in bits: {s['days_per_epoch']:.0f} days -> "
                           f"{s['switches']} switches")
     if out["formula"] in ("exact", "both"):
@@ -154,11 +154,11 @@ def _print_traffic(out: dict[str, Any]) -> None:
                 tot_s, tot_e = r["backward_bytes"] + r["forward_bytes"], e["total_bytes"]
                 rows.append([r["mode"], _pb(r["backward_bytes"]), _pb(e["backward_bytes"]), _pb(r["forward_bytes"]),
                              _pb(e["forward_bytes"]), f"{tot_s / tot_e:.1f}x" if tot_e else "-"])
-            print_table("side by side (PB per epoch)", ["mode", "seed backward", "exact backward", "seed forward",
-                        "exact forward", "seed / exact"], rows)
+            print_table("side by side (PB per epoch)", ["mode", "closed-form backward", "exact backward",
+                        "closed-form forward", "exact forward", "closed-form / exact"], rows)
         st = out["storage"]
         if "dataset_bytes" in st:
-            console.print(f"dataset (C4 as the seed quotes it): {st['dataset_bytes'] / 1e12:.1f} TB")
+            console.print(f"dataset (C4 as the reference table quotes it): {st['dataset_bytes'] / 1e12:.1f} TB")
         console.print(f"GPU-storage per epoch: data loading {st['load_bytes'] / 1e12:.1f} TB (token ids), "
                       f"{st['checkpoints_per_epoch']:.0f} checkpoints x {st['checkpoint_bytes'] / 1e12:.2f} TB = "
                       f"{st['checkpoint_bytes_per_epoch'] / 1e15:.2f} PB")
@@ -256,7 +256,7 @@ def train_command(
         console.print("contention (all groups at once / one group alone, flow engine): " +
                       ", ".join(f"{k} x{v:.2f}" for k, v in r.contention.items()))
     if curve:
-        print_table("scale factor T_n/(nT) (seed 003), weak scaling in DP",
+        print_table("scale factor T_n/(nT), weak scaling in DP",
                     ["GPUs", "DP", "tokens/s", "scale factor"],
                     [[c["gpus"], c["dp"], f"{c['tokens_per_s']:,.0f}", f"{c['scale_factor']:.3f}"] for c in curve])
 

@@ -1,6 +1,8 @@
 """The whole hardware catalog as rows (for `ringflow hw list`), each with its source."""
 from __future__ import annotations
 
+from typing import TypedDict
+
 from .cpu_links import SOCKET_LINKS
 from .gpus import GPU_MODELS
 from .network import NET_LINKS
@@ -8,9 +10,30 @@ from .nvlink import NVLINK_GENERATIONS, NVSWITCH_GENERATIONS
 from .pcie import PCIE_GENERATIONS
 
 
-def catalog_rows() -> list[dict]:
+class _GpuFigures(TypedDict, total=False):
+    """The extra figures of a GPU model's row."""
+
+    bf16_tflops: float | None
+    fp16_tflops: float
+    fp8_tflops: float | None
+    memory_GB: float
+    memory_GBps: float
+
+
+class CatalogRow(_GpuFigures):
+    """One catalog entry (GB/s are None where a figure does not apply, e.g. for GPU models)."""
+
+    kind: str
+    name: str
+    per_dir_GBps: float | None
+    bidir_GBps: float | None
+    detail: str
+    source: str
+
+
+def catalog_rows() -> list[CatalogRow]:
     """Every catalog entry as a flat dict: kind, name, per-direction and bidirectional GB/s, details, source."""
-    rows: list[dict] = []
+    rows: list[CatalogRow] = []
     for g in PCIE_GENERATIONS.values():
         rows.append({"kind": "pcie", "name": f"PCIe Gen{g.gen} x16", "per_dir_GBps": round(g.throughput_GBps(16), 6),
                      "bidir_GBps": round(g.bidirectional_GBps(16), 6),

@@ -1,7 +1,7 @@
 """CPU socket-to-socket links (QPI, UPI, AMD xGMI) and host memory/loopback defaults.
 
 QPI/UPI move 2 bytes per transfer per direction per link (Intel Xeon datasheets), so per-direction
-GB/s = GT/s x 2. The seed 002 quotes 25.6 GB/s for the DGX-1 QPI: that is a 6.4 GT/s link counted in
+GB/s = GT/s x 2. The 25.6 GB/s often quoted for the DGX-1's QPI is a 6.4 GT/s link counted in
 both directions (6.4 x 2 B x 2 directions). The DGX-1's Xeon E5-2698 v4 actually has two 9.6 GT/s
 QPI links (Intel ARK), i.e. 2 x 19.2 = 38.4 GB/s per direction; presets use the vendor figure.
 """
@@ -26,7 +26,7 @@ class SocketLink:
 
 
 SOCKET_LINKS: dict[str, SocketLink] = {s.name: s for s in [
-    SocketLink("QPI-6.4", 6.4, 6.4 * 2, "Intel QPI 1.0 (Xeon 5500); seed 002 quotes 25.6 GB/s = both directions"),
+    SocketLink("QPI-6.4", 6.4, 6.4 * 2, "Intel QPI 1.0 (Xeon 5500); 25.6 GB/s = both directions"),
     SocketLink("QPI-8.0", 8.0, 8.0 * 2, "Intel Xeon E5-2600 v1/v2 datasheet (QPI 1.1, 8 GT/s)"),
     SocketLink("QPI-9.6", 9.6, 9.6 * 2, "Intel Xeon E5-2698 v4 (DGX-1) ARK: 2 x QPI 9.6 GT/s"),
     SocketLink("UPI-10.4", 10.4, 10.4 * 2, "Intel Xeon Scalable (Skylake/Cascade Lake) datasheet: UPI 10.4 GT/s"),

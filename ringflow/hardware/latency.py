@@ -5,7 +5,7 @@ NCCL's tuning model (src/graph/tuning.cc, hwLat, Ring/LL) charges 0.4 us per ste
 step crosses (GPU-switch-GPU = 2 NVLink hops; GPU-switch-CPU-switch-GPU = 4 PCIe hops). Network
 figures: NVIDIA ConnectX-6/7 datasheets (sub-600 ns adapter latency), Quantum/Quantum-2 datasheets
 (~130 ns port-to-port), Spectrum Ethernet switches (~0.5 us cut-through). SHM and loopback are
-UNCALIBRATED placeholders for `host-cpu`; `ringflow sim calibrate` measures and replaces them.
+UNCALIBRATED placeholders for `host-cpu`; `ringflow calibrate` measures this machine's figures.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """NVLink generations, NVSwitch generations and NVLink-C2C.
 
 Bandwidths are stored PER DIRECTION per link; the vendors' "bidirectional" figures are derived
-(x2). Sources are NVIDIA architecture whitepapers / datasheets and the seed 000/002 figures.
+(x2). Sources are NVIDIA architecture whitepapers / datasheets.
 """
 from __future__ import annotations
 
@@ -39,16 +39,15 @@ class NvlinkGen:
 
 NVLINK_GENERATIONS: dict[int, NvlinkGen] = {g.gen: g for g in [
     # P100 whitepaper ("NVIDIA Tesla P100", 2016): 4 links x 40 GB/s bidirectional = 160 GB/s; 20 Gb/s lanes.
-    # Seed 000/002.
-    NvlinkGen(1, "P100", 20.0, 20.0, 4, "NVIDIA Tesla P100 whitepaper (2016); seed 002"),
+    NvlinkGen(1, "P100", 20.0, 20.0, 4, "NVIDIA Tesla P100 whitepaper (2016)"),
     # V100 whitepaper ("NVIDIA Tesla V100 GPU Architecture", 2017): 6 links x 50 GB/s = 300 GB/s; 25 Gb/s lanes.
-    NvlinkGen(2, "V100", 25.0, 25.0, 6, "NVIDIA Tesla V100 architecture whitepaper (2017); seed 002"),
+    NvlinkGen(2, "V100", 25.0, 25.0, 6, "NVIDIA Tesla V100 architecture whitepaper (2017)"),
     # A100 whitepaper ("NVIDIA A100 Tensor Core GPU Architecture", 2020): 12 links, 600 GB/s total; 50 Gb/s lanes x4.
     NvlinkGen(3, "A100", 25.0, 50.0, 12, "NVIDIA A100 Tensor Core GPU architecture whitepaper (2020)"),
     # H100 whitepaper ("NVIDIA H100 Tensor Core GPU Architecture", 2022): 18 links, 900 GB/s total; 100 Gb/s PAM4 x2.
-    NvlinkGen(4, "H100", 25.0, 100.0, 18, "NVIDIA H100 Tensor Core GPU architecture whitepaper (2022); seed 000"),
+    NvlinkGen(4, "H100", 25.0, 100.0, 18, "NVIDIA H100 Tensor Core GPU architecture whitepaper (2022)"),
     # Blackwell datasheet (NVIDIA DGX B200 / Blackwell architecture technical brief, 2024): 18 links, 1.8 TB/s total.
-    NvlinkGen(5, "B200", 50.0, 200.0, 18, "NVIDIA Blackwell architecture technical brief (2024); seed 000"),
+    NvlinkGen(5, "B200", 50.0, 200.0, 18, "NVIDIA Blackwell architecture technical brief (2024)"),
 ]}
 
 
@@ -83,12 +82,11 @@ class NvswitchGen:
 
 NVSWITCH_GENERATIONS: dict[int, NvswitchGen] = {g.gen: g for g in [
     # NVSwitch whitepaper ("NVIDIA NVSwitch", 2018): 18 NVLink2 ports per chip; DGX-2 300 GB/s per GPU bidir.
-    # Seed 000/002.
-    NvswitchGen(1, "DGX-2", 2, 18, 150.0, "NVIDIA NVSwitch technical overview (2018); seed 000/002"),
+    NvswitchGen(1, "DGX-2", 2, 18, 150.0, "NVIDIA NVSwitch technical overview (2018)"),
     # A100 whitepaper: 2nd-gen NVSwitch, 36 ports, 600 GB/s per GPU bidir in DGX A100.
     NvswitchGen(2, "DGX A100", 3, 36, 300.0, "NVIDIA A100 architecture whitepaper / DGX A100 user guide (2020)"),
-    # H100 whitepaper: 3rd-gen NVSwitch, 64 NVLink4 ports, 900 GB/s per GPU bidir in DGX H100. Seed 000.
-    NvswitchGen(3, "DGX H100", 4, 64, 450.0, "NVIDIA H100 architecture whitepaper (2022); seed 000"),
+    # H100 whitepaper: 3rd-gen NVSwitch, 64 NVLink4 ports, 900 GB/s per GPU bidir in DGX H100.
+    NvswitchGen(3, "DGX H100", 4, 64, 450.0, "NVIDIA H100 architecture whitepaper (2022)"),
     # GB200 NVL72 datasheet: NVLink5 switch chip, 72 ports, 1.8 TB/s per GPU bidir, 130 TB/s per 72 GPUs.
     NvswitchGen(4, "GB200 NVL72", 5, 72, 900.0, "NVIDIA GB200 NVL72 datasheet (2024)"),
 ]}

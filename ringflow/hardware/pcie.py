@@ -1,13 +1,14 @@
 """PCIe generations and the throughput arithmetic (computed, never typed in).
 
 throughput per lane and direction = transfer rate (GT/s) x encoding efficiency / 8 bits per byte.
-Sources: PCI-SIG base specifications 1.0a-6.0 (rates and encodings); the seed 002 worked examples
-(Gen2 x1 = 500 MB/s, Gen2 x8 = 4 GB/s, Gen3 x1 = 984.6 MB/s, Gen3 x16 = 15.754 GB/s).
+Sources: PCI-SIG base specifications 1.0a-6.0 (rates and encodings). Worked examples the tests check:
+Gen2 x1 = 500 MB/s, Gen2 x8 = 4 GB/s, Gen3 x1 = 984.6 MB/s, Gen3 x16 = 15.754 GB/s.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 from ..errors import InvalidArgument
 
@@ -45,8 +46,8 @@ class PcieGen:
 # counting TLP+DLP bytes as payload gives 242/256 (PCI-SIG PCIe 6.0 specification, FLIT mode).
 PCIE_GENERATIONS: dict[int, PcieGen] = {g.gen: g for g in [
     PcieGen(1, Fraction(5, 2), "8b/10b", Fraction(8, 10), "PCI-SIG PCIe 1.0a base spec (2.5 GT/s)"),
-    PcieGen(2, Fraction(5), "8b/10b", Fraction(8, 10), "PCI-SIG PCIe 2.0 base spec (5 GT/s); seed 002"),
-    PcieGen(3, Fraction(8), "128b/130b", Fraction(128, 130), "PCI-SIG PCIe 3.0 base spec (8 GT/s); seed 002"),
+    PcieGen(2, Fraction(5), "8b/10b", Fraction(8, 10), "PCI-SIG PCIe 2.0 base spec (5 GT/s)"),
+    PcieGen(3, Fraction(8), "128b/130b", Fraction(128, 130), "PCI-SIG PCIe 3.0 base spec (8 GT/s)"),
     PcieGen(4, Fraction(16), "128b/130b", Fraction(128, 130), "PCI-SIG PCIe 4.0 base spec (16 GT/s)"),
     PcieGen(5, Fraction(32), "128b/130b", Fraction(128, 130), "PCI-SIG PCIe 5.0 base spec (32 GT/s)"),
     PcieGen(6, Fraction(64), "FLIT 242/256 (PAM4, FEC+CRC)", Fraction(242, 256),
@@ -66,7 +67,7 @@ def pcie_GBps(gen: int, lanes: int) -> float:
     return pcie_gen(gen).throughput_GBps(lanes)
 
 
-def pcie_arithmetic(gen: int, lanes: int) -> dict:
+def pcie_arithmetic(gen: int, lanes: int) -> dict[str, Any]:
     """The worked computation for `ringflow hw pcie`: every intermediate value."""
     g = pcie_gen(gen)
     lane_gbps = g.lane_gbps()

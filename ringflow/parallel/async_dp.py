@@ -1,4 +1,4 @@
-"""Asynchronous data parallel (the seed's "no waiting" DP), without a parameter server.
+"""Asynchronous data parallel ("no waiting" DP), without a parameter server.
 
 Every rank keeps a full replica. Each step it computes a gradient on its own
 batch, applies it (scaled 1/workers) at once, sends it to every peer with

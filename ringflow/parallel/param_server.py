@@ -1,7 +1,7 @@
-"""Parameter server training with BSP, ASP and SSP consistency (the seed's server designs).
+"""Parameter server training with BSP, ASP and SSP consistency (Li et al., OSDI 2014; Ho et al., NIPS 2013).
 
 Server ranks hold contiguous shards of the flat parameter vector; workers push
-gradient shards and get fresh parameter shards back. Placements from the seed:
+gradient shards and get fresh parameter shards back. Placements:
 "cpu" (rank 0 is a server only, the rest are workers: the CPU-as-server
 design), "rank0" (rank 0 serves all parameters and also trains) and "sharded"
 (every rank serves 1/N of the parameters and trains).

@@ -149,15 +149,15 @@ def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) 
         comm.reduce(x, 0, op)
         return x
     if coll == "all_gather":
-        return comm.all_gather(x, out)
+        return comm.all_gather(x, out=out)
     if coll == "gather":
-        return comm.gather(x, 0, out)
+        return comm.gather(x, 0, out=out)
     if coll == "reduce_scatter":
-        return comm.reduce_scatter(x, op, out)
+        return comm.reduce_scatter(x, op, out=out)
     if coll == "scatter":
-        return comm.scatter(x, 0, out)
+        return comm.scatter(x, 0, out=out)
     if coll == "all_to_all":
-        return comm.all_to_all(x, out)
+        return comm.all_to_all(x, out=out)
     raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
 
 

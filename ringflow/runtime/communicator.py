@@ -1,5 +1,7 @@
 """The Communicator: collectives and point-to-point on NumPy arrays / CPU tensors between processes.
 
+The calls live in mixins (`collectives`, `p2p`, `groups`); joining a job is `rendezvous`. This module
+holds the communicator's state, its schedule cache and execution, failure handling and lifetime.
 Building one (``init`` or ``split``/``new_group``): agree on a namespace in the store, open a
 listener on the selected interface and the lane doorbells, publish a card (host id, address,
 port), read everyone's card, connect the control sockets (watched by the Watchdog) and make
@@ -13,8 +15,6 @@ import json
 import logging
 import mmap
 import os
-import socket
-import threading
 import time
 from typing import Any, Sequence
 
@@ -25,39 +25,24 @@ from ..algorithms.layout import CallShape, partitioned
 from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError,
                       Timeout)
-from . import auth, logs
-from .env import detect
+from .collectives import CollectiveCalls
+from .groups import Groups
+from .p2p import PointToPoint
+from .rendezvous import SharedState, host_id, join
 from .plugins import load_cost_model
 from ..algorithms.plan import compile_plan
 from ..algorithms.selection import CostModel, pick_schedule
-from .executor import CallContext, Waiter, _Broken, bind, check_exchange, describe, drive, run_bound
-from .native import copy_into
-from .ops import UFUNCS, Buf, finish_avg, parse_op
-from .store import PrefixStore, Store, StoreServer
+from .executor import CallContext, Waiter, _Broken, bind, describe, run_bound
+from .ops import UFUNCS, Buf, parse_op
+from .store import PrefixStore
 from .transport import doorbell
-from .transport.base import Sink
 from .transport.frames import Kind, call_signature
-from .transport.manager import LANE_COLL, LANE_RECV, LANE_SEND, PeerCard, Transport, buffsize, lane_of
+from .transport.manager import LANE_COLL, PeerCard, Transport, buffsize, lane_of
 from .transport.tcp import Listener, dial, select_interface
 from .watchdog import Watchdog
 from .work import Lane, Work
 
 log = logging.getLogger("ringflow.runtime")
-
-
-def host_id() -> str:
-    """Identity of this host *and network namespace*: ranks with equal ids share memory."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = "?"
-    try:
-        netns = os.stat("/proc/self/ns/net").st_ino
-    except OSError:
-        netns = 0
-    return f"{socket.gethostname()}|{boot}|{netns}"
-
 
 TCP_STREAMS = 2  # sockets a large TCP transfer is striped over (RINGFLOW_NCHANNELS overrides)
 
@@ -80,21 +65,10 @@ class _Prepared:
         self.bound: Any = None  # the binding of the last small call, reused while its arrays are the same
 
 
-class _Shared:
-    """What a communicator and the groups split from it share: store, job, secret, options."""
-
-    def __init__(self, store: Store, server: StoreServer | None, job: str, secret: bytes, timeout_s: float,
-                 tos: int | None) -> None:
-        self.store, self.server, self.job, self.secret = store, server, job, secret
-        self.timeout_s, self.tos = timeout_s, tos
-        self.users = 0
-        self.lock = threading.Lock()
-
-
-class Communicator:
+class Communicator(CollectiveCalls, PointToPoint, Groups):
     """A group of ranks that run collectives together. Create with `ringflow.init()`."""
 
-    def __init__(self, shared: _Shared, ns: str, rank: int, size: int) -> None:
+    def __init__(self, shared: SharedState, ns: str, rank: int, size: int) -> None:
         self._sh = shared
         self.ns, self.rank, self.size = ns, rank, size
         self.uid = hashlib.sha256(f"{shared.job}|{ns}".encode()).hexdigest()[:10]
@@ -342,264 +316,6 @@ class Communicator:
                          async_op, timeout,
                          f"{coll.value}/{schedule.algorithm}", out if out is not None else x)
 
-    # ---------------------------------------------------------------- collectives
-    def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
-              async_op: bool, timeout: float | None, result: Any,
-              splits: tuple[tuple[int, ...], ...] | None = None) -> Any:
-        def fn(deadline: float) -> None:
-            if self.size == 1:
-                if out.flat is not x.flat and out.flat.size:
-                    copy_into(out.flat, x.flat[:out.flat.size] if x.flat.size >= out.flat.size else x.flat)
-                return
-            self._execute(None, Collective.ALL_TO_ALLV if splits is not None else coll, count, x.flat, out.flat,
-                          opname, root, deadline, splits, (x.orig, out.orig))
-            if opname == "avg" and (coll != Collective.REDUCE or self.rank == root):
-                finish_avg(out.flat, self.size)
-        return self._run(LANE_COLL, fn, async_op, timeout, coll.value, result)
-
-    def _root(self, root: int) -> int:
-        if not isinstance(root, (int, np.integer)) or not 0 <= int(root) < self.size:
-            raise InvalidArgument(f"root={root!r} is not a rank of this communicator (size {self.size})",
-                                  "ranks are group-local: 0 .. size-1")
-        return int(root)
-
-    @staticmethod
-    def _same_type(a: Buf, b: Buf, what: str) -> None:
-        if a.flat.dtype != b.flat.dtype:
-            raise InvalidArgument(f"{what}: input dtype {a.flat.dtype} differs from output dtype {b.flat.dtype}",
-                                  "use the same dtype for both")
-
-    def all_reduce(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
-                   timeout: float | None = None) -> Any:
-        """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
-        xb = Buf(x, "x")
-        ob = Buf(out, "out") if out is not None else xb
-        self._same_type(xb, ob, "all_reduce")
-        if ob.flat.size != xb.flat.size:
-            raise InvalidArgument(f"all_reduce: out has {ob.flat.size} elements, x has {xb.flat.size}",
-                                  "out must be the size of x")
-        return self._coll(Collective.ALL_REDUCE, xb, ob, xb.flat.size, parse_op(op), None, async_op, timeout,
-                          out if out is not None else x)
-
-    def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
-        """Copy root's x into x on every rank."""
-        xb = Buf(x, "x")
-        return self._coll(Collective.BROADCAST, xb, xb, xb.flat.size, None, self._root(root), async_op, timeout, x)
-
-    def reduce(self, x: Any, root: int, op: Any = "sum", *, out: Any = None, async_op: bool = False,
-               timeout: float | None = None) -> Any:
-        """Reduce x across ranks into root's x (or `out`); other ranks' buffers are scratch."""
-        xb = Buf(x, "x")
-        ob = Buf(out, "out") if out is not None else xb
-        self._same_type(xb, ob, "reduce")
-        if ob.flat.size != xb.flat.size:
-            raise InvalidArgument(f"reduce: out has {ob.flat.size} elements, x has {xb.flat.size}")
-        return self._coll(Collective.REDUCE, xb, ob, xb.flat.size, parse_op(op), self._root(root), async_op,
-                          timeout, out if out is not None else x)
-
-    def _gather_out(self, xb: Buf, out: Any, what: str) -> tuple[Buf, Any]:
-        if out is None:
-            shape = (self.size * xb.shape[0], *xb.shape[1:]) if xb.shape else (self.size,)
-            out = np.empty(shape, dtype=xb.flat.dtype)
-        ob = Buf(out, "out")
-        self._same_type(xb, ob, what)
-        if ob.flat.size != self.size * xb.flat.size:
-            raise InvalidArgument(f"{what}: out has {ob.flat.size} elements, needs {self.size} x {xb.flat.size}",
-                                  "out must be n times the size of x (concatenation on axis 0)")
-        return ob, out
-
-    def all_gather(self, x: Any, out: Any = None, *, async_op: bool = False, timeout: float | None = None) -> Any:
-        """Concatenate every rank's x on axis 0, on every rank."""
-        xb = Buf(x, "x")
-        ob, out = self._gather_out(xb, out, "all_gather")
-        return self._coll(Collective.ALL_GATHER, xb, ob, xb.flat.size, None, None, async_op, timeout, out)
-
-    def gather(self, x: Any, root: int, out: Any = None, *, async_op: bool = False,
-               timeout: float | None = None) -> Any:
-        """Concatenate every rank's x on axis 0, at root (other ranks may pass out=None)."""
-        xb = Buf(x, "x")
-        root = self._root(root)
-        ob, out = self._gather_out(xb, out, "gather")
-        return self._coll(Collective.GATHER, xb, ob, xb.flat.size, None, root, async_op, timeout, out)
-
-    def _split_out(self, xb: Buf, out: Any, what: str) -> tuple[Buf, Any, int]:
-        if xb.shape and xb.shape[0] % self.size:
-            raise InvalidArgument(f"{what}: x.shape[0]={xb.shape[0]} is not divisible by {self.size} ranks",
-                                  "pad x so its first dimension is a multiple of the communicator size")
-        count = xb.flat.size // self.size
-        if out is None:
-            shape = (xb.shape[0] // self.size, *xb.shape[1:]) if xb.shape else (count,)
-            out = np.empty(shape, dtype=xb.flat.dtype)
-        ob = Buf(out, "out")
-        self._same_type(xb, ob, what)
-        if ob.flat.size != count:
-            raise InvalidArgument(f"{what}: out has {ob.flat.size} elements, needs {count}",
-                                  "out holds x.shape[0] // n rows")
-        return ob, out, count
-
-    def reduce_scatter(self, x: Any, op: Any = "sum", out: Any = None, *, async_op: bool = False,
-                       timeout: float | None = None) -> Any:
-        """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
-        xb = Buf(x, "x")
-        ob, out, count = self._split_out(xb, out, "reduce_scatter")
-        return self._coll(Collective.REDUCE_SCATTER, xb, ob, count, parse_op(op), None, async_op, timeout, out)
-
-    def scatter(self, x: Any, root: int, out: Any = None, *, async_op: bool = False,
-                timeout: float | None = None) -> Any:
-        """Give rank r the r-th 1/n of root's x (other ranks pass an x of the same shape)."""
-        xb = Buf(x, "x")
-        root = self._root(root)
-        ob, out, count = self._split_out(xb, out, "scatter")
-        return self._coll(Collective.SCATTER, xb, ob, count, None, root, async_op, timeout, out)
-
-    def all_to_all(self, x: Any, out: Any = None, *, send_counts: Sequence[int] | None = None,
-                   recv_counts: Sequence[int] | None = None, async_op: bool = False,
-                   timeout: float | None = None) -> Any:
-        """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
-        xb = Buf(x, "x")
-        n = self.size
-        if send_counts is None and recv_counts is None:
-            if xb.shape and xb.shape[0] % n:
-                raise InvalidArgument(f"all_to_all: x.shape[0]={xb.shape[0]} is not divisible by {n}",
-                                      "pass send_counts/recv_counts for uneven splits")
-            if out is None:
-                out = np.empty_like(xb.arr)
-            ob = Buf(out, "out")
-            self._same_type(xb, ob, "all_to_all")
-            if ob.flat.size != xb.flat.size:
-                raise InvalidArgument("all_to_all: out must have the size of x")
-            return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size // n, None, None, async_op, timeout, out)
-        row = int(np.prod(xb.shape[1:])) if len(xb.shape) > 1 else 1
-        sc = self._counts(send_counts, "send_counts")
-        if sum(sc) * row != xb.flat.size:
-            raise InvalidArgument(f"send_counts sum to {sum(sc)} rows but x has {xb.shape[0] if xb.shape else 0}",
-                                  "send_counts[j] = rows of x for rank j")
-        if recv_counts is None:
-            counts = np.asarray(sc, dtype=np.int64)
-            got = np.empty(n, dtype=np.int64)
-            self.all_to_all(counts, got, timeout=timeout)
-            rc = [int(v) for v in got]
-        else:
-            rc = self._counts(recv_counts, "recv_counts")
-        if out is None:
-            out = np.empty((sum(rc), *xb.shape[1:]), dtype=xb.flat.dtype)
-        ob = Buf(out, "out")
-        self._same_type(xb, ob, "all_to_all")
-        if ob.flat.size != sum(rc) * row:
-            raise InvalidArgument(f"all_to_all: out has {ob.flat.size} elements, recv_counts need {sum(rc) * row}")
-        splits = [[0] * n for _ in range(n)]
-        for j in range(n):
-            splits[self.rank][j] = sc[j] * row
-            splits[j][self.rank] = rc[j] * row
-        if n > 1:
-            splits[self.rank][self.rank] = sc[self.rank] * row
-            if sc[self.rank] != rc[self.rank]:
-                raise InvalidArgument(f"send_counts[{self.rank}]={sc[self.rank]} but recv_counts[{self.rank}]="
-                                      f"{rc[self.rank]}", "what a rank sends itself must equal what it receives")
-        tsplits = tuple(tuple(r) for r in splits)
-        if n == 1:
-            return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size, None, None, async_op, timeout, out)
-        return self._coll(Collective.ALL_TO_ALLV, xb, ob, 0, None, None, async_op, timeout, out, splits=tsplits)
-
-    def _counts(self, counts: Sequence[int] | None, what: str) -> list[int]:
-        if counts is None or len(counts) != self.size or any(int(c) < 0 for c in counts):
-            raise InvalidArgument(f"{what} must list {self.size} non-negative counts", f"got {counts!r}")
-        return [int(c) for c in counts]
-
-    def barrier(self, timeout: float | None = None) -> None:
-        """Wait until every rank of the communicator has reached the barrier."""
-        def fn(deadline: float) -> None:
-            if self.size == 1:
-                return
-            seq = self._op_seq
-            self._op_seq += 1
-            ctx = CallContext(self._transport, self._waiters[LANE_COLL], call_signature("barrier"), seq,
-                              describe("barrier", 0, np.dtype("uint8"), None, None, "check"), deadline, self.size,
-                              self.rank, True)
-            check_exchange(ctx, [p for p in range(self.size) if p != self.rank])
-        self._run(LANE_COLL, fn, False, timeout, "barrier", None)
-
-    # ---------------------------------------------------------------- point to point
-    def _peer(self, peer: int, what: str) -> int:
-        if not isinstance(peer, (int, np.integer)) or not 0 <= int(peer) < self.size or int(peer) == self.rank:
-            raise InvalidArgument(f"{what}={peer!r} is not another rank of this communicator (size {self.size}, "
-                                  f"this rank {self.rank})", "ranks are group-local")
-        return int(peer)
-
-    @staticmethod
-    def _tag(tag: int) -> int:
-        if not isinstance(tag, (int, np.integer)) or not 0 <= int(tag) < 2**31:
-            raise InvalidArgument(f"tag={tag!r}", "tags are integers in [0, 2**31)")
-        return int(tag)
-
-    def send(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> None:
-        """Send x to rank dst (matched in order by recv(src=this rank, tag=tag) there)."""
-        self._p2p_send(x, dst, tag, False, timeout)
-
-    def isend(self, x: Any, dst: int, tag: int = 0, timeout: float | None = None) -> Work:
-        """Asynchronous send; do not modify x until the Work completes."""
-        return self._p2p_send(x, dst, tag, True, timeout)
-
-    def _p2p_send(self, x: Any, dst: int, tag: int, async_op: bool, timeout: float | None) -> Any:
-        xb, dst, tag = Buf(x, "x"), self._peer(dst, "dst"), self._tag(tag)
-
-        def fn(deadline: float) -> None:
-            op = self._transport.out(dst, f"p{tag}", deadline).send(xb.flat.view(np.uint8), Kind.DATA, 0, 0, tag)
-            drive([op], self._waiters[LANE_SEND], deadline, f"send to rank {dst}")
-        return self._run(LANE_SEND, fn, async_op, timeout, f"send to {dst}", None)
-
-    def recv(self, x: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
-        """Receive into x (in place) from rank src; the message must have x's size."""
-        return self._p2p_recv(x, src, tag, False, timeout)
-
-    def irecv(self, x: Any, src: int, tag: int = 0, timeout: float | None = None) -> Work:
-        """Asynchronous recv into x."""
-        return self._p2p_recv(x, src, tag, True, timeout)
-
-    def _p2p_recv(self, x: Any, src: int, tag: int, async_op: bool, timeout: float | None) -> Any:
-        xb, src, tag = Buf(x, "x"), self._peer(src, "src"), self._tag(tag)
-
-        def fn(deadline: float) -> None:
-            u8 = xb.flat.view(np.uint8)
-            op = self._transport.inn(src, f"p{tag}").recv(Sink(u8), u8.shape[0], 0, check=False, op_seq=0, tag=tag)
-            drive([op], self._waiters[LANE_RECV], deadline, f"recv from rank {src}")
-            if op.mismatch is not None:
-                raise InvalidArgument(f"recv from rank {src} (tag {tag}): message has {op.mismatch.got_nbytes} bytes, "
-                                      f"the buffer {u8.shape[0]}", "send and receive buffers must have equal size")
-        return self._run(LANE_RECV, fn, async_op, timeout, f"recv from {src}", x)
-
-    # ---------------------------------------------------------------- groups
-    def split(self, color: int | None, key: int = 0, timeout: float | None = None) -> "Communicator | None":
-        """Collective: ranks with equal color form a new communicator, ordered by (key, rank); None: no group."""
-        self._usable()
-        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
-            raise InvalidArgument(f"color={color!r}", "color is an int >= 0, or None to join no group")
-        k = self._nsplit
-        self._nsplit += 1
-        t = self.timeout if timeout is None else float(timeout)
-        self._store.set(f"split{k}/{self.rank}", json.dumps([None if color is None else int(color), int(key)]))
-        self._store.wait([f"split{k}/{r}" for r in range(self.size)], t)
-        entries = [json.loads(self._store.get(f"split{k}/{r}", t)) for r in range(self.size)]
-        if color is None:
-            return None
-        members = sorted((e[1], r) for r, e in enumerate(entries) if e[0] == int(color))
-        new_rank = [r for _, r in members].index(self.rank)
-        return Communicator(self._sh, f"{self.ns}/s{k}c{int(color)}", new_rank, len(members))
-
-    def new_group(self, ranks: Sequence[int], timeout: float | None = None) -> "Communicator | None":
-        """Collective over all ranks: a communicator of `ranks` (in that order); None on non-members."""
-        rs = [int(r) for r in ranks]
-        if len(set(rs)) != len(rs) or any(not 0 <= r < self.size for r in rs) or not rs:
-            raise InvalidArgument(f"new_group ranks {list(ranks)} must be distinct ranks of 0..{self.size - 1}")
-        if self.rank in rs:
-            return self.split(0, rs.index(self.rank), timeout)
-        return self.split(None, 0, timeout)
-
-    def shrink(self, exclude: Sequence[int] = (), timeout: float | None = None) -> "Communicator":
-        """Collective over the survivors: a new communicator without dead (or excluded) ranks; destroys this one."""
-        from .recovery import shrink
-        return shrink(self, exclude, timeout)
-
     # ---------------------------------------------------------------- memory
     def alloc(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
         """An array in a shared-memory segment that same-host peers map: collectives send from it by
@@ -682,36 +398,12 @@ class Communicator:
 def init(rank: int | None = None, world_size: int | None = None, store_addr: str | None = None, *,
          timeout: float | None = None, traffic_class: int | None = None, secret: str | None = None) -> Communicator:
     """Join (or start) a job and return the world communicator; arguments default to the launcher's env."""
-    info = detect(rank, world_size, store_addr, secret)
-    logs.setup(info.rank)
-    timeout_s = float(config.get("TIMEOUT") if timeout is None else timeout)
-    tos = config.get("TRAFFIC_CLASS") if traffic_class is None else int(traffic_class)
-    if tos is not None and not -1 <= tos <= 255:
-        raise InvalidArgument(f"traffic_class={tos}", "an IP TOS byte 0..255 (DSCP << 2), or -1 for unset")
-    tos = None if tos is None or tos < 0 else tos
-    sec = auth.secret_bytes(info.secret)
-    server = None
-    host, port = info.store_host, info.store_port
-    if info.rank == 0 and port == 0:
-        server = StoreServer(host, port, sec)
-        host, port = server.address
-    elif info.rank == 0:
-        try:
-            server = StoreServer(host, port, sec)
-        except RingflowSystemError:
-            server = None  # somebody (the launcher, `ringflow store`) already serves it
-    store = Store(host, port, sec, timeout=timeout_s)
+    shared, ns, rank_, size = join(rank, world_size, store_addr, timeout=timeout, traffic_class=traffic_class,
+                                   secret=secret)
     try:
-        arrivals = store.add(f"ringflow/{info.job_id}/arrivals", 1)
-    except RingflowError:
-        store.close()
-        raise
-    gen = (arrivals - 1) // info.world_size
-    shared = _Shared(store, server, info.job_id, sec, timeout_s, tos)
-    try:
-        return Communicator(shared, f"{info.job_id}.g{gen}", info.rank, info.world_size)
+        return Communicator(shared, ns, rank_, size)
     except BaseException:
-        store.close()
-        if server is not None:
-            server.close()
+        shared.store.close()
+        if shared.server is not None:
+            shared.server.close()
         raise

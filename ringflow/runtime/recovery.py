@@ -1,6 +1,6 @@
 """Shrink: after a failure, the survivors agree on who is alive and build a new communicator.
 
-The seed's NCCL recipe, "abort, free resources, create a new communicator, continue", done
+NCCL's recovery recipe (ncclCommAbort, then a new communicator), "abort, free resources, create a new communicator, continue", done
 through the rendezvous store under a new generation (namespace ``<ns>/x<k>``)::
 
     1. every caller posts a vote: the ranks it knows are gone (connection closed or heartbeat

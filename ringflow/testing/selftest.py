@@ -152,13 +152,13 @@ def core_cases(r: Runner, dtypes: list[str], ops: list[str], full: bool = True) 
                 out = comm.all_gather(xs[me])
                 _eq(out, np.concatenate(xs), "all_gather")
                 out2 = np.zeros(n * count, dtype=xs[me].dtype)
-                comm.all_gather(xs[me], out2)
+                comm.all_gather(xs[me], out=out2)
                 _eq(out2, np.concatenate(xs), "all_gather into out")
             r.check(f"all_gather {dtype} count={count}", ag)
 
             def ga(xs=xs, root=root) -> None:
                 out = np.zeros(n * count, dtype=xs[me].dtype)
-                comm.gather(xs[me], root, out)
+                comm.gather(xs[me], root, out=out)
                 if me == root:
                     _eq(out, np.concatenate(xs), f"gather root {root}")
             r.check(f"gather {dtype} count={count} root={root}", ga)
@@ -391,7 +391,7 @@ def groups(r: Runner) -> None:
             _eq(x, ref, f"zero-copy all_reduce/{algo} in place")
         g = comm.alloc(c * n, np.float32)
         x[...] = xs[me]
-        comm.all_gather(x, g)
+        comm.all_gather(x, out=g)
         _eq(g, np.concatenate(xs), "zero-copy all_gather")
         y = comm.alloc(c, np.float32)
         y[...] = xs[me]
@@ -414,7 +414,7 @@ def torch_cases(r: Runner) -> None:
             want = (torch.arange(6, dtype=torch.float32) * n + sum(range(n))).to(tdt)
             assert torch.equal(t, want), f"{t} != {want}"
             out = torch.zeros(n * 6, dtype=tdt)
-            comm.all_gather(t, out)
+            comm.all_gather(t, out=out)
             assert torch.equal(out, want.repeat(n)), "all_gather tensor"
         r.check(f"torch {name}", case)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from .graph import LinkType, NodeKind
+from .graph import LinkType, NodeKind, predecessors, successors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
@@ -23,9 +23,10 @@ def nvlink_count(topo: Topology, a: str, b: str) -> int:
     if g.has_edge(a, b) and g.edges[a, b]["type"] == LinkType.NVLINK:
         return int(g.edges[a, b]["nlinks"])
     # through NVSwitch fabric: both attach by NVLink to NVSwitch nodes that are connected by NVLink
-    sa = {s: d["nlinks"] for s, d in g._succ[a].items()
+    succ = successors(g)
+    sa = {s: d["nlinks"] for s, d in succ[a].items()
           if d["type"] == LinkType.NVLINK and g.nodes[s]["kind"] == NodeKind.NVSWITCH}
-    sb = {s: d["nlinks"] for s, d in g._pred[b].items()
+    sb = {s: d["nlinks"] for s, d in predecessors(g)[b].items()
           if d["type"] == LinkType.NVLINK and g.nodes[s]["kind"] == NodeKind.NVSWITCH}
     if not sa or not sb:
         return 0
@@ -33,7 +34,7 @@ def nvlink_count(topo: Topology, a: str, b: str) -> int:
     frontier = list(sa)
     while frontier:
         u = frontier.pop()
-        for v, d in g._succ[u].items():
+        for v, d in succ[u].items():
             if v not in reach and d["type"] == LinkType.NVLINK and g.nodes[v]["kind"] == NodeKind.NVSWITCH:
                 reach.add(v)
                 frontier.append(v)
@@ -89,7 +90,7 @@ def nccl_class(topo: Topology, a: str, b: str) -> str:
         return "NVL"
     g = topo.graph
     if g.nodes[a]["kind"] == NodeKind.GPU and g.nodes[b]["kind"] == NodeKind.GPU:
-        for k, d in g._succ[a].items():
+        for k, d in successors(g)[a].items():
             if (d["type"] == LinkType.NVLINK and g.nodes[k]["kind"] == NodeKind.GPU
                     and nvlink_count(topo, k, b)):
                 return "NVB"

@@ -12,6 +12,7 @@ import re
 import shutil
 import socket
 import subprocess
+from typing import Any
 
 from ..errors import TopologyError
 from ..hardware import LATENCY_US, pcie_GBps, socket_link
@@ -69,10 +70,10 @@ def _pcie_of(dev_dir: str) -> tuple[int, int] | None:
     return gen, int(width)
 
 
-def net_interfaces(sys_root: str = _SYS) -> list[dict]:
+def net_interfaces(sys_root: str = _SYS) -> list[dict[str, Any]]:
     """Network interfaces except loopback: name, speed_gbps (None if unknown), numa, virtual, pcie (gen, lanes)."""
     base = os.path.join(sys_root, "class/net")
-    out = []
+    out: list[dict[str, Any]] = []
     if not os.path.isdir(base):
         return out
     for name in sorted(os.listdir(base)):

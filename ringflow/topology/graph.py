@@ -17,11 +17,20 @@ from __future__ import annotations
 
 from enum import Enum
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import networkx as nx
 
 from ..errors import TopologyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .routing import Router
+
+#: the attributes of one node or link: the schema's fields (kind, host, index, type, bw_GBps, ...) plus free-form
+#: extras from topology files, so genuinely dynamic
+Attrs = dict[str, Any]
+#: networkx's raw adjacency of a DiGraph: node -> neighbour -> the link's attributes
+Adjacency = dict[str, dict[str, Attrs]]
 
 
 class NodeKind(str, Enum):
@@ -57,12 +66,12 @@ ENDPOINT_KINDS = (NodeKind.GPU, NodeKind.PROC)
 class Topology:
     """A machine or cluster: a directed graph of devices and links with routing queries."""
 
-    def __init__(self, name: str = "custom", meta: dict | None = None) -> None:
+    def __init__(self, name: str = "custom", meta: dict[str, Any] | None = None) -> None:
         self.name = name
-        self.meta: dict = dict(meta or {})
-        self.graph: nx.DiGraph = nx.DiGraph()
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.graph: nx.DiGraph[str] = nx.DiGraph()
         self._counters: dict[tuple[int, str], int] = {}
-        self._router: Any = None
+        self._router: Router | None = None
         self._hosts: list[int] | None = None
 
     # ----------------------------------------------------------------- building
@@ -108,7 +117,7 @@ class Topology:
         self._router = None
         self._hosts = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_router"] = None          # caches are rebuilt on demand
         state["_hosts"] = None
@@ -117,9 +126,9 @@ class Topology:
     # ----------------------------------------------------------------- lookups
     def kind(self, node: str) -> NodeKind:
         """The NodeKind of a node."""
-        return self._attrs(node)["kind"]
+        return cast(NodeKind, self._attrs(node)["kind"])
 
-    def _attrs(self, node: str) -> dict:
+    def _attrs(self, node: str) -> Attrs:
         try:
             return self.graph.nodes[node]
         except KeyError:
@@ -163,7 +172,7 @@ class Topology:
             groups.setdefault(self.host_of(n), []).append(r)
         return [groups[h] for h in sorted(groups)]
 
-    def link(self, u: str, v: str) -> dict:
+    def link(self, u: str, v: str) -> Attrs:
         """The attribute dict of edge u->v (live: writing to it changes the topology; then `invalidate()`)."""
         try:
             return self.graph.edges[u, v]
@@ -178,7 +187,7 @@ class Topology:
                  NodeKind.PCIE_SWITCH: "PCISW", NodeKind.NVSWITCH: "NVSW", NodeKind.NET_SWITCH: "SW"}[d["kind"]]
         name = f"{short}{d['index']}"
         if d["kind"] == NodeKind.NET_SWITCH:
-            return d.get("label", node)
+            return str(d.get("label", node))
         return name if len(self.hosts()) <= 1 else f"h{d['host']}/{name}"
 
     def find(self, label_or_id: str, host: int = 0) -> str:
@@ -198,7 +207,7 @@ class Topology:
 
     # ----------------------------------------------------------------- routing queries
     @property
-    def router(self) -> Any:
+    def router(self) -> Router:
         """The (cached) router; rebuilt after any change."""
         if self._router is None:
             from .routing import Router
@@ -221,11 +230,11 @@ class Topology:
     def bottleneck_GBps(self, a: str, b: str) -> float:
         """Minimum per-direction bandwidth along path(a, b) (inf when a == b)."""
         edges = self.path_edges(self.path(a, b))
-        return min((self.graph.edges[e]["bw_GBps"] for e in edges), default=float("inf"))
+        return cast(float, min((self.graph.edges[e]["bw_GBps"] for e in edges), default=float("inf")))
 
     def latency_us(self, a: str, b: str) -> float:
         """Sum of link latencies along path(a, b)."""
-        return sum(self.graph.edges[e]["latency_us"] for e in self.path_edges(self.path(a, b)))
+        return cast(float, sum(self.graph.edges[e]["latency_us"] for e in self.path_edges(self.path(a, b))))
 
     def path_class_smi(self, a: str, b: str) -> str:
         """nvidia-smi topo -m vocabulary: X, NV#, PIX, PXB, PHB, NODE, SYS (NET across hosts)."""
@@ -238,13 +247,13 @@ class Topology:
         return nccl_class(self, a, b)
 
     # ----------------------------------------------------------------- (de)serialisation
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The documented, versioned schema (docs/topology.md)."""
         from .schema import topology_to_dict
         return topology_to_dict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Topology:
+    def from_dict(cls, d: dict[str, Any]) -> Topology:
         """Build from the schema; TopologyError names the bad field."""
         from .schema import topology_from_dict
         return topology_from_dict(d)
@@ -264,7 +273,7 @@ class Topology:
         """A deep copy (graph, meta)."""
         return Topology.from_dict(self.to_dict())
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Counts per node kind and link type, for display."""
         kinds: dict[str, int] = {}
         for _, d in self.graph.nodes(data=True):
@@ -280,3 +289,13 @@ class Topology:
         s = self.summary()
         return f"Topology({self.name!r}, hosts={s['hosts']}, endpoints={s['endpoints']}, nodes={s['nodes']})"
 
+
+def successors(g: nx.DiGraph[str]) -> Adjacency:
+    """The raw successor dicts of `g` (networkx's `g._succ`, live): the routing loops read them without
+    building networkx's view objects on every step."""
+    return cast(Adjacency, g._succ)  # type: ignore[attr-defined]
+
+
+def predecessors(g: nx.DiGraph[str]) -> Adjacency:
+    """The raw predecessor dicts of `g` (networkx's `g._pred`, live)."""
+    return cast(Adjacency, g._pred)  # type: ignore[attr-defined]

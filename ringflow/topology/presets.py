@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import TopologyError
 from ..hardware import (
@@ -64,7 +65,7 @@ class HostBuilder:
 
     def pcie(self, a: str, b: str, gen: int, lanes: int = 16, root: int | None = None) -> None:
         """PCIe link, bandwidth computed from the generation and width."""
-        extra = {} if root is None else {"root": root}
+        extra: dict[str, Any] = {} if root is None else {"root": root}
         self.t.add_link(a, b, LinkType.PCIE, pcie_GBps(gen, lanes), LATENCY_US["pcie"], nlinks=1, tier="pcie",
                         gen=gen, lanes=lanes, **extra)
 
@@ -199,7 +200,7 @@ def build_dgx_h100(topo: Topology, host: int = 0) -> None:
     # 400 Gb/s NDR; each PCIe Gen5 switch holds 2 GPUs and their 2 NICs (GPU i <-> NIC i, rail i).
     _dgx_nvswitch(topo, host, model="H100", nvl_gen=4, nvsw_gen=3, chips=4, links=18, cpu_model="Xeon Platinum 8480C",
                   cores=56, socket="UPI-16", nsock_links=4, pcie_gen=5, nic_gbps=400, two_level=False)
-    # seed 000 / DGX H100 whitepaper: the 4 NVSwitches expose 72 NVLink4 ports (72 x 50 GB/s = 3.6 TB/s both
+    # DGX H100 whitepaper: the 4 NVSwitches expose 72 NVLink4 ports (72 x 50 GB/s = 3.6 TB/s both
     # directions) to the external NVLink Switch of a SuperPOD; kept as attributes (no NVLink network modelled).
     fabric = topo.graph.nodes[f"h{host}/nvsw0"]
     fabric["external_nvlink_ports"] = 72
@@ -228,7 +229,7 @@ def build_gb200_nvl72(topo: Topology, host: int = 0) -> None:
 # ---------------------------------------------------------------------------- PCIe-only
 def build_pcie_8gpu(topo: Topology, host: int = 0) -> None:
     """8 PCIe GPUs, no NVLink: 2 CPUs over QPI, 2 PCIe Gen3 switches per CPU, 2 GPUs per switch."""
-    # A common 4U 8-GPU server layout (seed 002: "8 GPUs under two CPUs", "4 GPUs under one PCIe switch" trees;
+    # A common 4U 8-GPU server layout ("8 GPUs under two CPUs", "4 GPUs under one PCIe switch" trees;
     # measured 10.59 GB/s same switch, 9.15 GB/s across QPI). 2 x Xeon E5-2698 v4 (2 x QPI 9.6 GT/s); one
     # 100 Gb/s EDR NIC on the first switch of each CPU.
     b = HostBuilder(topo, host)
@@ -251,8 +252,8 @@ def build_host_cpu(topo: Topology, host: int = 0, nprocs: int = 4, shm_GBps: flo
                    loopback_latency_us: float = LATENCY_US["loopback"], nic_gbps: float = 25.0) -> None:
     """One GPU-less host: `nprocs` PROC endpoints joined by SHM through a memory hub and by LOOPBACK pairwise.
 
-    Default figures are UNCALIBRATED (hardware.latency); `ringflow sim calibrate` writes measured ones
-    into the edges (plain attributes) and saves the topology.
+    Default figures are UNCALIBRATED (hardware.latency); measured figures can be written
+    into the edges (plain attributes) and saved with the topology (`ringflow calibrate` measures this machine).
     """
     b = HostBuilder(topo, host)
     hub = topo.add_node(b.nid("mem", 0), NodeKind.CPU, host, 0, model="host memory", numa=0, cores=nprocs,

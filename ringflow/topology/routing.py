@@ -26,10 +26,10 @@ import heapq
 import zlib
 from collections.abc import Callable
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import TopologyError
-from .graph import LinkType, NodeKind
+from .graph import Attrs, LinkType, NodeKind, predecessors, successors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
@@ -38,6 +38,9 @@ _NO_TRANSIT = (NodeKind.GPU, NodeKind.PROC, NodeKind.NIC)
 _MODES = ("nvlink", "all", "relay")
 _NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
 _EPS = 1e-9
+#: a host's local structure: its nodes (id without the host prefix, kind, index) and links (ends, type,
+#: bandwidth, latency, nlinks); hosts with equal fingerprints share routes
+_HostFingerprint = tuple[tuple[tuple[str, str, int], ...], tuple[tuple[str, str, str, float, float, int], ...]]
 
 
 class Router:
@@ -46,11 +49,13 @@ class Router:
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
         self.g = topo.graph
+        self._succ = successors(self.g)
+        self._pred = predecessors(self.g)
         self._cache: dict[tuple[str, str], list[str]] = {}
         self._intra_cache: dict[tuple[str, str, str], list[str] | None] = {}
         self._intra_done: set[tuple[str, str]] = set()
         self._rep_of: dict[int, int] = {}
-        self._fp_rep: dict[int, tuple[int, tuple]] = {}
+        self._fp_rep: dict[int, tuple[int, _HostFingerprint]] = {}
         self._near: dict[str, list[str]] = {}
         self._sw_paths: dict[tuple[str, str], list[list[str]]] = {}
         self._host_nodes: dict[int, set[str]] = {}
@@ -89,7 +94,7 @@ class Router:
     # ----------------------------------------------------------------- dispatch
     def _host(self, n: str) -> int:
         try:
-            return self.g.nodes[n]["host"]
+            return cast(int, self.g.nodes[n]["host"])
         except KeyError:
             raise TopologyError(f"node {n!r} is not in topology {self.topo.name!r}",
                                 "use an id from topo.endpoints() / topo.graph.nodes") from None
@@ -130,7 +135,7 @@ class Router:
         cut = len(prefix)
         edges = []
         for n in nodes:
-            for v, d in g._succ[n].items():
+            for v, d in self._succ[n].items():
                 if v in nodes:
                     edges.append((n[cut:], v[cut:], d["type"].value, round(d["bw_GBps"], 9),
                                   round(d["latency_us"], 9), d["nlinks"]))
@@ -167,7 +172,7 @@ class Router:
         """
         self._intra_done.add((a, mode))
         nodes = self._host_nodes[self._host(a)]
-        ok: Callable[[dict], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if mode == "nvlink"
+        ok: Callable[[Attrs], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if mode == "nvlink"
                                       else (lambda d: d["type"] not in _NET_TYPES))
         blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
         best = self._widest_values(a, nodes, ok, blocked)
@@ -185,7 +190,7 @@ class Router:
                     out.append(pred[out[-1]])
                 self._intra_cache[(a, t, mode)] = out[::-1]
 
-    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool],
+    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[Attrs], bool],
                        blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, float]:
         """Max-bottleneck value from a to every reachable node (modified Dijkstra); stops at `target` if given."""
         g = self.g
@@ -201,7 +206,7 @@ class Router:
                 break
             if u != a and g.nodes[u]["kind"] in blocked:
                 continue
-            for v, d in g._succ[u].items():
+            for v, d in self._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d):
                     continue
                 nb = min(-negbw, d["bw_GBps"])
@@ -210,7 +215,7 @@ class Router:
                     heapq.heappush(heap, (-nb, v))
         return best
 
-    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[dict], bool], floor: float,
+    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[Attrs], bool], floor: float,
                     blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, str]:
         """Predecessors of the fewest-hops-then-least-latency tree over edges at least `floor` wide."""
         g = self.g
@@ -227,7 +232,7 @@ class Router:
                 break
             if u != a and g.nodes[u]["kind"] in blocked:
                 continue
-            for v, d in g._succ[u].items():
+            for v, d in self._succ[u].items():
                 if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
                     continue
                 cand = (hops + 1, round(lat + d["latency_us"], 9))
@@ -237,7 +242,7 @@ class Router:
                     heapq.heappush(heap, (cand[0], cand[1], v))
         return pred
 
-    def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[dict], bool],
+    def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[Attrs], bool],
                 blocked: tuple[NodeKind, ...] | None = None) -> list[str] | None:
         """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`;
         nodes of a `blocked` kind are never transit (default: GPU/PROC/NIC in a host, GPU/PROC globally)."""
@@ -327,8 +332,8 @@ class Router:
         g = self.g
         if g.has_edge(na, nb):
             return [[na, nb]]
-        la = [s for s in g._succ[na] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
-        lb = [s for s in g._pred[nb] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
+        la = [s for s in self._succ[na] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
+        lb = [s for s in self._pred[nb] if g.nodes[s]["kind"] == NodeKind.NET_SWITCH]
         if not la or not lb:
             return []
         best: list[list[str]] = []
@@ -354,7 +359,7 @@ class Router:
             while frontier and y not in level:
                 nxt = []
                 for u in frontier:
-                    for v in g._succ[u]:
+                    for v in self._succ[u]:
                         if g.nodes[v]["kind"] != NodeKind.NET_SWITCH:
                             continue
                         if v not in level:

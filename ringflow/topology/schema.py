@@ -53,7 +53,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def topology_to_dict(topo: Topology) -> dict:
+def topology_to_dict(topo: Topology) -> dict[str, Any]:
     """Serialise: nodes sorted by (host, kind, index); a link pair with equal figures is one bidirectional entry."""
     g = topo.graph
     nodes = []
@@ -84,7 +84,7 @@ def topology_to_dict(topo: Topology) -> dict:
             "nodes": nodes, "links": links}
 
 
-def _need(d: dict, key: str, where: str) -> Any:
+def _need(d: dict[str, Any], key: str, where: str) -> Any:
     if key not in d:
         raise TopologyError(f"{where}.{key} is missing", f"every entry of {where.split('[')[0]} needs '{key}'")
     return d[key]

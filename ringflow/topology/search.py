@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import TopologyError
-from .graph import LinkType, NodeKind
+from .graph import LinkType, NodeKind, successors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
+    from .routing import Router
 
 Edge = tuple[str, str]
 MAX_DFS_NODES = 300    # beyond this many endpoints in one host: greedy order instead of the DFS
@@ -215,7 +216,7 @@ def ring_bw(order: Sequence[int], hops: _Hops, cap: dict[Edge, float]) -> float:
     return min(cap[e] / k for e, k in load.items())
 
 
-def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset:
+def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset[LinkType]:
     g = hops.topo.graph
     return frozenset(g.edges[e]["type"] for e in ring_loads(order, hops))
 
@@ -344,7 +345,7 @@ def _single_host_ring(n: int, hops: _Hops, cap: dict[Edge, float],
     return _best_order(list(range(n)), 0, None, hops, cap, budget, tiebreak)
 
 
-def _host_fingerprint(topo: Topology, eps: list[str], idx: list[int]) -> tuple:
+def _host_fingerprint(topo: Topology, eps: list[str], idx: list[int]) -> tuple[tuple[int, str | None], ...]:
     g = topo.graph
     return tuple((g.nodes[eps[i]]["index"], g.nodes[eps[i]].get("model")) for i in idx)
 
@@ -387,26 +388,26 @@ def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
     return best_ring, best
 
 
-def _rail_room(pair: tuple[int, int], rails: dict[int, list[int]], eps: list[str], router: object,
+def _rail_room(pair: tuple[int, int], rails: dict[int, list[int]], eps: list[str], router: Router,
                cap: dict[Edge, float]) -> float:
     """Residual network bandwidth of the best NIC the pair's entry and exit GPUs share (0 if none)."""
     s, e = pair
     shared = set(rails.get(s, [])) & set(rails.get(e, []))
-    g = router.g  # type: ignore[attr-defined]
+    g = router.g
     room = 0.0
-    for nic in router.near_nics(eps[s]):  # type: ignore[attr-defined]
-        if router._rail(nic) in shared or not shared:  # type: ignore[attr-defined]
-            for v in g._succ[nic]:
+    for nic in router.near_nics(eps[s]):
+        if router._rail(nic) in shared or not shared:
+            for v in successors(g)[nic]:
                 if g.edges[nic, v]["type"] in (LinkType.IB, LinkType.ETHERNET):
                     room = max(room, min(cap[(nic, v)], cap.get((v, nic), 0.0)))
     return room
 
 
-def _entry_exit(group: list[int], want: set[int], eps: list[str], router: object) -> tuple[int, int]:
+def _entry_exit(group: list[int], want: set[int], eps: list[str], router: Router) -> tuple[int, int]:
     """Entry and exit endpoints of a host segment that reach a NIC on one of the rails `want` (else the ends)."""
     if len(group) == 1:
         return group[0], group[0]
-    near = [i for i in group if want & {router._rail(x) for x in router.near_nics(eps[i])}]  # type: ignore[attr-defined]
+    near = [i for i in group if want & {router._rail(x) for x in router.near_nics(eps[i])}]
     if len(near) >= 2:
         return near[0], near[1]
     if len(near) == 1:
@@ -467,7 +468,7 @@ def _greedy_channels(groups: list[list[int]], hops: _Hops, cap: dict[Edge, float
     """Best ring on the residual capacities, subtract, repeat (same link classes, >= half the first ring)."""
     n = len(hops.eps)
     found: list[Ring] = []
-    first_classes: frozenset | None = None
+    first_classes: frozenset[LinkType] | None = None
     while len(found) < max_ch:
         if len(groups) == 1:
             order, bw = _single_host_ring(n, hops, cap, tiebreak)

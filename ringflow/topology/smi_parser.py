@@ -15,6 +15,7 @@ Lines starting with '#' are comments (the fixtures name their sources there).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..errors import TopologyError
 from ..hardware import GPU_MODELS, nvlink_gen
@@ -55,24 +56,7 @@ class SmiMatrix:
 def parse_smi_text(text: str) -> SmiMatrix:
     """Parse the text of `nvidia-smi topo -m`; TopologyError names the line that is wrong."""
     lines = [ln.rstrip("\n") for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    header_i = None
-    for i, ln in enumerate(lines):
-        toks = ln.split()
-        # the header starts with the GPU0 column name; a data row starts with GPU0 followed by a class (X)
-        if len(toks) > 1 and toks[0] == "GPU0" and not _CLASS_RE.match(toks[1]):
-            header_i = i
-            break
-    if header_i is None:
-        raise TopologyError("no 'nvidia-smi topo -m' header line (GPU0 GPU1 ... CPU Affinity) found",
-                            "pass the output of `nvidia-smi topo -m` as it is printed")
-    head = lines[header_i].split()
-    devices: list[str] = []
-    for t in head:
-        if t in ("CPU", "NUMA", "GPU", "Affinity", "ID") and devices:
-            break
-        devices.append(t)
-    if not devices or not devices[0].startswith("GPU"):
-        raise TopologyError(f"header line has no GPU columns: {lines[header_i]!r}", "the first column must be GPU0")
+    header_i, devices = _smi_header(lines)
     cells: dict[tuple[str, str], str] = {}
     numa: dict[str, int | None] = {}
     aff: dict[str, str] = {}
@@ -101,6 +85,35 @@ def parse_smi_text(text: str) -> SmiMatrix:
             aff[row] = rest[0] if rest else ""
             numa[row] = int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
         seen_rows.append(row)
+    _check_smi_matrix(devices, cells, seen_rows)
+    return SmiMatrix(devices, cells, numa, aff, legend)
+
+
+def _smi_header(lines: list[str]) -> tuple[int, list[str]]:
+    """The index of the header line and the device columns it names."""
+    header_i = None
+    for i, ln in enumerate(lines):
+        toks = ln.split()
+        # the header starts with the GPU0 column name; a data row starts with GPU0 followed by a class (X)
+        if len(toks) > 1 and toks[0] == "GPU0" and not _CLASS_RE.match(toks[1]):
+            header_i = i
+            break
+    if header_i is None:
+        raise TopologyError("no 'nvidia-smi topo -m' header line (GPU0 GPU1 ... CPU Affinity) found",
+                            "pass the output of `nvidia-smi topo -m` as it is printed")
+    head = lines[header_i].split()
+    devices: list[str] = []
+    for t in head:
+        if t in ("CPU", "NUMA", "GPU", "Affinity", "ID") and devices:
+            break
+        devices.append(t)
+    if not devices or not devices[0].startswith("GPU"):
+        raise TopologyError(f"header line has no GPU columns: {lines[header_i]!r}", "the first column must be GPU0")
+    return header_i, devices
+
+
+def _check_smi_matrix(devices: list[str], cells: dict[tuple[str, str], str], seen_rows: list[str]) -> None:
+    """Every GPU has its row, the diagonal is X and the matrix is symmetric."""
     missing = [g for g in devices if g.startswith("GPU") and g not in seen_rows]
     if missing:
         raise TopologyError(f"rows missing for {', '.join(missing)}", "pass the complete matrix")
@@ -111,7 +124,6 @@ def parse_smi_text(text: str) -> SmiMatrix:
         if back is not None and back != v:
             raise TopologyError(f"{a}/{b} is {v} but {b}/{a} is {back}: the matrix is not symmetric",
                                 "pass the matrix unchanged")
-    return SmiMatrix(devices, cells, numa, aff, legend)
 
 
 class _UF:
@@ -197,8 +209,9 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
                 by_aff[aff] = g
     numa_of: dict[str, int] = {}
     for g in gpus:
-        if m.numa.get(g) is not None:
-            numa_of[g] = int(m.numa[g])  # type: ignore[arg-type]
+        numa = m.numa.get(g)
+        if numa is not None:
+            numa_of[g] = int(numa)
     groups = uf_sock.groups(devs)
     next_sock = max(numa_of.values(), default=-1) + 1
     for grp in groups:
@@ -328,7 +341,7 @@ def render_smi(topo: Topology, host: int = 0, bandwidth: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def smi_table(topo: Topology, host: int = 0) -> dict:
+def smi_table(topo: Topology, host: int = 0) -> dict[str, Any]:
     """The matrix as data: devices, classes and per-direction bottleneck GB/s for every pair."""
     devs = (topo.gpus(host) or topo.nodes(NodeKind.PROC, host)) + topo.nics(host)
     names = [topo.label(d).split("/")[-1] for d in devs]

@@ -141,7 +141,7 @@ class AlphaBetaModel:
         def eff_of(d: dict) -> float:
             kind = str(getattr(d["type"], "value", d["type"]))
             # GPUDirect RDMA: the PCIe legs of a GPU->NIC path are not the CPU-staged copies that the
-            # sim's PCIe efficiency (seed 002's memcpy measurement) describes; only the network derates.
+            # sim's PCIe efficiency (a device-to-host copy measurement) describes; only the network derates.
             if cls == "net" and kind == "pcie":
                 return 1.0
             return eff.get(kind, 1.0)

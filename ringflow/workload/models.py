@@ -157,7 +157,7 @@ class ModelSpec:
         return 3.0 * self.forward_flops_per_token(seq_len)
 
     def nominal(self) -> float:
-        """The size in the model's name if given (what seed 004's arithmetic uses), else params()."""
+        """The size in the model's name if given (what the closed-form traffic formulas use), else params()."""
         return self.nominal_params or float(self.params())
 
     def to_dict(self) -> dict[str, Any]:

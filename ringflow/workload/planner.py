@@ -42,11 +42,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
-               gpus_per_server: int = 8, precision: str = "bf16") -> Iterator[Layout]:
-    """Every layout of the search space that is valid for the model and GPU count."""
+def _grid_shapes(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
+                 gpus_per_server: int) -> Iterator[tuple[int, int, int, int]]:
+    """(tp, cp, pp, dp) of the search space that divide the GPUs, heads, sequence and global batch."""
     pps = space.pp if space.pp is not None else tuple(_divisors(model.layers))
-    eps = space.ep if space.ep is not None else (tuple(_divisors(model.experts)) if model.is_moe else (1,))
     for tp in space.tp:
         if tp > gpus_per_server or model.heads % tp or gpus % tp:
             continue
@@ -57,23 +56,31 @@ def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, spa
                 dp = gpus // (tp * pp * cp)
                 if global_batch % dp:
                     continue
-                per_replica = global_batch // dp
-                for mb in space.micro_batch:
-                    if per_replica % mb:
+                yield tp, cp, pp, dp
+
+
+def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
+               gpus_per_server: int = 8, precision: str = "bf16") -> Iterator[Layout]:
+    """Every layout of the search space that is valid for the model and GPU count."""
+    eps = space.ep if space.ep is not None else (tuple(_divisors(model.experts)) if model.is_moe else (1,))
+    for tp, cp, pp, dp in _grid_shapes(model, gpus, global_batch, seq_len, space, gpus_per_server):
+        per_replica = global_batch // dp
+        for mb in space.micro_batch:
+            if per_replica % mb:
+                continue
+            for v in space.interleave:
+                if v > 1 and (pp == 1 or model.layers % (pp * v) or (per_replica // mb) % pp):
+                    continue
+                for z in space.zero:
+                    if z > 0 and dp == 1:
                         continue
-                    for v in space.interleave:
-                        if v > 1 and (pp == 1 or model.layers % (pp * v) or (per_replica // mb) % pp):
-                            continue
-                        for z in space.zero:
-                            if z > 0 and dp == 1:
+                    for rc in space.recompute:
+                        for ep in eps:
+                            if (dp * cp) % ep or (ep > 1 and not model.is_moe):
                                 continue
-                            for rc in space.recompute:
-                                for ep in eps:
-                                    if (dp * cp) % ep or (ep > 1 and not model.is_moe):
-                                        continue
-                                    yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb,
-                                                 global_batch=global_batch, seq_len=seq_len, zero=z, recompute=rc,
-                                                 sequence_parallel=tp > 1, interleave=v, precision=precision)
+                            yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb,
+                                         global_batch=global_batch, seq_len=seq_len, zero=z, recompute=rc,
+                                         sequence_parallel=tp > 1, interleave=v, precision=precision)
 
 
 @dataclass

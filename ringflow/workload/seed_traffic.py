@@ -1,6 +1,6 @@
-"""Seed 004's per-epoch traffic formulas, written exactly as the seed states them, plus its switch sizing.
+"""Closed-form per-epoch traffic formulas for DP / FSDP / TP / PP and 3-D training, plus switch sizing.
 
-Symbols (the seed's): P parameters, T tokens per epoch, L layers, H hidden size, G GPUs, N mini-batches per
+Symbols: P parameters, T tokens per epoch, L layers, H hidden size, G GPUs, N mini-batches per
 epoch, 2 bytes per BF16 value. Per epoch:
 
 | mode | pattern | backward bytes | backward syncs | forward bytes | forward transfers |
@@ -13,7 +13,7 @@ epoch, 2 bytes per BF16 value. Per epoch:
 3-D (Gtp x Gpp x Gdp): backward = 2 N P Gdp [2 L (Gtp-1)/Gpp + (Gdp-1)] + 2 T H (Gpp-1);
 forward = 2 T H (2 L Gtp (Gtp-1) + (Gpp-1)).
 
-How the seed's printed figures come out (found by reproducing them, see docs/workload.md): P = 70e9 (the size
+The reference table these formulas reproduce (docs/workload.md) prints its figures with: P = 70e9 (the size
 in the model's name, not the 70.55e9 the dimensions give), N = 364.6e6 samples / 2048 = 178,027.3 (unrounded),
 T = 156e9, H = 8192, L = 80, G = 8. Its DP, FSDP and PP rows are in decimal PB (1e15 B); its two TP rows are in
 units of 2^20 x 1e9 B (GB converted to "PB" by dividing by 1024^2); every printed figure is the exact value rounded
@@ -31,10 +31,10 @@ from ..errors import InvalidArgument
 BF16_BYTES = 2
 PB = 1e15
 EB = 1e18
-SEED_TP_UNIT = 2**20 * 1e9  # the seed's TP rows: GB divided by 1024^2
+SEED_TP_UNIT = 2**20 * 1e9  # the reference table's TP rows: GB divided by 1024^2
 SECONDS_PER_DAY = 86400.0
 
-# C4 as seed 004 quotes it: ~156e9 tokens, 364.6M training samples, ~38.5 TB after cleaning.
+# C4 as the reference table quotes it: ~156e9 tokens, 364.6M training samples, ~38.5 TB after cleaning.
 C4_TOKENS = 156e9
 C4_SAMPLES = 364.6e6
 C4_BYTES = 38.5e12
@@ -42,7 +42,7 @@ C4_BYTES = 38.5e12
 
 @dataclass(frozen=True)
 class SeedRow:
-    """One row of the seed's per-epoch table."""
+    """One row of the closed-form per-epoch table."""
 
     mode: str
     pattern: str
@@ -50,8 +50,8 @@ class SeedRow:
     backward_syncs: float
     forward_bytes: float
     forward_transfers: float
-    seed_unit_bytes: float  # the unit the seed printed this row in
-    seed_printed: tuple[float, float]  # (backward, forward) in that unit as the seed printed them
+    seed_unit_bytes: float  # the unit the reference table prints this row in
+    seed_printed: tuple[float, float]  # (backward, forward) in that unit as the reference table prints them
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -62,17 +62,17 @@ class SeedRow:
 
 
 def _round_up(value: float) -> float:
-    """Round up the way the seed's printed figures are: integers from 100 up, else one decimal."""
+    """Round up the way the reference table's figures are: integers from 100 up, else one decimal."""
     if value >= 100:
         return float(math.ceil(value - 1e-9))
     return math.ceil(value * 10 - 1e-9) / 10
 
 
 def seed_rows(P: float, T: float, L: int, H: int, G: int, N: float, nbytes: int = BF16_BYTES) -> list[SeedRow]:
-    """The seed's four 1-D rows, formulas exactly as printed (nbytes = 2 for BF16)."""
+    """The four closed-form 1-D rows (nbytes = 2 for BF16)."""
     if min(P, T, L, H, G, N) <= 0:
         raise InvalidArgument("P, T, L, H, G and N must all be > 0", "check --tokens, --batch, --gpus and the model")
-    b = nbytes / 2.0  # the seed's leading factors already contain the 2 bytes of BF16
+    b = nbytes / 2.0  # the formulas' leading factors already contain the 2 bytes of BF16
     rows = [
         ("DP", "all-reduce", 2 * N * P * G * (G - 1) * b, 1, 0.0, 0, PB),
         ("FSDP", "all-gather + all-reduce", 2 * N * P * (G - 1) * b, L, 2 * N * P * (G - 1) * b, L, PB),
@@ -86,7 +86,7 @@ def seed_rows(P: float, T: float, L: int, H: int, G: int, N: float, nbytes: int 
 
 def seed_3d(P: float, T: float, L: int, H: int, N: float, tp: int, pp: int, dp: int,
             nbytes: int = BF16_BYTES) -> dict[str, float]:
-    """The seed's 3-D (Gtp x Gpp x Gdp) per-epoch backward/forward bytes."""
+    """The closed-form 3-D (Gtp x Gpp x Gdp) per-epoch backward/forward bytes."""
     if min(tp, pp, dp) < 1:
         raise InvalidArgument(f"tp={tp}, pp={pp}, dp={dp} must be >= 1")
     b = nbytes / 2.0
@@ -100,8 +100,8 @@ def switch_sizing(total_bytes: float, switch_tbps: float = 51.2, epochs: int = 1
                   days: float = 100.0) -> dict[str, float]:
     """Days per epoch through one switch and switches needed for `epochs` epochs in `days` days.
 
-    Two readings: the seed's (capacity in Tb/s used as TB/s, which gives its ~20 days) and the physical one
-    (Tb/s / 8 = TB/s). Each byte is assumed to cross one switch once, as the seed assumes.
+    Two readings: the reference table's (capacity in Tb/s used as TB/s, which gives its ~20 days) and the physical one
+    (Tb/s / 8 = TB/s). Each byte is assumed to cross one switch once.
     """
     if switch_tbps <= 0 or epochs <= 0 or days <= 0:
         raise InvalidArgument("switch capacity, epochs and days must be > 0")

@@ -20,7 +20,7 @@ Per micro-batch on the slowest pipeline stage (the last one, which also computes
 
 Outputs: breakdown in seconds, MFU (model FLOPs: 3 x forward per token), HFU (+ recomputation),
 tokens/s, time to train on a token budget, network-wait fraction (exposed communication / step), and
-the scale factor T_n/(n T) of seed 003.
+the scale factor T_n/(n T) (throughput of n workers over n times one worker's).
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def _contention_factors(model: ModelSpec, L: Layout, topo: Any, act_bytes: float
 
 
 def scale_factors(model: ModelSpec, layout: Layout, topo_for: Any, dps: list[int], **kw: Any) -> list[dict[str, float]]:
-    """Seed 003's scale factor T_n/(n T) as data parallelism grows (weak scaling: batch per replica fixed).
+    """The scale factor T_n/(n T) as data parallelism grows (weak scaling: batch per replica fixed).
 
     `topo_for(gpus)` returns a topology with at least that many GPUs. T is the throughput per GPU of the
     smallest run in `dps`; T_n the throughput of n GPUs.

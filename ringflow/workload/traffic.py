@@ -1,24 +1,24 @@
-"""Per-epoch traffic: the seed's formulas (`seed_traffic`) beside what ringflow's algorithms really send.
+"""Per-epoch traffic: the closed-form formulas (`seed_traffic`) beside what ringflow's algorithms really send.
 
-``--formula exact`` maps each parallel dimension onto a cluster the way the seed describes (DP, FSDP and PP
+``--formula exact`` maps each parallel dimension onto a cluster (DP, FSDP and PP
 between servers, one GPU per server; TP inside one server; 3-D the Megatron way, TP innermost), lets the
 tuner pick the algorithm for every call (ring, tree, hierarchical, ...), and asks the simulator's analytic
 engine for the bytes each call puts on every link. Rows give, per epoch:
 
-- ``backward_bytes`` / ``forward_bytes``: bytes the GPUs inject (what the seed counts);
+- ``backward_bytes`` / ``forward_bytes``: bytes the GPUs inject (what the closed form counts);
 - ``tiers``: link-bytes per tier (a byte crossing GPU->NVSwitch->GPU counts twice on "nvlink"; one crossing
   servers counts on "nic" going up and coming down, and on "leaf-spine" when it leaves its leaf).
 
 What a training step really sends (P parameters of 2-byte gradients, t tokens per step, h hidden, L layers):
 
-| dim | per step | seed's count |
+| dim | per step | closed-form count |
 |---|---|---|
 | DP | one all-reduce of 2P per replica group: ring 2(G-1)/G x 2P per GPU | full mesh: every GPU sends 2P to G-1 others |
 | FSDP | per layer: all-gather forward, all-gather + reduce-scatter backward | one all-gather + one all-reduce per layer |
 | TP | 2 all-reduces of the activations (2 t h bytes) per layer forward, 2 of their gradients backward | backward: all-reduces of all P parameters per layer (4 N P L (G-1)), forward: full mesh |
 | PP | one activation send forward and one gradient send back per stage boundary | same |
 
-Plus the GPU-storage class of the seed: data loading (tokens x token bytes, once per epoch) and checkpoints
+Plus the GPU-storage class: data loading (tokens x token bytes, once per epoch) and checkpoints
 (weights + fp32 master + Adam moments, 14 B/parameter, every `checkpoint_every` steps).
 """  # noqa: E501 - a markdown table's rows cannot wrap
 from __future__ import annotations
@@ -72,7 +72,7 @@ class ExactRow:
             self.algorithms.append(cost.algorithm)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (same keys as the seed rows, plus tiers)."""
+        """JSON-ready dict (same keys as the closed-form rows, plus tiers)."""
         return {"mode": self.mode, "pattern": self.pattern, "backward_bytes": self.backward_bytes,
                 "backward_syncs": self.backward_syncs, "forward_bytes": self.forward_bytes,
                 "forward_transfers": self.forward_transfers, "total_bytes": self.backward_bytes + self.forward_bytes,
@@ -105,7 +105,7 @@ def call_cost(topo: Any, collective: str, nbytes: float, group: Sequence[str]) -
 
 
 def exact_1d(model: ModelSpec, tokens: float, steps: float, gpus: int, topo_for: Any) -> list[ExactRow]:
-    """The seed's four 1-D rows as real algorithms send them (G GPUs; TP in one server, others across)."""
+    """The four 1-D rows as real algorithms send them (G GPUs; TP in one server, others across)."""
     P, L, H = float(model.params()), model.layers, model.hidden
     t_step = tokens / steps
     across = topo_for(gpus, one_per_server=True)
@@ -185,7 +185,7 @@ def _one_per_server(topo: Any, n: int) -> list[str]:
 
 def storage_traffic(model: ModelSpec, tokens: float, steps: float, checkpoint_every: int,
                     dataset_bytes: float | None = None) -> dict[str, float]:
-    """The seed's GPU-storage class per epoch: data loading and checkpoints."""
+    """The GPU-storage class per epoch: data loading and checkpoints."""
     if checkpoint_every < 1:
         raise InvalidArgument(f"checkpoint interval {checkpoint_every} steps", "give --checkpoint-every >= 1")
     ckpt = float(model.params()) * (WEIGHT_BYTES + OPTIMIZER_BYTES)
@@ -199,15 +199,15 @@ def storage_traffic(model: ModelSpec, tokens: float, steps: float, checkpoint_ev
 
 
 DIFFERENCES = [
-    ("DP", "the seed counts a full-mesh exchange (each GPU sends its whole gradient to all G-1 others, "
+    ("DP", "the closed form counts a full-mesh exchange (each GPU sends its whole gradient to all G-1 others, "
            "G(G-1) copies); a ring or tree all-reduce sends 2(G-1)/G of it per GPU: G/2 times less."),
-    ("FSDP", "the seed's backward is one all-reduce per layer; FSDP re-gathers the parameters and "
+    ("FSDP", "the closed form's backward is one all-reduce per layer; FSDP re-gathers the parameters and "
              "reduce-scatters the gradients (2 collectives of the same size as the forward all-gather)."),
-    ("TP", "the seed's backward all-reduces all P parameters in every layer (4 N P L (G-1)); Megatron's TP "
+    ("TP", "the closed form's backward all-reduces all P parameters in every layer (4 N P L (G-1)); Megatron's TP "
            "backward all-reduces activation gradients, the same size as the forward activations; its forward "
            "row is again a full mesh (G(G-1)), a ring sends 2(G-1), NVLS in an H100 server G+1 (the switch "
            "sums and copies)."),
-    ("PP", "agrees: one activation and one gradient per stage boundary (the seed counts no TP split)."),
-    ("units", "the seed's TP rows are in 2^20 x 1e9 B ('PB' via 1024^2), its other rows in 1e15 B; "
+    ("PP", "agrees: one activation and one gradient per stage boundary (the closed form counts no TP split)."),
+    ("units", "the reference table's TP rows are in 2^20 x 1e9 B ('PB' via 1024^2), its other rows in 1e15 B; "
               "its switch sizing reads 51.2 Tb/s as 51.2 TB/s (8x too fast)."),
 ]

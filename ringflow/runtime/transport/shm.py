@@ -110,9 +110,9 @@ ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to 
 CMA_MIN_BYTES = 2**20
 # ... for a receiver that copies from a source the sender has not just written: a kernel copy into the
 # destination replaces two memcpys (into the slot, out of it) already from here (2-rank all_gather of
-# 512 KiB: 74 -> 62 us); a reduction from a single copy goes through a bounce buffer, and a source
-# dirty in the sender's cache crosses cores slowly (2-rank all_reduce 512 KiB: 119 -> 194 us): those
-# wait for CMA_MIN_BYTES
+# 512 KiB: 62 us by kernel copy, 74 through the slots); a reduction from a single copy goes through a
+# bounce buffer, and a source dirty in the sender's cache crosses cores slowly (2-rank all_reduce
+# 512 KiB: 194 us by kernel copy, 119 through the slots): those wait for CMA_MIN_BYTES
 CMA_COPY_MIN_BYTES = 256 * 1024
 # a lone sender (nothing else to do in its step) with a core of its own copies slices into the slots
 # while the receiver drains them: two cores on one message. A single kernel copy from cache is as
