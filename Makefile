@@ -19,11 +19,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m ringflow.demo
 
-# lint runs first: style (ruff), types (mypy, strict on algorithms/topology/hardware), then the import contracts
+# lint runs first: style (ruff), types (mypy, strict on algorithms/topology/hardware), then the one-way layers
+# (import-linter, `[tool.importlinter]` in pyproject.toml)
 lint: $(STAMP)
 	$(BIN)/ruff check ringflow tests benchmarks
 	$(BIN)/mypy ringflow
-	# import contracts (import-linter, `[tool.importlinter]` in pyproject.toml): add `$(BIN)/lint-imports` here
+	$(BIN)/lint-imports --no-cache
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -x --durations=15

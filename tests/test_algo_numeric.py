@@ -3,6 +3,8 @@
 identical on every rank (float32, values unique per rank and element)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -29,28 +31,34 @@ def _execute(s: Schedule, shape: CallShape, inputs: list[np.ndarray], in_place: 
         return bufs[r][ref.buffer][off:off + ln]
 
     for step in range(s.nsteps):
-        box: dict[tuple[int, int, int], list[np.ndarray]] = {}
-        for r in range(n):
-            for op in s.programs[r][step]:
-                if op.kind == OpKind.SEND:
-                    box.setdefault((r, op.peer, op.channel), []).append(view(r, op.src).copy())
-        writes = []
-        for r in range(n):
-            for op in s.programs[r][step]:
-                if op.kind.is_recv:
-                    data = box[(op.peer, r, op.channel)].pop(0)
-                    if op.kind == OpKind.RECV_REDUCE:
-                        data = view(r, op.src) + data
-                    writes.append((r, op.dst, data))
-        for r, ref, data in writes:
-            view(r, ref)[:] = data
-        for r in range(n):
-            for op in s.programs[r][step]:
-                if op.kind == OpKind.COPY:
-                    view(r, op.dst)[:] = view(r, op.src)
-                elif op.kind == OpKind.REDUCE:
-                    view(r, op.dst)[:] = view(r, op.dst) + view(r, op.src)
+        _execute_step(s, step, view)
     return [b[Buffer.OUT] for b in bufs]
+
+
+def _execute_step(s: Schedule, step: int, view: Callable[[int, ChunkRef], np.ndarray]) -> None:
+    """One lock-step step: sends snapshot their data, receives land, then local copies and reductions run."""
+    n = s.nranks
+    box: dict[tuple[int, int, int], list[np.ndarray]] = {}
+    for r in range(n):
+        for op in s.programs[r][step]:
+            if op.kind == OpKind.SEND:
+                box.setdefault((r, op.peer, op.channel), []).append(view(r, op.src).copy())
+    writes = []
+    for r in range(n):
+        for op in s.programs[r][step]:
+            if op.kind.is_recv:
+                data = box[(op.peer, r, op.channel)].pop(0)
+                if op.kind == OpKind.RECV_REDUCE:
+                    data = view(r, op.src) + data
+                writes.append((r, op.dst, data))
+    for r, ref, data in writes:
+        view(r, ref)[:] = data
+    for r in range(n):
+        for op in s.programs[r][step]:
+            if op.kind == OpKind.COPY:
+                view(r, op.dst)[:] = view(r, op.src)
+            elif op.kind == OpKind.REDUCE:
+                view(r, op.dst)[:] = view(r, op.dst) + view(r, op.src)
 
 
 def _inputs(c: Collective, n: int, count: int, root: int, rng: np.random.Generator) -> tuple[list, CallShape]:

@@ -248,3 +248,15 @@ def test_bad_inputs_raise_typed_errors() -> None:
         simulate_schedule(ring_topo(4), ring_allreduce(4), MB, engine="packet")
     with pytest.raises(InvalidArgument):
         simulate_schedule(ring_topo(4), ring_allreduce(4), MB, dtype="complex512")
+
+
+def test_cpu_host_overrides_map_to_params_cpu() -> None:
+    from ringflow.errors import ConfigError
+    from ringflow.sim.params import merge_params
+    p = merge_params(SimParams(), {"reduce_GBps": 5, "host_transport": "shm", "link_efficiency": {"shm": 0.5}})
+    assert (p.cpu.reduce_GBps, p.cpu.host_transport, p.link_efficiency["shm"]) == (5, "shm", 0.5)
+    assert merge_params(SimParams(), {"cpu": {"check_us": 4.0}}).cpu.check_us == 4.0
+    assert merge_params(SimParams(), p.to_dict()) == p   # to_dict is the flat meta['sim'] form
+    for bad in ({"relay_step_slowdown": 1.2}, {"cpu": {"link_efficiency": {}}}, {"host_transport": "udp"}):
+        with pytest.raises(ConfigError):
+            merge_params(SimParams(), bad)

@@ -39,6 +39,8 @@ MIN_SEG_BYTES = 4096  # no segment below 4 KiB: smaller pieces only add steps
 # (one-shot / the single parameter server keep n copies of the buffer): max(2 S, 32 MiB).
 SCRATCH_CAP_FACTOR, SCRATCH_CAP_MIN_BYTES = 2, 32 * 2**20
 
+Rings = tuple[tuple[int, ...], ...]
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -52,7 +54,8 @@ class Candidate:
     bytes_per_rank: int
     scratch_bytes: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (time in microseconds)."""
         return {"algorithm": self.algorithm, "nsegs": self.nsegs, "nchannels": self.nchannels,
                 "time_us": self.time_s * 1e6, "steps": self.steps, "bytes_per_rank": self.bytes_per_rank,
                 "scratch_bytes": self.scratch_bytes}
@@ -71,15 +74,16 @@ class Choice:
     time_s: float
     candidates: tuple[Candidate, ...]
     topology: str | None
-    rings: tuple[tuple[int, ...], ...] | None = None
-    host_groups: tuple[tuple[int, ...], ...] | None = None
+    rings: Rings | None = None
+    host_groups: Rings | None = None
 
-    def schedule(self, root: int | None = None) -> "Schedule":
+    def schedule(self, root: int | None = None) -> Schedule:
         """The chosen (cached) schedule, ready for an engine."""
         return get_schedule(self.collective, self.algorithm, self.nranks, root=root, nsegs=self.nsegs,
                             nchannels=self.nchannels, rings=self.rings, host_groups=self.host_groups)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in microseconds)."""
         return {"collective": self.collective, "nbytes": self.nbytes, "nranks": self.nranks,
                 "algorithm": self.algorithm, "nsegs": self.nsegs, "nchannels": self.nchannels,
                 "time_us": self.time_s * 1e6, "topology": self.topology,
@@ -99,12 +103,12 @@ def parse_algo_spec(spec: str, collective: Collective | str) -> list[str]:
     exclude = False
     for part in filter(None, (p.strip() for p in spec.split(";"))):
         if ":" in part:
-            cname, names = part.split(":", 1)
+            cname, listed = part.split(":", 1)
             try:
                 coll = Collective.parse(cname.strip())
             except InvalidArgument as exc:
                 raise ConfigError(f"RINGFLOW_ALGO={spec!r}: {exc.message}", exc.hint) from None
-            per[coll] = [n.strip() for n in names.split(",") if n.strip()]
+            per[coll] = [n.strip() for n in listed.split(",") if n.strip()]
         else:
             if part.startswith("^"):
                 exclude, part = True, part[1:]
@@ -140,18 +144,24 @@ def _bucket(nbytes: int) -> int:
     return 1 if nbytes <= 1 else 1 << (nbytes - 1).bit_length()
 
 
-_cache: dict[tuple, Choice] = {}
+_Key = tuple[Collective, int, int, tuple[int, str] | None, int, int | None, str, int, str]
+_cache: dict[_Key, Choice] = {}
 _lock = threading.Lock()
 
 
-def _topo_context(topo: "Topology | None", nranks: int, nchannels_knob: int) -> tuple[list[tuple], Any]:
+def _topo_context(topo: Topology | None, nranks: int,
+                  nchannels_knob: int) -> tuple[list[tuple[int, Rings | None]], Rings | None]:
     """Channel options (nchannels, rings) and host groups for the candidates."""
+    opts: list[tuple[int, Rings | None]]
     if topo is None:
         knob = config.get("RINGS")
         if knob and nchannels_knob <= 0:
             from ..topology import parse_rings
-            rings = tuple(parse_rings(knob, nranks))
-            return [(1, rings[:1])] + ([(len(rings), rings)] if len(rings) > 1 else []), None
+            parsed: Rings = tuple(parse_rings(str(knob), nranks))
+            opts = [(1, parsed[:1])]
+            if len(parsed) > 1:
+                opts.append((len(parsed), parsed))
+            return opts, None
         return ([(1, None)] if nchannels_knob <= 0 else [(nchannels_knob, None)]), None
     from ..topology import find_rings
     eps = topo.endpoints()[:nranks]
@@ -164,13 +174,15 @@ def _topo_context(topo: "Topology | None", nranks: int, nchannels_knob: int) -> 
     if nchannels_knob > 0:
         opts = [(nchannels_knob, rings)]
     else:
-        opts = [(1, rings[:1])] + ([(len(rings), rings)] if len(rings) > 1 else [])
+        opts = [(1, rings[:1])]
+        if len(rings) > 1:
+            opts.append((len(rings), rings))
     groups = topo.host_groups(eps)
     hg = tuple(tuple(g) for g in groups) if len(groups) > 1 and len({len(g) for g in groups}) == 1 else None
     return opts, hg
 
 
-def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topology | None" = None,
+def choose(collective: Collective | str, nbytes: int, nranks: int, topo: Topology | None = None,
            dtype_size: int = 4, *, root: int | None = None) -> Choice:
     """The cheapest algorithm, segment and channel count for this call (cached)."""
     c = Collective.parse(collective)
@@ -182,7 +194,8 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
     bucket = _bucket(nbytes)
     if c.has_root and root is None:
         root = 0
-    key = (c, bucket, nranks, None if topo is None else (id(topo), topo.name), dtype_size, root, spec, nch, rings_knob)
+    key: _Key = (c, bucket, nranks, None if topo is None else (id(topo), topo.name), dtype_size, root, spec, nch,
+                 rings_knob)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
@@ -192,7 +205,7 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: "Topolo
     count = count_for(c, bucket, nranks, dtype_size)
     splits = tuple((count,) * nranks for _ in range(nranks)) if c == Collective.ALL_TO_ALLV else None
     shape = CallShape(c, nranks, count, dtype_size, splits)  # all_to_allv: priced with uniform splits
-    cands: list[tuple[Candidate, tuple | None]] = []
+    cands: list[tuple[Candidate, Rings | None]] = []
     explicit = bool(spec) and len(allowed) < len(algorithms_for(c))
     scratch_cap = max(SCRATCH_CAP_FACTOR * bucket, SCRATCH_CAP_MIN_BYTES)
     for name in allowed:

@@ -1,10 +1,7 @@
 """`ringflow algo ...`: list, show, verify and choose collective algorithms."""
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
-
 from rich.markup import escape
 
 from .common import console, print_json, print_table
@@ -12,7 +9,7 @@ from .common import console, print_json, print_table
 algo_app = typer.Typer(help="Collective algorithms as schedules: list, show, verify, choose.", no_args_is_help=True)
 
 
-def _rings(text: Optional[str], n: int) -> Optional[list[tuple[int, ...]]]:
+def _rings(text: str | None, n: int) -> list[tuple[int, ...]] | None:
     if not text:
         return None
     from ..topology import parse_rings
@@ -40,10 +37,10 @@ def list_cmd(json_out: bool = typer.Option(False, "--json", help="JSON output"))
 def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
              algorithm: str = typer.Argument(..., help="e.g. ring"),
              nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-             root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+             root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
              nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
              nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
-             rings: Optional[str] = typer.Option(None, "--rings", help="ring orders, NCCL_RINGS syntax"),
+             rings: str | None = typer.Option(None, "--rings", help="ring orders, NCCL_RINGS syntax"),
              json_out: bool = typer.Option(False, "--json", help="the schedule as JSON (versioned schema)")) -> None:
     """The per-rank, per-step table of one schedule."""
     from ..algorithms.registry import get_schedule
@@ -62,7 +59,7 @@ def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or 'all'"),
                algorithm: str = typer.Argument("all", help="e.g. halving_doubling, or 'all'"),
                nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-               root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+               root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
                nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
                nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
                json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
@@ -100,10 +97,10 @@ def cost_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
              algorithm: str = typer.Argument(..., help="e.g. ring"),
              size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
              nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-             root: Optional[int] = typer.Option(None, "--root", help="root rank (rooted collectives)"),
+             root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
              nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
              nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
-             topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
+             topo: str | None = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
              dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
              json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
     """Steps, bytes per rank and per rank pair, and the alpha-beta time of one schedule."""
@@ -137,7 +134,7 @@ def cost_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                              for j in range(nranks)] for i in range(nranks)])
 
 
-def _load_topo(topo: Optional[str], nranks: int):  # noqa: ANN202 - Topology | None, lazily imported
+def _load_topo(topo: str | None, nranks: int):  # noqa: ANN202 - Topology | None, lazily imported
     """Load --topo; a one-host preset with fewer endpoints than ranks is replicated to fit."""
     if not topo:
         return None
@@ -153,13 +150,13 @@ def _load_topo(topo: Optional[str], nranks: int):  # noqa: ANN202 - Topology | N
 def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
                nranks: int = typer.Option(8, "-n", "--nranks", help="number of ranks"),
-               topo: Optional[str] = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
+               topo: str | None = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
                dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
-               calibrated: Optional[str] = typer.Option(None, "--calibrated", help="a `ringflow calibrate` host-model "
+               calibrated: str | None = typer.Option(None, "--calibrated", help="a `ringflow calibrate` host-model "
                                                         "file: what RINGFLOW_TUNER_MODEL=FILE makes the runtime run"),
                transport: str = typer.Option("shm", "--transport", help="--calibrated: the ranks' transport, "
                                              "shm or tcp"),
-               in_place: Optional[bool] = typer.Option(None, "--in-place/--out-of-place", help="--calibrated: "
+               in_place: bool | None = typer.Option(None, "--in-place/--out-of-place", help="--calibrated: "
                                                        "the call's buffers (default: in place for all_reduce, "
                                                        "broadcast and reduce, as ringflow bench calls them)"),
                json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
@@ -185,7 +182,7 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 
 
 def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: int, path: str, transport: str,
-                       in_place: Optional[bool], json_out: bool) -> None:
+                       in_place: bool | None, json_out: bool) -> None:
     """The runtime's flat choice, every candidate priced on the host model, and what the runtime runs with
     RINGFLOW_TUNER_MODEL=`path` (`algorithms.selection.model_decision`)."""
     from .. import config

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from typing import Optional
 
 import typer
 
@@ -59,19 +58,19 @@ def calibrate_command(
 
 def validate_command(
     host: bool = typer.Option(False, "--host", help="the host cost model vs `ringflow bench`, out of sample"),
-    model: Optional[str] = typer.Option(None, "--model", help="--host: host-model file (default: calibrate first)"),
+    model: str | None = typer.Option(None, "--model", help="--host: host-model file (default: calibrate first)"),
     ranks: str = typer.Option("2,3,4,6,8", "--ranks", help="--host: rank counts to validate"),
     transports: str = typer.Option("shm,tcp", "--transports", help="--host: shm and/or tcp"),
     calibrate_ranks: str = typer.Option("2,4", "--calibrate-ranks", help="--host without --model: ranks to "
                                         "calibrate at"),
-    report: Optional[str] = typer.Option(None, "--report", help="--host: write the markdown report here"),
+    report: str | None = typer.Option(None, "--report", help="--host: write the markdown report here"),
     json_print: bool = typer.Option(False, "--json", help="print the results as JSON"),
-    out: Optional[str] = typer.Option(None, "-o", "--out", help="write the results (JSON) to this file"),
+    out: str | None = typer.Option(None, "-o", "--out", help="write the results (JSON) to this file"),
     gpu: bool = typer.Option(False, "--gpu", help="published NCCL results on DGX servers vs the simulator"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="--gpu: published vs predicted busbw as bars in this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="--gpu: published vs predicted busbw as bars in this PNG"),
     multihost: bool = typer.Option(False, "--multihost", help="flat ring vs hierarchical all-reduce on emulated "
                                    "hosts (network namespaces, tbf-limited links) vs the simulator"),
-    topo: Optional[str] = typer.Option(None, "--topo", help="--multihost: the host topology (default host-cpu)"),
+    topo: str | None = typer.Option(None, "--topo", help="--multihost: the host topology (default host-cpu)"),
     hosts: int = typer.Option(2, "--hosts", help="--multihost: emulated hosts"),
     per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
     rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
@@ -91,8 +90,8 @@ def validate_command(
     _validate_host(model, _ints(ranks, "--ranks"), transports, calibrate_ranks, report, json_print, out)
 
 
-def _validate_host(model_path: Optional[str], ranks: list[int], transports: str, calibrate_ranks: str,
-                   report: Optional[str], json_print: bool, out: Optional[str]) -> None:
+def _validate_host(model_path: str | None, ranks: list[int], transports: str, calibrate_ranks: str,
+                   report: str | None, json_print: bool, out: str | None) -> None:
     from ..hostmodel.features import TRANSPORTS
     from ..hostmodel.model import HostCostModel, read_file, write_file
     from ..hostmodel.report import write_report

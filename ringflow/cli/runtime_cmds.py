@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import List, Optional
 
 import typer
 
@@ -14,11 +13,11 @@ def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
         nprocs: int = typer.Option(..., "-n", "--nprocs", help="Number of ranks to start on this host."),
-        timeout: Optional[float] = typer.Option(None, "--timeout", help="Kill the job after this many seconds "
+        timeout: float | None = typer.Option(None, "--timeout", help="Kill the job after this many seconds "
                                                 "(exit code 124)."),
         no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with [rank]."),
         bind: bool = typer.Option(True, "--bind/--no-bind", help="Pin each rank to its own core when they fit."),
-        program: List[str] = typer.Argument(..., help="script.py [args...] (or -m module, or a command)"),
+        program: list[str] = typer.Argument(..., help="script.py [args...] (or -m module, or a command)"),
     ) -> None:
         """Start N local ranks with RINGFLOW_* set; stop all and exit with a failing rank's code."""
         from ..runtime.launcher import run
@@ -32,15 +31,15 @@ def register(app: typer.Typer) -> None:
         min_size: str = typer.Option("8", "--min", "-b", help="Smallest message (bytes, or 1KiB ...)."),
         max_size: str = typer.Option("64MiB", "--max", "-e", help="Largest message."),
         factor: int = typer.Option(2, "--factor", "-f", help="Size multiplier between rows."),
-        algo: Optional[str] = typer.Option(None, "--algo", help="Force an algorithm (RINGFLOW_ALGO syntax)."),
+        algo: str | None = typer.Option(None, "--algo", help="Force an algorithm (RINGFLOW_ALGO syntax)."),
         dtype: str = typer.Option("float32", "--dtype", "-d", help="Element type."),
         op: str = typer.Option("sum", "--op", "-o", help="Reduction op."),
         iters: int = typer.Option(0, "--iters", "-n-iters", help="Timed iterations per size (0 = by size)."),
-        warmup: Optional[int] = typer.Option(None, "--warmup", "-w",
+        warmup: int | None = typer.Option(None, "--warmup", "-w",
                                              help="Untimed iterations per size (default 5, as nccl-tests)."),
         check: bool = typer.Option(False, "--check", "-c", help="Verify results (#wrong column)."),
         shm_alloc: bool = typer.Option(False, "--alloc", help="Use comm.alloc() buffers."),
-        json_out: Optional[str] = typer.Option(None, "--json", help="Write rows as JSON to this file."),
+        json_out: str | None = typer.Option(None, "--json", help="Write rows as JSON to this file."),
         timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
         passes: int = typer.Option(1, "--passes", help="Split each size's samples over this many sweeps of "
                                    "all sizes (steadier medians on a noisy host)."),
@@ -61,7 +60,7 @@ def register(app: typer.Typer) -> None:
     def store_cmd(
         port: int = typer.Option(29400, "--port", "-p", help="TCP port."),
         host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (numeric)."),
-        secret: Optional[str] = typer.Option(None, "--secret", help="Job secret (default: RINGFLOW_SECRET)."),
+        secret: str | None = typer.Option(None, "--secret", help="Job secret (default: RINGFLOW_SECRET)."),
     ) -> None:
         """Serve a standalone rendezvous store (for large jobs); Ctrl-C stops it."""
         from .. import config

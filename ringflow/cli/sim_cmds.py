@@ -1,7 +1,7 @@
 """`ringflow sim`, and the simulator's checks that `ringflow validate --gpu / --multihost` run."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -9,7 +9,7 @@ from ..errors import InvalidArgument
 from .common import console, print_table, write_json
 
 
-def _topology(topo: str, nodes: int, fabric: str, nic: Optional[str], oversub: float) -> Any:
+def _topology(topo: str, nodes: int, fabric: str, nic: str | None, oversub: float) -> Any:
     from ..topology import build_cluster, load_topology
     base = load_topology(topo)
     if nodes > 1:
@@ -35,23 +35,23 @@ def sim_command(
     topo: str = typer.Option("detect", "--topo", help="preset name, topology file, or 'detect'"),
     nodes: int = typer.Option(1, "--nodes", help="replicate the topology into a cluster of N servers"),
     fabric: str = typer.Option("rail", "--fabric", help="cluster fabric: rail or fat-tree"),
-    nic: Optional[str] = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
+    nic: str | None = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
     oversub: float = typer.Option(1.0, "--oversub", help="leaf-spine oversubscription of the cluster fabric"),
-    algo: Optional[str] = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
+    algo: str | None = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
                                        "nvls: in-switch reduction, all_reduce / reduce_scatter / "
                                        "all_gather on one Hopper+ NVSwitch)"),
-    nranks: Optional[int] = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
+    nranks: int | None = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
     max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),
     factor: int = typer.Option(2, "--factor", "-f", help="size multiplier (nccl-tests -f)"),
     engine: str = typer.Option("analytic", "--engine", help="analytic or flow"),
     dtype: str = typer.Option("float32", "--dtype"),
     root: int = typer.Option(0, "--root"),
-    nchannels: Optional[int] = typer.Option(None, "--nchannels", help="channels (rings) for ring algorithms"),
+    nchannels: int | None = typer.Option(None, "--nchannels", help="channels (rings) for ring algorithms"),
     param: list[str] = typer.Option([], "--param", help="simulator parameter override key=value (repeatable)"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write rows (ringflow bench keys + algorithm)"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
-    trace: Optional[str] = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
+    json_out: str | None = typer.Option(None, "--json", help="write rows (ringflow bench keys + algorithm)"),
+    plot: str | None = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
+    trace: str | None = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
     details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
 ) -> None:
     """Predict nccl-tests style results of a collective on a modelled machine or cluster."""
@@ -106,8 +106,8 @@ def sim_command(
         console.print(f"wrote {plot}")
 
 
-def validate_multihost(topo: Optional[str], hosts: int, per_host: int, rate_mbit: float,
-                       json_out: Optional[str]) -> None:
+def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: float,
+                       json_out: str | None) -> None:
     """`ringflow validate --multihost`: flat ring vs hierarchical all-reduce on emulated hosts, measured and
     predicted on a cluster of `topo` (default: the host-cpu preset with `per_host` ranks)."""
     from ..hostmodel import multihost
@@ -135,7 +135,7 @@ def validate_multihost(topo: Optional[str], hosts: int, per_host: int, rate_mbit
         write_json(json_out, rows)
 
 
-def validate_gpu(json_out: Optional[str], plot: Optional[str] = None) -> None:
+def validate_gpu(json_out: str | None, plot: str | None = None) -> None:
     """`ringflow validate --gpu`: published NCCL results on GPU servers next to the simulator's prediction."""
     from ..sim.references import evaluate
     from ..units import format_size

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ topo_app = typer.Typer(help="Topologies: presets, files, clusters ('128xdgx-h100
 SPEC_HELP = "preset (dgx1-v100, dgx-h100, ...), a .yaml/.json file (e.g. from detect --dump), or '<N>x<preset>'"
 
 
-def _bw(x: float) -> Optional[float]:
+def _bw(x: float) -> float | None:
     return None if math.isinf(x) else round(x, 3)
 
 
@@ -66,8 +65,8 @@ def show_command(
 @topo_app.command("rings")
 def rings_command(
     spec: str = typer.Argument(..., help=SPEC_HELP),
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="comma-separated GPU numbers (nvidia-smi numbering, host 0)"),
-    nchannels: Optional[int] = typer.Option(None, "--nchannels", help="exactly this many rings"),
+    gpus: str | None = typer.Option(None, "--gpus", help="comma-separated GPU numbers (nvidia-smi numbering, host 0)"),
+    nchannels: int | None = typer.Option(None, "--nchannels", help="exactly this many rings"),
     json_out: bool = typer.Option(False, "--json", help="JSON: {rings: [{ranks, bottleneck_GBps, ...}], trees: ...}"),
 ) -> None:
     """Find the rings (channels) with the best bottleneck bandwidth, and the double binary trees."""
@@ -127,11 +126,11 @@ def cluster_command(
     preset: str = typer.Argument(..., help="server preset (dgx-h100, dgx-a100, ...) or a one-server topology file"),
     nodes: int = typer.Option(..., "--nodes", "-n", help="number of servers"),
     fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
-    nic: Optional[str] = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
+    nic: str | None = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
     oversub: float = typer.Option(1.0, "--oversub", help="leaf down:up oversubscription (1 = non-blocking)"),
     tiers: int = typer.Option(2, "--tiers", help="switch tiers: 2 (leaf-spine) or 3 (leaf-spine-core)"),
     radix: int = typer.Option(64, "--radix", help="switch ports (64 = Quantum-2 QM9700)"),
-    dump: Optional[str] = typer.Option(None, "--dump", help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
+    dump: str | None = typer.Option(None, "--dump", help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build N servers on a rail-optimised or fat-tree fabric and print its size and capacities."""
@@ -205,9 +204,9 @@ def path_command(
 
 @topo_app.command("detect")
 def detect_command(
-    nvidia_smi_text: Optional[str] = typer.Option(None, "--nvidia-smi-text", help="build from a saved `nvidia-smi topo -m`"),
-    dump: Optional[str] = typer.Option(None, "--dump", help="write the topology (YAML/JSON by extension)"),
-    gpu_model: Optional[str] = typer.Option(None, "--gpu-model", help="GPU model for NV# bandwidths (H100, B200, ...)"),
+    nvidia_smi_text: str | None = typer.Option(None, "--nvidia-smi-text", help="build from a saved `nvidia-smi topo -m`"),
+    dump: str | None = typer.Option(None, "--dump", help="write the topology (YAML/JSON by extension)"),
+    gpu_model: str | None = typer.Option(None, "--gpu-model", help="GPU model for NV# bandwidths (H100, B200, ...)"),
     json_out: bool = typer.Option(False, "--json", help="print summary and topology as JSON"),
 ) -> None:
     """Detect this machine (CPUs/NUMA and NICs from sysfs, GPUs from nvidia-smi); succeeds without GPUs."""

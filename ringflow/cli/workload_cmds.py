@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -10,7 +10,7 @@ from ..errors import InvalidArgument
 from .common import console, print_json, print_table
 
 
-def _cluster(topo: str, nodes: Optional[int], nic_gbps: Optional[float], fabric: str) -> Any:
+def _cluster(topo: str, nodes: int | None, nic_gbps: float | None, fabric: str) -> Any:
     """A preset replicated into `nodes` servers (2 switch tiers when they fit, else 3), or a topology file."""
     from ..topology import PRESETS, load_topology
     from ..workload.validation import cluster_for
@@ -33,7 +33,7 @@ def _pb(x: float) -> str:
 def traffic_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     tokens: float = typer.Option(156e9, "--tokens", help="tokens per epoch (C4: 156e9)"),
-    samples: Optional[float] = typer.Option(None, "--samples", help="samples per epoch (default: C4's 364.6e6 "
+    samples: float | None = typer.Option(None, "--samples", help="samples per epoch (default: C4's 364.6e6 "
                                             "when --tokens is C4's, else tokens / seq-len)"),
     batch: int = typer.Option(2048, "--batch", help="global batch in samples (N = samples / batch)"),
     gpus: int = typer.Option(8, "--gpus", help="G of the closed-form 1-D rows"),
@@ -166,7 +166,7 @@ def _print_traffic(out: dict[str, Any]) -> None:
             console.print(f"  [bold]{d['mode']}[/]: {d['why']}")
 
 
-def _layout_from(tp: int, pp: int, dp: Optional[int], cp: int, ep: int, gpus: int, **kw: Any) -> Any:
+def _layout_from(tp: int, pp: int, dp: int | None, cp: int, ep: int, gpus: int, **kw: Any) -> Any:
     from ..workload.layout import Layout
     if dp is None:
         if gpus % (tp * pp * cp):
@@ -180,12 +180,12 @@ def train_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset (replicated --nodes times) or file"),
     nodes: int = typer.Option(128, "--nodes"),
-    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps", help="NIC speed (default: the preset's)"),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", help="NIC speed (default: the preset's)"),
     fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
     tp: int = typer.Option(8, "--tp"), pp: int = typer.Option(8, "--pp"),
-    dp: Optional[int] = typer.Option(None, "--dp", help="default: GPUs / (tp x pp x cp)"),
+    dp: int | None = typer.Option(None, "--dp", help="default: GPUs / (tp x pp x cp)"),
     cp: int = typer.Option(1, "--cp"), ep: int = typer.Option(1, "--ep"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="default: the model's"),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="default: the model's"),
     global_batch: int = typer.Option(1024, "--global-batch", help="sequences per step"),
     micro_batch: int = typer.Option(1, "--micro-batch"),
     recompute: str = typer.Option("selective", "--recompute", help="none, selective or full"),
@@ -202,7 +202,7 @@ def train_command(
     contention: bool = typer.Option(False, "--contention", help="scale each dimension by the flow engine's "
                                     "slowdown with all its groups communicating at once (slower)"),
     scaling: bool = typer.Option(False, "--scaling", help="also the scale factor T_n/(nT) as DP grows"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this PNG"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Step time, MFU, memory and network wait of one training layout on a cluster."""
@@ -265,16 +265,16 @@ def plan_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     gpus: int = typer.Option(1024, "--gpus"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset or topology file"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="default: GPUs / 8"),
-    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps"),
+    nodes: int | None = typer.Option(None, "--nodes", help="default: GPUs / 8"),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps"),
     fabric: str = typer.Option("rail", "--fabric"),
     batch: int = typer.Option(1024, "--batch", "--global-batch", help="global batch in sequences"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len"),
+    seq_len: int | None = typer.Option(None, "--seq-len"),
     precision: str = typer.Option("bf16", "--precision"),
     top: int = typer.Option(10, "--top"),
     check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
     check_budget_s: float = typer.Option(12.0, "--check-budget", help="seconds for the simulator's check"),
-    plot: Optional[str] = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Search TP, PP, DP, micro-batch, ZeRO, recomputation and interleaving; rank what fits by step time."""
@@ -335,7 +335,7 @@ def ps_command(
     model: str = typer.Option("llama3-8b", "--model", help="gradient size = parameters x --grad-bytes"),
     grad_bytes: int = typer.Option(4, "--grad-bytes"),
     topo: str = typer.Option("dgx-h100", "--topo"), nodes: int = typer.Option(8, "--nodes"),
-    nic_gbps: Optional[float] = typer.Option(None, "--nic-gbps"),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps"),
     compute_s: float = typer.Option(1.0, "--compute-s", help="a worker's compute time per step"),
     straggler: str = typer.Option("none", "--straggler", help="none, lognormal:SIGMA, bernoulli:P:SLOWDOWN, "
                                   "exp:MEAN_FRACTION"),

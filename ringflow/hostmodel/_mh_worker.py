@@ -15,6 +15,7 @@ import numpy as np
 def main() -> None:
     """Time flat ring and hierarchical all-reduce; rank 0 writes the rows."""
     import ringflow
+
     from ..algorithms import registry
     out_path, per_host = sys.argv[1], int(sys.argv[2])
     sizes = [int(s) for s in sys.argv[3:]]

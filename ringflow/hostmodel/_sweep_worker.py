@@ -47,7 +47,7 @@ def measure(comm: Any, spec: dict) -> list[dict]:
         return float(timer[0])
 
     for _ in range(passes):
-        for i, (t, s) in enumerate(zip(tasks, scheds)):
+        for i, (t, s) in enumerate(zip(tasks, scheds, strict=True)):
             coll = t["collective"]
             nelem = int(t["size_bytes"]) // dtype.itemsize
             if Collective.parse(coll).per_rank_sized:
@@ -57,7 +57,7 @@ def measure(comm: Any, spec: dict) -> list[dict]:
             x, out = _buffers(comm, cache, coll, nelem, dtype)
             target = None if coll in INPLACE else out
 
-            def call() -> None:
+            def call(s: object = s, x: object = x, target: object = target) -> None:
                 comm.execute(s, x, target, "sum")
             with np.errstate(all="ignore"):
                 got = call_samples_s(call, comm.barrier, slowest, warmup=int(spec.get("warmup", 3)),
@@ -66,7 +66,7 @@ def measure(comm: Any, spec: dict) -> list[dict]:
             per_pass[i].append(1e6 * float(np.median(got)))
     rows = []
     if comm.rank == 0:
-        for t, s, got, pp in zip(tasks, scheds, samples, per_pass):
+        for t, s, got, pp in zip(tasks, scheds, samples, per_pass, strict=True):
             if not got:
                 continue
             size = (int(t["size_bytes"]) // dtype.itemsize)

@@ -1,10 +1,12 @@
 """Per-call features of one runtime collective call, read from the runtime's own compiled plans.
 
 For every step of a call and every rank, a vector of what that rank does in the step (see `FEATURES`):
-whether it exchanges messages at all, how many messages and distinct peers it handles, and the bytes it
-moves by each mechanism the transport uses (memcpy through shared-memory slots, single-copy kernel reads,
-socket copies, reductions), plus the share of those bytes that fall outside the private and the shared
-cache. The cost model prices a call as the sum over steps of the slowest rank's priced vector.
+whether it exchanges messages at all (and, where ranks outnumber cores, the share of its peers that are
+off a core at a time, `crowding`: such a step waits for them to be scheduled), how many messages and
+distinct peers it handles, and the bytes it moves by each mechanism the transport uses (memcpy through
+shared-memory slots, single-copy kernel reads, socket copies, reductions), plus the share of those bytes
+that fall outside the private and the shared cache. The cost model prices a call as the sum over steps of
+the slowest rank's priced vector, or of all ranks' vectors pooled on the cores where that is more.
 
 Which mechanism a message takes follows the transports' own rules (their constants are imported, not
 copied): shared-memory messages from the single-copy size up are read by the receiver with
@@ -32,8 +34,9 @@ TRANSPORTS = ("shm", "tcp")
 MiB = float(2**20)
 
 # one column per feature; the cost model has one parameter per column (model.PARAMS)
-FEATURES = ("step", "msgs", "peers", "copy_MiB", "kernel_MiB", "reduce_MiB", "l2_miss_MiB", "llc_miss_MiB")
-F_STEP, F_MSGS, F_PEERS, F_COPY, F_KERNEL, F_REDUCE, F_L2, F_LLC = range(len(FEATURES))
+FEATURES = ("step", "crowded_step", "msgs", "peers", "copy_MiB", "kernel_MiB", "reduce_MiB", "l2_miss_MiB",
+            "llc_miss_MiB")
+F_STEP, F_CROWDED, F_MSGS, F_PEERS, F_COPY, F_KERNEL, F_REDUCE, F_L2, F_LLC = range(len(FEATURES))
 
 
 def tcp_streams() -> int:
@@ -91,6 +94,12 @@ def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> CacheSizes:
     return CacheSizes(private or 2**20, shared or max(private, 2**20) * 8)
 
 
+def crowding(nranks: int, cores: int) -> float:
+    """The share of a rank's peers that are off a core at any moment when `nranks` ranks share `cores` cores
+    (0 where every rank has a core): a step that needs them waits for the scheduler in that proportion."""
+    return max(0.0, 1.0 - max(1, cores) / max(1, nranks))
+
+
 def host_cores() -> int:
     """Cores this process may run on (the machine's ranks share them)."""
     try:
@@ -101,23 +110,33 @@ def host_cores() -> int:
 
 @dataclass(frozen=True)
 class CallFeatures:
-    """One call's features: `steps[s, r, k]` = feature k of rank r in step s (check exchange included)."""
+    """One call's features: `steps[s, r, k]` = feature k of rank r in step s (check exchange included).
+
+    A step lasts as long as its slowest rank, or, where the ranks' work exceeds the cores, as long as the
+    cores take to run all of it (the sum over ranks divided by `cores`), whichever is longer."""
 
     steps: np.ndarray
     nranks: int
+    cores: int = 1
+
+    def _candidates(self) -> np.ndarray:
+        """Per step, every rank's features plus the all-ranks-share-the-cores row (last)."""
+        pooled = self.steps.sum(axis=1, keepdims=True) / max(1, self.cores)
+        return np.concatenate((self.steps, pooled), axis=1)
 
     def priced(self, theta: np.ndarray) -> float:
-        """Sum over steps of the slowest rank's priced features (no fixed cost, no core sharing)."""
+        """Sum over steps of the step's critical (slowest rank or pooled) priced features."""
         if self.steps.size == 0:
             return 0.0
-        return float((self.steps @ theta).max(axis=1).sum())
+        return float((self._candidates() @ theta).max(axis=1).sum())
 
     def critical(self, theta: np.ndarray) -> np.ndarray:
-        """Per feature, the sum over steps of the slowest rank's feature under prices `theta`."""
+        """Per feature, the sum over steps of the critical row's feature under prices `theta`."""
         if self.steps.size == 0:
             return np.zeros(len(FEATURES))
-        idx = (self.steps @ theta).argmax(axis=1)
-        return self.steps[np.arange(self.steps.shape[0]), idx].sum(axis=0)
+        c = self._candidates()
+        idx = (c @ theta).argmax(axis=1)
+        return c[np.arange(c.shape[0]), idx].sum(axis=0)
 
 
 def _buffer_bytes(schedule: Schedule, shape: CallShape, plan: Plan, rank: int, inplace: bool) -> int:
@@ -199,5 +218,6 @@ def call_features(schedule: Schedule, shape: CallShape, inplace: bool, transport
         touched = out[off:, r, F_COPY] + out[off:, r, F_KERNEL] + out[off:, r, F_REDUCE]
         out[off:, r, F_L2] = touched * l2_miss
         out[off:, r, F_LLC] = touched * llc_miss
+    out[:, :, F_CROWDED] = out[:, :, F_STEP] * crowding(n, cores)
     out[:, :, F_COPY:] /= MiB
-    return CallFeatures(out, n)
+    return CallFeatures(out, n, cores)

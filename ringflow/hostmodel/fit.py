@@ -1,7 +1,8 @@
 """Fit a host cost model to calibration rows: weighted non-negative least squares, a 1-D search for core sharing.
 
-For a fixed `core_share` the model is linear in its other nine parameters once it is known which rank is
-the slowest in each step; the fit alternates between choosing those ranks under the current prices and
+For a fixed `core_share` the model is linear in its other ten parameters once it is known which row is
+critical in each step (the slowest rank, or all ranks' work pooled on the cores); the fit alternates between
+choosing those rows under the current prices and
 solving the non-negative least squares problem (Lawson-Hanson active set) weighted by 1/measured time,
 so it minimises relative, not absolute, error. `core_share` is found by a golden-section search around
 that inner fit. The model's `margin` is 1 + the 90th percentile of its K-fold cross-validated relative
@@ -9,8 +10,8 @@ error: a predicted gain smaller than that is within what the model cannot tell.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from .model import HostCostModel, HostParams, sharing_factor
 MAX_SHARE = 4.0          # core_share search interval [0, MAX_SHARE]
 CV_FOLDS = 5
 MARGIN_QUANTILE = 0.9
-_INIT_THETA = np.array([5.0, 1.0, 0.5, 150.0, 150.0, 200.0, 50.0, 50.0])  # starting prices (FEATURES order)
+_INIT_THETA = np.array([5.0, 50.0, 1.0, 0.5, 150.0, 150.0, 200.0, 50.0, 50.0])  # starting prices (FEATURES order)
 assert len(_INIT_THETA) == len(FEATURES)
 
 
@@ -122,7 +123,7 @@ def fit_params(samples: Sequence[Sample], cores: int) -> HostParams:
         share = 0.0
     x, _ = fit_linear(samples, cores, share)
     names = HostParams.linear_names()
-    return HostParams(**{n: float(v) for n, v in zip(names, x)}, core_share=float(share))
+    return HostParams(**{n: float(v) for n, v in zip(names, x, strict=True)}, core_share=float(share))
 
 
 def relative_errors(model: HostCostModel, samples: Sequence[Sample]) -> np.ndarray:
@@ -146,7 +147,8 @@ def cross_validated_errors(samples: Sequence[Sample], cores: int, folds: int = C
             p = fit_params(train, cores)
         else:
             x, _ = fit_linear(train, cores, share)
-            p = HostParams(**{nm: float(v) for nm, v in zip(HostParams.linear_names(), x)}, core_share=share)
+            names = HostParams.linear_names()
+            p = HostParams(**{nm: float(v) for nm, v in zip(names, x, strict=True)}, core_share=share)
         m = HostCostModel("shm", p, cores, (2,), CacheSizes(1, 1))
         errs[test] = relative_errors(m, [samples[i] for i in test])
     return errs

@@ -1,14 +1,16 @@
-"""The host cost model: the time of one runtime collective call on this machine, from ten named parameters.
+"""The host cost model: the time of one runtime collective call on this machine, from eleven named parameters.
 
-    time_us = (call_us + sum over steps of max over ranks of price(rank's step features)) * sharing
-    price(f) = step_us*[exchanges] + msg_us*messages + peer_us*distinct peers
+    time_us = (call_us + sum over steps of max(slowest rank's price, price of all ranks' features / cores)) * sharing
+    price(f) = step_us*[exchanges] + crowded_step_us*[exchanges]*crowding
+               + msg_us*messages + peer_us*distinct peers
                + copy_us_per_MiB*memcpy MiB + kernel_us_per_MiB*(single-copy or socket) MiB
                + reduce_us_per_MiB*reduced MiB + l2_miss_us_per_MiB*MiB beyond the private cache
                + llc_miss_us_per_MiB*MiB beyond the shared cache
-    sharing = 1 + core_share * max(0, ranks / cores - 1)
+    sharing = 1 + core_share * crowding,   crowding = max(0, 1 - cores / ranks)
 
-The features come from the runtime's compiled plans (`features.call_features`); the cache sizes and the
-core count are read from the machine, not fitted. One parameter set per transport ('shm', 'tcp').
+crowding is the share of a rank's peers that are off a core at any moment when ranks outnumber cores. The
+features come from the runtime's compiled plans (`features.call_features`); the cache sizes and the core
+count are read from the machine, not fitted. One parameter set per transport ('shm', 'tcp').
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 from ..algorithms.layout import CallShape
 from ..algorithms.schedule import Schedule
 from ..errors import ConfigError, InvalidArgument
-from .features import FEATURES, TRANSPORTS, CacheSizes, CallFeatures, cache_sizes, call_features, host_cores
+from .features import FEATURES, TRANSPORTS, CacheSizes, CallFeatures, cache_sizes, call_features, crowding, host_cores
 
 FORMAT = "ringflow-host-model"
 VERSION = 1
@@ -35,6 +37,7 @@ class HostParams:
 
     call_us: float = 0.0              # fixed cost of one call: dispatch, binding, completion
     step_us: float = 0.0              # a step in which a rank exchanges messages: posting, handshake, wake-up
+    crowded_step_us: float = 0.0      # a step's wait for descheduled peers, times the share of peers off a core
     msg_us: float = 0.0               # one message (or TCP stripe) sent or received: slot/frame header, flag
     peer_us: float = 0.0              # each distinct peer a rank talks to in a step: one more connection polled
     copy_us_per_MiB: float = 0.0      # memcpy: into and out of shared-memory slots, local copies, snapshots
@@ -42,12 +45,12 @@ class HostParams:
     reduce_us_per_MiB: float = 0.0    # elementwise reduction of received data into the destination
     l2_miss_us_per_MiB: float = 0.0   # extra for bytes touched beyond the core-private cache (working set / rank)
     llc_miss_us_per_MiB: float = 0.0  # extra for bytes touched beyond the shared last-level cache (all ranks)
-    core_share: float = 0.0           # slowdown per extra rank per core when ranks outnumber cores
+    core_share: float = 0.0           # relative slowdown of the whole call, times the share of peers off a core
 
     @staticmethod
     def linear_names() -> tuple[str, ...]:
         """The parameters that enter the time linearly (all but core_share), in feature order after call_us."""
-        return ("call_us", "step_us", "msg_us", "peer_us", "copy_us_per_MiB", "kernel_us_per_MiB",
+        return ("call_us", "step_us", "crowded_step_us", "msg_us", "peer_us", "copy_us_per_MiB", "kernel_us_per_MiB",
                 "reduce_us_per_MiB", "l2_miss_us_per_MiB", "llc_miss_us_per_MiB")
 
     def theta(self) -> np.ndarray:
@@ -59,7 +62,7 @@ class HostParams:
         return {k: float(v) for k, v in asdict(self).items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "HostParams":
+    def from_dict(cls, d: dict) -> HostParams:
         """From `to_dict` output (unknown keys are an error)."""
         names = {f.name for f in fields(cls)}
         bad = set(d) - names
@@ -73,6 +76,7 @@ assert len(HostParams.linear_names()) - 1 == len(FEATURES)
 PARAM_MEANINGS: dict[str, str] = {
     "call_us": "fixed cost of one call: dispatch, binding, completion",
     "step_us": "a step in which a rank exchanges messages: posting, handshake, wake-up",
+    "crowded_step_us": "a step's wait for descheduled peers, times crowding = max(0, 1 - cores / ranks)",
     "msg_us": "one message (or TCP stripe) sent or received: slot or frame header, flag, poll",
     "peer_us": "each distinct peer a rank talks to in one step",
     "copy_us_per_MiB": "memcpy per MiB: into and out of shared-memory slots, local copies, snapshots",
@@ -80,13 +84,13 @@ PARAM_MEANINGS: dict[str, str] = {
     "reduce_us_per_MiB": "elementwise reduction per MiB of received data",
     "l2_miss_us_per_MiB": "extra per MiB touched beyond the core-private cache (a rank's buffers)",
     "llc_miss_us_per_MiB": "extra per MiB touched beyond the shared last-level cache (all ranks' buffers)",
-    "core_share": "slowdown per extra rank per core when ranks outnumber cores",
+    "core_share": "relative slowdown of the whole call (cache and scheduler contention), times crowding",
 }
 
 
 def sharing_factor(nranks: int, cores: int, share: float) -> float:
-    """How much slower a call runs when `nranks` ranks share `cores` cores."""
-    return 1.0 + share * max(0.0, nranks / max(1, cores) - 1.0)
+    """How much slower a call runs when `nranks` ranks share `cores` cores (`features.crowding`)."""
+    return 1.0 + share * crowding(nranks, cores)
 
 
 @dataclass
@@ -132,14 +136,15 @@ class HostCostModel:
                 "fit": self.fit_stats}
 
     @classmethod
-    def from_dict(cls, transport: str, d: dict) -> "HostCostModel":
+    def from_dict(cls, transport: str, d: dict) -> HostCostModel:
         """From `to_dict` output."""
         try:
             return cls(transport, HostParams.from_dict(d["params"]), int(d["cores"]),
                        tuple(d["calibrated_ranks"]), CacheSizes(**d["caches"]), float(d["margin"]),
                        dict(d.get("fit") or {}))
         except (KeyError, TypeError) as exc:
-            raise ConfigError(f"malformed host model for {transport}: {exc}", "recalibrate: ringflow calibrate") from None
+            raise ConfigError(f"malformed host model for {transport}: {exc}",
+                              "recalibrate: ringflow calibrate") from None
 
     def save(self, path: str) -> None:
         """Write (or update) this transport's entry of a host-model file."""
@@ -148,7 +153,7 @@ class HostCostModel:
         write_file(path, doc)
 
     @classmethod
-    def load(cls, path: str, transport: str) -> "HostCostModel":
+    def load(cls, path: str, transport: str) -> HostCostModel:
         """One transport's model from a host-model file."""
         doc = read_file(path)
         entry = doc["transports"].get(transport)
@@ -170,7 +175,8 @@ def read_file(path: str) -> dict:
         with open(path) as fh:
             doc = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read host model {path}: {exc}", "write it with `ringflow calibrate -o FILE`") from None
+        raise ConfigError(f"cannot read host model {path}: {exc}",
+                          "write it with `ringflow calibrate -o FILE`") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or "transports" not in doc:
         raise ConfigError(f"{path} is not a ringflow host model", "write it with `ringflow calibrate -o FILE`")
     if doc.get("version") != VERSION:

@@ -13,7 +13,8 @@ import random
 import subprocess
 import sys
 import tempfile
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 SIZES = (2**18, 2**20, 2**22, 2**24)
 

@@ -12,13 +12,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from ..algorithms import registry, tuner
 from ..algorithms.schedule import Collective, Schedule
 from ..algorithms.selection import call_shape, flat_choice
-from ..errors import InvalidArgument, SystemError
-from ..runtime.hostload import HostLoadMeter
+from ..errors import InvalidArgument, RingflowSystemError
+from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from .features import TRANSPORTS, cache_sizes, call_features, host_cores
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -28,6 +28,7 @@ QUICK_SIZES = (16 * 2**10, 1 * 2**20)
 # one-host jobs never run these: the tuner offers `hierarchical` only with several hosts
 SKIP_ALGORITHMS = ("hierarchical",)
 FLAT = "flat"   # a task's algorithm: the runtime's default (flat tuner) choice for the call
+CALIBRATION_PASSES = 3   # each call's samples are split over this many sweeps of the job (a noise burst meets one)
 
 
 def single_ring_bytes() -> int:
@@ -101,7 +102,8 @@ def run_job(nranks: int, transport: str, tasks: list[dict], *, passes: int = 1, 
             proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
         wall = time.monotonic() - t0
         if proc.returncode != 0:
-            raise SystemError(f"measuring ranks failed (exit code {proc.returncode})", "see the rank output above")
+            raise RingflowSystemError(f"measuring ranks failed (exit code {proc.returncode})",
+                                      "see the rank output above")
         with open(out_path) as fh:
             rows = json.load(fh)
     load = meter.result.as_dict() if meter.result is not None else None
@@ -142,8 +144,14 @@ def calibrate(ranks: Sequence[int] = (2, 4), transports: Sequence[str] = TRANSPO
         for n in ranks:
             tasks = calibration_tasks(n, sizes, collectives)
             say(f"{tr}, {n} ranks: {len(tasks)} calls ...")
-            job = run_job(n, tr, tasks, quick=True)
+            job = run_job(n, tr, tasks, passes=CALIBRATION_PASSES, quick=True)
             load = job["load"]
+            if load and load["foreign_fraction"] >= FOREIGN_BUSY_FRACTION:
+                say(f"  other processes used {load['foreign_fraction']:.0%} of the cores: measuring again")
+                again = run_job(n, tr, tasks, passes=CALIBRATION_PASSES, quick=True)
+                if again["load"] and again["load"]["foreign_fraction"] < load["foreign_fraction"]:
+                    job = again
+                load = job["load"]
             say(f"  {job['wall_s']:.0f} s" + (f", other processes used {load['foreign_fraction']:.0%} of the cores"
                                              if load else ""))
             jobs.append(job)

@@ -2,7 +2,8 @@
 
 Accuracy: for every transport and rank count, `ringflow bench` (the runtime's default choice of schedule,
 new processes, after the calibration) runs the listed collectives and sizes in `jobs` separate jobs; each
-size is predicted from the model and compared with the mean of the jobs. The jobs of one configuration are
+size is predicted from the model and compared with the mean of the jobs (of the quiet ones where a job ran
+beside other processes' work even after `BUSY_RETRIES` further attempts). The jobs of one configuration are
 run a whole sweep apart, and their disagreement is the noise floor: the share of sizes where the bench
 disagreed with itself by more than the model's error there.
 
@@ -13,14 +14,14 @@ several passes, and the model's choice counts as right where it is at least as f
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..algorithms.selection import call_shape, model_decision
 from ..runtime.bench import launch
-from ..runtime.hostload import HostLoadMeter
+from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from .model import HostCostModel
 from .sweep import FLAT, INPLACE, run_job, runtime_default, single_ring_bytes
 
@@ -28,13 +29,30 @@ VALIDATION_RANKS = (2, 3, 4, 6, 8)
 VALIDATION_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 VALIDATION_SIZES = tuple(64 * 2**10 * 4**k for k in range(5))   # 64 KiB .. 16 MiB
 CHOICE_PASSES = 4
+BUSY_RETRIES = 2   # a bench job that ran beside other work is run again up to this many times
+
+
+def _busy(load: dict | None) -> bool:
+    return bool(load and load["foreign_fraction"] >= FOREIGN_BUSY_FRACTION)
 
 
 def _bench_job(transport: str, n: int, collectives: Sequence[str], sizes: Sequence[int]) -> dict:
+    """One bench job; one that ran beside other processes' work is run again (BUSY_RETRIES times at most)
+    and the least disturbed attempt is kept."""
     env = {"RINGFLOW_SHM_DISABLE": "1" if transport == "tcp" else "", "RINGFLOW_TUNER_MODEL": "", "RINGFLOW_ALGO": ""}
-    with HostLoadMeter() as meter:
-        rows = launch(",".join(collectives), n, 1, 1, sizes=list(sizes), extra_env=env)
-    return {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None}
+    best = None
+    for attempt in range(1 + BUSY_RETRIES):
+        with HostLoadMeter() as meter:
+            rows = launch(",".join(collectives), n, 1, 1, sizes=list(sizes), extra_env=env)
+        job = {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None,
+               "attempts": attempt + 1}
+        if best is None or (job["load"] and best["load"]
+                            and job["load"]["foreign_fraction"] < best["load"]["foreign_fraction"]):
+            best = {**job, "attempts": attempt + 1}
+        if not _busy(job["load"]):
+            break
+    assert best is not None
+    return best
 
 
 def accuracy_rows(models: dict[str, HostCostModel], jobs: list[dict]) -> list[dict]:
@@ -43,15 +61,15 @@ def accuracy_rows(models: dict[str, HostCostModel], jobs: list[dict]) -> list[di
     for j in jobs:
         for r in j["rows"]:
             by.setdefault((j["transport"], r["nranks"], r["collective"], r["size_bytes"]), []).append(
-                {"time_us": r["time_us"], "algorithm": r["algorithm"], "busy": bool(j["load"] and
-                                                                                  j["load"]["foreign_fraction"] >= 0.1)})
+                {"time_us": r["time_us"], "algorithm": r["algorithm"], "busy": _busy(j["load"])})
     out = []
     for (tr, n, coll, size), got in sorted(by.items()):
         sched = runtime_default(coll, size, n)
         shape = call_shape(Collective.parse(coll), n, size, 4)
         pred = models[tr].predict_us(sched, shape, coll in INPLACE)
         times = [g["time_us"] for g in got]
-        meas = float(np.mean(times))
+        quiet = [g["time_us"] for g in got if not g["busy"]]
+        meas = float(np.mean(quiet or times))   # jobs that ran beside other work only where no other was quiet
         spread = (max(times) - min(times)) / meas if len(times) > 1 else 0.0
         out.append({"transport": tr, "nranks": n, "collective": coll, "size_bytes": size, "algorithm": sched.algorithm,
                     "bench_algorithm": got[0]["algorithm"], "measured_us": meas, "jobs_us": times,
@@ -137,6 +155,7 @@ def validate(models: dict[str, HostCostModel], ranks: Sequence[int] = VALIDATION
     return {"rows": rows, "summary": summarise(rows), "choice": choice,
             "choice_summary": {"switched": len(choice), "at_least_as_fast": wins,
                                "share": wins / len(choice) if choice else None},
-            "jobs": [{"transport": j["transport"], "nranks": j["nranks"], "load": j["load"]} for j in bench_jobs],
+            "jobs": [{"transport": j["transport"], "nranks": j["nranks"], "load": j["load"], "attempts": j["attempts"]}
+                     for j in bench_jobs],
             "ranks": list(ranks), "collectives": list(collectives), "sizes": list(sizes), "bench_jobs_per_config": jobs,
             "duration_s": time.monotonic() - t0}

@@ -50,7 +50,7 @@ def recv_exact(sock: socket.socket, nbytes: int, deadline: float, what: str) -> 
         sock.settimeout(left)
         try:
             n = sock.recv_into(view[got:], nbytes - got)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except OSError as exc:
             raise RingflowSystemError(f"reading {what} failed: {exc}", "the peer closed the connection") from None

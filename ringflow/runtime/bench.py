@@ -19,7 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -203,7 +204,7 @@ def _bench_row(comm: Any, spec: dict, coll: str, nbytes: int, dtype: np.dtype, t
         wrong = int(w[0])
     return {"collective": coll, "nranks": n, "size_bytes": nelem * dtype.itemsize, "count": nelem,
             "dtype": str(dtype), "redop": op or "none", "root": 0 if coll in ROOTED else -1, "samples_s": times,
-            "wrong": wrong, "shm": not os.environ.get("RINGFLOW_SHM_DISABLE") in ("1", "true"),
+            "wrong": wrong, "shm": os.environ.get("RINGFLOW_SHM_DISABLE") not in ("1", "true"),
             "algorithm": ran[0].algorithm if ran[0] is not None else (spec.get("algo") or "auto"),
             "nchannels": ran[0].nchannels if ran[0] is not None else 1}
 
@@ -282,7 +283,8 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
         proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
         if proc.returncode != 0:
             from ..errors import RingflowSystemError
-            raise RingflowSystemError(f"benchmark ranks failed (exit code {proc.returncode})", "see the rank output above")
+            raise RingflowSystemError(f"benchmark ranks failed (exit code {proc.returncode})",
+                                      "see the rank output above")
         with open(out_path) as fh:
             return json.load(fh)
 

@@ -16,24 +16,24 @@ import logging
 import mmap
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import config
 from ..algorithms.layout import CallShape, partitioned
-from ..algorithms.schedule import Buffer, Collective, Schedule
-from ..errors import (Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError,
-                      Timeout)
-from .collectives import CollectiveCalls
-from .groups import Groups
-from .p2p import PointToPoint
-from .rendezvous import SharedState, host_id, join
-from .plugins import load_cost_model
 from ..algorithms.plan import compile_plan
+from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..algorithms.selection import CostModel, pick_schedule
+from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
+from .collectives import CollectiveCalls
 from .executor import CallContext, Waiter, _Broken, bind, describe, run_bound
+from .groups import Groups
 from .ops import UFUNCS, Buf, parse_op
+from .p2p import PointToPoint
+from .plugins import load_cost_model
+from .rendezvous import SharedState, host_id, join
 from .store import PrefixStore
 from .transport import doorbell
 from .transport.frames import Kind, call_signature
@@ -253,7 +253,7 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         return a[:n]
 
     def _prepare(self, schedule: Schedule, coll: Collective, count: int, dtype: np.dtype, opname: str | None,
-                 root: int | None, inplace: bool, splits: tuple[tuple[int, ...], ...] | None) -> "_Prepared":
+                 root: int | None, inplace: bool, splits: tuple[tuple[int, ...], ...] | None) -> _Prepared:
         shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
         plan = compile_plan(schedule, shape, self.rank, inplace)
         sig = call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels)
@@ -383,7 +383,7 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         for b in getattr(self, "_bells", []):
             b.close()
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .. import config
 from ..errors import InvalidArgument

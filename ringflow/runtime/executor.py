@@ -19,7 +19,7 @@ import json
 import os
 import select
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -51,7 +51,7 @@ class HostLoad:
         return {**asdict(self), "foreign_fraction": round(self.foreign_fraction, 4)}
 
     @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "HostLoad":
+    def from_dict(cls, record: dict[str, Any]) -> HostLoad:
         """The figures `as_dict` wrote (the derived share is computed again)."""
         return cls(**{f.name: record[f.name] for f in fields(cls)})
 
@@ -95,7 +95,7 @@ class HostLoadMeter:
         self.result: HostLoad | None = None
         self._start: tuple[float, float, tuple[int, int] | None] | None = None
 
-    def __enter__(self) -> "HostLoadMeter":
+    def __enter__(self) -> HostLoadMeter:
         self._start = (time.monotonic(), _our_cpu_s(), _cpu_jiffies())
         return self
 

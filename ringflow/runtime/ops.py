@@ -1,7 +1,8 @@
 """Reduction ops and dtypes: names to NumPy ufuncs, arrays and tensors to flat NumPy views."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

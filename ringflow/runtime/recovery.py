@@ -26,7 +26,8 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..errors import Aborted, InvalidArgument, InvalidUsage, Timeout
 from .store import PrefixStore
@@ -41,7 +42,7 @@ log = logging.getLogger("ringflow.runtime")
 POLL_S = 0.02
 
 
-def gone_peers(comm: "Communicator") -> set[int]:
+def gone_peers(comm: Communicator) -> set[int]:
     """Ranks this rank's watchdog saw die (closed connection or lost heartbeat), not mere aborts."""
     wd = getattr(comm, "_watchdog", None)
     if wd is None:
@@ -57,7 +58,7 @@ def _votes(st: PrefixStore, ranks: Iterable[int]) -> dict[int, set[int]]:
     return got
 
 
-def agree(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | None = None) -> list[int]:
+def agree(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None = None) -> list[int]:
     """Run steps 1-3: the sorted old ranks that form the new communicator (this rank included)."""
     size, me = comm.size, comm.rank
     excl = {int(r) for r in exclude}
@@ -103,7 +104,7 @@ def agree(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | No
     return [r for r in range(size) if r not in out]
 
 
-def remove_segments(comm: "Communicator", ranks: Iterable[int]) -> int:
+def remove_segments(comm: Communicator, ranks: Iterable[int]) -> int:
     """Unlink the shared-memory names `ranks` created in this communicator that no receiver mapped yet
     (a rank killed between creating a segment and its peer opening it); the number removed."""
     from .transport.shm import SHM_DIR, segment_name, unlink_quiet
@@ -116,7 +117,7 @@ def remove_segments(comm: "Communicator", ranks: Iterable[int]) -> int:
     return n
 
 
-def shrink(comm: "Communicator", exclude: Iterable[int] = (), timeout: float | None = None) -> "Communicator":
+def shrink(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None = None) -> Communicator:
     """A new communicator of the survivors of `comm` (which is destroyed); collective over survivors."""
     from .communicator import Communicator
 

@@ -16,7 +16,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
@@ -225,7 +225,7 @@ class Store:
                     s.close()
                     raise
                 return s
-            except (ConnectionRefusedError, socket.timeout, ConnectionResetError) as exc:
+            except (TimeoutError, ConnectionRefusedError, ConnectionResetError) as exc:
                 last = exc
             except OSError as exc:
                 if isinstance(exc, (RingflowSystemError, Timeout)):
@@ -315,7 +315,7 @@ class Store:
 class PrefixStore:
     """A namespace inside a store: every key gets `prefix/`."""
 
-    def __init__(self, prefix: str, store: "Store | PrefixStore") -> None:
+    def __init__(self, prefix: str, store: Store | PrefixStore) -> None:
         if not prefix:
             raise InvalidArgument("empty store prefix")
         self.prefix, self.base = prefix, store

@@ -15,7 +15,7 @@ import select
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import ProtocolError, RemoteError, RingflowError, Timeout
 from .transport import frames

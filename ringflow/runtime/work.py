@@ -10,7 +10,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import InvalidUsage, Timeout
 
@@ -63,7 +64,7 @@ class Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._q: "queue.Queue[tuple[Callable[[], Any], Work] | None]" = queue.Queue()
+        self._q: queue.Queue[tuple[Callable[[], Any], Work] | None] = queue.Queue()
         self._cond = threading.Condition()
         self._outstanding = 0
         self._thread: threading.Thread | None = None

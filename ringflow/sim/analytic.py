@@ -8,11 +8,8 @@ Model (steps are bulk-synchronous here; the flow engine relaxes that)::
               + B * max over ranks r of local_rs ]
     c_t  = max over links l on t's (sub-)paths of busy_ls
     busy_ls = (bytes per byte of B that step s puts on link l, each transfer's weighted by
-               `Fabric.transfer_work`: a relay step's by relay_step_slowdown; the rows of one NVLS
-               switch operation count once on the link they share) / achievable capacity of l;
-               a CPU host's pool where more ranks than its cores copy in the step (`pool_cores`):
-               the longest-processing-time packing of the ranks' copies on the cores (`lpt_busy`;
-               the flow engine, which has no steps, shares the pool fluidly)
+               `Fabric.transfer_work`; the rows of one NVLS switch operation count once on the
+               link they share) / achievable capacity of l
 
 B is the call's count * itemsize.  `busy` makes transfers that share a link in the same
 step share its bandwidth; a transfer alone on its path gets bytes / bottleneck.  Everything
@@ -90,12 +87,8 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         key = p_step * L + flows.p_link
         ukey, inv = np.unique(key, return_inverse=True)
         inv = inv.reshape(-1)
-        p_cap = fab.cap_Bpus[flows.p_link] * fab.lone_factor(p_step, flows.f_transfer[flows.p_flow], flows.p_link)
         p_work = p_bytes * fab.transfer_work(table)[flows.f_transfer[flows.p_flow]]
-        busy = np.bincount(inv, weights=p_work / p_cap, minlength=ukey.size)
-        if params.pool_cores and fab.pool_links.size:
-            busy = lpt_busy(busy, inv, p_work / p_cap, np.isin(flows.p_link, fab.pool_links),
-                            table.dst[flows.f_transfer[flows.p_flow]], int(params.pool_cores))
+        busy = np.bincount(inv, weights=p_work / fab.cap_Bpus[flows.p_link], minlength=ukey.size)
         pair_busy = busy[inv]
         f_c = np.maximum.reduceat(pair_busy, flows.f_pair_ptr[:-1]) if pair_busy.size else np.zeros(0)
         t_c = np.maximum.reduceat(f_c, flows.t_flow_ptr[:-1])
@@ -128,35 +121,9 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     if table.lrank.size:
         np.maximum.at(last, table.lrank, table.lstep)
     return AnalyticModel(table, flows, [p.name for p in params.protocols],
-                         np.array([p.base_us + params.call_overhead_per_peer_us * (table.nranks - 1)
+                         np.array([p.base_us + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
                                    for p in params.protocols]), line_step, line_a, line_c,
                          starts, steps_present, local_c, link_frac, last)
-
-
-def lpt_busy(busy: np.ndarray, inv: np.ndarray, pair_busy: np.ndarray, on_pool: np.ndarray, worker: np.ndarray,
-             cores: int) -> np.ndarray:
-    """`busy` per (step, link) with every host pool's load where more ranks than `cores` copy in the step
-    replaced by the longest-processing-time packing of the ranks' copies (the receiver's, `worker`) on
-    `cores` cores: a rank's copies run on one core, so 3 ranks with 2 messages each on 2 cores take 4
-    message times, not 3 (4 shm ranks on 2 cores, a double-tree step: 1.6-1.9x a pair exchange of the
-    same messages; fluid sharing says 1.5)."""
-    idx = np.flatnonzero(on_pool)
-    if not idx.size:
-        return busy
-    grp, w = inv[idx], worker[idx]
-    keys, kinv = np.unique(np.stack([grp, w]), axis=1, return_inverse=True)
-    per_rank = np.bincount(kinv.reshape(-1), weights=pair_busy[idx], minlength=keys.shape[1])
-    out = busy.copy()
-    order = np.argsort(keys[0], kind="stable")
-    bounds = np.flatnonzero(np.diff(keys[0][order])) + 1
-    for chunk in np.split(order, bounds):
-        if chunk.size <= cores:
-            continue
-        load = np.zeros(cores)
-        for job in np.sort(per_rank[chunk])[::-1] * cores:   # one core moves 1 / cores of the pool's rate
-            load[np.argmin(load)] += job
-        out[keys[0][chunk[0]]] = max(out[keys[0][chunk[0]]], float(load.max()))
-    return out
 
 
 _MODELS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()

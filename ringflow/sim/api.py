@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import weakref
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from ..errors import InvalidArgument
 from . import analytic, flow
 from .fabric import Fabric, fabric_for
 from .params import SimParams, params_for
-from .results import SimResult, count_for_size, footprint_bytes, size_for_count
+from .results import SimResult, count_for_size, size_for_count
 from .transfers import TransferTable, coarsen, from_schedule
 
 ENGINES = ("analytic", "flow")
@@ -69,8 +68,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
                    timeline: bool = False, progress: Callable[[float], None] | None = None,
                    checked: bool = False) -> SimResult:
     """Simulate a transfer table (from a schedule or the fast path) for one call size; `checked`:
-    the runtime runs a CHECK exchange first (`SimParams.check_us`, before rooted collectives
-    `check_rooted_us`, before a first step with every rank busy `check_busy_us`)."""
+    the runtime runs a CHECK exchange first (`CpuHostParams.check_us`)."""
     _engine(engine)
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     item = itemsize_of(dtype)
@@ -80,12 +78,6 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         raise InvalidArgument(f"{tab.nranks} ranks but topology {getattr(topo, 'name', '?')!r} has "
                               f"{len(eps)} endpoints", "use a bigger topology (--nodes N) or fewer ranks")
     count_bytes = float(count * item)
-    if prm.cache_bytes or prm.host_curves:
-        per_host = max(Counter(topo.host_of(e) for e in eps[:tab.nranks]).values())
-        msg = float(np.max(tab.frac / np.maximum(tab.nmsg, 1))) * count_bytes if tab.ntransfers else count_bytes
-        prm = prm.for_call(count_bytes, per_host, msg, footprint_bytes(tab.collective, tab.nranks, size_bytes),
-                           tab.peers_per_step(), tab.step_pattern(),
-                           footprint_bytes(tab.collective, tab.nranks, size_bytes, by_reference=True))
     fab = fabric_for(topo, prm, eps)
     notes: list[str] = []
     if tab.coarsened > 1:
@@ -126,32 +118,11 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
-    check_us = prm.check_us
-    if tab.collective.has_root and prm.check_rooted_us is not None:
-        check_us = prm.check_rooted_us
-    elif prm.check_busy_us is not None and tab.first_step_busy():
-        check_us = prm.check_busy_us
-    if checked and prm.asleep_check_us and tab.collective.has_root \
-            and _last_step_lag_us(tab, fab, count_bytes) > prm.asleep_lag_us:
-        check_us += prm.asleep_check_us
+    check_us = prm.cpu.check_us
     if checked and check_us:
         t_us, finish = t_us + check_us, np.asarray(finish) + check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
                      str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
-
-
-def _last_step_lag_us(tab: TransferTable, fab: Fabric, count_bytes: float) -> float:
-    """How long after a rank that sends in the call's first step the local work of its last step ends
-    another (e.g. a root reducing what it received while its peer is done): that sender waits for the
-    next call's check asleep, and wakes on the next call's path. A rank that only receives first (a
-    scatter's peer) wakes while its message is on the way: no lag counts for it."""
-    last = tab.lstep == tab.nsteps - 1
-    senders = np.unique(tab.src[tab.step == 0])
-    if not last.any() or not senders.size:
-        return 0.0
-    work = np.zeros(tab.nranks)
-    np.add.at(work, tab.lrank[last], (fab.local_us_per_byte(tab) * count_bytes)[last])
-    return float(work.max() - work[senders].min())
 
 
 def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:
@@ -302,7 +273,7 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     if n < 1:
         from ..errors import TopologyError
         raise TopologyError(f"topology {getattr(topo, 'name', '?')!r} has no GPU or PROC endpoints to run ranks on",
-                            "on a GPU-less machine use --topo host-cpu:N or a file from `ringflow calibrate`")
+                            "on a GPU-less machine use --topo host-cpu:N")
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     if algo == "nvls" and nsegs is None:   # the pipeline's chunk count, chosen per call like a protocol

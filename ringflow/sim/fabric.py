@@ -33,58 +33,6 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
-def _step_roles(table: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Per local-work entry of `table`: whether its rank sends, and whether it receives, in the same step."""
-    width = table.nranks
-    here = table.lstep * width + table.lrank
-    return (np.isin(here, np.unique(table.step * width + table.src)),
-            np.isin(here, np.unique(table.step * width + table.dst)))
-
-
-def _beside_transfer(table: Any, shares_cores: bool = False, receive_share: float = 1.0) -> np.ndarray:
-    """Per local-work entry of `table`: 1.0 where its rank receives in the same step (a sender whose
-    receiver reads its buffer, a scatter's root, does not fill its own cache with the message),
-    `receive_share` where it receives without sending; with `shares_cores`, the fraction of the ranks
-    copying beside a receive in that step instead."""
-    width = table.nranks
-    sends, receives = _step_roles(table)
-    beside = receives.astype(np.float64)
-    if receive_share != 1.0 and beside.size:
-        beside[receives & ~sends] = receive_share
-    if shares_cores and beside.size:
-        on = (table.lcopy > 0) & (beside > 0)
-        ranks = np.unique(table.lstep[on] * width + table.lrank[on])   # a rank counts once per step
-        copying = np.bincount(ranks // width, minlength=int(table.lstep.max()) + 1)
-        beside *= copying[table.lstep] / width
-    return beside
-
-
-def step_size_factor(params: SimParams, table: Any) -> np.ndarray:
-    """Per step of `table`: what its bytes cost per byte over what the call's largest message's do, where
-    its messages are smaller (`SimParams.small_step_costs`: the calibrated exchange's per-byte cost at the
-    step's message, with reduction where a rank reduces in the step; at least 1); 1 elsewhere."""
-    nsteps = int(max(table.nsteps, table.step.max(initial=-1) + 1, table.lstep.max(initial=-1) + 1))
-    out = np.ones(nsteps)
-    if params.small_step_costs is None or not table.ntransfers:
-        return out
-    sizes, exchange, reducing, msg_bytes = params.small_step_costs
-    per_msg = table.frac / np.maximum(table.nmsg, 1)
-    step_msg = np.zeros(nsteps)
-    np.maximum.at(step_msg, table.step, per_msg / max(float(per_msg.max()), 1e-300) * msg_bytes)
-    reduces = np.zeros(nsteps, dtype=bool)
-    reduces[table.lstep[table.lreduce > 0]] = True
-    lx = np.log(np.asarray(sizes, dtype=np.float64))
-
-    def at(curve: tuple, x: np.ndarray | float) -> np.ndarray:
-        return np.exp(np.interp(np.log(x), lx, np.log(np.asarray(curve, dtype=np.float64))))
-    smaller = (step_msg > 0) & (step_msg < msg_bytes)
-    x = step_msg[smaller]
-    ratio = np.where(reduces[smaller], at(reducing, x) / at(reducing, msg_bytes),
-                     at(exchange, x) / at(exchange, msg_bytes))
-    out[smaller] = np.maximum(ratio, 1.0)
-    return out
-
-
 class Fabric:
     """Links and routes of a topology for a given rank placement and parameters."""
 
@@ -113,17 +61,15 @@ class Fabric:
         self._hosts = [topo.host_of(e) for e in self.endpoints]
         self._ep_link: list[int] | None = None
         self._pool_link: dict[int, int] = {}
-        self._pair_link: dict[tuple[int, int], int] = {}
-        self._lone: tuple[np.ndarray, np.ndarray] | None = None   # _lone_links, cached
         self._add_cpu_links()
 
     def _add_cpu_links(self) -> None:
         """Virtual links for CPU-moved bytes: one per rank (its copy engine), one pool per host."""
-        eprate = self.params.endpoint_GBps
+        cpu = self.params.cpu
+        eprate = cpu.endpoint_GBps
         if not eprate:
             return
-        transport = "tcp" if self.params.host_transport == "tcp" else "shm"
-        rate = eprate.get(transport) or next(iter(eprate.values()))
+        rate = eprate.get(cpu.transport) or next(iter(eprate.values()))
         caps: list[float] = []
         names: list[tuple[tuple[str, str], str]] = []
         self._ep_link = []
@@ -131,8 +77,8 @@ class Fabric:
             self._ep_link.append(self.nlinks + len(caps))
             caps.append(rate * 1e3)
             names.append(((e, e), "endpoint"))
-        if self.params.host_cores or self.params.host_pool_GBps:
-            pool = self.params.host_pool_GBps or rate * int(self.params.host_cores or 1)
+        if cpu.host_cores or cpu.host_pool_GBps:
+            pool = cpu.host_pool_GBps or rate * int(cpu.host_cores or 1)
             for h in sorted(set(self._hosts)):
                 self._pool_link[h] = self.nlinks + len(caps)
                 caps.append(pool * 1e3)
@@ -149,82 +95,10 @@ class Fabric:
             self.link_tier.append(tier)
         self.nlinks += cap.size
 
-    def _pair_path(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
-        """One private link for the pair (src, dst) at the bottleneck of its typed path (see
-        SimParams.pair_links): what ranks share on a calibrated CPU host are its cores (the
-        engine and pool links), not the virtual shared-memory or loopback hops."""
-        hit = self._pair_link.get((src, dst))
-        if hit is None:
-            hit = self._pair_link[(src, dst)] = self.nlinks
-            self._append_links(np.array([self.cap_Bpus[ids].min()]), np.array([self.lat_us[ids].sum()]),
-                               [((self.endpoints[src], self.endpoints[dst]), self.link_type[int(ids[0])])])
-        return np.array([hit], dtype=np.int64)
-
-    @property
-    def pool_links(self) -> np.ndarray:
-        """Link ids of the host pools (CPU hosts), empty elsewhere."""
-        return np.fromiter(self._pool_link.values(), dtype=np.int64, count=len(self._pool_link))
-
-    @property
-    def lone_speedups(self) -> bool:
-        """True when some host link speeds up for a transfer alone on its host (`lone_factor` is not all 1)."""
-        return ((self.params.lone_pair_speedup > 1.0 and bool(self._pair_link))
-                or (self.params.lone_pool_speedup > 1.0 and bool(self._pool_link)))
-
-    def _lone_links(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per link: its host's index (-1 for links that are neither a pair link nor a host pool) and
-        the speed-up a transfer alone on that host gets on it."""
-        if self._lone is None or self._lone[0].size != self.nlinks:   # pair links are added lazily
-            hid = {h: i for i, h in enumerate(dict.fromkeys(self._hosts))}
-            host = np.full(self.nlinks, -1, dtype=np.int64)
-            speed = np.ones(self.nlinks)
-            for (src, _), lid in self._pair_link.items():
-                host[lid], speed[lid] = hid[self._hosts[src]], self.params.lone_pair_speedup
-            for h, lid in self._pool_link.items():
-                host[lid], speed[lid] = hid[h], self.params.lone_pool_speedup
-            self._lone = (host, speed)
-        return self._lone
-
-    def lone_factor(self, group: np.ndarray, transfer: np.ndarray, link: np.ndarray) -> np.ndarray:
-        """Per (group, transfer, link) entry, the capacity factor of its link: the link's lone speed-up
-        (`lone_pair_speedup` on a private pair link, `lone_pool_speedup` on a host pool) where its
-        transfer is the only one on that host's pair and pool links within the group (a step, or the
-        flows in flight), else 1."""
-        out = np.ones(link.size)
-        if not self.lone_speedups or not link.size:
-            return out
-        host, speed = self._lone_links()
-        on = np.flatnonzero(host[link] >= 0)
-        if not on.size:
-            return out
-        key = np.asarray(group)[on] * len(self._hosts) + host[link[on]]
-        pairs = np.unique(np.stack([key, np.asarray(transfer)[on]]), axis=1)   # distinct (key, transfer)
-        keys, ntr = np.unique(pairs[0], return_counts=True)
-        lone = on[ntr[np.searchsorted(keys, key)] == 1]
-        out[lone] = speed[link[lone]]
-        return out
-
     def transfer_work(self, table: Any) -> np.ndarray:
-        """Per transfer of `table`: the link time its bytes take relative to a pair exchange's
-        (`relay_step_slowdown` in ring steps, `shift_step_slowdown` in shifts, `chained_step_factor` in a step
-        right after another transfer step, `slot_reduce_factor` one-way into an in-place reduction; 1 / the NVLS
-        efficiency for switch operations; else 1)."""
+        """Per transfer of `table`: the link time its bytes take per byte (1 / the NVLS efficiency for
+        switch operations; else 1)."""
         w = np.ones(table.ntransfers)
-        later = table.step > 0 if self.params.relay_skips_opening_step else np.ones(table.ntransfers, dtype=bool)
-        if self.params.relay_step_slowdown != 1.0:
-            w[table.in_relay_step & later] = self.params.relay_step_slowdown
-        if self.params.shift_step_slowdown != 1.0:
-            w[table.in_shift_step & later] = self.params.shift_step_slowdown
-        if self.params.chained_step_factor != 1.0:
-            # a single copy completes when its receiver has read it: in a relay step that ties every rank to
-            # the next, so none is ahead when the step starts (4 shm ranks' pairwise all-to-alls at 1-2 MiB
-            # went -0.10 -> -0.15 with them discounted, binomial broadcasts at 256 KiB-1 MiB +0.13 -> 0)
-            on = table.chained_step & ~table.in_relay_step if self.params.sender_free else table.chained_step
-            w[on] *= self.params.chained_step_factor
-        if self.params.slot_reduce_factor != 1.0:
-            w[table.oneway_into_inplace_reduction] *= self.params.slot_reduce_factor
-        if self.params.small_step_costs is not None and table.ntransfers:
-            w *= step_size_factor(self.params, table)[table.step]
         if table.in_switch is not None:
             from .nvls import efficiency, require_nvls
             _, gen = require_nvls(self.topo, self.endpoints[:table.nranks], table.collective)
@@ -232,73 +106,30 @@ class Fabric:
         return w
 
     def _cpu_wrap(self, src: int, dst: int, ids: np.ndarray) -> np.ndarray:
+        """`ids` between the sender's engine and host pool and the receiver's (CPU hosts; else `ids`)."""
         if self._ep_link is None:
             return ids
-        head = [] if self.params.sender_free else [self._ep_link[src]]
-        tail = [self._ep_link[dst]]
+        head, tail = [self._ep_link[src]], [self._ep_link[dst]]
         if self._pool_link:
-            if not self.params.sender_free:
-                head.append(self._pool_link[self._hosts[src]])
+            head.append(self._pool_link[self._hosts[src]])
             tail.insert(0, self._pool_link[self._hosts[dst]])
         return np.concatenate([np.asarray(head, dtype=np.int64), ids, np.asarray(tail, dtype=np.int64)])
 
     def local_us_per_byte(self, table: Any) -> np.ndarray:
         """Microseconds per byte of B of every (rank, step) local-work entry of `table`: copies at
-        copy_GBps (faster where fewer ranks than the calibration's copy at once: `_copy_share`),
-        reductions at reduce_GBps (into their own operand: reduce_inplace_GBps), slower
-        when the host has fewer cores than ranks, and
-        reductions out of place slower still when several ranks of the step reduce at once
-        (`reduce_busy_slowdown`: the rate with every rank reducing, over the rate of one alone); bytes
-        a rank sends fresh (written earlier in the call; by its copies, with fresh_send_scope "copied") cost
-        it fresh_send_GBps extra (the other fresh bytes fresh_slot_GBps, the sender's slot copy), and copies in a
-        step where the rank also receives copy_beside_transfer_GBps extra (beside_receive_share of it where
-        it only receives; on shared cores in proportion to the ranks doing so), where it only sends
-        copy_beside_send_GBps extra."""
-        p = self.params
+        copy_GBps, reductions at reduce_GBps (free where None), slower where the host has fewer cores
+        than ranks (`local_slowdown`)."""
+        cpu = self.params.cpu
         per = np.zeros(table.lrank.size)
-        if p.copy_GBps:
-            per += table.lcopy / (p.copy_GBps * 1e3) * self._copy_share(table)
-        if p.reduce_GBps:
-            inplace = table.lreduce_inplace if table.lreduce_inplace is not None and p.reduce_inplace_GBps \
-                else np.zeros(table.lrank.size)
-            red = (table.lreduce - inplace) / (p.reduce_GBps * 1e3)
-            if p.reduce_busy_slowdown > 1.0 and table.nranks > 1 and red.size:
-                busy = np.bincount(table.lstep[table.lreduce > 0], minlength=int(table.lstep.max()) + 1)
-                k = busy[table.lstep]
-                red = red * (1.0 + (p.reduce_busy_slowdown - 1.0) * np.clip(k - 1, 0, None) / (table.nranks - 1))
-            # the in-place rate is timed with every pair's receiver reducing: no busy slowdown on top
-            per += red + (inplace / (p.reduce_inplace_GBps * 1e3) if inplace.any() and p.reduce_inplace_GBps else 0.0)
-        fresh = table.lfresh if p.fresh_send_scope == "all" else table.lfresh_copied
-        if fresh is not None and p.fresh_send_GBps:
-            per += fresh / (p.fresh_send_GBps * 1e3)
-        if p.fresh_slot_GBps and p.fresh_send_scope != "all" and table.lfresh is not None:
-            forwarded = table.lfresh - (table.lfresh_copied if table.lfresh_copied is not None else 0.0)
-            per += forwarded / (p.fresh_slot_GBps * 1e3)
-        if p.copy_beside_transfer_GBps and table.lrank.size and table.ntransfers:
-            per += table.lcopy * _beside_transfer(table, p.beside_shares_cores, p.beside_receive_share) \
-                / (p.copy_beside_transfer_GBps * 1e3)
-        if p.copy_beside_send_GBps and table.lrank.size and table.ntransfers:
-            sends, receives = _step_roles(table)
-            per += table.lcopy * (sends & ~receives) / (p.copy_beside_send_GBps * 1e3)
-        if p.small_step_costs is not None and table.lrank.size:
-            per = per * step_size_factor(p, table)[table.lstep]
+        if cpu.copy_GBps:
+            per += table.lcopy / (cpu.copy_GBps * 1e3)
+        if cpu.reduce_GBps:
+            per += table.lreduce / (cpu.reduce_GBps * 1e3)
         return per * self.local_slowdown(table.nranks)[table.lrank]
-
-    def _copy_share(self, table: Any) -> np.ndarray | float:
-        """Per local-work entry: its copy's time over the calibrated copy's (`SimParams.shared_cores`):
-        the calibration copied on all n ranks at once, cores / n of a core each; j ranks copying in a
-        step get min(1, cores / j) each."""
-        k = self.params.shared_cores
-        n = table.nranks
-        if not k or n <= k or not table.lrank.size:
-            return 1.0
-        copying = table.lcopy > 0
-        j = np.bincount(table.lstep[copying], minlength=int(table.lstep.max()) + 1)[table.lstep]
-        return min(1.0, k / n) / np.minimum(1.0, k / np.maximum(j, 1))
 
     def local_slowdown(self, nranks: int) -> np.ndarray:
         """Per rank: how much slower its local work runs when its host has fewer cores than ranks."""
-        cores = self.params.host_cores
+        cores = self.params.cpu.host_cores
         hosts = np.asarray(self._hosts[:nranks])
         if not cores or hosts.size == 0:
             return np.ones(nranks)
@@ -333,7 +164,7 @@ class Fabric:
         return "pci"
 
     def _host_types(self, src: int, dst: int) -> set[str] | None:
-        ht = self.params.host_transport
+        ht = self.params.cpu.host_transport
         if ht == "auto" or self._hosts[src] != self._hosts[dst]:
             return None
         a, b = self.endpoints[src], self.endpoints[dst]
@@ -371,8 +202,6 @@ class Fabric:
         else:
             paths = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]
         ids = [self._link_ids(p) for p in paths]
-        if restrict is not None and self.params.pair_links:
-            ids = [self._pair_path(src, dst, ids[0])]
         if mode == "ecmp" and len(ids) > 1:
             pick = (src * 1_000_003 + dst * 7919 + chan * 104_729) % len(ids)
             ids = [ids[pick]]

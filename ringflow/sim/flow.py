@@ -79,53 +79,77 @@ def maxmin_rates(pf: np.ndarray, plink: np.ndarray, cap: np.ndarray, nflows: int
 def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams, count_bytes: float,
              protocol: Protocol, *, progress: Callable[[float], None] | None = None) -> FlowOutcome:
     """Run the flow engine for one call of `count_bytes` (= count * itemsize) bytes."""
-    T, R = table.ntransfers, table.nranks
-    cls_ovh = np.array([protocol.msg_overhead_us.get(c, 0.0) for c in LINK_CLASSES])
-    pre_us = table.nmsg * cls_ovh[flows.t_class] + (table.serial() - 1) * flows.t_lat_us
-    post_us = flows.t_lat_us.copy()
-    cap = fab.cap_Bpus * protocol.bw_fraction
-    lone_speedups = fab.lone_speedups   # routes are resolved: no pair link appears during the run
-    f_bytes = flows.f_frac * count_bytes
-    F = f_bytes.size
-    link_bytes = np.bincount(flows.p_link, weights=flows.pair_frac() * count_bytes, minlength=fab.nlinks)
-    f_work = f_bytes * fab.transfer_work(table)[flows.f_transfer]   # link time, in bytes at the links' rates
+    run = _FlowRun(table, fab, flows, count_bytes, protocol)
+    run.run(progress)
+    notes = []
+    if np.isnan(run.t_end).any():
+        notes.append(f"{int(np.isnan(run.t_end).sum())} transfers never ran (unmatched send/receive?)")
+    base = float(protocol.base_us) + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
+    return FlowOutcome(float(max(run.rank_finish.max(initial=0.0), run.now)) + base, run.rank_finish + base,
+                       run.link_bytes, run.t_start + base, run.t_end + base, run.events, run.solves, notes)
 
-    # ---- per-rank slots: the steps each rank takes part in, in order -------------------------
-    local_us = np.zeros(0)
-    ent_r = np.concatenate([table.src, table.dst, table.lrank])
-    ent_s = np.concatenate([table.step, table.step, table.lstep])
-    S1 = int(table.nsteps) + 1
-    skey = np.unique(ent_r * S1 + ent_s)
-    slot_rank = skey // S1
-    nslots = skey.size
-    rank_ptr = np.searchsorted(slot_rank, np.arange(R + 1))
-    slot_of_src = np.searchsorted(skey, table.src * S1 + table.step)
-    slot_of_dst = np.searchsorted(skey, table.dst * S1 + table.step)
-    local_us = np.zeros(nslots)
-    if table.lrank.size:
-        per = fab.local_us_per_byte(table) * count_bytes
-        np.add.at(local_us, np.searchsorted(skey, table.lrank * S1 + table.lstep), per)
-    inc_slot = np.concatenate([slot_of_src, slot_of_dst])
-    inc_tr = np.concatenate([np.arange(T), np.arange(T)])
-    order = np.argsort(inc_slot, kind="stable")
-    slot_tr = inc_tr[order]
-    slot_tr_ptr = np.searchsorted(inc_slot[order], np.arange(nslots + 1))
-    outstanding = np.diff(slot_tr_ptr).astype(np.int64)
 
-    arrivals = np.zeros(T, dtype=np.int64)
-    ready = np.zeros(T)
-    t_start = np.full(T, np.nan)
-    t_end = np.full(T, np.nan)
-    sub_left = np.diff(flows.t_flow_ptr).astype(np.int64)
-    rank_finish = np.zeros(R)
-    cur_slot = rank_ptr[:-1].copy()
+_Heap = list[tuple[float, int, np.ndarray]]   # (time, seq, transfers)
 
-    act_heap: list[tuple[float, int, np.ndarray]] = []   # (time, seq, transfers)
-    done_heap: list[tuple[float, int, np.ndarray]] = []
-    seq = 0
 
-    def push(heap: list, times: np.ndarray, items: np.ndarray) -> None:
-        nonlocal seq
+class _FlowRun:
+    """The state of one flow-engine run (module docstring): per-rank slots, transfers, flows in flight."""
+
+    def __init__(self, table: TransferTable, fab: Fabric, flows: Flows, count_bytes: float,
+                 protocol: Protocol) -> None:
+        self.fab, self.flows = fab, flows
+        T, R = table.ntransfers, table.nranks
+        cls_ovh = np.array([protocol.msg_overhead_us.get(c, 0.0) for c in LINK_CLASSES])
+        self.pre_us = table.nmsg * cls_ovh[flows.t_class] + (table.serial() - 1) * flows.t_lat_us
+        self.post_us = flows.t_lat_us.copy()
+        self.cap = fab.cap_Bpus * protocol.bw_fraction
+        self.f_bytes = flows.f_frac * count_bytes
+        F = self.f_bytes.size
+        self.link_bytes = np.bincount(flows.p_link, weights=flows.pair_frac() * count_bytes, minlength=fab.nlinks)
+        # link time, in bytes at the links' rates
+        self.f_work = self.f_bytes * fab.transfer_work(table)[flows.f_transfer]
+        self._build_slots(table, count_bytes)
+        self.arrivals = np.zeros(T, dtype=np.int64)
+        self.ready = np.zeros(T)
+        self.t_start = np.full(T, np.nan)
+        self.t_end = np.full(T, np.nan)
+        self.sub_left = np.diff(flows.t_flow_ptr).astype(np.int64)
+        self.rank_finish = np.zeros(R)
+        self.cur_slot = self.rank_ptr[:-1].copy()
+        self.act_heap: _Heap = []
+        self.done_heap: _Heap = []
+        self.seq = 0
+        self.active = np.zeros(0, dtype=np.int64)      # flow ids in flight
+        self.rem = np.zeros(F)
+        self.rate = np.zeros(F)
+        self.now = 0.0
+        self.events = self.solves = 0
+        self.dirty = False
+
+    def _build_slots(self, table: TransferTable, count_bytes: float) -> None:
+        """Per-rank slots: the steps each rank takes part in, in order, with their transfers and local work."""
+        T, R = table.ntransfers, table.nranks
+        ent_r = np.concatenate([table.src, table.dst, table.lrank])
+        ent_s = np.concatenate([table.step, table.step, table.lstep])
+        S1 = int(table.nsteps) + 1
+        skey = np.unique(ent_r * S1 + ent_s)
+        self.slot_rank = skey // S1
+        nslots = skey.size
+        self.rank_ptr = np.searchsorted(self.slot_rank, np.arange(R + 1))
+        self.slot_of_src = np.searchsorted(skey, table.src * S1 + table.step)
+        self.slot_of_dst = np.searchsorted(skey, table.dst * S1 + table.step)
+        self.local_us = np.zeros(nslots)
+        if table.lrank.size:
+            per = self.fab.local_us_per_byte(table) * count_bytes
+            np.add.at(self.local_us, np.searchsorted(skey, table.lrank * S1 + table.lstep), per)
+        inc_slot = np.concatenate([self.slot_of_src, self.slot_of_dst])
+        inc_tr = np.concatenate([np.arange(T), np.arange(T)])
+        order = np.argsort(inc_slot, kind="stable")
+        self.slot_tr = inc_tr[order]
+        self.slot_tr_ptr = np.searchsorted(inc_slot[order], np.arange(nslots + 1))
+        self.outstanding = np.diff(self.slot_tr_ptr).astype(np.int64)
+
+    def push(self, heap: _Heap, times: np.ndarray, items: np.ndarray) -> None:
         if items.size == 0:
             return
         ut, inv = np.unique(times, return_inverse=True)
@@ -133,138 +157,144 @@ def simulate(table: TransferTable, fab: Fabric, flows: Flows, params: SimParams,
         order = np.argsort(inv, kind="stable")
         bounds = np.searchsorted(inv[order], np.arange(ut.size + 1))
         for i, tm in enumerate(ut):
-            seq += 1
-            heapq.heappush(heap, (float(tm), seq, items[order[bounds[i]:bounds[i + 1]]]))
+            self.seq += 1
+            heapq.heappush(heap, (float(tm), self.seq, items[order[bounds[i]:bounds[i + 1]]]))
 
-    def flows_done(fl: np.ndarray, now: float) -> None:
+    def flows_done(self, fl: np.ndarray, now: float) -> None:
         """Flows `fl` delivered their bytes: a transfer with no flow left completes after its post latency."""
-        trs = flows.f_transfer[fl]
-        np.subtract.at(sub_left, trs, 1)
+        trs = self.flows.f_transfer[fl]
+        np.subtract.at(self.sub_left, trs, 1)
         trs = np.unique(trs)
-        trs = trs[sub_left[trs] == 0]
-        push(done_heap, now + post_us[trs], trs)
+        trs = trs[self.sub_left[trs] == 0]
+        self.push(self.done_heap, now + self.post_us[trs], trs)
 
-    def enter(ranks: np.ndarray, times: np.ndarray) -> None:
+    def enter(self, ranks: np.ndarray, times: np.ndarray) -> None:
         """Ranks enter their current slot at `times`; cascades through transfer-less slots."""
+        cur_slot, rank_ptr, slot_tr_ptr = self.cur_slot, self.rank_ptr, self.slot_tr_ptr
+        arrivals, ready = self.arrivals, self.ready
         while ranks.size:
             has = cur_slot[ranks] < rank_ptr[ranks + 1]
             fin = ranks[~has]
-            rank_finish[fin] = np.maximum(rank_finish[fin], times[~has])
+            self.rank_finish[fin] = np.maximum(self.rank_finish[fin], times[~has])
             ranks, times = ranks[has], times[has]
             if not ranks.size:
                 return
             slots = cur_slot[ranks]
             cnt = slot_tr_ptr[slots + 1] - slot_tr_ptr[slots]
             idx, owner = ragged(slot_tr_ptr[slots], cnt)
-            trs = slot_tr[idx]
+            trs = self.slot_tr[idx]
             np.add.at(arrivals, trs, 1)
             np.maximum.at(ready, trs, times[owner])
             both = trs[arrivals[trs] == 2]
             both = np.unique(both)
             if both.size:
                 arrivals[both] = 3  # mark scheduled
-                t_start[both] = ready[both]
-                push(act_heap, ready[both] + pre_us[both], both)
+                self.t_start[both] = ready[both]
+                self.push(self.act_heap, ready[both] + self.pre_us[both], both)
             empty = cnt == 0   # local-only slots finish right away
             if not empty.any():
                 return
             r2, s2 = ranks[empty], slots[empty]
-            times = times[empty] + local_us[s2]
+            times = times[empty] + self.local_us[s2]
             cur_slot[r2] += 1
             ranks = r2
 
-    enter(np.arange(R), np.zeros(R))
+    def run(self, progress: Callable[[float], None] | None) -> None:
+        """Advance event by event until every transfer has completed (or nothing more can happen)."""
+        R = self.rank_finish.size
+        self.enter(np.arange(R), np.zeros(R))
+        while self.act_heap or self.done_heap or self.active.size:
+            self.events += 1
+            nxt = self._next_event_time()
+            if not np.isfinite(nxt):
+                break
+            dt = nxt - self.now
+            if self.active.size and dt > 0:
+                self.rem[self.active] -= self.rate[self.active] * dt
+            self.now = nxt
+            eps = _REL * max(1.0, self.now)
+            self._finish_flows(eps)
+            self._start_transfers(eps)
+            self._complete_transfers(eps)
+            if progress is not None and self.events % 256 == 0:
+                progress(float(np.mean(self.cur_slot - self.rank_ptr[:-1])
+                               / max(1.0, np.mean(np.diff(self.rank_ptr)))))
 
-    active = np.zeros(0, dtype=np.int64)      # flow ids in flight
-    rem = np.zeros(F)
-    rate = np.zeros(F)
-    now = 0.0
-    events = solves = 0
-    dirty = False
-    total_est = None
-    while act_heap or done_heap or active.size:
-        events += 1
+    def _next_event_time(self) -> float:
+        """The earliest of: a flow in flight delivering its last byte, a transfer starting, one completing."""
         t_fin = np.inf
+        active = self.active
         if active.size:
-            if dirty:
-                cnt = flows.f_pair_ptr[active + 1] - flows.f_pair_ptr[active]
-                pidx, owner = ragged(flows.f_pair_ptr[active], cnt)
-                plink = flows.p_link[pidx]
-                now_cap = cap
-                if lone_speedups:
-                    boost = fab.lone_factor(np.zeros(pidx.size, dtype=np.int64), flows.f_transfer[active][owner],
-                                            plink)
-                    if np.any(boost > 1.0):   # a transfer alone on its host
-                        now_cap = cap.copy()
-                        now_cap[plink[boost > 1.0]] *= boost[boost > 1.0]
-                rate[active] = maxmin_rates(owner, plink, now_cap, active.size,
-                                            None if flows.p_weight is None else flows.p_weight[pidx])
-                solves += 1
-                dirty = False
+            if self.dirty:
+                self._solve_rates()
             with np.errstate(divide="ignore"):
-                t_fin = now + float(np.min(rem[active] / rate[active]))
-        t_act = act_heap[0][0] if act_heap else np.inf
-        t_done = done_heap[0][0] if done_heap else np.inf
-        nxt = min(t_fin, t_act, t_done)
-        if not np.isfinite(nxt):
-            break
-        dt = nxt - now
-        if active.size and dt > 0:
-            rem[active] -= rate[active] * dt
-        now = nxt
-        eps = _REL * max(1.0, now)
-        # flows that finished
+                t_fin = self.now + float(np.min(self.rem[active] / self.rate[active]))
+        t_act = self.act_heap[0][0] if self.act_heap else np.inf
+        t_done = self.done_heap[0][0] if self.done_heap else np.inf
+        return float(min(t_fin, t_act, t_done))
+
+    def _solve_rates(self) -> None:
+        """Max-min fair rates of the flows in flight."""
+        flows, active = self.flows, self.active
+        cnt = flows.f_pair_ptr[active + 1] - flows.f_pair_ptr[active]
+        pidx, owner = ragged(flows.f_pair_ptr[active], cnt)
+        self.rate[active] = maxmin_rates(owner, flows.p_link[pidx], self.cap, active.size,
+                                         None if flows.p_weight is None else flows.p_weight[pidx])
+        self.solves += 1
+        self.dirty = False
+
+    def _finish_flows(self, eps: float) -> None:
+        """Flows that delivered their last byte by now."""
+        active = self.active
         if active.size:
-            done_mask = rem[active] <= np.maximum(f_work[active] * 1e-9, rate[active] * eps)
+            done_mask = self.rem[active] <= np.maximum(self.f_work[active] * 1e-9, self.rate[active] * eps)
             if done_mask.any():
                 fin = active[done_mask]
-                rem[fin] = 0.0
-                active = active[~done_mask]
-                dirty = True
-                flows_done(fin, now)
-        # transfers whose flows start now
+                self.rem[fin] = 0.0
+                self.active = active[~done_mask]
+                self.dirty = True
+                self.flows_done(fin, self.now)
+
+    def _start_transfers(self, eps: float) -> None:
+        """Transfers whose flows start now."""
+        flows, now = self.flows, self.now
         new: list[np.ndarray] = []
-        while act_heap and act_heap[0][0] <= now + eps:
-            new.append(heapq.heappop(act_heap)[2])
-        if new:
-            trs = np.concatenate(new)
-            cnt = flows.t_flow_ptr[trs + 1] - flows.t_flow_ptr[trs]
-            fl, _ = ragged(flows.t_flow_ptr[trs], cnt)
-            rem[fl] = f_work[fl]
-            zero = f_bytes[fl] <= 0
-            if zero.any():  # empty messages: only fixed costs
-                flows_done(fl[zero], now)
-                fl = fl[~zero]
-            if fl.size:
-                active = np.concatenate([active, fl])
-                dirty = True
-            # transfers with no flows at all (no bytes, no route): complete after latency
-            nof = trs[cnt == 0]
-            if nof.size:
-                push(done_heap, now + post_us[nof], nof)
-        # transfers completing now
+        while self.act_heap and self.act_heap[0][0] <= now + eps:
+            new.append(heapq.heappop(self.act_heap)[2])
+        if not new:
+            return
+        trs = np.concatenate(new)
+        cnt = flows.t_flow_ptr[trs + 1] - flows.t_flow_ptr[trs]
+        fl, _ = ragged(flows.t_flow_ptr[trs], cnt)
+        self.rem[fl] = self.f_work[fl]
+        zero = self.f_bytes[fl] <= 0
+        if zero.any():  # empty messages: only fixed costs
+            self.flows_done(fl[zero], now)
+            fl = fl[~zero]
+        if fl.size:
+            self.active = np.concatenate([self.active, fl])
+            self.dirty = True
+        # transfers with no flows at all (no bytes, no route): complete after latency
+        nof = trs[cnt == 0]
+        if nof.size:
+            self.push(self.done_heap, now + self.post_us[nof], nof)
+
+    def _complete_transfers(self, eps: float) -> None:
+        """Transfers completing now; ranks whose slot has no transfer left move on."""
+        now = self.now
         comp: list[np.ndarray] = []
-        while done_heap and done_heap[0][0] <= now + eps:
-            comp.append(heapq.heappop(done_heap)[2])
-        if comp:
-            trs = np.concatenate(comp)
-            t_end[trs] = now
-            sl = np.concatenate([slot_of_src[trs], slot_of_dst[trs]])
-            np.subtract.at(outstanding, sl, 1)
-            sl = np.unique(sl)
-            ready_slots = sl[outstanding[sl] == 0]
-            if ready_slots.size:
-                rks = slot_rank[ready_slots]
-                tms = now + local_us[ready_slots]
-                cur_slot[rks] += 1
-                enter(rks, tms)
-                if progress is not None and total_est is None:
-                    total_est = 1
-        if progress is not None and events % 256 == 0:
-            progress(float(np.mean(cur_slot - rank_ptr[:-1]) / max(1.0, np.mean(np.diff(rank_ptr)))))
-    notes = []
-    if np.isnan(t_end).any():
-        notes.append(f"{int(np.isnan(t_end).sum())} transfers never ran (unmatched send/receive?)")
-    base = float(protocol.base_us) + params.call_overhead_per_peer_us * (R - 1)
-    return FlowOutcome(float(max(rank_finish.max(initial=0.0), now)) + base, rank_finish + base, link_bytes,
-                       t_start + base, t_end + base, events, solves, notes)
+        while self.done_heap and self.done_heap[0][0] <= now + eps:
+            comp.append(heapq.heappop(self.done_heap)[2])
+        if not comp:
+            return
+        trs = np.concatenate(comp)
+        self.t_end[trs] = now
+        sl = np.concatenate([self.slot_of_src[trs], self.slot_of_dst[trs]])
+        np.subtract.at(self.outstanding, sl, 1)
+        sl = np.unique(sl)
+        ready_slots = sl[self.outstanding[sl] == 0]
+        if ready_slots.size:
+            rks = self.slot_rank[ready_slots]
+            tms = now + self.local_us[ready_slots]
+            self.cur_slot[rks] += 1
+            self.enter(rks, tms)

@@ -30,21 +30,6 @@ def count_for_size(collective: Collective | str, nranks: int, size_bytes: int, i
     return elems // max(1, nranks) if c.per_rank_sized else elems
 
 
-def footprint_bytes(collective: Collective | str, nranks: int, size_bytes: int, by_reference: bool = False) -> int:
-    """Bytes of input and output one rank touches in a call of nccl-tests `size_bytes` (all-reduce,
-    broadcast and reduce in place): the working set that decides which cache level it runs from.
-    `by_reference`: messages go by single copy (the receiver's core reads the sender's buffer), so a
-    scatter's root touches only its own block and the copy of it."""
-    c = Collective.parse(collective)
-    if by_reference and c == Collective.SCATTER:
-        return 2 * (size_bytes // max(1, nranks))
-    if c in (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV):
-        return 2 * size_bytes
-    if c.per_rank_sized:
-        return size_bytes + size_bytes // max(1, nranks)
-    return size_bytes
-
-
 def size_for_count(collective: Collective | str, nranks: int, count: int, itemsize: int) -> int:
     """The nccl-tests "size" in bytes of a call of `count` elements."""
     c = Collective.parse(collective)

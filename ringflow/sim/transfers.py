@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from functools import cached_property
 
 import numpy as np
 
@@ -39,13 +38,6 @@ class TransferTable:
     lstep: np.ndarray   # int64 [W] local work: step
     lcopy: np.ndarray   # float64 [W] bytes copied / (count * itemsize)
     lreduce: np.ndarray  # float64 [W] bytes reduced / (count * itemsize)
-    # float64 [W] the part of lreduce whose destination is also its local operand (in place); None: none known
-    lreduce_inplace: np.ndarray | None = None
-    # float64 [W] bytes sent fresh (`algorithms.plan.Xfer.fresh`: written earlier in the call, copied by the
-    # receiver); None: none known
-    lfresh: np.ndarray | None = None
-    # float64 [W] the part of lfresh that a local copy of the rank wrote (an all-gather's own block); None: none
-    lfresh_copied: np.ndarray | None = None
     nserial: np.ndarray | None = None  # int64 [T] dependent messages whose latencies add up (steps merged)
     coarsened: int = 1  # steps merged per macro step (1 = exact schedule)
     # int8 [T] rows a switch reduces into one stream to their receiver (1) or copies from one sender (2):
@@ -60,100 +52,6 @@ class TransferTable:
     def ntransfers(self) -> int:
         """Rows of the table."""
         return int(self.step.size)
-
-    @cached_property
-    def _step_pairs(self) -> np.ndarray:
-        """The distinct (step, sender, receiver) of the table, each as (step * n + sender) * n + receiver."""
-        n = self.nranks
-        return np.unique((self.step * n + self.src) * n + self.dst)
-
-    @cached_property
-    def _step_peers(self) -> tuple[int, int]:
-        if not self.ntransfers:
-            return 0, 0
-        n = self.nranks
-        pairs = self._step_pairs
-        sends = np.unique(pairs // n, return_counts=True)[1].max()
-        recvs = np.unique((pairs // (n * n)) * n + pairs % n, return_counts=True)[1].max()
-        return int(sends), int(recvs)
-
-    def step_peers(self) -> tuple[int, int]:
-        """(the most distinct peers one rank sends to, the most one rank receives from) in one step."""
-        return self._step_peers
-
-    def peers_per_step(self) -> int:
-        """The most distinct peers one rank sends to, or receives from, in one step."""
-        return max(self.step_peers())
-
-    @cached_property
-    def in_relay_step(self) -> np.ndarray:
-        """bool [T]: the transfer's step is a relay step: in it some rank sends to a peer that does not
-        send back to it, and both also have another transfer in the step (the sender receives, the
-        receiver sends on): a ring step, a pipelined chain, not an exchange in pairs, a fan or a lone send."""
-        if not self.ntransfers or self.nranks < 3:
-            return np.zeros(self.ntransfers, dtype=bool)
-        n = self.nranks
-        key = (self.step * n + self.src) * n + self.dst
-        back = np.isin((self.step * n + self.dst) * n + self.src, key)
-        src_recvs = np.isin(self.step * n + self.src, self.step * n + self.dst)
-        dst_sends = np.isin(self.step * n + self.dst, self.step * n + self.src)
-        relay = ~back & src_recvs & dst_sends
-        return np.isin(self.step, self.step[relay])
-
-    @cached_property
-    def in_shift_step(self) -> np.ndarray:
-        """bool [T]: the transfer's step is a shift: a relay step in which every rank sends to one peer and
-        receives from one (a ring step, a pairwise all-to-all's shift by 1, a Bruck step), not a chain."""
-        if not self.ntransfers or self.nranks < 3:
-            return np.zeros(self.ntransfers, dtype=bool)
-        n = self.nranks
-        pairs = self._step_pairs
-        step, src, dst = pairs // (n * n), pairs // n % n, pairs % n
-        steps, npairs = np.unique(step, return_counts=True)
-
-        def distinct(ranks: np.ndarray) -> np.ndarray:   # per step of `steps`: how many distinct ranks
-            return np.bincount(np.searchsorted(steps, np.unique(step * n + ranks) // n), minlength=steps.size)
-        full = (npairs == n) & (distinct(src) == n) & (distinct(dst) == n)
-        return np.isin(self.step, steps[full]) & self.in_relay_step
-
-    @cached_property
-    def chained_step(self) -> np.ndarray:
-        """bool [T]: the transfer's step directly follows a step with transfers and no local work (the
-        ranks go from one message to the next without stopping)."""
-        if not self.ntransfers:
-            return np.zeros(0, dtype=bool)
-        moved = np.zeros(self.nsteps + 1, dtype=bool)
-        moved[self.step] = True
-        worked = np.zeros(self.nsteps + 1, dtype=bool)
-        worked[self.lstep] = True
-        prev = np.maximum(self.step - 1, 0)
-        return (self.step > 0) & moved[prev] & ~worked[prev]
-
-    @cached_property
-    def oneway_into_inplace_reduction(self) -> np.ndarray:
-        """bool [T]: the transfer's receiver reduces into its own operand in the transfer's step (a RECV_REDUCE
-        of an in-place reduce or all-reduce) and sends nothing in it (a one-way step, not an exchange or a relay)."""
-        if not self.ntransfers or self.lreduce_inplace is None:
-            return np.zeros(self.ntransfers, dtype=bool)
-        n = self.nranks
-        on = self.lreduce_inplace > 0
-        reduces = np.isin(self.step * n + self.dst, self.lstep[on] * n + self.lrank[on])
-        return reduces & ~np.isin(self.step * n + self.dst, self.step * n + self.src)
-
-    def step_pattern(self) -> str:
-        """'in' when some rank receives from several peers in a step and every rank sends to one
-        (a direct gather), 'out' for the reverse (a direct scatter), 'all' otherwise."""
-        sends, recvs = self.step_peers()
-        return "in" if sends == 1 and recvs > 1 else "out" if recvs == 1 and sends > 1 else "all"
-
-    def first_step_busy(self) -> bool:
-        """Every rank both sends and receives in the first step with transfers (an exchange, a ring shift,
-        an all-to-all step), as the calibration's exchange step has them right after the argument check."""
-        if not self.ntransfers:
-            return False
-        first = self.step == self.step.min()
-        ranks = np.arange(self.nranks)
-        return bool(np.isin(ranks, self.src[first]).all() and np.isin(ranks, self.dst[first]).all())
 
     def wire_bytes(self, count_bytes: float) -> float:
         """Total bytes all transfers put on the wire for a call of `count_bytes`."""
@@ -213,6 +111,7 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
             for op in ops:
                 k = op.kind
                 if k is send:
+                    assert op.peer is not None   # a SEND names its receiver
                     rows.send(s, r, op.peer, op.channel, length(op.src) * item)
                 elif k is copy:
                     rows.work(r, s, 0, length(op.dst) * item)
@@ -221,44 +120,8 @@ def _build(schedule: Schedule, shape: CallShape) -> TransferTable:
     return rows.table(schedule, denom)
 
 
-def from_plans(schedule: Schedule, shape: CallShape, inplace: bool) -> TransferTable:
-    """The table of what ringflow's runtime executes for one call (`algorithms.plan.compile_plan`):
-    in-place aliasing, dropped self-copies and the snapshot copies of in-place sends included."""
-    from ..algorithms.plan import aliased, compile_plan
-
-    def same(b1: Buffer, o1: int, b2: Buffer, o2: int) -> bool:   # one range of one array
-        return aliased(b1, inplace) == aliased(b2, inplace) and o1 == o2
-    rows = _Rows()
-    isz = shape.itemsize
-    for r in range(schedule.nranks):
-        copied: list[tuple[Buffer, int, int]] = []   # (array, first, end byte) this rank's copies wrote so far
-        for s, st in enumerate(compile_plan(schedule, shape, r, inplace).steps):
-            for x in st.xfers:
-                if x.kind == OpKind.SEND:
-                    rows.send(s, r, x.peer, int(x.key[1:]) if x.key[1:].lstrip("-").isdigit() else 0, x.nbytes)
-                    if x.snapshot:
-                        rows.work(r, s, 0, x.nbytes)
-                    if x.fresh:
-                        rows.work(r, s, 3, x.nbytes)
-                        rows.work(r, s, 4, _overlap_bytes(copied, aliased(x.buf, inplace), x.off, x.nbytes))
-                elif x.kind == OpKind.RECV_REDUCE:
-                    rows.work(r, s, 1, x.nbytes, same(x.buf, x.off, x.src_buf, x.src_off))
-            for lo in st.locals:
-                red = lo.kind != OpKind.COPY
-                rows.work(r, s, int(red), lo.n * isz, red and same(lo.dst, lo.dst_off, lo.src, lo.src_off))
-                if not red:
-                    copied.append((aliased(lo.dst, inplace), lo.dst_off * isz, (lo.dst_off + lo.n) * isz))
-    return rows.table(schedule, float(max(shape.count, 1) * shape.itemsize))
-
-
-def _overlap_bytes(ranges: list[tuple[Buffer, int, int]], buf: Buffer, off: int, nbytes: int) -> int:
-    """Bytes of buf[off:off + nbytes] that the (array, first, end byte) ranges cover."""
-    return sum(max(0, min(hi, off + nbytes) - max(lo, off)) for b, lo, hi in ranges if b == buf)
-
-
 class _Rows:
-    """Transfer rows and per-(rank, step) [copy, reduce, reduce in place, fresh send, fresh send a copy wrote]
-    bytes, for one TransferTable."""
+    """Transfer rows and per-(rank, step) [copy, reduce] bytes, for one TransferTable."""
 
     def __init__(self) -> None:
         self.step: list[int] = []
@@ -276,14 +139,10 @@ class _Rows:
         self.chan.append(chan)
         self.nbytes.append(nbytes)
 
-    def work(self, rank: int, step: int, kind: int, nbytes: int, inplace: bool = False) -> None:
-        """Local work of a rank in a step: kind 0 copy, 1 reduce (`inplace`: into its own operand), 3 bytes
-        sent fresh (written earlier in the call, copied by the receiver: `algorithms.plan.Xfer.fresh`), 4 the part
-        of those a local copy of the rank wrote."""
-        w = self.local.setdefault((rank, step), [0, 0, 0, 0, 0])
+    def work(self, rank: int, step: int, kind: int, nbytes: int) -> None:
+        """Local work of a rank in a step: kind 0 copy, 1 reduce."""
+        w = self.local.setdefault((rank, step), [0, 0])
         w[kind] += nbytes
-        if inplace:
-            w[2] += nbytes
 
     def table(self, schedule: Schedule, denom: float) -> TransferTable:
         """The TransferTable (bytes as fractions of denom = count * itemsize)."""
@@ -292,7 +151,7 @@ class _Rows:
 
 def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[int], t_chan: list[int],
            t_bytes: list[int], work: dict[tuple[int, int], list[int]], denom: float) -> TransferTable:
-    """Transfer rows and per-(rank, step) [copy, reduce, in place] bytes -> a TransferTable (fractions of denom)."""
+    """Transfer rows and per-(rank, step) [copy, reduce] bytes -> a TransferTable (fractions of denom)."""
     wk = sorted(work)
     to_i = lambda xs: np.asarray(xs, dtype=np.int64)  # noqa: E731
     step, src, dst, chan = to_i(t_step), to_i(t_src), to_i(t_dst), to_i(t_chan)
@@ -305,7 +164,7 @@ def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[
         uniq, inv = np.unique(g, axis=1, return_inverse=True)
         if uniq.shape[1] < step.size:
             inv = inv.reshape(-1)
-            frac = np.bincount(inv, weights=frac, minlength=uniq.shape[1])
+            frac = np.bincount(inv, weights=frac, minlength=uniq.shape[1]).astype(np.float64)
             nmsg = np.bincount(inv, minlength=uniq.shape[1]).astype(np.int64)
             step, src, dst, chan = uniq
     return TransferTable(
@@ -313,10 +172,7 @@ def _table(schedule: Schedule, t_step: list[int], t_src: list[int], t_dst: list[
         step, src, dst, chan, frac, nmsg,
         to_i([k[0] for k in wk]), to_i([k[1] for k in wk]),
         np.asarray([work[k][0] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][2] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][3] for k in wk], dtype=np.float64) / denom,
-        np.asarray([work[k][4] for k in wk], dtype=np.float64) / denom)
+        np.asarray([work[k][1] for k in wk], dtype=np.float64) / denom)
 
 
 def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
@@ -364,11 +220,8 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
         linv = linv.reshape(-1)
         lc = np.bincount(linv, weights=table.lcopy, minlength=lu.shape[1])
         lr = np.bincount(linv, weights=table.lreduce, minlength=lu.shape[1])
-        li, lf, lfc = (None if w is None else np.bincount(linv, weights=w, minlength=lu.shape[1])
-                       for w in (table.lreduce_inplace, table.lfresh, table.lfresh_copied))
     else:
         lu, lc, lr = lkey, table.lcopy, table.lreduce
-        li, lf, lfc = table.lreduce_inplace, table.lfresh, table.lfresh_copied
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
                    frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
-                   lreduce_inplace=li, lfresh=lf, lfresh_copied=lfc, coarsened=max(table.coarsened, factor))
+                   coarsened=max(table.coarsened, factor))

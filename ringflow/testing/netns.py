@@ -57,7 +57,7 @@ class NetnsCluster:
         """IPv4 address of host `host`."""
         return f"{SUBNET}.{host + 1}"
 
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         try:
             self._create()
         except (subprocess.SubprocessError, OSError) as exc:

@@ -111,6 +111,25 @@ def _int(v: Any, where: str, minimum: int | None = None) -> int:
 def topology_from_dict(d: Any, default_name: str = "custom") -> Topology:
     """Validate and build a Topology; every error names the offending field."""
     from .graph import Topology
+    meta = _checked_header(d)
+    topo = Topology(str(d.get("name") or default_name), meta=meta)
+    nodes = d.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise TopologyError("nodes: must be a non-empty list", "list the devices under 'nodes:'")
+    kinds = [k.value for k in NodeKind]
+    for i, n in enumerate(nodes):
+        _add_node_entry(topo, f"nodes[{i}]", n, kinds)
+    links = d.get("links", [])
+    if not isinstance(links, list):
+        raise TopologyError("links: must be a list", "list the links under 'links:'")
+    types = [t.value for t in LinkType]
+    for i, ln in enumerate(links):
+        _add_link_entry(topo, f"links[{i}]", ln, types)
+    return topo
+
+
+def _checked_header(d: Any) -> dict[str, Any]:
+    """Check the top level (a mapping with the known keys, schema and version); the `meta` mapping."""
     if not isinstance(d, dict):
         raise TopologyError(f"a topology must be a mapping, got {type(d).__name__}",
                             f"start the file with 'schema: {SCHEMA}' and 'version: {SCHEMA_VERSION}'")
@@ -128,59 +147,54 @@ def topology_from_dict(d: Any, default_name: str = "custom") -> Topology:
     meta = d.get("meta", {}) or {}
     if not isinstance(meta, dict):
         raise TopologyError("meta: must be a mapping", "write 'meta: {}' or remove it")
-    topo = Topology(str(d.get("name") or default_name), meta=meta)
-    nodes = d.get("nodes")
-    if not isinstance(nodes, list) or not nodes:
-        raise TopologyError("nodes: must be a non-empty list", "list the devices under 'nodes:'")
-    kinds = [k.value for k in NodeKind]
-    for i, n in enumerate(nodes):
-        where = f"nodes[{i}]"
-        if not isinstance(n, dict):
-            raise TopologyError(f"{where}: must be a mapping", "write '- id: ...' entries")
-        nid = _need(n, "id", where)
-        if not isinstance(nid, str) or not nid:
-            raise TopologyError(f"{where}.id: {nid!r} must be a non-empty string", "name the node")
-        kind = _need(n, "kind", where)
-        if kind not in kinds:
-            raise TopologyError(f"{where}.kind: {kind!r} is not a node kind", f"use one of {', '.join(kinds)}")
-        host = _int(n.get("host", 0), f"{where}.host", -1)
-        index = n.get("index")
-        if index is not None:
-            index = _int(index, f"{where}.index", 0)
-        if nid in topo.graph:
-            raise TopologyError(f"{where}.id: {nid!r} is used twice", "give every node a unique id")
-        extra = {k: v for k, v in n.items() if k not in _NODE_KEYS}
-        topo.add_node(nid, NodeKind(kind), host=host, index=index, **extra)
-    links = d.get("links", [])
-    if not isinstance(links, list):
-        raise TopologyError("links: must be a list", "list the links under 'links:'")
-    types = [t.value for t in LinkType]
-    for i, ln in enumerate(links):
-        where = f"links[{i}]"
-        if not isinstance(ln, dict):
-            raise TopologyError(f"{where}: must be a mapping", "write '- a: ... b: ...' entries")
-        a, b = _need(ln, "a", where), _need(ln, "b", where)
-        for key, node in (("a", a), ("b", b)):
-            if node not in topo.graph:
-                raise TopologyError(f"{where}.{key}: node {node!r} is not defined under nodes",
-                                    "define the node or fix the id")
-        typ = _need(ln, "type", where)
-        if typ not in types:
-            raise TopologyError(f"{where}.type: {typ!r} is not a link type", f"use one of {', '.join(types)}")
-        bw = _number(_need(ln, "bw_GBps", where), f"{where}.bw_GBps", True)
-        lat = _number(_need(ln, "latency_us", where), f"{where}.latency_us", False)
-        nlinks = _int(ln.get("nlinks", 1), f"{where}.nlinks", 1)
-        tier = ln.get("tier")
-        if tier is not None and tier not in TIERS:
-            raise TopologyError(f"{where}.tier: {tier!r} is not a tier", f"use one of {', '.join(TIERS)}")
-        bidir = ln.get("bidirectional", True)
-        if not isinstance(bidir, bool):
-            raise TopologyError(f"{where}.bidirectional: {bidir!r} must be true or false", "write true or false")
-        if a == b:
-            raise TopologyError(f"{where}: a and b are both {a!r}", "a link joins two different nodes")
-        extra = {k: v for k, v in ln.items() if k not in _LINK_KEYS}
-        topo.add_link(a, b, LinkType(typ), bw, lat, nlinks=nlinks, tier=tier, bidirectional=bidir, **extra)
-    return topo
+    return meta
+
+
+def _add_node_entry(topo: Topology, where: str, n: Any, kinds: list[str]) -> None:
+    """Check one entry of `nodes` and add it."""
+    if not isinstance(n, dict):
+        raise TopologyError(f"{where}: must be a mapping", "write '- id: ...' entries")
+    nid = _need(n, "id", where)
+    if not isinstance(nid, str) or not nid:
+        raise TopologyError(f"{where}.id: {nid!r} must be a non-empty string", "name the node")
+    kind = _need(n, "kind", where)
+    if kind not in kinds:
+        raise TopologyError(f"{where}.kind: {kind!r} is not a node kind", f"use one of {', '.join(kinds)}")
+    host = _int(n.get("host", 0), f"{where}.host", -1)
+    index = n.get("index")
+    if index is not None:
+        index = _int(index, f"{where}.index", 0)
+    if nid in topo.graph:
+        raise TopologyError(f"{where}.id: {nid!r} is used twice", "give every node a unique id")
+    extra = {k: v for k, v in n.items() if k not in _NODE_KEYS}
+    topo.add_node(nid, NodeKind(kind), host=host, index=index, **extra)
+
+
+def _add_link_entry(topo: Topology, where: str, ln: Any, types: list[str]) -> None:
+    """Check one entry of `links` and add it."""
+    if not isinstance(ln, dict):
+        raise TopologyError(f"{where}: must be a mapping", "write '- a: ... b: ...' entries")
+    a, b = _need(ln, "a", where), _need(ln, "b", where)
+    for key, node in (("a", a), ("b", b)):
+        if node not in topo.graph:
+            raise TopologyError(f"{where}.{key}: node {node!r} is not defined under nodes",
+                                "define the node or fix the id")
+    typ = _need(ln, "type", where)
+    if typ not in types:
+        raise TopologyError(f"{where}.type: {typ!r} is not a link type", f"use one of {', '.join(types)}")
+    bw = _number(_need(ln, "bw_GBps", where), f"{where}.bw_GBps", True)
+    lat = _number(_need(ln, "latency_us", where), f"{where}.latency_us", False)
+    nlinks = _int(ln.get("nlinks", 1), f"{where}.nlinks", 1)
+    tier = ln.get("tier")
+    if tier is not None and tier not in TIERS:
+        raise TopologyError(f"{where}.tier: {tier!r} is not a tier", f"use one of {', '.join(TIERS)}")
+    bidir = ln.get("bidirectional", True)
+    if not isinstance(bidir, bool):
+        raise TopologyError(f"{where}.bidirectional: {bidir!r} must be true or false", "write true or false")
+    if a == b:
+        raise TopologyError(f"{where}: a and b are both {a!r}", "a link joins two different nodes")
+    extra = {k: v for k, v in ln.items() if k not in _LINK_KEYS}
+    topo.add_link(a, b, LinkType(typ), bw, lat, nlinks=nlinks, tier=tier, bidirectional=bidir, **extra)
 
 
 def save_topology(topo: Topology, path: str) -> None:

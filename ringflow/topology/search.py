@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -227,20 +227,105 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
     """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load."""
     if len(nodes) == 1:
         return [start], math.inf
-    others = [x for x in nodes if x != start and x != end]
+    search = _OrderSearch(nodes, start, end, hops, cap, budget, tiebreak)
+    if len(nodes) > MAX_DFS_NODES:   # too deep to recurse: widest-next greedy order
+        best_order = _greedy_order(nodes, start, end, search.others, search.pair_bw)
+        return best_order, _order_bw(best_order, end is None, hops, cap)
+    search.dfs(math.inf)
+    if not search.best_order:  # budget hit before any complete order: take the greedy identity-like order
+        best_order = [start] + search.others + ([end] if end is not None and end != start else [])
+        return best_order, _order_bw(best_order, end is None, hops, cap)
+    return search.best_order, search.best
 
-    memo: dict[tuple[int, int], float] = {}
 
-    def pair_bw(i: int, j: int) -> float:
-        v = memo.get((i, j))
+class _OrderSearch:
+    """Depth-first branch and bound over the orders of `nodes` (widest next hop first), stopping at the upper
+    bound or after `budget` expansions; `best_order`/`best` hold the widest complete order found."""
+
+    def __init__(self, nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
+                 budget: int, tiebreak: dict[int, int] | None) -> None:
+        self.start, self.end, self.hops, self.cap = start, end, hops, cap
+        self.budget, self.tiebreak = budget, tiebreak
+        self.others = [x for x in nodes if x != start and x != end]
+        self.memo: dict[tuple[int, int], float] = {}
+        self.best_order: list[int] = []
+        self.best = -1.0
+        self.ub = _order_upper_bound(nodes, start, end, hops, cap)
+        self.load: dict[Edge, int] = {}
+        self.order = [start]
+        self.used = {start}
+        self.expansions = 0
+        self.open_end = end is not None and end != start   # the order ends at `end` (not back at start)
+        self.full_len = len(nodes) - (1 if self.open_end else 0)
+
+    def pair_bw(self, i: int, j: int) -> float:
+        v = self.memo.get((i, j))
         if v is None:
-            v = memo[(i, j)] = min(cap[e] for e in hops.edges(i, j))
+            v = self.memo[(i, j)] = min(self.cap[e] for e in self.hops.edges(i, j))
         return v
 
-    best_order: list[int] = []
-    best = -1.0
-    # upper bound: every node sends once (except the exit) and receives once (except the entry); a hop
-    # can never be wider than the widest residual link leaving its sender or entering its receiver
+    def add(self, i: int, j: int, cur: float) -> tuple[float, list[Edge]]:
+        m = cur
+        es = self.hops.edges(i, j)
+        load, cap = self.load, self.cap
+        for e in es:
+            k = load.get(e, 0) + 1
+            load[e] = k
+            m = min(m, cap[e] / k)
+        return m, list(es)
+
+    def remove(self, es: list[Edge]) -> None:
+        load = self.load
+        for e in es:
+            load[e] -= 1
+
+    def close(self, u: int, cur: float) -> bool:
+        """Complete the order after `u` (to `end`, or back to start); True when the search should stop."""
+        if self.open_end:
+            assert self.end is not None
+            m, es = self.add(u, self.end, cur)
+            self.order.append(self.end)
+            if m > self.best + _EPS:
+                self.best, self.best_order = m, list(self.order)
+            self.order.pop()
+            self.remove(es)
+        else:
+            m, es = self.add(u, self.start, cur)
+            if m > self.best + _EPS:
+                self.best, self.best_order = m, list(self.order)
+            self.remove(es)
+        return self.best >= self.ub - _EPS or self.expansions > self.budget
+
+    def dfs(self, cur: float) -> bool:
+        self.expansions += 1
+        order, used = self.order, self.used
+        u = order[-1]
+        if len(order) == self.full_len:
+            return self.close(u, cur)
+        tiebreak = self.tiebreak
+        cands = [v for v in self.others if v not in used]
+        cands.sort(key=lambda v: (-self.pair_bw(u, v), tiebreak[v] if tiebreak else v))
+        for v in cands:
+            m, es = self.add(u, v, cur)
+            if m > self.best + _EPS:
+                order.append(v)
+                used.add(v)
+                stop = self.dfs(m)
+                order.pop()
+                used.discard(v)
+                self.remove(es)
+                if stop:
+                    return True
+            else:
+                self.remove(es)
+            if self.expansions > self.budget:
+                return True
+        return False
+
+
+def _order_upper_bound(nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float]) -> float:
+    """Every node sends once (except the exit) and receives once (except the entry); a hop can never be
+    wider than the widest residual link leaving its sender or entering its receiver."""
     firsts, lasts = hops.end_edges(nodes)
     ub = math.inf
     for u in nodes:
@@ -248,76 +333,20 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
             ub = min(ub, max(cap[e] for e in firsts[u]))
         if (end is None or u != start) and lasts[u]:
             ub = min(ub, max(cap[e] for e in lasts[u]))
-    load: dict[Edge, int] = {}
+    return ub
+
+
+def _greedy_order(nodes: list[int], start: int, end: int | None, others: list[int],
+                  pair_bw: Callable[[int, int], float]) -> list[int]:
+    """Widest-next order from `start` (then `end`, when it differs from start)."""
     order = [start]
     used = {start}
-    expansions = 0
-    target_len = len(nodes)
-
-    def add(i: int, j: int, cur: float) -> tuple[float, list[Edge]]:
-        m = cur
-        es = hops.edges(i, j)
-        for e in es:
-            k = load.get(e, 0) + 1
-            load[e] = k
-            m = min(m, cap[e] / k)
-        return m, list(es)
-
-    def remove(es: list[Edge]) -> None:
-        for e in es:
-            load[e] -= 1
-
-    def dfs(cur: float) -> bool:
-        nonlocal best, best_order, expansions
-        expansions += 1
+    while len(order) < len(nodes) - (1 if end is not None and end != start else 0):
         u = order[-1]
-        if len(order) == target_len - (1 if end is not None and end != start else 0):
-            last = end if end is not None else start
-            if end is not None and end != start:
-                m, es = add(u, last, cur)
-                order.append(last)
-                if m > best + _EPS:
-                    best, best_order = m, list(order)
-                order.pop()
-                remove(es)
-            else:
-                m, es = add(u, start, cur)
-                if m > best + _EPS:
-                    best, best_order = m, list(order)
-                remove(es)
-            return best >= ub - _EPS or expansions > budget
-        cands = [v for v in others if v not in used]
-        cands.sort(key=lambda v: (-pair_bw(u, v), tiebreak[v] if tiebreak else v))
-        for v in cands:
-            m, es = add(u, v, cur)
-            if m > best + _EPS:
-                order.append(v)
-                used.add(v)
-                stop = dfs(m)
-                order.pop()
-                used.discard(v)
-                remove(es)
-                if stop:
-                    return True
-            else:
-                remove(es)
-            if expansions > budget:
-                return True
-        return False
-
-    if len(nodes) > MAX_DFS_NODES:   # too deep to recurse: widest-next greedy order
-        while len(order) < len(nodes) - (1 if end is not None and end != start else 0):
-            u = order[-1]
-            v = min((x for x in others if x not in used), key=lambda x: (-pair_bw(u, x), x))
-            order.append(v)
-            used.add(v)
-        best_order = order + ([end] if end is not None and end != start else [])
-        return best_order, _order_bw(best_order, end is None, hops, cap)
-    dfs(math.inf)
-    if not best_order:  # budget hit before any complete order: take the greedy identity-like order
-        best_order = [start] + others + ([end] if end is not None and end != start else [])
-        best = _order_bw(best_order, end is None, hops, cap)
-    return best_order, best
+        v = min((x for x in others if x not in used), key=lambda x: (-pair_bw(u, x), x))
+        order.append(v)
+        used.add(v)
+    return order + ([end] if end is not None and end != start else [])
 
 
 def _order_bw(order: list[int], closed: bool, hops: _Hops, cap: dict[Edge, float]) -> float:

@@ -15,6 +15,7 @@ Lines starting with '#' are comments (the fixtures name their sources there).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TopologyError
@@ -174,7 +175,55 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
     gpus, nics = m.gpus, m.nics
     out = topo if topo is not None else Topology(name, meta={"source": "nvidia-smi topo -m"})
     b = HostBuilder(out, host)
-    # ---- NVLink generation
+    hw = _smi_generation(m, gpu_model)
+    devs = gpus + nics
+    numa_of = _smi_sockets(m, devs)
+    sockets = sorted(set(numa_of.values()))
+    cpu_ids = {}
+    for s in sockets:
+        affs = [m.cpu_affinity.get(g, "") for g in gpus if numa_of[g] == s]
+        cl = next((a for a in affs if re.match(r"^[\d,\-]+$", a)), "")
+        cpu_ids[s] = b.cpu(s, "CPU", cpulist_count(cl) if cl else 0, cpulist=cl)
+    for i, s in enumerate(sockets):
+        for t in sockets[i + 1:]:
+            b.socket(cpu_ids[s], cpu_ids[t], hw.sock_name, hw.sock_n)
+    # ---- devices
+    ids: dict[str, str] = {}
+    for g in gpus:
+        ids[g] = b.gpu(_num(g), hw.model, numa_of[g], m.cpu_affinity.get(g, ""))
+    for n in nics:
+        idx = _num(n)
+        ids[n] = out.add_node(b.nid("nic", idx), NodeKind.NIC, host, idx,
+                              speed_gbps=float(nic_gbps or hw.default_nic), numa=numa_of[n], fabric="ib", rail=idx,
+                              name=m.legend.get(n, n))
+    # ---- PCIe tree per socket
+    sw_count = 0
+    for s in sockets:
+        members = [x for x in devs if numa_of[x] == s]
+        for root, pix_groups in _pcie_complexes(m, members):
+            sw_count = _wire_pcie_complex(b, cpu_ids[s], pix_groups, root, ids, hw.pcie_gen, sw_count)
+    _wire_nvlinks(b, gpus, ids, hw)
+    out.meta.setdefault("nvlink_gen", hw.gen)
+    return out
+
+
+@dataclass(frozen=True)
+class _SmiHardware:
+    """What the matrix implies about the machine: NVLink pairs and generation, GPU model, PCIe and socket links."""
+
+    nv: dict[tuple[str, str], int]   # (gpu, gpu) -> NVLinks printed between them (NV#)
+    gen: int                         # NVLink generation
+    model: str
+    pcie_gen: int
+    sock_name: str
+    sock_n: int
+    default_nic: float               # NIC Gb/s when none is given
+    switched: bool                   # GPUs reach each other through NVSwitches
+
+
+def _smi_generation(m: SmiMatrix, gpu_model: str | None) -> _SmiHardware:
+    """The NVLink generation (from the model, else from the links per GPU), and the defaults that follow."""
+    gpus = m.gpus
     nv = {(a, c): int(m.rel(a, c)[2:]) for a in gpus for c in gpus if a != c and m.rel(a, c).startswith("NV")}
     per_gpu = {g: sum(k for (a, _), k in nv.items() if a == g) for g in gpus}
     all_pairs = len(gpus) > 1 and len(nv) == len(gpus) * (len(gpus) - 1) and len(set(nv.values())) == 1
@@ -192,8 +241,13 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
     if gpu_model and gpu_model.upper() in GPU_MODELS:
         pcie_gen = GPU_MODELS[gpu_model.upper()].pcie_gen
     switched = bool(nv) and max(per_gpu.values()) > nvlink_gen(gen).links_per_gpu
-    # ---- sockets
-    devs = gpus + nics
+    return _SmiHardware(nv, gen, model, pcie_gen, sock_name, sock_n, default_nic, switched)
+
+
+def _smi_sockets(m: SmiMatrix, devs: list[str]) -> dict[str, int]:
+    """The socket (NUMA node) of every device: the printed NUMA affinity, else one socket per group of devices
+    that no SYS separates (GPUs with the same CPU affinity share a socket)."""
+    gpus = m.gpus
     uf_sock = _UF(devs)
     for a in devs:
         for c in devs:
@@ -222,84 +276,72 @@ def topology_from_smi(text: str, gpu_model: str | None = None, nic_gbps: float |
             next_sock += 1
         for x in grp:
             numa_of.setdefault(x, s)
-    sockets = sorted(set(numa_of.values()))
-    cpu_ids = {}
-    for s in sockets:
-        affs = [m.cpu_affinity.get(g, "") for g in gpus if numa_of[g] == s]
-        cl = next((a for a in affs if re.match(r"^[\d,\-]+$", a)), "")
-        cpu_ids[s] = b.cpu(s, "CPU", cpulist_count(cl) if cl else 0, cpulist=cl)
-    for i, s in enumerate(sockets):
-        for t in sockets[i + 1:]:
-            b.socket(cpu_ids[s], cpu_ids[t], sock_name, sock_n)
-    # ---- devices
-    ids: dict[str, str] = {}
-    for g in gpus:
-        s = numa_of[g]
-        ids[g] = b.gpu(_num(g), model, s, m.cpu_affinity.get(g, ""))
-    for n in nics:
-        s = numa_of[n]
-        real = m.legend.get(n, n)
-        idx = _num(n)
-        ids[n] = out.add_node(b.nid("nic", idx), NodeKind.NIC, host, idx, speed_gbps=float(nic_gbps or default_nic),
-                              numa=s, fabric="ib", rail=idx, name=real)
-    # ---- PCIe tree per socket
-    sw_count = 0
-    for s in sockets:
-        members = [x for x in devs if numa_of[x] == s]
-        uf_pix, uf_pxb = _UF(members), _UF(members)
-        for a in members:
-            for c in members:
-                if a < c:
-                    r = m.rel(a, c)
-                    if r == "PIX":
-                        uf_pix.union(a, c)
-                        uf_pxb.union(a, c)
-                    elif r == "PXB":
-                        uf_pxb.union(a, c)
-        complexes = uf_pxb.groups(members)
-        # PHB between complexes = same root; NODE = different roots
-        uf_root = _UF([c[0] for c in complexes])
-        for i, ca in enumerate(complexes):
-            for cb in complexes[i + 1:]:
-                if _pcie_rel(m, ca, cb) == "PHB":
-                    uf_root.union(ca[0], cb[0])
-        roots = {r: k for k, r in enumerate(sorted({uf_root.find(c[0]) for c in complexes}))}
-        for comp in complexes:
-            root = roots[uf_root.find(comp[0])]
-            pix_groups = [g for g in uf_pix.groups(comp)]
-            if len(pix_groups) == 1:
-                grp = pix_groups[0]
-                if len(grp) == 1:
-                    b.pcie(ids[grp[0]], cpu_ids[s], pcie_gen, 16, root=root)
-                    continue
-                sw = b.pcisw(sw_count)
-                sw_count += 1
-                b.pcie(cpu_ids[s], sw, pcie_gen, 16, root=root)
-                for x in grp:
-                    b.pcie(ids[x], sw, pcie_gen, 16)
-                continue
-            top = b.pcisw(sw_count)
-            sw_count += 1
-            b.pcie(cpu_ids[s], top, pcie_gen, 16, root=root)
-            for grp in pix_groups:
-                sw = b.pcisw(sw_count)
-                sw_count += 1
-                b.pcie(top, sw, pcie_gen, 16)
-                for x in grp:
-                    b.pcie(ids[x], sw, pcie_gen, 16)
-    # ---- NVLink
-    if switched:
+    return numa_of
+
+
+def _pcie_complexes(m: SmiMatrix, members: list[str]) -> list[tuple[int, list[list[str]]]]:
+    """The PCIe complexes (PXB-connected devices) of one socket, each as (root complex index, its PIX groups)."""
+    uf_pix, uf_pxb = _UF(members), _UF(members)
+    for a in members:
+        for c in members:
+            if a < c:
+                r = m.rel(a, c)
+                if r == "PIX":
+                    uf_pix.union(a, c)
+                    uf_pxb.union(a, c)
+                elif r == "PXB":
+                    uf_pxb.union(a, c)
+    complexes = uf_pxb.groups(members)
+    # PHB between complexes = same root; NODE = different roots
+    uf_root = _UF([c[0] for c in complexes])
+    for i, ca in enumerate(complexes):
+        for cb in complexes[i + 1:]:
+            if _pcie_rel(m, ca, cb) == "PHB":
+                uf_root.union(ca[0], cb[0])
+    roots = {r: k for k, r in enumerate(sorted({uf_root.find(c[0]) for c in complexes}))}
+    return [(roots[uf_root.find(comp[0])], uf_pix.groups(comp)) for comp in complexes]
+
+
+def _wire_pcie_complex(b: HostBuilder, cpu: str, pix_groups: list[list[str]], root: int, ids: dict[str, str],
+                       pcie_gen: int, sw_count: int) -> int:
+    """PCIe links of one complex: a device alone hangs off the CPU, a PIX group off one switch, several PIX
+    groups off switches under a top switch. Returns the next free switch number."""
+    if len(pix_groups) == 1:
+        grp = pix_groups[0]
+        if len(grp) == 1:
+            b.pcie(ids[grp[0]], cpu, pcie_gen, 16, root=root)
+            return sw_count
+        sw = b.pcisw(sw_count)
+        sw_count += 1
+        b.pcie(cpu, sw, pcie_gen, 16, root=root)
+        for x in grp:
+            b.pcie(ids[x], sw, pcie_gen, 16)
+        return sw_count
+    top = b.pcisw(sw_count)
+    sw_count += 1
+    b.pcie(cpu, top, pcie_gen, 16, root=root)
+    for grp in pix_groups:
+        sw = b.pcisw(sw_count)
+        sw_count += 1
+        b.pcie(top, sw, pcie_gen, 16)
+        for x in grp:
+            b.pcie(ids[x], sw, pcie_gen, 16)
+    return sw_count
+
+
+def _wire_nvlinks(b: HostBuilder, gpus: list[str], ids: dict[str, str], hw: _SmiHardware) -> None:
+    """NVLinks: every GPU to one NVSwitch fabric node, or the printed GPU-to-GPU links."""
+    if hw.switched:
+        gen = hw.gen
         fabric = b.nvsw(0, {2: 1, 3: 2, 4: 3, 5: 4}.get(gen, 3), {2: 6, 3: 6, 4: 4, 5: 18}.get(gen, 1))
         for g in gpus:
-            k = max((kk for (a, _), kk in nv.items() if a == g), default=0)
+            k = max((kk for (a, _), kk in hw.nv.items() if a == g), default=0)
             if k:
                 b.nvlink(ids[g], fabric, gen, k)
     else:
-        for (a, c), k in nv.items():
+        for (a, c), k in hw.nv.items():
             if a < c:
-                b.nvlink(ids[a], ids[c], gen, k)
-    out.meta.setdefault("nvlink_gen", gen)
-    return out
+                b.nvlink(ids[a], ids[c], hw.gen, k)
 
 
 def _pcie_rel(m: SmiMatrix, ca: list[str], cb: list[str]) -> str:

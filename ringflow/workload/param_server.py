@@ -1,4 +1,5 @@
-"""Parameter servers (Li et al., OSDI 2014; SSP: Ho et al., NIPS 2013): where the server lives, how consistent the workers are, and what it costs.
+"""Parameter servers (Li et al., OSDI 2014; SSP: Ho et al., NIPS 2013): where the server lives, how consistent
+the workers are, and what it costs.
 
 Layouts (W workers, a gradient of S bytes):
 

@@ -6,7 +6,7 @@ nothing moves it waits using `ready()` / `set_waiting()` (shared memory) or `fds
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

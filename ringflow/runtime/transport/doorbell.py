@@ -14,7 +14,7 @@ import select
 import socket
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 SLEEP_CAP_S = 0.005
 

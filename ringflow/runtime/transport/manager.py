@@ -34,7 +34,7 @@ class PeerCard:
                 "pid": self.pid}
 
     @classmethod
-    def from_json(cls, d: dict) -> "PeerCard":
+    def from_json(cls, d: dict) -> PeerCard:
         return cls(int(d["rank"]), str(d["host_id"]), str(d["address"]), int(d["port"]), int(d["pid"]))
 
 

@@ -194,7 +194,7 @@ class ShmOut:
         self.spare_core = spare_core  # the host has a core per local rank: an idle sender may copy
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
-             copied: bool = True) -> "ShmSend":
+             copied: bool = True) -> ShmSend:
         """Start sending one message; `lone`: the sender has nothing else to do until it is taken;
         `copied`: the receiver copies it and the source is not freshly written (algorithms.plan.Xfer.cold_copy)."""
         op = ShmSend(self, src_u8, kind, sig, op_seq, tag, lone and self.spare_core,
@@ -337,7 +337,8 @@ class ShmIn:
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise RingflowSystemError(f"cannot open shared memory {path}: {exc}", "check /dev/shm permissions") from None
+            raise RingflowSystemError(f"cannot open shared memory {path}: {exc}",
+                                      "check /dev/shm permissions") from None
         try:
             size = os.fstat(fd).st_size
             if size < DATA_OFF:
@@ -380,7 +381,7 @@ class ShmIn:
             r = self.regions[rid] = np.frombuffer(mm, dtype=np.uint8)
         return r
 
-    def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "ShmRecv":
+    def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> ShmRecv:
         """Start receiving one message of nbytes into sink (None: discard)."""
         op = ShmRecv(self, sink, nbytes, sig, check, op_seq, tag)
         op._post(self)

@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -194,7 +194,7 @@ def dial(addr: tuple[str, int], secret: bytes, hello: dict, tos: int | None, dea
             payload = json.dumps(hello).encode()
             s.sendall(frames.pack(Kind.HELLO, 0, len(payload)) + payload)
             return s
-        except (ConnectionRefusedError, ConnectionResetError, socket.timeout) as exc:
+        except (TimeoutError, ConnectionRefusedError, ConnectionResetError) as exc:
             s.close()
             last = exc
         except BaseException:
@@ -305,7 +305,7 @@ class TcpOut:
         self.queue: deque = deque()
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
-             copied: bool = True) -> "TcpSend":
+             copied: bool = True) -> TcpSend:
         """Start sending one message (`lone` and `copied` are shared-memory hints; sockets ignore them)."""
         hdr = frames.pack(kind, self.seq, int(src_u8.shape[0]), channel=self.channel, op_seq=op_seq,
                           sig=sig, tag=tag)
@@ -377,7 +377,7 @@ class TcpIn:
             self.sock, self.fd = s, s.fileno()
         return True
 
-    def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> "TcpRecv":
+    def recv(self, sink: Sink | None, nbytes: int, sig: int, *, check: bool, op_seq: int, tag: int) -> TcpRecv:
         """Start receiving one message of nbytes into sink (None: discard; nbytes < 0: a CHECK frame)."""
         op = TcpRecv(self, sink, nbytes, sig, check)
         op._post(self)
