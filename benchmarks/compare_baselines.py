@@ -24,8 +24,8 @@ Bounds printed beside the table (derived here, from measurements taken in the sa
 
 Placement is the same for all three: one core per rank when the ranks fit (`ringflow run`'s
 default, ``mpirun --bind-to core``, and the same affinity for the Gloo processes), unbound when
-they outnumber the cores. Open MPI and mpi4py are installed by this script if missing (apt-get openmpi-bin libopenmpi-dev;
-pip install --target ~/.cache/ringflow-baselines/mpi4py mpi4py). Open MPI runs with
+they outnumber the cores. Open MPI and mpi4py are installed by this script if missing
+(apt-get openmpi-bin libopenmpi-dev; pip install --target ~/.cache/ringflow-baselines/mpi4py mpi4py). Open MPI runs with
 ``--mca btl self,vader`` (shared memory) or ``self,tcp`` with ``btl_tcp_if_include lo``; as root it
 needs --allow-run-as-root and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1. torch.distributed uses
 ``init_method=file://`` (a tcp:// store would resolve names).
@@ -42,8 +42,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -99,7 +99,7 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
             x = torch.ones(ein, dtype=torch.float32)
             y = torch.empty(eout, dtype=torch.float32)
 
-            def call() -> None:
+            def call(coll: str = coll, x: torch.Tensor = x, y: torch.Tensor = y) -> None:
                 if coll == "all_reduce":
                     dist.all_reduce(x)
                 elif coll == "broadcast":
@@ -182,7 +182,7 @@ def mpi_worker(spec: dict, out: str, label: str) -> None:
             x = np.ones(ein, np.float32)
             y = np.empty(eout, np.float32)
 
-            def call() -> None:
+            def call(coll: str = coll, x: np.ndarray = x, y: np.ndarray = y) -> None:
                 if coll == "all_reduce":
                     comm.Allreduce(MPI.IN_PLACE, x)
                 elif coll == "broadcast":
@@ -377,7 +377,7 @@ def print_table(rows: list[dict], bounds: dict) -> None:
             r = key.get((coll, n, size, lib))
             line += f"{r['time_us']:>17.1f}{r['busbw_GBps']:>8.3f}" if r else f"{'n/a':>17}{'':>8}"
 
-        def ratio(a: str, b: str) -> str:
+        def ratio(a: str, b: str, coll: str = coll, n: int = n, size: int = size) -> str:
             ra, rb = key.get((coll, n, size, a)), key.get((coll, n, size, b))
             return f"{rb['time_us'] / ra['time_us']:>8.2f}" if ra and rb else f"{'':>8}"
         line += ratio("ringflow", "openmpi") + ratio("ringflow", "gloo") + ratio("ringflow-tcp", "openmpi-tcp")
@@ -393,7 +393,8 @@ def print_table(rows: list[dict], bounds: dict) -> None:
 
 def speedups(rf: dict, base: dict) -> list[float]:
     """Per round, the baseline's time over ringflow's (round k against round k: they ran side by side)."""
-    return [tb / ta for ta, tb in zip(rf.get("round_times_us", []), base.get("round_times_us", []))]
+    return [tb / ta for ta, tb in zip(rf.get("round_times_us", []), base.get("round_times_us", []),
+                                          strict=False)]  # a row without rounds gives none
 
 
 def targets(rows: list[dict], bounds: dict, big: int) -> list[dict]:

@@ -93,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{'busbw ' + lp:>9} {'slowdown':>9} {'wrong':>6}")
     print(f"{'':>9} {'us':>11} {'us':>11} {'GB/s':>9} {'us':>11} {'us':>11} {'GB/s':>9} {'(mean)':>9}")
     table = []
-    for c, l in zip(clean, lossy_rows):
-        slow = l["mean_us"] / c["mean_us"]
-        wrong = c["wrong"] + l["wrong"]
+    for c, lo in zip(clean, lossy_rows, strict=True):  # both hold one row per size
+        slow = lo["mean_us"] / c["mean_us"]
+        wrong = c["wrong"] + lo["wrong"]
         table.append({"size_bytes": c["size_bytes"], "median_us_0": c["time_us"], "mean_us_0": c["mean_us"],
-                      "busbw_GBps_0": c["mean_busbw_GBps"], "median_us_loss": l["time_us"],
-                      "mean_us_loss": l["mean_us"], "busbw_GBps_loss": l["mean_busbw_GBps"],
-                      "max_us_loss": l["max_us"], "slowdown": slow, "wrong": wrong})
+                      "busbw_GBps_0": c["mean_busbw_GBps"], "median_us_loss": lo["time_us"],
+                      "mean_us_loss": lo["mean_us"], "busbw_GBps_loss": lo["mean_busbw_GBps"],
+                      "max_us_loss": lo["max_us"], "slowdown": slow, "wrong": wrong})
         print(f"{format_size(c['size_bytes']):>9} {c['time_us']:11.1f} {c['mean_us']:11.1f} "
-              f"{c['mean_busbw_GBps']:9.3f} {l['time_us']:11.1f} {l['mean_us']:11.1f} {l['mean_busbw_GBps']:9.3f} "
+              f"{c['mean_busbw_GBps']:9.3f} {lo['time_us']:11.1f} {lo['mean_us']:11.1f} {lo['mean_busbw_GBps']:9.3f} "
               f"{slow:8.2f}x {wrong:6d}")
     if a.json:
         Path(a.json).write_text(json.dumps({"loss_pct": a.loss, "rate_mbit": a.rate_mbit, "rounds": a.rounds,

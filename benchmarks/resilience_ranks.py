@@ -21,8 +21,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -327,7 +328,7 @@ def scenario_frames(a: argparse.Namespace) -> dict[str, Any]:
     else:
         for tag in sorted(EXPECT_FRAMES):
             buf = np.full(16, 3.0, np.float32)  # 64 bytes, the size the hostile headers announce
-            info = expect(lambda: comm.recv(buf, 1, tag=tag, timeout=10))
+            info = expect(lambda buf=buf, tag=tag: comm.recv(buf, 1, tag=tag, timeout=10))
             info["unchanged"] = bool((buf == 3.0).all())
             res["cases"][str(tag)] = info
         comm.barrier()
@@ -642,7 +643,7 @@ class Job:
             self.server.close()
             self.server = None
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,9 +6,10 @@ processes or listen on ports (run, bench, store, calibrate, validate) are covere
 """
 from __future__ import annotations
 
-import io
-import typing
 import contextlib
+import io
+import re
+import typing
 from typing import Any
 
 import pytest
@@ -63,7 +64,7 @@ def _value(draw: Any, param: Any) -> str:
 
 
 @pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_options_run_or_fail_with_one_typed_line(path: tuple[str, ...], data: st.DataObject,
                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -94,3 +95,7 @@ def test_random_options_run_or_fail_with_one_typed_line(path: tuple[str, ...], d
     if code not in (0, None):
         lines = [ln for ln in text.strip().splitlines() if ln.strip() and not set(ln.strip()) <= set("─│╭╮╰╯ ")]
         assert lines, (argv, code, "no error message")
+        known = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+        for hint in re.findall(r"\(fix: (.*)\)", " ".join(lines)):
+            named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", hint))
+            assert named <= known, (argv, f"the fix names options {sorted(named - known)} that {path} lacks", hint)

@@ -8,7 +8,7 @@ import pytest
 
 from ringflow.algorithms import registry
 from ringflow.algorithms.schedule import Collective
-from ringflow.algorithms.selection import CostModel, call_shape, decide
+from ringflow.algorithms.selection import CostModel, call_shape, model_decision
 from ringflow.errors import ConfigError, InvalidArgument
 from ringflow.hostmodel import HostCostModel, HostParams, load_cost_model
 from ringflow.hostmodel.features import CacheSizes, call_features
@@ -147,10 +147,9 @@ def test_satisfies_the_runtime_protocol() -> None:
     m = _model()
     assert isinstance(m, CostModel)
     assert m.supports(2) and m.supports(8) and not m.supports(9)
-    s = registry.get_schedule("all_reduce", "ring", 4)
-    other = registry.get_schedule("all_reduce", "one_shot", 4)
-    d = decide(s, [], [other], _shape("all_reduce", 4, 2**20), True, m)
-    assert d.chosen in (s, other) and d.flat_us > 0
+    d = model_decision(Collective.ALL_REDUCE, 2**20, 4, None, 4, True, 256 * 2**10, m)
+    assert d.flat_us > 0 and all(t > 0 for _, _, t in d.candidates)
+    assert d.chosen is d.flat or d.flat_us > m.margin * d.chosen_us
 
 
 def test_real_calibration_writes_a_model(tmp_path) -> None:

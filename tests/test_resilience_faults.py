@@ -9,10 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT  # noqa: E402
 from resilience_ranks import Job  # noqa: E402
-
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from resilience_ranks import EXPECT_FRAMES, Job  # noqa: E402
 
 from ringflow.errors import ProtocolError, RemoteError, RingflowSystemError
 from ringflow.runtime import auth, store
@@ -23,9 +24,6 @@ from ringflow.runtime.transport import frames
 from ringflow.runtime.transport.base import Sink
 from ringflow.runtime.transport.frames import HEADER_BYTES, Kind
 from ringflow.runtime.transport.tcp import TcpIn, interface_addresses
-
-from resilience_ranks import EXPECT_FRAMES, Job  # noqa: E402
-
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 

@@ -6,13 +6,11 @@ import re
 from pathlib import Path
 
 import pytest
+from resilience_ranks import Job  # noqa: E402
 
 from ringflow import __version__, config
 from ringflow.errors import ConfigError
 from ringflow.runtime import logs
-
-from resilience_ranks import Job  # noqa: E402
-
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 

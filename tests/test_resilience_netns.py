@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from ringflow.testing import netns
-
 from resilience_ranks import Job, dropped_packets, mtu_packets, tcp_retransmits  # noqa: E402
 
+from ringflow.testing import netns
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 

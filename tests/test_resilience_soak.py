@@ -7,9 +7,7 @@ import glob
 from pathlib import Path
 
 import pytest
-
 from resilience_ranks import Job  # noqa: E402
-
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 

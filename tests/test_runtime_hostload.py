@@ -1,13 +1,11 @@
 """HostLoadMeter on real processes: a busy process it did not reap is other work, a reaped child is ours."""
-import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ringflow.runtime import hostload
-from ringflow.runtime.hostload import HostLoad, HostLoadMeter
+from ringflow.runtime.hostload import HostLoadMeter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/stat")
 

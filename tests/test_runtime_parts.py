@@ -127,7 +127,7 @@ def test_launcher_timeout_kills_everything(tmp_path: Path) -> None:
 def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     p = _ringflow("bench", "all_reduce", "-n", "2", "--min", "8", "--max", "4KiB", "--factor", "16", "--iters", "3",
-                  "--check", "--json", str(out))
+                  "--check", "-o", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [r["size_bytes"] for r in rows] == [8, 128, 2048]
@@ -145,7 +145,7 @@ def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_p
     median of all 9, and its results still checked."""
     out = tmp_path / "rows.json"
     p = _ringflow("bench", "all_reduce,gather", "-n", "2", "--min", "1KiB", "--max", "64KiB", "--factor", "64",
-                  "--iters", "7", "--passes", "3", "--check", "--json", str(out))
+                  "--iters", "7", "--passes", "3", "--check", "-o", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [(r["collective"], r["size_bytes"]) for r in rows] == \
@@ -157,7 +157,7 @@ def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_p
 
 def test_call_samples_take_their_share_of_the_default_count() -> None:
     """A row timed in `share` passes takes ceil(1/share) of the samples it would take in one (at least 3)."""
-    from ringflow.runtime.bench import call_samples_s, default_iters, batch_size
+    from ringflow.runtime.bench import batch_size, call_samples_s, default_iters
     clock = iter(np.arange(0.0, 1e4, 1e-3)).__next__   # every clock read 1 ms after the last
     one = call_samples_s(lambda: None, lambda: None, lambda s: s, clock=clock)
     full = default_iters(1e-3, batch_size(1e-3))
@@ -262,8 +262,8 @@ def test_plan_marks_sends_a_receiver_copies_from_a_source_not_yet_written() -> N
     written the source earlier in the call; reductions and freshly written data keep the 1 MiB rule."""
     from ringflow.algorithms import registry
     from ringflow.algorithms.layout import CallShape
-    from ringflow.algorithms.schedule import Collective, OpKind
     from ringflow.algorithms.plan import compile_plan
+    from ringflow.algorithms.schedule import Collective, OpKind
 
     def sends(coll: str, algo: str, inplace: bool) -> list:
         sched = registry.get_schedule(coll, algo, 2)

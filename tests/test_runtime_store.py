@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from ringflow.errors import InvalidArgument, RingflowSystemError, Timeout
+from ringflow.errors import InvalidArgument, ProtocolError, RingflowSystemError, Timeout
 from ringflow.runtime import auth
 from ringflow.runtime.store import PrefixStore, Store, StoreServer, decode, encode, parse_addr
-from ringflow.errors import ProtocolError
 
 
 @pytest.fixture()
@@ -94,7 +93,7 @@ def test_unauthenticated_raw_client_cannot_use_the_store(server: StoreServer) ->
             if not chunk:
                 break
             data += chunk
-    except (ConnectionResetError, socket.timeout):
+    except (TimeoutError, ConnectionResetError):
         pass
     s.close()
     assert data[:1] in (b"\x00", b"")

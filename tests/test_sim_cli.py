@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -21,7 +20,7 @@ def app():
 def test_sim_table_json_trace_and_plot(app, tmp_path) -> None:
     out, trace, png = tmp_path / "rows.json", tmp_path / "trace.json", tmp_path / "bw.png"
     res = CliRunner().invoke(app, ["sim", "all_reduce", "--topo", "dgx-h100", "--algo", "ring", "--min", "1KiB",
-                                   "--max", "64MiB", "--factor", "64", "--json", str(out), "--trace", str(trace),
+                                   "--max", "64MiB", "--factor", "64", "-o", str(out), "--trace", str(trace),
                                    "--plot", str(png), "--details"])
     assert res.exit_code == 0, res.output
     assert "busbw" in res.output and "nvlink" in res.output
@@ -41,7 +40,7 @@ def test_sim_flow_engine_on_a_cluster_and_tuner_choice(app, tmp_path) -> None:
     out = tmp_path / "rows.json"
     res = CliRunner().invoke(app, ["sim", "all_gather", "--topo", "dgx-h100", "--nodes", "2", "--fabric", "rail",
                                    "--nic", "400G", "--engine", "flow", "--min", "1MiB", "--max", "1MiB",
-                                   "--json", str(out)])
+                                   "-o", str(out)])
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())
     assert row["nranks"] == 16 and row["engine"] == "flow" and row["algorithm"]

@@ -122,7 +122,7 @@ def decide(flat: Schedule, pool: Sequence[tuner.Candidate], schedules: Sequence[
         i = min(range(len(times)), key=lambda k: (times[k], k))
         if t_flat > max(1.0, model.margin) * times[i]:
             chosen = schedules[i]
-    return ModelDecision(flat, t_flat, tuple(zip(pool, schedules, times)), chosen)
+    return ModelDecision(flat, t_flat, tuple(zip(pool, schedules, times, strict=True)), chosen)
 
 
 MAX_DECISIONS = 4096  # priced call shapes kept per cost model (each prices a dozen candidates)

@@ -36,10 +36,10 @@ def list_cmd(json_out: bool = typer.Option(False, "--json", help="JSON output"))
 @algo_app.command("show")
 def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
              algorithm: str = typer.Argument(..., help="e.g. ring"),
-             nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-             root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
-             nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
-             nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+             nranks: int = typer.Option(4, "-n", "--nranks", min=1, help="number of ranks"),
+             root: int | None = typer.Option(None, "--root", min=0, help="root rank (rooted collectives)"),
+             nsegs: int = typer.Option(1, "--nsegs", min=1, help="segments per block"),
+             nchannels: int = typer.Option(1, "--nchannels", min=1, help="channels (rings)"),
              rings: str | None = typer.Option(None, "--rings", help="ring orders, NCCL_RINGS syntax"),
              json_out: bool = typer.Option(False, "--json", help="the schedule as JSON (versioned schema)")) -> None:
     """The per-rank, per-step table of one schedule."""
@@ -58,10 +58,10 @@ def show_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 @algo_app.command("verify")
 def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or 'all'"),
                algorithm: str = typer.Argument("all", help="e.g. halving_doubling, or 'all'"),
-               nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-               root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
-               nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
-               nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+               nranks: int = typer.Option(4, "-n", "--nranks", min=1, help="number of ranks"),
+               root: int | None = typer.Option(None, "--root", min=0, help="root rank (rooted collectives)"),
+               nsegs: int = typer.Option(1, "--nsegs", min=1, help="segments per block"),
+               nchannels: int = typer.Option(1, "--nchannels", min=1, help="channels (rings)"),
                json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
     """Prove schedules correct symbolically (in place too) and check their counts against the closed form."""
     from ..algorithms.registry import ALGORITHMS, algorithms_for, info
@@ -96,12 +96,12 @@ def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or '
 def cost_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
              algorithm: str = typer.Argument(..., help="e.g. ring"),
              size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
-             nranks: int = typer.Option(4, "-n", "--nranks", help="number of ranks"),
-             root: int | None = typer.Option(None, "--root", help="root rank (rooted collectives)"),
-             nsegs: int = typer.Option(1, "--nsegs", help="segments per block"),
-             nchannels: int = typer.Option(1, "--nchannels", help="channels (rings)"),
+             nranks: int = typer.Option(4, "-n", "--nranks", min=1, help="number of ranks"),
+             root: int | None = typer.Option(None, "--root", min=0, help="root rank (rooted collectives)"),
+             nsegs: int = typer.Option(1, "--nsegs", min=1, help="segments per block"),
+             nchannels: int = typer.Option(1, "--nchannels", min=1, help="channels (rings)"),
              topo: str | None = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
-             dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
+             dtype_size: int = typer.Option(4, "--dtype-size", min=1, help="bytes per element"),
              json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
     """Steps, bytes per rank and per rank pair, and the alpha-beta time of one schedule."""
     from ..algorithms.cost import schedule_cost, traffic
@@ -149,9 +149,9 @@ def _load_topo(topo: str | None, nranks: int):  # noqa: ANN202 - Topology | None
 @algo_app.command("choose")
 def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
                size: str = typer.Option("64MiB", "--size", help="message size S (e.g. 1KiB, 256MiB)"),
-               nranks: int = typer.Option(8, "-n", "--nranks", help="number of ranks"),
+               nranks: int = typer.Option(8, "-n", "--nranks", min=1, help="number of ranks"),
                topo: str | None = typer.Option(None, "--topo", help="topology: preset, file or '4xdgx-h100'"),
-               dtype_size: int = typer.Option(4, "--dtype-size", help="bytes per element"),
+               dtype_size: int = typer.Option(4, "--dtype-size", min=1, help="bytes per element"),
                calibrated: str | None = typer.Option(None, "--calibrated", help="a `ringflow calibrate` host-model "
                                                         "file: what RINGFLOW_TUNER_MODEL=FILE makes the runtime run"),
                transport: str = typer.Option("shm", "--transport", help="--calibrated: the ranks' transport, "
@@ -209,8 +209,10 @@ def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: in
             for cand, s, t in d.candidates]
     if json_out:
         print_json({"collective": c.value, "nbytes": nbytes, "nranks": nranks, "transport": transport,
-                    "in_place": inplace, "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat))),
-                    "flat_calibrated_us": t_flat, "chosen": dict(zip(("algorithm", "nsegs", "nchannels"), name(chosen))),
+                    "in_place": inplace,
+                    "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat), strict=True)),
+                    "flat_calibrated_us": t_flat,
+                    "chosen": dict(zip(("algorithm", "nsegs", "nchannels"), name(chosen), strict=True)),
                     "margin": model.margin, "candidates": rows})
         return
     console.print(f"{c.value} of {format_size(nbytes)} on {nranks} ranks over {transport}, host model {path}: "

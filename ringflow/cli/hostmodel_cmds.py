@@ -38,22 +38,29 @@ def calibrate_command(
     out: str = typer.Option("host-model.json", "-o", "--out", help="host-model file to write"),
     quick: bool = typer.Option(False, "--quick", help="two sizes only (a smoke test, not a usable model)"),
     collectives: str = typer.Option("all", "--collectives", help="comma list or 'all'"),
+    refit_from: str | None = typer.Option(None, "--refit", help="measure nothing: fit again from the "
+                                             "calibration rows this host-model file stores"),
 ) -> None:
     """Measure every algorithm on local ranks (shm and TCP) and fit this host's cost model."""
     from ..hostmodel.features import TRANSPORTS
-    from ..hostmodel.model import PARAM_MEANINGS, HostCostModel, write_file
-    from ..hostmodel.sweep import COLLECTIVES, calibrate
-    colls = list(COLLECTIVES) if collectives == "all" else _names(collectives, COLLECTIVES, "--collectives")
-    trs = _names(transports, TRANSPORTS, "--transports")
-    doc = calibrate(_ints(ranks, "--ranks"), trs, quick=quick, collectives=colls, progress=console.print,
-                    command=_command_line())
+    from ..hostmodel.model import PARAM_MEANINGS, HostCostModel, read_file, write_file
+    from ..hostmodel.sweep import COLLECTIVES, calibrate, refit
+    if refit_from:
+        doc = refit(read_file(refit_from), progress=console.print, command=_command_line())
+        trs = list(doc["transports"])
+    else:
+        colls = list(COLLECTIVES) if collectives == "all" else _names(collectives, COLLECTIVES, "--collectives")
+        trs = _names(transports, TRANSPORTS, "--transports")
+        doc = calibrate(_ints(ranks, "--ranks"), trs, quick=quick, collectives=colls, progress=console.print,
+                        command=_command_line())
     write_file(out, doc)
     models = {tr: HostCostModel.from_dict(tr, doc["transports"][tr]) for tr in trs}
     print_table("host cost model", ["parameter", *trs, "meaning"],
                 [[k, *(f"{getattr(m.params, k):.4g}" for m in models.values()), v] for k, v in PARAM_MEANINGS.items()]
                 + [["margin", *(f"{m.margin:.3f}" for m in models.values()), "1 + p90 cross-validated error"]])
-    console.print(f"measured in {doc['meta']['measure_s']:.0f} s, {doc['meta']['total_s']:.0f} s in all; wrote {out} "
-                  f"(use it with RINGFLOW_TUNER_MODEL={out})")
+    console.print(f"measured in {doc['meta']['measure_s']:.0f} s, {doc['meta'].get('total_s', 0):.0f} s in all"
+                  + (f" (fitted again from {refit_from})" if refit_from else "")
+                  + f"; wrote {out} (use it with RINGFLOW_TUNER_MODEL={out})")
 
 
 def validate_command(

@@ -11,8 +11,8 @@ hw_app = typer.Typer(help="Hardware catalog: PCIe, NVLink, NVSwitch, QPI/UPI, In
 
 @hw_app.command("pcie")
 def pcie_command(
-    gen: int = typer.Option(..., "--gen", help="PCIe generation 1..6"),
-    lanes: int = typer.Option(16, "--lanes", help="link width: 1, 2, 4, 8, 16 or 32"),
+    gen: int = typer.Option(..., "--gen", min=1, help="PCIe generation 1..6"),
+    lanes: int = typer.Option(16, "--lanes", min=1, help="link width: 1, 2, 4, 8, 16 or 32"),
     json_out: bool = typer.Option(False, "--json", help="print the arithmetic as JSON"),
 ) -> None:
     """Compute PCIe throughput: GT/s x encoding x lanes / 8, per direction and both directions."""
@@ -26,7 +26,8 @@ def pcie_command(
                   f"= {r['lane_gbps'] / 8 * 1000:.1f} MB/s", soft_wrap=True)
     console.print(f"  x{lanes:<7} : {r['lane_gbps']:.4f} x {lanes} = {r['total_gbps']:.3f} Gb/s", soft_wrap=True)
     console.print(f"  result   : {r['total_gbps']:.3f} / 8 = [bold]{r['per_direction_GBps']:.3f} GB/s per direction[/]"
-                  f" ({r['per_direction_MBps']:.1f} MB/s); {r['bidirectional_GBps']:.3f} GB/s both directions", soft_wrap=True)
+                  f" ({r['per_direction_MBps']:.1f} MB/s); {r['bidirectional_GBps']:.3f} GB/s both directions",
+                  soft_wrap=True)
     console.print(f"  source   : {r['source']}", soft_wrap=True)
 
 

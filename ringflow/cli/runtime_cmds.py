@@ -6,14 +6,16 @@ import time
 
 import typer
 
+from .common import print_json, write_json
+
 
 def register(app: typer.Typer) -> None:
     """Add run / bench / store to the app."""
 
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def run_cmd(
-        nprocs: int = typer.Option(..., "-n", "--nprocs", help="Number of ranks to start on this host."),
-        timeout: float | None = typer.Option(None, "--timeout", help="Kill the job after this many seconds "
+        nprocs: int = typer.Option(..., "-n", "--nprocs", min=1, help="Number of ranks to start on this host."),
+        timeout: float | None = typer.Option(None, "--timeout", min=0, help="Kill the job after this many seconds "
                                                 "(exit code 124)."),
         no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with [rank]."),
         bind: bool = typer.Option(True, "--bind/--no-bind", help="Pin each rank to its own core when they fit."),
@@ -27,21 +29,22 @@ def register(app: typer.Typer) -> None:
     def bench_cmd(
         collective: str = typer.Argument("all_reduce", help="all_reduce, all_gather, reduce_scatter, broadcast, "
                                          "reduce, all_to_all, gather, scatter, or all"),
-        nprocs: int = typer.Option(2, "-n", "--nprocs", help="Ranks."),
+        nprocs: int = typer.Option(2, "-n", "--nprocs", min=1, help="Ranks."),
         min_size: str = typer.Option("8", "--min", "-b", help="Smallest message (bytes, or 1KiB ...)."),
         max_size: str = typer.Option("64MiB", "--max", "-e", help="Largest message."),
-        factor: int = typer.Option(2, "--factor", "-f", help="Size multiplier between rows."),
+        factor: int = typer.Option(2, "--factor", "-f", min=2, help="Size multiplier between rows."),
         algo: str | None = typer.Option(None, "--algo", help="Force an algorithm (RINGFLOW_ALGO syntax)."),
         dtype: str = typer.Option("float32", "--dtype", "-d", help="Element type."),
         op: str = typer.Option("sum", "--op", "-o", help="Reduction op."),
-        iters: int = typer.Option(0, "--iters", "-n-iters", help="Timed iterations per size (0 = by size)."),
-        warmup: int | None = typer.Option(None, "--warmup", "-w",
+        iters: int = typer.Option(0, "--iters", "-n-iters", min=0, help="Timed iterations per size (0 = by size)."),
+        warmup: int | None = typer.Option(None, "--warmup", "-w", min=0,
                                              help="Untimed iterations per size (default 5, as nccl-tests)."),
         check: bool = typer.Option(False, "--check", "-c", help="Verify results (#wrong column)."),
         shm_alloc: bool = typer.Option(False, "--alloc", help="Use comm.alloc() buffers."),
-        json_out: str | None = typer.Option(None, "--json", help="Write rows as JSON to this file."),
-        timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
-        passes: int = typer.Option(1, "--passes", help="Split each size's samples over this many sweeps of "
+        json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of the table."),
+        out: str | None = typer.Option(None, "-o", "--out", help="Also write the rows as JSON to this file."),
+        timeout: float = typer.Option(600.0, "--timeout", min=0, help="Give up after this many seconds."),
+        passes: int = typer.Option(1, "--passes", min=1, help="Split each size's samples over this many sweeps of "
                                    "all sizes (steadier medians on a noisy host)."),
     ) -> None:
         """nccl-tests style benchmark on real local ranks (time, algbw, busbw, #wrong)."""
@@ -49,16 +52,18 @@ def register(app: typer.Typer) -> None:
         rows = bench.launch(collective, nprocs, min_size, max_size, factor=factor, algo=algo, dtype=dtype, op=op,
                             iters=iters, warmup=bench.WARMUP_CALLS if warmup is None else warmup, check=check,
                             alloc=shm_alloc, timeout_s=timeout, passes=passes)
-        bench.print_rows(rows)
+        if out:
+            write_json(out, rows)
         if json_out:
-            from .common import write_json
-            write_json(json_out, rows)
+            print_json(rows)
+        else:
+            bench.print_rows(rows)
         if any(r["wrong"] for r in rows):
             raise typer.Exit(1)
 
     @app.command("store")
     def store_cmd(
-        port: int = typer.Option(29400, "--port", "-p", help="TCP port."),
+        port: int = typer.Option(29400, "--port", "-p", min=0, max=65535, help="TCP port."),
         host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (numeric)."),
         secret: str | None = typer.Option(None, "--secret", help="Job secret (default: RINGFLOW_SECRET)."),
     ) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 import typer
 
 from ..errors import InvalidArgument
-from .common import console, print_table, write_json
+from .common import console, print_json, print_table, write_json
 
 
 def _topology(topo: str, nodes: int, fabric: str, nic: str | None, oversub: float) -> Any:
@@ -33,23 +33,24 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 def sim_command(
     collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, ..."),
     topo: str = typer.Option("detect", "--topo", help="preset name, topology file, or 'detect'"),
-    nodes: int = typer.Option(1, "--nodes", help="replicate the topology into a cluster of N servers"),
+    nodes: int = typer.Option(1, "--nodes", min=1, help="replicate the topology into a cluster of N servers"),
     fabric: str = typer.Option("rail", "--fabric", help="cluster fabric: rail or fat-tree"),
     nic: str | None = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
-    oversub: float = typer.Option(1.0, "--oversub", help="leaf-spine oversubscription of the cluster fabric"),
+    oversub: float = typer.Option(1.0, "--oversub", min=1, help="leaf-spine oversubscription of the cluster fabric"),
     algo: str | None = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
                                        "nvls: in-switch reduction, all_reduce / reduce_scatter / "
                                        "all_gather on one Hopper+ NVSwitch)"),
-    nranks: int | None = typer.Option(None, "--nranks", "-n", help="ranks (default: every endpoint)"),
+    nranks: int | None = typer.Option(None, "--nranks", "-n", min=1, help="ranks (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
     max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),
-    factor: int = typer.Option(2, "--factor", "-f", help="size multiplier (nccl-tests -f)"),
+    factor: int = typer.Option(2, "--factor", "-f", min=2, help="size multiplier (nccl-tests -f)"),
     engine: str = typer.Option("analytic", "--engine", help="analytic or flow"),
     dtype: str = typer.Option("float32", "--dtype"),
-    root: int = typer.Option(0, "--root"),
-    nchannels: int | None = typer.Option(None, "--nchannels", help="channels (rings) for ring algorithms"),
+    root: int = typer.Option(0, "--root", min=0),
+    nchannels: int | None = typer.Option(None, "--nchannels", min=1, help="channels (rings) for ring algorithms"),
     param: list[str] = typer.Option([], "--param", help="simulator parameter override key=value (repeatable)"),
-    json_out: str | None = typer.Option(None, "--json", help="write rows (ringflow bench keys + algorithm)"),
+    json_out: bool = typer.Option(False, "--json", help="print the rows (ringflow bench keys + algorithm) as JSON"),
+    out: str | None = typer.Option(None, "-o", "--out", help="also write the rows as JSON to this file"),
     plot: str | None = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
     trace: str | None = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
     details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
@@ -80,6 +81,11 @@ def sim_command(
             results.append(res)
             bar.advance(task)
     rows = [r.row() for r in results]
+    if out:
+        write_json(out, rows)
+    if json_out:
+        print_json(rows)
+        return
     console.print(f"# {coll.value} on {getattr(t, 'name', topo)}: {n} ranks, engine {engine}, dtype {dtype}")
     print_table(None, ["size", "count", "type", "algorithm", "proto", "time(us)", "algbw(GB/s)", "busbw(GB/s)"],
                 [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["algorithm"], r["protocol"],
@@ -93,9 +99,8 @@ def sim_command(
                      for d in last.tiers()])
         print_table("busiest links", ["link", "tier", "bytes", "util"],
                     [[d["link"], d["tier"], format_size(d["bytes"]), f"{d['util']:.1%}"] for d in last.top_links()])
-    if json_out:
-        write_json(json_out, rows)
-        console.print(f"wrote {len(rows)} rows to {json_out}")
+    if out:
+        console.print(f"wrote {len(rows)} rows to {out}")
     if trace:
         from ..sim.trace import write_chrome_trace
         nev = write_chrome_trace(last, trace)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import typer
 
@@ -33,7 +34,7 @@ def list_command(json_out: bool = typer.Option(False, "--json")) -> None:
 @topo_app.command("show")
 def show_command(
     spec: str = typer.Argument(..., help=SPEC_HELP),
-    host: int = typer.Option(0, "--host", help="which server of a cluster to print"),
+    host: int = typer.Option(0, "--host", min=0, help="which server of a cluster to print"),
     json_out: bool = typer.Option(False, "--json", help="matrix, bandwidths and the full topology as JSON"),
 ) -> None:
     """Print a matrix like `nvidia-smi topo -m` plus the bottleneck bandwidth of every pair."""
@@ -48,7 +49,8 @@ def show_command(
         print_json({"name": t.name, "summary": t.summary(), "host": host, **table, "topology": t.to_dict()})
         return
     s = t.summary()
-    console.print(f"# {t.name}: {s['hosts']} host(s), {s['endpoints']} endpoints, nodes {s['nodes']}, links {s['links']}", soft_wrap=True)
+    console.print(f"# {t.name}: {s['hosts']} host(s), {s['endpoints']} endpoints, nodes {s['nodes']}, "
+                  f"links {s['links']}", soft_wrap=True)
     console.print(render_smi(t, host), markup=False, highlight=False, soft_wrap=True)
     names = table["devices"]
     print_table("bottleneck GB/s per direction (routed path)", [""] + names,
@@ -66,7 +68,7 @@ def show_command(
 def rings_command(
     spec: str = typer.Argument(..., help=SPEC_HELP),
     gpus: str | None = typer.Option(None, "--gpus", help="comma-separated GPU numbers (nvidia-smi numbering, host 0)"),
-    nchannels: int | None = typer.Option(None, "--nchannels", help="exactly this many rings"),
+    nchannels: int | None = typer.Option(None, "--nchannels", min=1, help="exactly this many rings"),
     json_out: bool = typer.Option(False, "--json", help="JSON: {rings: [{ranks, bottleneck_GBps, ...}], trees: ...}"),
 ) -> None:
     """Find the rings (channels) with the best bottleneck bandwidth, and the double binary trees."""
@@ -77,12 +79,13 @@ def rings_command(
         try:
             wanted = [int(x) for x in gpus.split(",") if x.strip()]
         except ValueError:
-            raise TopologyError(f"--gpus {gpus!r} is not a comma-separated list of numbers", "e.g. --gpus 0,1,2,3") from None
+            raise TopologyError(f"--gpus {gpus!r} is not a comma-separated list of numbers",
+                                "e.g. --gpus 0,1,2,3") from None
         eps = [t.find(f"GPU{g}") if t.gpus() else t.find(f"PROC{g}") for g in wanted]
     rings = find_rings(t, eps, nchannels)
     multi = len(t.hosts()) > 1
     names = [(f"{t.host_of(e)}:{t.graph.nodes[e]['index']}" if multi else t.graph.nodes[e]["index"]) for e in eps]
-    out_rings = []
+    out_rings: list[dict[str, Any]] = []
     for r in rings:
         out_rings.append({"ranks": [names[i] if not multi else i for i in r.ranks],
                           "positions": list(r.ranks),
@@ -106,12 +109,13 @@ def rings_command(
         return
     console.print(f"# rings on {t.name} over {len(eps)} endpoints (ranks in nvidia-smi numbering"
                   f"{', host:gpu' if multi else ''}); bandwidth per direction", soft_wrap=True)
-    for i, r in enumerate(out_rings):
-        shown = r.get("gpus", r["ranks"])
+    for i, ring in enumerate(out_rings):
+        shown = ring.get("gpus", ring["ranks"])
         order = " -> ".join(str(x) for x in list(shown) + [shown[0]]) if len(shown) <= 16 else \
             " -> ".join(str(x) for x in shown[:8]) + f" -> ... ({len(shown)} ranks)"
-        kinds = sorted(set(r["hop_types"]))
-        console.print(f"ring {i}: {order}   bottleneck {r['bottleneck_GBps']} GB/s   hops: {', '.join(kinds)}", soft_wrap=True)
+        kinds = sorted(set(ring["hop_types"]))
+        console.print(f"ring {i}: {order}   bottleneck {ring['bottleneck_GBps']} GB/s   hops: {', '.join(kinds)}",
+                      soft_wrap=True)
     console.print(f"total over {len(out_rings)} ring(s): {result['total_GBps']} GB/s per direction", soft_wrap=True)
     if len(eps) <= 32:
         console.print(f"double binary tree 0 parents: {t0}", soft_wrap=True)
@@ -124,13 +128,14 @@ def rings_command(
 @topo_app.command("cluster")
 def cluster_command(
     preset: str = typer.Argument(..., help="server preset (dgx-h100, dgx-a100, ...) or a one-server topology file"),
-    nodes: int = typer.Option(..., "--nodes", "-n", help="number of servers"),
+    nodes: int = typer.Option(..., "--nodes", "-n", min=1, help="number of servers"),
     fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
     nic: str | None = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
-    oversub: float = typer.Option(1.0, "--oversub", help="leaf down:up oversubscription (1 = non-blocking)"),
-    tiers: int = typer.Option(2, "--tiers", help="switch tiers: 2 (leaf-spine) or 3 (leaf-spine-core)"),
-    radix: int = typer.Option(64, "--radix", help="switch ports (64 = Quantum-2 QM9700)"),
-    dump: str | None = typer.Option(None, "--dump", help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
+    oversub: float = typer.Option(1.0, "--oversub", min=1, help="leaf down:up oversubscription (1 = non-blocking)"),
+    tiers: int = typer.Option(2, "--tiers", min=1, help="switch tiers: 2 (leaf-spine) or 3 (leaf-spine-core)"),
+    radix: int = typer.Option(64, "--radix", min=2, help="switch ports (64 = Quantum-2 QM9700)"),
+    dump: str | None = typer.Option(None, "--dump",
+                                    help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build N servers on a rail-optimised or fat-tree fabric and print its size and capacities."""
@@ -143,7 +148,8 @@ def cluster_command(
     if dump:
         t.save(dump)
     sw = t.nodes(NodeKind.NET_SWITCH)
-    per_tier = {name: sum(1 for x in sw if t.graph.nodes[x]["tier"] == k) for k, name in enumerate(("leaf", "spine", "core"))}
+    per_tier = {name: sum(1 for x in sw if t.graph.nodes[x]["tier"] == k)
+                for k, name in enumerate(("leaf", "spine", "core"))}
     cap: dict[str, float] = {}
     for u, v, d in t.graph.edges(data=True):   # capacity leaving each tier upwards, per direction
         up = (t.kind(u) == NodeKind.NIC and t.kind(v) == NodeKind.NET_SWITCH) or (
@@ -160,10 +166,10 @@ def cluster_command(
     console.print(f"# {t.name}: {len(t.hosts())} servers, {len(t.endpoints())} GPUs, {len(t.nics())} NICs at "
                   f"{c['port_gbps']:g} Gb/s ({c['link_type']})", soft_wrap=True)
     console.print(f"switches: {per_tier['leaf']} leaves ({c['leaf_down_ports']} down / {c['leaf_up_ports']} up ports), "
-                  f"{per_tier['spine']} spines, {per_tier['core']} cores; radix {radix}, oversubscription {oversub:g}:1",
-                  soft_wrap=True)
-    for tier, v in cap.items():
-        console.print(f"upward capacity at tier {tier}: {v:,.1f} GB/s per direction", soft_wrap=True)
+                  f"{per_tier['spine']} spines, {per_tier['core']} cores; radix {radix}, "
+                  f"oversubscription {oversub:g}:1", soft_wrap=True)
+    for tier, gbps in cap.items():
+        console.print(f"upward capacity at tier {tier}: {gbps:,.1f} GB/s per direction", soft_wrap=True)
     if dump:
         console.print(f"written to {dump}", soft_wrap=True)
 
@@ -204,7 +210,8 @@ def path_command(
 
 @topo_app.command("detect")
 def detect_command(
-    nvidia_smi_text: str | None = typer.Option(None, "--nvidia-smi-text", help="build from a saved `nvidia-smi topo -m`"),
+    nvidia_smi_text: str | None = typer.Option(None, "--nvidia-smi-text",
+                                               help="build from a saved `nvidia-smi topo -m`"),
     dump: str | None = typer.Option(None, "--dump", help="write the topology (YAML/JSON by extension)"),
     gpu_model: str | None = typer.Option(None, "--gpu-model", help="GPU model for NV# bandwidths (H100, B200, ...)"),
     json_out: bool = typer.Option(False, "--json", help="print summary and topology as JSON"),
@@ -225,17 +232,20 @@ def detect_command(
         return
     console.print(f"# {t.name}: {info['note']}", soft_wrap=True)
     print_table("CPUs / NUMA nodes", ["cpu", "numa", "socket", "cores", "cpulist"],
-                [[t.label(c), t.graph.nodes[c].get("numa"), t.graph.nodes[c].get("socket", ""), t.graph.nodes[c].get("cores"),
-                  t.graph.nodes[c].get("cpulist", "")] for c in t.nodes(kind=None) if t.kind(c).value == "cpu"],
+                [[t.label(c), t.graph.nodes[c].get("numa"), t.graph.nodes[c].get("socket", ""),
+                  t.graph.nodes[c].get("cores"), t.graph.nodes[c].get("cpulist", "")]
+                 for c in t.nodes(kind=None) if t.kind(c).value == "cpu"],
                 justify_right=False)
     print_table("NICs", ["nic", "name", "Gb/s", "numa"],
                 [[t.label(n), t.graph.nodes[n].get("name", ""),
-                  f"{t.graph.nodes[n]['speed_gbps']:g}" + ("" if t.graph.nodes[n].get("speed_known", True) else " (assumed)"),
+                  f"{t.graph.nodes[n]['speed_gbps']:g}"
+                  + ("" if t.graph.nodes[n].get("speed_known", True) else " (assumed)"),
                   t.graph.nodes[n].get("numa")] for n in t.nics()], justify_right=False)
     if t.gpus():
         console.print(render_smi(t), markup=False, highlight=False, soft_wrap=True)
     if dump:
-        console.print(f"topology written to {dump} (use it with RINGFLOW_TOPO_FILE={dump} or any PRESET_OR_FILE argument)", soft_wrap=True)
+        console.print(f"topology written to {dump} (use it with RINGFLOW_TOPO_FILE={dump} "
+                      "or any PRESET_OR_FILE argument)", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

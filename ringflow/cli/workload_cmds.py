@@ -32,19 +32,20 @@ def _pb(x: float) -> str:
 
 def traffic_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
-    tokens: float = typer.Option(156e9, "--tokens", help="tokens per epoch (C4: 156e9)"),
-    samples: float | None = typer.Option(None, "--samples", help="samples per epoch (default: C4's 364.6e6 "
+    tokens: float = typer.Option(156e9, "--tokens", min=0, help="tokens per epoch (C4: 156e9)"),
+    samples: float | None = typer.Option(None, "--samples", min=0, help="samples per epoch (default: C4's 364.6e6 "
                                             "when --tokens is C4's, else tokens / seq-len)"),
-    batch: int = typer.Option(2048, "--batch", help="global batch in samples (N = samples / batch)"),
-    gpus: int = typer.Option(8, "--gpus", help="G of the closed-form 1-D rows"),
-    tp: int = typer.Option(1, "--tp"), pp: int = typer.Option(1, "--pp"), dp: int = typer.Option(1, "--dp"),
+    batch: int = typer.Option(2048, "--batch", min=1, help="global batch in samples (N = samples / batch)"),
+    gpus: int = typer.Option(8, "--gpus", min=1, help="G of the closed-form 1-D rows"),
+    tp: int = typer.Option(1, "--tp", min=1), pp: int = typer.Option(1, "--pp", min=1),
+    dp: int = typer.Option(1, "--dp", min=1),
     formula: str = typer.Option("seed", "--formula", help="seed (the closed-form formulas), exact (ringflow's "
                                 "algorithms on --topo), or both"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset for --formula exact"),
     fabric: str = typer.Option("rail", "--fabric"),
-    switch_tbps: float = typer.Option(51.2, "--switch-tbps", help="switch capacity for the sizing (Tb/s)"),
-    epochs: int = typer.Option(100, "--epochs"), days: float = typer.Option(100.0, "--days"),
-    checkpoint_every: int = typer.Option(1000, "--checkpoint-every", help="steps between checkpoints"),
+    switch_tbps: float = typer.Option(51.2, "--switch-tbps", min=0, help="switch capacity for the sizing (Tb/s)"),
+    epochs: int = typer.Option(100, "--epochs", min=1), days: float = typer.Option(100.0, "--days", min=0),
+    checkpoint_every: int = typer.Option(1000, "--checkpoint-every", min=1, help="steps between checkpoints"),
     json_out: bool = typer.Option(False, "--json", help="print rows and totals as JSON"),
 ) -> None:
     """Per-epoch traffic of DP / FSDP / TP / PP and 3-D training: the closed-form formulas and the real algorithms'."""
@@ -115,7 +116,8 @@ def _print_traffic(out: dict[str, Any]) -> None:
         rows = [[r["mode"], r["pattern"], _pb(r["backward_bytes"]), f"{r['seed_printed'][0]:g}",
                  f"{r['backward_syncs']:g}", _pb(r["forward_bytes"]), f"{r['seed_printed'][1]:g}",
                  f"{r['forward_transfers']:.4g}"] for r in out["rows"]]
-        print_table("closed-form traffic per epoch (PB = 1e15 B; 'as printed' = in the reference table's unit, rounded up)",
+        print_table("closed-form traffic per epoch "
+                    "(PB = 1e15 B; 'as printed' = in the reference table's unit, rounded up)",
                     ["mode", "pattern", "backward PB", "as printed", "syncs", "forward PB", "as printed",
                      "transfers"], rows)
         if "three_d" in out:
@@ -131,7 +133,8 @@ def _print_traffic(out: dict[str, Any]) -> None:
         rows = []
         for r in out["exact_rows"]:
             tiers = ", ".join(f"{k} {_pb(v)}" for k, v in sorted(r["tiers"].items()))
-            rows.append([r["mode"], "+".join(r["algorithms"]), _pb(r["backward_bytes"]), _pb(r["forward_bytes"]), tiers])
+            rows.append([r["mode"], "+".join(r["algorithms"]), _pb(r["backward_bytes"]), _pb(r["forward_bytes"]),
+                         tiers])
         print_table("ringflow's algorithms, same job (bytes the GPUs inject, PB; link-bytes per tier)",
                     ["mode", "algorithm", "backward PB", "forward PB", "link-bytes per tier (PB)"], rows)
         if "exact_3d" in out:
@@ -167,37 +170,45 @@ def _print_traffic(out: dict[str, Any]) -> None:
 
 
 def _layout_from(tp: int, pp: int, dp: int | None, cp: int, ep: int, gpus: int, **kw: Any) -> Any:
+    """The layout of `gpus` GPUs: tp x pp x cp x dp must use every GPU of the cluster."""
     from ..workload.layout import Layout
+    model_par = tp * pp * cp
     if dp is None:
-        if gpus % (tp * pp * cp):
-            raise InvalidArgument(f"{gpus} GPUs are not divisible by tp x pp x cp = {tp * pp * cp}",
-                                  "give --dp or change --nodes")
-        dp = gpus // (tp * pp * cp)
+        if gpus % model_par:
+            raise InvalidArgument(f"{gpus} GPUs are not divisible by tp x pp x cp = {model_par}",
+                                  "change --nodes, or --tp / --pp / --cp so their product divides the GPUs")
+        dp = gpus // model_par
+    if model_par * dp != gpus:
+        fix = (f"use --dp {gpus // model_par}" if gpus % model_par == 0 else "change --tp / --pp / --cp") + \
+            (" or a cluster of that many GPUs (--nodes)" if gpus % (model_par * dp) == 0 or model_par * dp > gpus
+             else "")
+        raise InvalidArgument(f"tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {model_par * dp} GPUs, but the "
+                              f"cluster has {gpus}", fix)
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, **kw)
 
 
 def train_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset (replicated --nodes times) or file"),
-    nodes: int = typer.Option(128, "--nodes"),
-    nic_gbps: float | None = typer.Option(None, "--nic-gbps", help="NIC speed (default: the preset's)"),
+    nodes: int = typer.Option(128, "--nodes", min=1),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0, help="NIC speed (default: the preset's)"),
     fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
-    tp: int = typer.Option(8, "--tp"), pp: int = typer.Option(8, "--pp"),
-    dp: int | None = typer.Option(None, "--dp", help="default: GPUs / (tp x pp x cp)"),
-    cp: int = typer.Option(1, "--cp"), ep: int = typer.Option(1, "--ep"),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="default: the model's"),
-    global_batch: int = typer.Option(1024, "--global-batch", help="sequences per step"),
-    micro_batch: int = typer.Option(1, "--micro-batch"),
+    tp: int = typer.Option(8, "--tp", min=1), pp: int = typer.Option(8, "--pp", min=1),
+    dp: int | None = typer.Option(None, "--dp", min=1, help="default: GPUs / (tp x pp x cp)"),
+    cp: int = typer.Option(1, "--cp", min=1), ep: int = typer.Option(1, "--ep", min=1),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="default: the model's"),
+    global_batch: int = typer.Option(1024, "--global-batch", min=1, help="sequences per step"),
+    micro_batch: int = typer.Option(1, "--micro-batch", min=1),
     recompute: str = typer.Option("selective", "--recompute", help="none, selective or full"),
     sequence_parallel: bool = typer.Option(True, "--sequence-parallel/--no-sequence-parallel"),
-    interleave: int = typer.Option(1, "--interleave", help="virtual pipeline stages per GPU"),
-    zero: int = typer.Option(1, "--zero", help="ZeRO stage 0-3 (3 = FSDP)"),
+    interleave: int = typer.Option(1, "--interleave", min=1, help="virtual pipeline stages per GPU"),
+    zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage 0-3 (3 = FSDP)"),
     precision: str = typer.Option("bf16", "--precision", help="bf16 or fp8"),
-    bucket_mb: float = typer.Option(160.0, "--bucket-mb", help="DP gradient bucket (MB)"),
+    bucket_mb: float = typer.Option(160.0, "--bucket-mb", min=0, help="DP gradient bucket (MB)"),
     overlap_grad: bool = typer.Option(True, "--overlap-grad/--no-overlap-grad"),
     overlap_tp: bool = typer.Option(False, "--overlap-tp/--no-overlap-tp"),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="FlashAttention (no stored attention scores)"),
-    tokens: float = typer.Option(15e12, "--tokens", help="token budget for the time-to-train figure"),
+    tokens: float = typer.Option(15e12, "--tokens", min=0, help="token budget for the time-to-train figure"),
     comm: str = typer.Option("auto", "--comm", help="auto (simulator), sim, or alpha-beta"),
     contention: bool = typer.Option(False, "--contention", help="scale each dimension by the flow engine's "
                                     "slowdown with all its groups communicating at once (slower)"),
@@ -263,17 +274,17 @@ def train_command(
 
 def plan_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
-    gpus: int = typer.Option(1024, "--gpus"),
+    gpus: int = typer.Option(1024, "--gpus", min=1),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset or topology file"),
-    nodes: int | None = typer.Option(None, "--nodes", help="default: GPUs / 8"),
-    nic_gbps: float | None = typer.Option(None, "--nic-gbps"),
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="default: GPUs / 8"),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0),
     fabric: str = typer.Option("rail", "--fabric"),
-    batch: int = typer.Option(1024, "--batch", "--global-batch", help="global batch in sequences"),
-    seq_len: int | None = typer.Option(None, "--seq-len"),
+    batch: int = typer.Option(1024, "--batch", "--global-batch", min=1, help="global batch in sequences"),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1),
     precision: str = typer.Option("bf16", "--precision"),
-    top: int = typer.Option(10, "--top"),
+    top: int = typer.Option(10, "--top", min=1),
     check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
-    check_budget_s: float = typer.Option(12.0, "--check-budget", help="seconds for the simulator's check"),
+    check_budget_s: float = typer.Option(12.0, "--check-budget", min=0, help="seconds for the simulator's check"),
     plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -333,15 +344,15 @@ def plan_command(
 
 def ps_command(
     model: str = typer.Option("llama3-8b", "--model", help="gradient size = parameters x --grad-bytes"),
-    grad_bytes: int = typer.Option(4, "--grad-bytes"),
-    topo: str = typer.Option("dgx-h100", "--topo"), nodes: int = typer.Option(8, "--nodes"),
-    nic_gbps: float | None = typer.Option(None, "--nic-gbps"),
-    compute_s: float = typer.Option(1.0, "--compute-s", help="a worker's compute time per step"),
+    grad_bytes: int = typer.Option(4, "--grad-bytes", min=1),
+    topo: str = typer.Option("dgx-h100", "--topo"), nodes: int = typer.Option(8, "--nodes", min=1),
+    nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0),
+    compute_s: float = typer.Option(1.0, "--compute-s", min=0, help="a worker's compute time per step"),
     straggler: str = typer.Option("none", "--straggler", help="none, lognormal:SIGMA, bernoulli:P:SLOWDOWN, "
                                   "exp:MEAN_FRACTION"),
-    staleness: int = typer.Option(3, "--staleness", help="SSP bound s"),
-    cpu_servers: int = typer.Option(1, "--cpu-servers", help="CPU parameter-server hosts (one NIC each)"),
-    iters: int = typer.Option(200, "--iters"), seed: int = typer.Option(0, "--seed"),
+    staleness: int = typer.Option(3, "--staleness", min=0, help="SSP bound s"),
+    cpu_servers: int = typer.Option(1, "--cpu-servers", min=1, help="CPU parameter-server hosts (one NIC each)"),
+    iters: int = typer.Option(200, "--iters", min=1), seed: int = typer.Option(0, "--seed", min=0),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Parameter servers (CPU, GPU 0, sharded) under BSP / SSP / ASP with stragglers, vs ring all-reduce."""

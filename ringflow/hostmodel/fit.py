@@ -2,11 +2,12 @@
 
 For a fixed `core_share` the model is linear in its other ten parameters once it is known which row is
 critical in each step (the slowest rank, or all ranks' work pooled on the cores); the fit alternates between
-choosing those rows under the current prices and
-solving the non-negative least squares problem (Lawson-Hanson active set) weighted by 1/measured time,
-so it minimises relative, not absolute, error. `core_share` is found by a golden-section search around
-that inner fit. The model's `margin` is 1 + the 90th percentile of its K-fold cross-validated relative
-error: a predicted gain smaller than that is within what the model cannot tell.
+choosing those rows under the current prices and solving the non-negative least squares problem
+(Lawson-Hanson active set) weighted by 1/measured time, so it minimises relative, not absolute, error.
+`core_share` is found by a golden-section search around that inner fit. A few rounds of Huber reweighting
+keep a row measured during a burst of other work from pulling the fit as hard as the square of its error.
+The model's `margin` is 1 + the 90th percentile of its K-fold cross-validated relative error: a predicted
+gain smaller than that is within what the model cannot tell.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from .model import HostCostModel, HostParams, sharing_factor
 MAX_SHARE = 4.0          # core_share search interval [0, MAX_SHARE]
 CV_FOLDS = 5
 MARGIN_QUANTILE = 0.9
+HUBER_K = 1.345        # Huber's constant (95 % efficiency on normal residuals)
+ROBUST_ITERS = 3       # reweighting rounds
 _INIT_THETA = np.array([5.0, 50.0, 1.0, 0.5, 150.0, 150.0, 200.0, 50.0, 50.0])  # starting prices (FEATURES order)
 assert len(_INIT_THETA) == len(FEATURES)
 
@@ -69,13 +72,16 @@ def _design(samples: Sequence[Sample], theta: np.ndarray, cores: int, share: flo
     return np.array(rows)
 
 
-def fit_linear(samples: Sequence[Sample], cores: int, share: float, iters: int = 8) -> tuple[np.ndarray, float]:
-    """(call_us and per-feature prices, loss) for a fixed core_share: alternating slowest-rank choice and NNLS."""
+def fit_linear(samples: Sequence[Sample], cores: int, share: float, iters: int = 8,
+               weights: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """(call_us and per-feature prices, loss) for a fixed core_share: alternating slowest-rank choice and NNLS
+    (each row's squared relative error weighted by `weights`, default 1)."""
     theta = _INIT_THETA.copy()
-    b = np.ones(len(samples))
+    w = np.sqrt(np.ones(len(samples)) if weights is None else weights)
+    b = w.copy()
     x = np.zeros(len(FEATURES) + 1)
     for _ in range(iters):
-        a = _design(samples, theta, cores, share)
+        a = _design(samples, theta, cores, share) * w[:, None]
         scale = np.linalg.norm(a, axis=0)
         scale[scale == 0] = 1.0
         x_new = nnls(a / scale, b) / scale
@@ -84,9 +90,36 @@ def fit_linear(samples: Sequence[Sample], cores: int, share: float, iters: int =
         theta = np.maximum(x[1:], 1e-9)   # a zero price still breaks ties towards the busier rank
         if done:
             break
-    a = _design(samples, x[1:], cores, share)
+    a = _design(samples, x[1:], cores, share) * w[:, None]
     r = a @ x - b
     return x, float(r @ r)
+
+
+def robust_weights(rel_err: np.ndarray) -> np.ndarray | None:
+    """Huber weights of relative residuals (scale: 1.4826 x their median absolute value); None where the fit is
+    exact. A row far off the rest (a burst of other work during its samples) counts linearly, not squared."""
+    scale = 1.4826 * float(np.median(np.abs(rel_err)))
+    if scale < 1e-9:
+        return None
+    a = np.abs(rel_err)
+    c = HUBER_K * scale
+    return np.where(a <= c, 1.0, c / np.maximum(a, 1e-300))
+
+
+def _share_search(samples: Sequence[Sample], cores: int, weights: np.ndarray | None) -> float:
+    """The core_share minimising the weighted loss (0 where no sample has more ranks than cores)."""
+    if not any(s.feats.nranks > cores for s in samples):
+        return 0.0
+    grid = np.linspace(0.0, MAX_SHARE, 9)
+    losses = [fit_linear(samples, cores, g, weights=weights)[1] for g in grid]
+    k = int(np.argmin(losses))
+    lo, hi = grid[max(0, k - 1)], grid[min(len(grid) - 1, k + 1)]
+    return _golden(lambda s: fit_linear(samples, cores, s, weights=weights)[1], lo, hi)
+
+
+def _rel_residuals(x: np.ndarray, samples: Sequence[Sample], cores: int, share: float) -> np.ndarray:
+    a = _design(samples, x[1:], cores, share)
+    return a @ x - 1.0
 
 
 def _golden(f, lo: float, hi: float, tol: float = 1e-3) -> float:
@@ -112,16 +145,13 @@ def fit_params(samples: Sequence[Sample], cores: int) -> HostParams:
                               "calibrate more sizes, collectives or rank counts")
     if any(s.time_us <= 0 for s in samples):
         raise InvalidArgument("a calibration time is not positive", "re-measure: every time must be > 0")
-    oversub = any(s.feats.nranks > cores for s in samples)
-    if oversub:
-        grid = np.linspace(0.0, MAX_SHARE, 9)
-        losses = [fit_linear(samples, cores, g)[1] for g in grid]
-        k = int(np.argmin(losses))
-        lo, hi = grid[max(0, k - 1)], grid[min(len(grid) - 1, k + 1)]
-        share = _golden(lambda s: fit_linear(samples, cores, s)[1], lo, hi)
-    else:
-        share = 0.0
-    x, _ = fit_linear(samples, cores, share)
+    weights = None
+    for _ in range(1 + ROBUST_ITERS):
+        share = _share_search(samples, cores, weights)
+        x, _ = fit_linear(samples, cores, share, weights=weights)
+        weights = robust_weights(_rel_residuals(x, samples, cores, share))
+        if weights is None:
+            break
     names = HostParams.linear_names()
     return HostParams(**{n: float(v) for n, v in zip(names, x, strict=True)}, core_share=float(share))
 
@@ -146,7 +176,12 @@ def cross_validated_errors(samples: Sequence[Sample], cores: int, folds: int = C
         if share is None:
             p = fit_params(train, cores)
         else:
-            x, _ = fit_linear(train, cores, share)
+            w = None
+            for _ in range(1 + ROBUST_ITERS):
+                x, _ = fit_linear(train, cores, share, weights=w)
+                w = robust_weights(_rel_residuals(x, train, cores, share))
+                if w is None:
+                    break
             names = HostParams.linear_names()
             p = HostParams(**{nm: float(v) for nm, v in zip(names, x, strict=True)}, core_share=share)
         m = HostCostModel("shm", p, cores, (2,), CacheSizes(1, 1))

@@ -69,7 +69,8 @@ def predict(topo: Any, rows: Sequence[dict], per_host: int) -> list[dict]:
         groups = [list(range(h * per_host, (h + 1) * per_host)) for h in range(n // per_host)]
         sched = (registry.get_schedule("all_reduce", "hierarchical", n, host_groups=groups)
                  if r["algorithm"] == "hierarchical" else registry.get_schedule("all_reduce", "ring", n))
-        eps = [e for h in range(n // per_host) for e in [x for x in topo.endpoints() if topo.host_of(x) == h][:per_host]]
+        eps = [e for h in range(n // per_host)
+               for e in [x for x in topo.endpoints() if topo.host_of(x) == h][:per_host]]
         res = simulate_schedule(topo, sched, int(r["size_bytes"]), params={"host_transport": "shm"}, endpoints=eps)
         meas = float(r["time_us"])
         out.append({**r, "measured_us": meas, "predicted_us": res.time_us,

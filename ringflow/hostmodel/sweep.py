@@ -131,7 +131,6 @@ def calibrate(ranks: Sequence[int] = (2, 4), transports: Sequence[str] = TRANSPO
               sizes: Sequence[int] | None = None, collectives: Sequence[str] = COLLECTIVES,
               progress: Callable[[str], None] | None = None, command: str = "") -> dict:
     """Measure and fit; the host-model document (`model.write_file` writes it), with the calibration rows."""
-    from .fit import fit_model
     from .model import new_document
     say = progress or (lambda _m: None)
     if not ranks or min(ranks) < 2:
@@ -158,13 +157,32 @@ def calibrate(ranks: Sequence[int] = (2, 4), transports: Sequence[str] = TRANSPO
     doc = new_document({"command": command, "ranks": list(ranks), "sizes": list(sizes),
                         "collectives": list(collectives), "measure_s": time.monotonic() - t0,
                         "jobs": [{k: j[k] for k in ("transport", "nranks", "load", "wall_s")} for j in jobs]})
-    rows = [r for j in jobs for r in j["rows"]]
+    doc["calibration"] = [r for j in jobs for r in j["rows"]]
+    _fit_document(doc, transports, ranks, cores, say)
+    doc["meta"]["total_s"] = time.monotonic() - t0
+    return doc
+
+
+def _fit_document(doc: dict, transports: Sequence[str], ranks: Sequence[int], cores: int,
+                  say: Callable[[str], None]) -> None:
+    """Fit every transport's model from the document's calibration rows into the document."""
+    from .fit import fit_model
     for tr in transports:
-        samples = samples_from_rows(rows, tr, cores)
+        samples = samples_from_rows(doc["calibration"], tr, cores)
         model = fit_model(samples, tr, cores, cache_sizes(), ranks)
         doc["transports"][tr] = model.to_dict()
         say(f"{tr}: fitted on {len(samples)} calls; cross-validated median error {model.fit_stats['cv_median']:.1%}, "
             f"p90 {model.fit_stats['cv_p90']:.1%}; margin {model.margin:.2f}")
-    doc["meta"]["total_s"] = time.monotonic() - t0
-    doc["calibration"] = rows
-    return doc
+
+
+def refit(doc: dict, progress: Callable[[str], None] | None = None, command: str = "") -> dict:
+    """A host-model document fitted again, with this code, from the calibration rows another one stored
+    (measured on this host; nothing is measured again)."""
+    rows = doc.get("calibration")
+    if not rows:
+        raise InvalidArgument("the host-model file holds no calibration rows", "calibrate again: ringflow calibrate")
+    transports = sorted({r["transport"] for r in rows})
+    ranks = sorted({int(r["nranks"]) for r in rows})
+    out = {**doc, "transports": {}, "meta": {**doc.get("meta", {}), "refit_command": command}}
+    _fit_document(out, transports, ranks, host_cores(), progress or (lambda _m: None))
+    return out

@@ -249,6 +249,44 @@ def worker(spec: dict) -> list[dict]:
     return rows if rank == 0 else []
 
 
+def available_memory_bytes() -> int | None:
+    """Memory the kernel says new allocations can get without swapping (/proc/meminfo MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_launch(colls: list[str], sizes: list[int], nprocs: int, dtype: str, op: str, algo: str | None,
+                 check: bool) -> None:
+    """Every argument a benchmark's ranks would reject, rejected here before any rank starts."""
+    from ..algorithms.tuner import parse_algo_spec
+    from .ops import SUPPORTED_DTYPES, parse_op
+    if nprocs < 1:
+        raise InvalidArgument(f"{nprocs} ranks", "run at least 1 rank (-n 1 or more)")
+    if dtype not in SUPPORTED_DTYPES:
+        raise InvalidArgument(f"dtype {dtype!r} is not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
+    if any(c in REDUCTIONS for c in colls):
+        parse_op(op)
+    if algo:
+        for c in colls:
+            parse_algo_spec(algo, c)
+    if not sizes:
+        raise InvalidArgument("no message size to run", "give --min <= --max")
+    # each rank holds its input, its output and a copy of the input; --check also builds every rank's input and
+    # the reference in float64 (about 2n + 2 more buffers of the message)
+    need = nprocs * max(sizes) * (3 + (2 * nprocs + 2 if check else 0))
+    avail = available_memory_bytes()
+    if avail is not None and need > avail:
+        raise InvalidArgument(f"a benchmark up to {format_size(max(sizes))} on {nprocs} ranks needs about "
+                              f"{format_size(need)} of memory; {format_size(avail)} is available",
+                              "lower --max" + (" or drop --check" if check else ""))
+
+
 def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | int, *, factor: int = 2,
            algo: str | None = None, dtype: str = "float32", op: str = "sum", iters: int = 0, warmup: int = WARMUP_CALLS,
            check: bool = False, alloc: bool = False, timeout_s: float = 600.0,
@@ -268,6 +306,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
             raise InvalidArgument(f"unknown collective {c!r}", f"use one of {', '.join(COLLECTIVES)} or all")
     if sizes is None:
         sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
+    check_launch(colls, sizes, nprocs, dtype, op, algo, check)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
             "check": check, "alloc": alloc, "algo": algo, "passes": passes}
     with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
@@ -292,7 +331,7 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
 def print_rows(rows: list[dict]) -> None:
     """The nccl-tests table."""
     from ..tables import print_table
-    by = {}
+    by: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         by.setdefault((r["collective"], r["nranks"]), []).append(r)
     for (coll, n), rs in by.items():

@@ -86,7 +86,8 @@ class CollectiveCalls:
                           out if out is not None else x)
 
     @overload
-    def broadcast(self, x: ArrayT, root: int, *, async_op: Literal[False] = ..., timeout: float | None = ...) -> ArrayT: ...
+    def broadcast(self, x: ArrayT, root: int, *, async_op: Literal[False] = ...,
+                  timeout: float | None = ...) -> ArrayT: ...
     @overload
     def broadcast(self, x: Any, root: int, *, async_op: Literal[True], timeout: float | None = ...) -> Work: ...
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:

@@ -78,6 +78,9 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         self._destroyed = False
         self._op_seq = 0
         self._nsplit = 0
+        self._nshrink = 0  # shrinks begun on this communicator (recovery.agree: the store namespace of each)
+        # made by shrink(): new rank i was rank parent_ranks[i] of the old communicator; None otherwise
+        self.parent_ranks: tuple[int, ...] | None = None
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self._schedules: dict[tuple, Schedule] = {}
         self._allocs: list[mmap.mmap] = []

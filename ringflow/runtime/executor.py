@@ -20,6 +20,7 @@ import os
 import select
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
 from .transport.frames import Kind
+
+if TYPE_CHECKING:
+    from .transport.manager import Transport
 
 log_trace = os.environ.get("RINGFLOW_DEBUG", "").upper() == "TRACE"
 
@@ -170,7 +174,7 @@ class CallContext:
     __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks",
                  "streams", "ll")
 
-    def __init__(self, transport: object, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
+    def __init__(self, transport: Transport, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
                  nranks: int, rank: int, checks: bool, streams: int = 1) -> None:
         self.transport, self.waiter, self.sig, self.op_seq = transport, waiter, sig, op_seq
         self.description, self.deadline, self.nranks, self.rank, self.checks = \
@@ -186,7 +190,8 @@ def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
     ops: list[XferOp] = []
     for p in peers:
         ops.append(t.out(p, "c0", ctx.deadline).send(payload, Kind.CHECK, ctx.sig, ctx.op_seq, 0))
-    recvs = [t.inn(p, "c0").recv(None, -1, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0) for p in peers]
+    recvs: list[XferOp] = [t.inn(p, "c0").recv(None, -1, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
+                           for p in peers]
     drive(ops + recvs, ctx.waiter, ctx.deadline, "argument check", ctx.ll)
     _raise_mismatch(recvs, ctx)
 
@@ -234,6 +239,7 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
                 else:
                     a, b = o // isz, (o + pn) // isz
                     sa = (x.src_off + po) // isz
+                    assert x.src_buf is not None  # a RECV_REDUCE names its source
                     sink = Sink(u8[x.buf][o:o + pn], ufunc=ufunc, src_t=arrays[x.src_buf][sa:sa + (b - a)],
                                 dst_t=arrays[x.buf][a:b], dtype=dtype)
                 recvs.append((t.inn(x.peer, key), sink, pn))

@@ -34,7 +34,8 @@ def parse_op(op: Any) -> str:
     return name
 
 
-_SUPPORTED = {np.dtype(n) for n in SUPPORTED_DTYPES if n != "bfloat16"} | ({BFLOAT16} if BFLOAT16 is not None else set())
+_SUPPORTED = ({np.dtype(n) for n in SUPPORTED_DTYPES if n != "bfloat16"}
+              | ({BFLOAT16} if BFLOAT16 is not None else set()))
 _OPS_CACHE: dict = {}
 
 

@@ -1,7 +1,7 @@
 """Shrink: after a failure, the survivors agree on who is alive and build a new communicator.
 
-NCCL's recovery recipe (ncclCommAbort, then a new communicator), "abort, free resources, create a new communicator, continue", done
-through the rendezvous store under a new generation (namespace ``<ns>/x<k>``)::
+NCCL's recovery recipe (ncclCommAbort, then a new communicator), "abort, free resources, create a new
+communicator, continue", done through the rendezvous store under a new generation (namespace ``<ns>/x<k>``)::
 
     1. every caller posts a vote: the ranks it knows are gone (connection closed or heartbeat
        lost, as seen by its watchdog, plus `exclude`);
@@ -66,7 +66,7 @@ def agree(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None
         raise InvalidArgument(f"exclude={sorted(excl)} names ranks outside 0..{size - 1}", "ranks are group-local")
     if me in excl:
         raise InvalidArgument(f"rank {me} excludes itself", "a rank that leaves should just destroy its communicator")
-    k = getattr(comm, "_nshrink", 0)
+    k = comm._nshrink
     comm._nshrink = k + 1
     st = PrefixStore(f"{comm.ns}/shrink{k}", comm._sh.store)
     t = comm.timeout if timeout is None else float(timeout)

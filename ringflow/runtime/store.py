@@ -209,11 +209,13 @@ class Store:
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self._secret = auth.secret_bytes(secret)
         self._lock = threading.Lock()
-        self._sock = self._connect(connect_timeout if connect_timeout is not None else self.timeout)
+        self._sock: socket.socket | None = self._connect(connect_timeout if connect_timeout is not None
+                                                         else self.timeout)
 
     def _connect(self, timeout_s: float) -> socket.socket:
         deadline = time.monotonic() + timeout_s
-        delay, last = 0.01, None
+        delay = 0.01
+        last: OSError | None = None
         while True:
             try:
                 s = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
@@ -271,11 +273,11 @@ class Store:
 
     def wait(self, keys: Iterable[str], timeout: float | None = None) -> None:
         """Wait until every key is set."""
-        keys = [self._key(k) for k in keys]
+        bkeys = [self._key(k) for k in keys]
         t = self.timeout if timeout is None else float(timeout)
-        status, _ = self._call(WAIT, [repr(t).encode(), *keys], t)
+        status, _ = self._call(WAIT, [repr(t).encode(), *bkeys], t)
         if status == TIMEOUT:
-            raise Timeout(f"store keys not all set within {t:.1f}s: {[k.decode() for k in keys][:8]}",
+            raise Timeout(f"store keys not all set within {t:.1f}s: {[k.decode() for k in bkeys][:8]}",
                           "a rank did not arrive; check that every rank started")
 
     def check(self, keys: Iterable[str]) -> bool:

@@ -4,12 +4,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..plotting import pyplot
+
 
 def plot_busbw(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str, title: str = "") -> None:
     """One line per series of rows (size_bytes, busbw_GBps); log2 x axis; saved as PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, rows in series.items():
@@ -29,9 +29,7 @@ def plot_busbw(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str, tit
 
 def plot_references(rows: Sequence[Mapping[str, Any]], path: str) -> None:
     """Published vs predicted busbw, one pair of bars per reference (`ringflow validate --gpu --plot`)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(max(7.0, 0.7 * len(rows)), 4.4))
     xs = range(len(rows))

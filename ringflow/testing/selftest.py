@@ -36,7 +36,9 @@ _RANGE = {"int8": 1 << 20, "uint8": 1 << 20, "int32": 1 << 20, "int64": 1 << 20,
 
 def dt(name: str) -> np.dtype:
     """dtype by name (bfloat16 from ml_dtypes)."""
-    return BFLOAT16 if name == "bfloat16" else np.dtype(name)
+    if name == "bfloat16" and BFLOAT16 is not None:
+        return BFLOAT16
+    return np.dtype(name)
 
 
 def values(rank: int, n: int, count: int, dtype: str, op: str = "sum", salt: int = 0) -> np.ndarray:
@@ -65,7 +67,8 @@ class Runner:
 
     def __init__(self, comm: Any, label: str = "") -> None:
         self.comm, self.label = comm, label
-        self.cases, self.failures = 0, []
+        self.cases = 0
+        self.failures: list[str] = []
 
     def check(self, name: str, fn: Callable[[], None]) -> None:
         """Run one case; record an exception or wrong result as a failure."""
@@ -98,84 +101,97 @@ def counts_for(n: int) -> list[int]:
 
 def core_cases(r: Runner, dtypes: list[str], ops: list[str], full: bool = True) -> None:
     """Every collective x dtype x op x count, in place and out of place."""
-    comm = r.comm
-    n, me = comm.size, comm.rank
+    n = r.comm.size
     for dtype in dtypes:
         for op in ops:
             for count in counts_for(n):
-                xs = [values(q, n, count, dtype, op) for q in range(n)]
-                ref = reduce_ref(xs, op)
-
-                def ar_in(xs=xs, ref=ref, op=op) -> None:
-                    x = xs[me].copy()
-                    comm.all_reduce(x, op)
-                    _eq(x, ref, "all_reduce in place")
-                r.check(f"all_reduce {dtype} {op} count={count} in-place", ar_in)
-
-                def ar_out(xs=xs, ref=ref, op=op) -> None:
-                    x = xs[me].copy()
-                    out = np.zeros_like(x)
-                    comm.all_reduce(x, op, out=out)
-                    _eq(out, ref, "all_reduce out")
-                    _eq(x, xs[me], "all_reduce input untouched")
-                r.check(f"all_reduce {dtype} {op} count={count} out-of-place", ar_out)
-
-                root = (count + 1) % n
-
-                def red(xs=xs, ref=ref, op=op, root=root) -> None:
-                    x = xs[me].copy()
-                    out = np.zeros_like(x)
-                    comm.reduce(x, root, op, out=out)
-                    if me == root:
-                        _eq(out, ref, f"reduce root {root}")
-                r.check(f"reduce {dtype} {op} count={count} root={root}", red)
-
-                per = [values(q, n, count * n, dtype, op, salt=1) for q in range(n)]
-                rs_ref = reduce_ref(per, op)[me * count:(me + 1) * count]
-
-                def rs(per=per, rs_ref=rs_ref, op=op) -> None:
-                    out = comm.reduce_scatter(per[me].copy(), op)
-                    _eq(out, rs_ref, "reduce_scatter")
-                r.check(f"reduce_scatter {dtype} {op} count={count}", rs)
+                _reduction_cases(r, dtype, op, count)
                 if not full:
                     break
         for count in counts_for(n):
-            xs = [values(q, n, count, dtype) for q in range(n)]
-            root = count % n
+            _movement_cases(r, dtype, count)
 
-            def bc(xs=xs, root=root) -> None:
-                x = xs[me].copy()
-                comm.broadcast(x, root)
-                _eq(x, xs[root], f"broadcast root {root}")
-            r.check(f"broadcast {dtype} count={count} root={root}", bc)
 
-            def ag(xs=xs) -> None:
-                out = comm.all_gather(xs[me])
-                _eq(out, np.concatenate(xs), "all_gather")
-                out2 = np.zeros(n * count, dtype=xs[me].dtype)
-                comm.all_gather(xs[me], out=out2)
-                _eq(out2, np.concatenate(xs), "all_gather into out")
-            r.check(f"all_gather {dtype} count={count}", ag)
+def _reduction_cases(r: Runner, dtype: str, op: str, count: int) -> None:
+    """all_reduce (in place and out of place), reduce and reduce_scatter for one dtype, op and count."""
+    comm = r.comm
+    n, me = comm.size, comm.rank
+    xs = [values(q, n, count, dtype, op) for q in range(n)]
+    ref = reduce_ref(xs, op)
 
-            def ga(xs=xs, root=root) -> None:
-                out = np.zeros(n * count, dtype=xs[me].dtype)
-                comm.gather(xs[me], root, out=out)
-                if me == root:
-                    _eq(out, np.concatenate(xs), f"gather root {root}")
-            r.check(f"gather {dtype} count={count} root={root}", ga)
+    def ar_in() -> None:
+        x = xs[me].copy()
+        comm.all_reduce(x, op)
+        _eq(x, ref, "all_reduce in place")
+    r.check(f"all_reduce {dtype} {op} count={count} in-place", ar_in)
 
-            big = [values(q, n, count * n, dtype, salt=2) for q in range(n)]
+    def ar_out() -> None:
+        x = xs[me].copy()
+        out = np.zeros_like(x)
+        comm.all_reduce(x, op, out=out)
+        _eq(out, ref, "all_reduce out")
+        _eq(x, xs[me], "all_reduce input untouched")
+    r.check(f"all_reduce {dtype} {op} count={count} out-of-place", ar_out)
 
-            def sc(big=big, root=root) -> None:
-                out = comm.scatter(big[me].copy(), root)
-                _eq(out, big[root][me * count:(me + 1) * count], f"scatter root {root}")
-            r.check(f"scatter {dtype} count={count} root={root}", sc)
+    root = (count + 1) % n
 
-            def a2a(big=big) -> None:
-                out = comm.all_to_all(big[me].copy())
-                want = np.concatenate([big[q][me * count:(me + 1) * count] for q in range(n)])
-                _eq(out, want, "all_to_all")
-            r.check(f"all_to_all {dtype} count={count}", a2a)
+    def red() -> None:
+        x = xs[me].copy()
+        out = np.zeros_like(x)
+        comm.reduce(x, root, op, out=out)
+        if me == root:
+            _eq(out, ref, f"reduce root {root}")
+    r.check(f"reduce {dtype} {op} count={count} root={root}", red)
+
+    per = [values(q, n, count * n, dtype, op, salt=1) for q in range(n)]
+    rs_ref = reduce_ref(per, op)[me * count:(me + 1) * count]
+
+    def rs() -> None:
+        out = comm.reduce_scatter(per[me].copy(), op)
+        _eq(out, rs_ref, "reduce_scatter")
+    r.check(f"reduce_scatter {dtype} {op} count={count}", rs)
+
+
+def _movement_cases(r: Runner, dtype: str, count: int) -> None:
+    """broadcast, all_gather, gather, scatter and all_to_all for one dtype and count."""
+    comm = r.comm
+    n, me = comm.size, comm.rank
+    xs = [values(q, n, count, dtype) for q in range(n)]
+    root = count % n
+
+    def bc() -> None:
+        x = xs[me].copy()
+        comm.broadcast(x, root)
+        _eq(x, xs[root], f"broadcast root {root}")
+    r.check(f"broadcast {dtype} count={count} root={root}", bc)
+
+    def ag() -> None:
+        out = comm.all_gather(xs[me])
+        _eq(out, np.concatenate(xs), "all_gather")
+        out2 = np.zeros(n * count, dtype=xs[me].dtype)
+        comm.all_gather(xs[me], out=out2)
+        _eq(out2, np.concatenate(xs), "all_gather into out")
+    r.check(f"all_gather {dtype} count={count}", ag)
+
+    def ga() -> None:
+        out = np.zeros(n * count, dtype=xs[me].dtype)
+        comm.gather(xs[me], root, out=out)
+        if me == root:
+            _eq(out, np.concatenate(xs), f"gather root {root}")
+    r.check(f"gather {dtype} count={count} root={root}", ga)
+
+    big = [values(q, n, count * n, dtype, salt=2) for q in range(n)]
+
+    def sc() -> None:
+        out = comm.scatter(big[me].copy(), root)
+        _eq(out, big[root][me * count:(me + 1) * count], f"scatter root {root}")
+    r.check(f"scatter {dtype} count={count} root={root}", sc)
+
+    def a2a() -> None:
+        out = comm.all_to_all(big[me].copy())
+        want = np.concatenate([big[q][me * count:(me + 1) * count] for q in range(n)])
+        _eq(out, want, "all_to_all")
+    r.check(f"all_to_all {dtype} count={count}", a2a)
 
 
 def uneven_all_to_all(r: Runner) -> None:
@@ -251,7 +267,7 @@ def p2p_and_async(r: Runner) -> None:
         g = comm.all_gather(np.full(3, me, np.int32), async_op=True)
         for w in works:
             assert not isinstance(w, np.ndarray)
-        for w, x, ref in zip(works, xs, refs):
+        for w, x, ref in zip(works, xs, refs, strict=True):
             w.wait(timeout=60)
             _eq(x, ref, "async all_reduce")
         _eq(g.wait(timeout=60), np.repeat(np.arange(n, dtype=np.int32), 3), "async all_gather")
@@ -557,14 +573,43 @@ def traffic_class(r: Runner) -> None:
     r.check("traffic class sets IP_TOS", case)
 
 
-SUITES = {
-    "core": lambda r: (core_cases(r, DTYPES, OPS), uneven_all_to_all(r), p2p_and_async(r), groups(r),
-                       every_algorithm(r), large_cases(r), repeated_buffers(r)),
-    "tcp": lambda r: (core_cases(r, ["int32", "float32", "bfloat16"], ["sum", "max"], full=False),
-                      uneven_all_to_all(r), p2p_and_async(r), every_algorithm(r), traffic_class(r),
-                      large_cases(r)),
-    "torch": lambda r: (torch_cases(r), repeated_buffers(r)),
-    "quick": lambda r: core_cases(r, ["float32"], ["sum"], full=False),
+def core_suite(r: Runner) -> None:
+    """The full dtype x op matrix and every other case group."""
+    core_cases(r, DTYPES, OPS)
+    uneven_all_to_all(r)
+    p2p_and_async(r)
+    groups(r)
+    every_algorithm(r)
+    large_cases(r)
+    repeated_buffers(r)
+
+
+def tcp_suite(r: Runner) -> None:
+    """A smaller dtype x op matrix, the other case groups and the traffic-class check."""
+    core_cases(r, ["int32", "float32", "bfloat16"], ["sum", "max"], full=False)
+    uneven_all_to_all(r)
+    p2p_and_async(r)
+    every_algorithm(r)
+    traffic_class(r)
+    large_cases(r)
+
+
+def torch_suite(r: Runner) -> None:
+    """Torch tensors, and buffers reused across calls."""
+    torch_cases(r)
+    repeated_buffers(r)
+
+
+def quick_suite(r: Runner) -> None:
+    """Every collective for one dtype and op."""
+    core_cases(r, ["float32"], ["sum"], full=False)
+
+
+SUITES: dict[str, Callable[[Runner], None]] = {
+    "core": core_suite,
+    "tcp": tcp_suite,
+    "torch": torch_suite,
+    "quick": quick_suite,
 }
 
 

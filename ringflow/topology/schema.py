@@ -218,8 +218,12 @@ def load_topology_file(path: str) -> Topology:
     ext = os.path.splitext(path)[1].lower()
     if not os.path.exists(path):
         raise TopologyError(f"topology file {path!r} does not exist", "give a preset name or an existing file")
-    with open(path) as fh:
-        text = fh.read()
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"cannot read topology file {path!r}: {exc.strerror if isinstance(exc, OSError) else exc}",
+                            "give a readable YAML/JSON topology file or a preset name") from None
     import yaml
     try:
         data = json.loads(text) if ext == ".json" else yaml.safe_load(text)

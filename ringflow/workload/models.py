@@ -216,7 +216,11 @@ def load_model(spec: str | dict[str, Any] | ModelSpec) -> ModelSpec:
     if key.lower() in presets:
         return spec_from_dict(presets[key.lower()], key.lower())
     if os.path.exists(key):
-        text = Path(key).read_text()
+        try:
+            text = Path(key).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read model file {key!r}: {exc}",
+                              "give a readable YAML/JSON model file") from None
         try:
             if key.endswith(".json"):
                 data = json.loads(text)
@@ -225,6 +229,9 @@ def load_model(spec: str | dict[str, Any] | ModelSpec) -> ModelSpec:
                 data = yaml.safe_load(text)
         except Exception as exc:  # yaml/json parse errors have many types
             raise ConfigError(f"cannot parse model file {key}: {exc}", "check the YAML/JSON syntax") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"model file {key!r} does not hold a mapping of model fields",
+                              "write the model as YAML/JSON keys (layers, hidden, heads, ...)")
         return spec_from_dict(data, Path(key).stem)
     raise InvalidArgument(f"unknown model {spec!r}",
                           f"use a preset ({', '.join(preset_names())}) or a YAML/JSON file path")

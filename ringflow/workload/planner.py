@@ -128,9 +128,21 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
         raise InvalidArgument(f"no layout of {gpus} GPUs fits the batch {global_batch} and model {model.name}",
                               "choose a global batch divisible by the data-parallel degrees, or other GPU counts")
     fitting = []
+    leanest: tuple[float, Layout] | None = None
     for lay in layouts:
-        if memory_per_gpu(model, lay, gpu.memory_bytes).fits:
+        mem = memory_per_gpu(model, lay, gpu.memory_bytes)
+        if mem.fits:
             fitting.append(lay)
+        elif leanest is None or mem.total_bytes < leanest[0]:
+            leanest = (mem.total_bytes, lay)
+    if not fitting and leanest is not None:
+        need, lay = leanest
+        raise InvalidArgument(
+            f"none of the {len(layouts)} layouts of {model.name} on {gpus} GPUs fits in "
+            f"{gpu.memory_bytes / 1e9:.0f} GB per GPU; the leanest (TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, "
+            f"ZeRO-{lay.zero}, recompute {lay.recompute}, micro-batch {lay.micro_batch}) needs "
+            f"{need / 1e9:.0f} GB per GPU",
+            f"give about {need / gpu.memory_bytes:.1f}x the GPUs (--gpus, --nodes), or a shorter --seq-len")
     results: list[StepResult] = []
     for i, lay in enumerate(fitting):
         results.append(step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff))

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..plotting import pyplot
+
 
 def _plt() -> Any:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+    return pyplot()
 
 
 def plot_train(result: Any, curve: list[dict[str, float]] | None, path: str) -> None:

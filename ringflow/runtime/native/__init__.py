@@ -12,7 +12,7 @@ from ... import config
 try:
     from . import _streamcopy
 except ImportError:  # no compiler when the package was installed
-    _streamcopy = None
+    _streamcopy = None  # type: ignore[assignment]  # the module or None; available() tells which
 
 # below this a copy never streams, whatever the knob says: the data is likely still in cache
 _FLOOR_BYTES = 256 * 1024

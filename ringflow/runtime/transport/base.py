@@ -36,6 +36,7 @@ class Sink:
         if self.ufunc is None:
             self.dst_u8[off:off + n] = data_u8
         else:
+            assert self.src_t is not None and self.dst_t is not None  # a reducing sink is built with both
             isz = self.itemsize
             a, b = off // isz, (off + n) // isz
             self.ufunc(self.src_t[a:b], data_u8.view(self.dtype), out=self.dst_t[a:b])

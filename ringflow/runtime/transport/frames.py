@@ -2,7 +2,8 @@
 
 Every frame starts with a fixed 48-byte header::
 
-    magic 'RFLW' | version u16 | kind u16 | channel u32 | seq u64 | nbytes u64 | op_seq u64 | sig u32 | tag i32 | crc u32
+    magic 'RFLW' | version u16 | kind u16 | channel u32 | seq u64 | nbytes u64 | op_seq u64 |
+    sig u32 | tag i32 | crc u32
 
 - ``seq`` counts frames on one connection (0, 1, 2, ...): a gap or repeat is a ProtocolError;
 - ``nbytes`` is the payload length that follows; it must not exceed what the receiver expects;

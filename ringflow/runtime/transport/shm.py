@@ -218,7 +218,7 @@ class ShmSend(XferOp):
         self.o, self.src, self.total = o, src_u8, int(src_u8.shape[0])
         self.off, self.kind, self.sig, self.op_seq, self.tag = 0, int(kind), sig & 0xFFFFFFFF, op_seq, tag & 0xFFFFFFFF
         self.started, self.done, self.peer, self.moved = False, False, o.peer, False
-        self.ref = None
+        self.ref: tuple[int, int] | None = None  # (region id, offset): zero copy or single copy (CMA)
         self.posted = 0
         self.slice = slice_bytes(self.total, o.m.slot_bytes)
         if self.total >= ZERO_COPY_MIN_BYTES:
@@ -229,7 +229,7 @@ class ShmSend(XferOp):
                     and src_u8.flags.c_contiguous and not pipelined:
                 self.ref = (REF_CMA - 1, src_u8.ctypes.data)
 
-    def _progress_ref(self) -> bool:
+    def _progress_ref(self, ref: tuple[int, int]) -> bool:
         """Zero copy: post one slot naming (region, offset); done once the receiver consumed it."""
         o = self.o
         c = o.m.ctl
@@ -240,7 +240,7 @@ class ShmSend(XferOp):
                 o.tail = c[W_TAIL]
                 if h - o.tail >= o.m.nslots:
                     return False
-            rid, off = self.ref
+            rid, off = ref
             b = SLOT_HDR_WORD + (h % o.m.nslots) * 8
             c[b + 1] = o.msg_seq
             c[b + 2] = self.total
@@ -268,9 +268,9 @@ class ShmSend(XferOp):
         if o.queue[0] is not self:
             return False
         if self.ref is not None:
-            return self._progress_ref()
+            return self._progress_ref(self.ref)
         m = o.m
-        c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
+        c, nslots = m.ctl, m.nslots
         moved = False
         while not self.done:
             h = o.head
@@ -417,7 +417,8 @@ class ShmRecv(XferOp):
             if not i.try_open():
                 return False
             m = i.m
-        c, nslots, sb = m.ctl, m.nslots, m.slot_bytes
+            assert m is not None  # try_open mapped it
+        c, nslots = m.ctl, m.nslots
         moved = False
         while not self.done:
             h = i.head
@@ -427,19 +428,11 @@ class ShmRecv(XferOp):
                 return moved
             total, off = c[b + 2], c[b + 3]
             if self.first:
-                self._first(c, b, total)
+                self._first(c, b, total, m.slot_bytes)
             rid = c[b + 5] >> 32
-            if rid == REF_CMA:  # single copy: the data is at address `off` in the sender
-                if not self.drain:
-                    cma.consume_remote(self.sink, int(c[W_PID]), i.peer, int(off), int(total))
-            elif rid:  # zero copy: the data is in the sender's alloc region, at offset `off`
-                if not self.drain:
-                    reg = i.region(rid - 1)
-                    if off + total > reg.shape[0]:
-                        raise ProtocolError(f"rank {i.peer} referenced bytes {off}..{off + total} of a "
-                                            f"{reg.shape[0]}-byte buffer", "the peer is corrupt")
-                    self.sink.consume(0, reg[off:off + total])
             if rid:
+                if not self.drain:
+                    self._consume_reference(c, rid, off, total)
                 self.off = total
                 i.head = h + 1
                 c[W_TAIL] = h + 1
@@ -450,17 +443,7 @@ class ShmRecv(XferOp):
                 if c[W_SWAIT]:
                     doorbell.ring(i.peer_bell)
                 return True
-            if off != self.off or total != self.total or off > total:
-                raise ProtocolError(f"shared-memory slice from rank {i.peer} out of order "
-                                    f"(offset {off} of {total}, expected {self.off} of {self.total})",
-                                    "a peer process is corrupt or from another ringflow version")
-            n = min(self.slice, total - off)
-            if self.drain:
-                if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
-                    self.detail += m.slots[s][:n].tobytes()
-            elif n:
-                self.sink.consume(off, m.slots[s][:n])
-            self.off = off + n
+            self._consume_slice(c, b, m.slots[s], off, total)
             i.head = h + 1
             c[W_TAIL] = h + 1
             moved = self.moved = True
@@ -474,10 +457,38 @@ class ShmRecv(XferOp):
                 doorbell.ring(i.peer_bell)
         return moved
 
-    def _first(self, c: memoryview, b: int, total: int) -> None:
+    def _consume_reference(self, c: memoryview, rid: int, off: int, total: int) -> None:
+        """The message sent by reference (one slot): read it from the sender's memory into the sink."""
+        i = self.i
+        assert self.sink is not None  # _first drains when there is no sink
+        if rid == REF_CMA:  # single copy: the data is at address `off` in the sender
+            cma.consume_remote(self.sink, int(c[W_PID]), i.peer, int(off), int(total))
+        else:  # zero copy: the data is in the sender's alloc region, at offset `off`
+            reg = i.region(rid - 1)
+            if off + total > reg.shape[0]:
+                raise ProtocolError(f"rank {i.peer} referenced bytes {off}..{off + total} of a "
+                                    f"{reg.shape[0]}-byte buffer", "the peer is corrupt")
+            self.sink.consume(0, reg[off:off + total])
+
+    def _consume_slice(self, c: memoryview, b: int, slot: np.ndarray, off: int, total: int) -> None:
+        """One slice carried in the slot: check its place in the message, then consume (or drain) it."""
+        if off != self.off or total != self.total or off > total:
+            raise ProtocolError(f"shared-memory slice from rank {self.i.peer} out of order "
+                                f"(offset {off} of {total}, expected {self.off} of {self.total})",
+                                "a peer process is corrupt or from another ringflow version")
+        n = min(self.slice, total - off)
+        if self.drain:
+            if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
+                self.detail += slot[:n].tobytes()
+        elif n:
+            assert self.sink is not None  # _first drains when there is no sink
+            self.sink.consume(off, slot[:n])
+        self.off = off + n
+
+    def _first(self, c: memoryview, b: int, total: int, slot_bytes: int) -> None:
         self.first = False
         self.total = total
-        self.slice = slice_bytes(total, self.i.m.slot_bytes)
+        self.slice = slice_bytes(total, slot_bytes)
         if c[b + 1] != self.i.msg_seq:
             raise ProtocolError(f"out-of-sequence message from rank {self.i.peer} on shared memory: "
                                 f"seq {c[b + 1]}, expected {self.i.msg_seq}", "the connection cannot be trusted")

@@ -323,7 +323,7 @@ class TcpSend(XferOp):
     """One outgoing message on TCP."""
 
     def __init__(self, o: TcpOut, hdr: bytes, src_u8: np.ndarray) -> None:
-        self.o, self.hdr, self.payload = o, memoryview(hdr), memoryview(src_u8) if src_u8.shape[0] else memoryview(b"")
+        self.o, self.hdr, self.payload = o, memoryview(hdr), src_u8.data if src_u8.shape[0] else memoryview(b"")
         self.hoff, self.off, self.total = 0, 0, int(src_u8.shape[0])
         self.done, self.peer, self.moved = False, o.peer, False
         self.fds = ((o.fd, select.POLLOUT),)
@@ -366,6 +366,7 @@ class TcpIn:
         self.fd = -1
         self.seq = 1
         self.stage = np.empty(REDUCE_STAGE_BYTES, dtype=np.uint8)
+        self.stage_buf = self.stage.data  # the same bytes as a memoryview, for socket.recv_into
         self.queue: deque = deque()
 
     def try_open(self) -> bool:
@@ -422,6 +423,7 @@ class TcpRecv(XferOp):
                 return False
             self.fds = ((i.fd, select.POLLIN),)
         sock = i.sock
+        assert sock is not None  # try_open claimed it
         moved = False
         try:
             while self.hgot < HEADER_BYTES:
@@ -437,28 +439,7 @@ class TcpRecv(XferOp):
                 if left == 0:
                     self.done = True
                     break
-                if self.drain:
-                    n = sock.recv_into(i.stage, min(left, i.stage.shape[0]))
-                    if n and len(self.detail) < MAX_CHECK_BYTES:
-                        self.detail += i.stage[:n].tobytes()
-                    if n == 0:
-                        raise self._closed()
-                    self.off += n
-                elif self.sink.ufunc is None:
-                    n = sock.recv_into(self.sink.dst_u8[self.off:], left)
-                    if n == 0:
-                        raise self._closed()
-                    self.off += n
-                else:
-                    part = min(left, i.stage.shape[0])
-                    n = sock.recv_into(i.stage[self.fill:part], part - self.fill)
-                    if n == 0:
-                        raise self._closed()
-                    self.fill += n
-                    if self.fill == part:
-                        self.sink.consume(self.off, i.stage[:part])
-                        self.off += part
-                        self.fill = 0
+                self._recv_payload(sock, left)
                 moved = self.moved = True
         except (BlockingIOError, InterruptedError):
             return moved
@@ -469,11 +450,46 @@ class TcpRecv(XferOp):
                 raise self._closed() from None
             raise
         if self.done:
-            i.seq += 1
-            i.queue.popleft()
-            if self.mismatch is not None:
-                self.mismatch.detail = bytes(self.detail)
+            self._complete()
         return moved
+
+    def _recv_payload(self, sock: socket.socket, left: int) -> None:
+        """One read of payload (`left` bytes to go): drained (the start kept as a CHECK frame's detail),
+        straight into the sink's destination, or staged and reduced into it a stage at a time."""
+        i = self.i
+        if self.drain:
+            n = sock.recv_into(i.stage_buf, min(left, i.stage.shape[0]))
+            if n and len(self.detail) < MAX_CHECK_BYTES:
+                self.detail += i.stage[:n].tobytes()
+            if n == 0:
+                raise self._closed()
+            self.off += n
+            return
+        sink = self.sink
+        assert sink is not None  # _header drains when there is no sink
+        if sink.ufunc is None:
+            n = sock.recv_into(sink.dst_u8[self.off:].data, left)
+            if n == 0:
+                raise self._closed()
+            self.off += n
+        else:
+            part = min(left, i.stage.shape[0])
+            n = sock.recv_into(i.stage_buf[self.fill:part], part - self.fill)
+            if n == 0:
+                raise self._closed()
+            self.fill += n
+            if self.fill == part:
+                sink.consume(self.off, i.stage[:part])
+                self.off += part
+                self.fill = 0
+
+    def _complete(self) -> None:
+        """The whole message is in: next frame sequence number, next op in the connection's queue."""
+        i = self.i
+        i.seq += 1
+        i.queue.popleft()
+        if self.mismatch is not None:
+            self.mismatch.detail = bytes(self.detail)
 
     def _header(self) -> None:
         want_kind = Kind.CHECK if self.want < 0 else Kind.DATA

@@ -1,0 +1,6 @@
+"""Types of the C extension built from _streamcopy.c (absent when there was no compiler at install time)."""
+
+STREAMING: int  # 1 when built with streaming stores (SSE2), else 0 (copy is then a plain memcpy)
+
+def copy(dst_addr: int, src_addr: int, nbytes: int, /) -> None:
+    """Copy nbytes with streaming stores (no read of the destination), the GIL released."""

@@ -1,0 +1,361 @@
+"""`ProcessGroupRingflow`: a torch.distributed ProcessGroup whose operations run on a ringflow Communicator.
+
+torch calls these methods with lists of CPU tensors and an options object; each builds a job that
+stages the tensors (contiguous working views, complex as real pairs, bool as uint8), runs the
+ringflow call with the group's (or the call's) timeout, and copies results back where the user's
+tensor was not contiguous. Ranks are group-local, as in torch.
+"""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidArgument, InvalidUsage
+from .convert import BITWISE, Staged, op_of, pack, same_dtype, unpack, work_view
+from .store import communicator_from_store
+from .work import Lane, RingflowWork
+
+COLL, SEND, RECV = 0, 1, 2
+
+
+def _numel_all(tensors: Sequence[torch.Tensor]) -> list[int]:
+    return [int(t.numel()) for t in tensors]
+
+
+class ProcessGroupRingflow(dist.ProcessGroup):
+    """torch.distributed's process group for backend "ringflow" (CPU tensors)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta | float) -> None:
+        super().__init__(rank, size)
+        t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+        self._timeout_s = t if t > 0 else 1800.0
+        self.comm = communicator_from_store(store, rank, size, self._timeout_s)
+        self._lanes = [Lane("coll"), Lane("send"), Lane("recv")]
+        self._group_name = ""
+
+    # ---------------------------------------------------------------- identity
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        """The backend's name."""
+        return "ringflow"
+
+    def name(self) -> str:
+        """The backend's name."""
+        return "ringflow"
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        """The name torch registered this group under (DeviceMesh and functional collectives resolve it)."""
+        if not self._group_name:
+            raise InvalidUsage("the process group has no name yet", "create it with init_process_group/new_group")
+        return self._group_name
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupRingflow rank {self.rank()}/{self.size()} name={self._group_name!r}>"
+
+    # ---------------------------------------------------------------- dispatch
+    def _timeout(self, opts: Any) -> float:
+        t = getattr(opts, "timeout", None)
+        s = t.total_seconds() if isinstance(t, datetime.timedelta) else -1.0
+        return s if s > 0 else self._timeout_s
+
+    def _submit(self, lane: int, what: str, body: Callable[[float], None], outputs: list[torch.Tensor],
+                opts: Any = None) -> RingflowWork:
+        timeout = self._timeout(opts)
+        work = RingflowWork(what, outputs)
+        inline = opts is not None and not getattr(opts, "asyncOp", True)
+        return self._lanes[lane].submit(lambda: body(timeout), work, inline)
+
+    def _fold(self, flat: torch.Tensor, name: str, t: float) -> None:
+        """A bitwise all-reduce: gather every rank's flat tensor and fold it here."""
+        n = self.size()
+        g = self.comm.all_gather(flat, out=torch.empty(n * flat.numel(), dtype=flat.dtype), timeout=t)
+        g = g.view(n, -1)
+        acc = g[0].clone()
+        for r in range(1, n):
+            acc = BITWISE[name](acc, g[r])
+        flat.copy_(acc)
+
+    def _reduce_flat(self, flat: torch.Tensor, name: str, factor: Any, t: float, root: int | None = None) -> None:
+        if factor is not None:
+            flat.mul_(factor)
+        if name in BITWISE:
+            self._fold(flat, name, t)
+        elif root is None:
+            self.comm.all_reduce(flat, name, timeout=t)
+        else:
+            self.comm.reduce(flat, root, name, timeout=t)
+
+    # ---------------------------------------------------------------- reductions
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
+        """All-reduce each tensor in place."""
+        ops = [op_of(_op(opts), x.dtype) for x in tensors]
+
+        def body(t: float) -> None:
+            for x, (name, factor) in zip(tensors, ops, strict=True):
+                s = Staged(x)
+                self._reduce_flat(s.flat, name, factor, t)
+                s.finish()
+        return self._submit(COLL, "allreduce", body, tensors, opts)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
+        """All-reduce several tensors of one dtype as one flat buffer."""
+        name, factor = op_of(_op(opts), same_dtype(tensors, "allreduce_coalesced"))
+
+        def body(t: float) -> None:
+            flat = pack(tensors)
+            self._reduce_flat(flat, name, factor, t)
+            unpack(flat, tensors)
+        return self._submit(COLL, "allreduce_coalesced", body, tensors, opts)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
+        """Reduce each tensor into the root's."""
+        root = int(opts.rootRank)
+        ops = [op_of(_op(opts), x.dtype) for x in tensors]
+
+        def body(t: float) -> None:
+            for x, (name, factor) in zip(tensors, ops, strict=True):
+                s = Staged(x)
+                self._reduce_flat(s.flat, name, factor, t, None if name in BITWISE else root)
+                if self.rank() == root:
+                    s.finish()
+        return self._submit(COLL, "reduce", body, tensors, opts)
+
+    def _rs(self, out: torch.Tensor, flat_in: torch.Tensor, name: str, factor: Any, t: float) -> None:
+        """Reduce-scatter flat_in (a private buffer: scaled or folded in place) into out."""
+        so = Staged(out)
+        if flat_in.numel() != self.size() * so.flat.numel():
+            raise InvalidArgument(f"reduce_scatter: input has {flat_in.numel()} elements, output "
+                                  f"{so.flat.numel()}", f"input must be {self.size()} x the output")
+        if factor is not None:
+            flat_in.mul_(factor)
+        if name in BITWISE:
+            self._fold(flat_in, name, t)
+            n = so.flat.numel()
+            so.flat.copy_(flat_in[self.rank() * n:(self.rank() + 1) * n])
+        else:
+            self.comm.reduce_scatter(flat_in, name, out=so.flat, timeout=t)
+        so.finish()
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> RingflowWork:
+        """Reduce the i-th input of every rank into rank i's output."""
+        out, ins = output_tensors[0], input_lists[0]
+        name, factor = op_of(_op(opts), out.dtype)
+        if len(ins) != self.size() or len(set(_numel_all(ins))) > 1:
+            raise InvalidArgument(f"reduce_scatter: {len(ins)} inputs of sizes {_numel_all(ins)}",
+                                  f"pass {self.size()} inputs of equal size")
+        return self._submit(COLL, "reduce_scatter", lambda t: self._rs(out, pack(ins), name, factor, t),
+                            output_tensors, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
+        """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
+        name, factor = op_of(_op(opts), output.dtype)
+        return self._submit(COLL, "reduce_scatter_tensor",
+                            lambda t: self._rs(output, self._private(input, factor is not None or name in BITWISE),
+                                               name, factor, t), [output], opts)
+
+    @staticmethod
+    def _private(x: torch.Tensor, copy: bool) -> torch.Tensor:
+        v = work_view(x.detach()).reshape(-1)
+        return v.clone() if copy else v
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> RingflowWork:
+        """reduce_scatter_single on each (output, input) pair, in one job."""
+        ops = [op_of(_op(opts), o.dtype) for o in outputs]
+
+        def body(t: float) -> None:
+            for o, i, (name, factor) in zip(outputs, inputs, ops, strict=True):
+                self._rs(o, self._private(i, factor is not None or name in BITWISE), name, factor, t)
+        return self._submit(COLL, "reduce_scatter_tensor_coalesced", body, outputs, opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # ---------------------------------------------------------------- data movement
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
+        """Copy the root's tensors into every rank's."""
+        root = int(opts.rootRank)
+
+        def body(t: float) -> None:
+            for x in tensors:
+                s = Staged(x)
+                self.comm.broadcast(s.flat, root, timeout=t)
+                s.finish()
+        return self._submit(COLL, "broadcast", body, tensors, opts)
+
+    def _gather_list(self, outs: list[torch.Tensor], inp: torch.Tensor, t: float) -> None:
+        """All-gather inp into the list outs (uneven sizes through an all-to-all with counts)."""
+        flat = work_view(inp.detach()).reshape(-1)
+        sizes = _numel_all(outs)
+        if len(outs) != self.size():
+            raise InvalidArgument(f"allgather: {len(outs)} outputs for {self.size()} ranks", "one output per rank")
+        buf = torch.empty(sum(sizes), dtype=flat.dtype)
+        if len(set(sizes)) == 1 and sizes[0] == flat.numel():
+            self.comm.all_gather(flat, out=buf, timeout=t)
+        else:
+            self.comm.all_to_all(flat.repeat(self.size()), out=buf, send_counts=[flat.numel()] * self.size(),
+                                 recv_counts=sizes, timeout=t)
+        unpack(buf, outs)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                  opts: Any = None) -> RingflowWork:
+        """Gather every rank's input into each rank's output list."""
+        return self._submit(COLL, "allgather", lambda t: self._gather_list(output_lists[0], input_list[0], t),
+                            output_lists[0], opts)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts: Any = None) -> RingflowWork:
+        """allgather for each input, in one job."""
+        def body(t: float) -> None:
+            for outs, inp in zip(output_lists, input_list, strict=True):
+                self._gather_list(outs, inp, t)
+        return self._submit(COLL, "allgather_coalesced", body, [o for ol in output_lists for o in ol], opts)
+
+    def _ag(self, out: torch.Tensor, inp: torch.Tensor, t: float) -> None:
+        so = Staged(out)
+        flat = work_view(inp.detach()).reshape(-1)
+        if so.flat.numel() != self.size() * flat.numel():
+            raise InvalidArgument(f"all_gather_into_tensor: output has {so.flat.numel()} elements, input "
+                                  f"{flat.numel()}", f"output must be {self.size()} x the input")
+        self.comm.all_gather(flat, out=so.flat, timeout=t)
+        so.finish()
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
+        """Gather every rank's input into one flat output (all_gather_into_tensor)."""
+        return self._submit(COLL, "all_gather_into_tensor", lambda t: self._ag(output, input, t), [output], opts)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> RingflowWork:
+        """all_gather_single on each (output, input) pair, in one job."""
+        def body(t: float) -> None:
+            for o, i in zip(outputs, inputs, strict=True):
+                self._ag(o, i, t)
+        return self._submit(COLL, "all_gather_into_tensor_coalesced", body, outputs, opts)
+
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> RingflowWork:
+        """Gather every rank's input into the root's output list."""
+        root, inp = int(opts.rootRank), input_tensors[0]
+        outs = output_tensors[0] if self.rank() == root else []
+
+        def body(t: float) -> None:
+            flat = work_view(inp.detach()).reshape(-1)
+            if outs and (len(outs) != self.size() or set(_numel_all(outs)) != {flat.numel()}):
+                raise InvalidArgument(f"gather: outputs {_numel_all(outs)} for an input of {flat.numel()}",
+                                      f"the root passes {self.size()} outputs the size of the input")
+            buf = self.comm.gather(flat, root, out=torch.empty(self.size() * flat.numel(), dtype=flat.dtype),
+                                   timeout=t)
+            if outs:
+                unpack(buf, outs)
+        return self._submit(COLL, "gather", body, outs, opts)
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> RingflowWork:
+        """Give rank i the root's i-th input."""
+        root, out = int(opts.rootRank), output_tensors[0]
+        ins = input_tensors[0] if self.rank() == root else []
+
+        def body(t: float) -> None:
+            so = Staged(out)
+            n = so.flat.numel()
+            if ins and (len(ins) != self.size() or set(_numel_all(ins)) != {n}):
+                raise InvalidArgument(f"scatter: inputs {_numel_all(ins)} for an output of {n}",
+                                      f"the root passes {self.size()} inputs the size of the output")
+            buf = pack(ins) if ins else torch.empty(self.size() * n, dtype=so.flat.dtype)
+            self.comm.scatter(buf, root, out=so.flat, timeout=t)
+            so.finish()
+        return self._submit(COLL, "scatter", body, output_tensors, opts)
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> RingflowWork:
+        """Send input i to rank i; receive rank i's into output i."""
+        def body(t: float) -> None:
+            buf = torch.empty(sum(_numel_all(output_tensors)), dtype=work_view(output_tensors[0]).dtype)
+            self.comm.all_to_all(pack(input_tensors), out=buf, send_counts=_numel_all(input_tensors),
+                                 recv_counts=_numel_all(output_tensors), timeout=t)
+            unpack(buf, output_tensors)
+        return self._submit(COLL, "alltoall", body, output_tensors, opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: Any = None) -> RingflowWork:
+        """all_to_all_single: rows of dim 0, equal or by split sizes."""
+        def body(t: float) -> None:
+            so = Staged(output)
+            flat = work_view(input.detach()).reshape(-1)
+            if not output_split_sizes and not input_split_sizes:
+                self.comm.all_to_all(flat, out=so.flat, timeout=t)
+            else:
+                n = self.size()
+                rin = flat.numel() // max(1, input.shape[0]) if input.dim() else 1
+                rout = so.flat.numel() // max(1, output.shape[0]) if output.dim() else 1
+                sc = list(input_split_sizes) or [input.shape[0] // n] * n
+                rc = list(output_split_sizes) or [output.shape[0] // n] * n
+                self.comm.all_to_all(flat, out=so.flat, send_counts=[int(s) * rin for s in sc],
+                                     recv_counts=[int(r) * rout for r in rc], timeout=t)
+            so.finish()
+        return self._submit(COLL, "all_to_all_single", body, [output], opts)
+
+    alltoall_base = all_to_all_single
+
+    def barrier(self, opts: Any = None) -> RingflowWork:
+        """Wait until every rank of the group arrives."""
+        return self._submit(COLL, "barrier", lambda t: self.comm.barrier(timeout=t), [], opts)
+
+    # ---------------------------------------------------------------- point to point
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> RingflowWork:  # noqa: N803
+        """Send each tensor to dstRank (matched by tag, in order)."""
+        flats = [Staged(x, writeback=False).flat for x in tensors]
+
+        def body(t: float) -> None:
+            for f in flats:
+                self.comm.send(f, int(dstRank), int(tag), timeout=t)
+        return self._submit(SEND, f"send to {dstRank}", body, tensors)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> RingflowWork:  # noqa: N803
+        """Receive into each tensor from srcRank (matched by tag, in order)."""
+        def body(t: float) -> None:
+            for x in tensors:
+                s = Staged(x)
+                self.comm.recv(s.flat, int(srcRank), int(tag), timeout=t)
+                s.finish()
+        return self._submit(RECV, f"recv from {srcRank}", body, tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> RingflowWork:
+        """Not supported: ringflow matches receives by source."""
+        raise dist.DistBackendError("ringflow recv: InvalidArgument: receiving from any source is not supported "
+                                    "(fix: pass src= to dist.recv / irecv)")
+
+    # ---------------------------------------------------------------- lifetime
+    def abort(self) -> None:
+        """Abort: pending and later operations fail with DistBackendError; peers learn it."""
+        self.comm.abort()
+
+    def shutdown(self) -> None:
+        """Finish queued operations and release the communicator."""
+        for ln in self._lanes:
+            ln.close(self._timeout_s)
+        self.comm.destroy()
+
+
+def _op(opts: Any) -> Any:
+    return getattr(opts, "reduceOp", dist.ReduceOp.SUM) if opts is not None else dist.ReduceOp.SUM
+
+
+def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupRingflow:
+    """The backend creator torch calls for every group (the default one and each new_group)."""
+    try:
+        return ProcessGroupRingflow(store, rank, size, timeout)
+    except Exception as exc:
+        raise dist.DistBackendError(f"ringflow: cannot create the process group (rank {rank} of {size}): "
+                                    f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,156 @@
+"""torch Work objects for ringflow operations, and the ordered lanes that run them.
+
+A process group has three lanes (collectives, sends, receives), as ringflow's communicator does:
+operations on one lane run in issue order on its worker thread, so `async_op=True` returns at once;
+a synchronous call (`opts.asyncOp` false) runs in the caller's thread when its lane is idle. A
+Work's future is completed by the lane when the operation ends, with the output tensors or with a
+`DistBackendError` carrying ringflow's typed error.
+"""
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import InvalidUsage, RingflowError
+
+
+def backend_error(exc: BaseException, what: str) -> dist.DistBackendError:
+    """torch's DistBackendError with ringflow's message (type, what failed, and the fix hint)."""
+    kind = type(exc).__name__ if isinstance(exc, RingflowError) else f"{type(exc).__name__} (unexpected)"
+    return dist.DistBackendError(f"ringflow {what}: {kind}: {exc}")
+
+
+def _seconds(timeout: Any) -> float | None:
+    """A wait timeout in seconds; None for no limit (torch's default timedelta(0) means none)."""
+    if timeout is None:
+        return None
+    s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return s if s > 0 else None
+
+
+class RingflowWork(dist.Work):
+    """A torch Work for one ringflow operation: wait(timeout), is_completed(), get_future()."""
+
+    def __init__(self, description: str, result: list[torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self.description = description
+        self._result = result if result is not None else []
+        self._exc: BaseException | None = None
+        self._done = threading.Event()
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def _finish(self, exc: BaseException | None) -> None:
+        self._exc = exc
+        self._done.set()
+        if exc is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(backend_error(exc, self.description))
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until done; DistBackendError if it failed or did not finish within `timeout`."""
+        t = _seconds(timeout)
+        if not self._done.wait(t):
+            raise dist.DistBackendError(f"ringflow {self.description}: Timeout: not completed within {t}s "
+                                        "(fix: the operation is still running; wait longer or abort the group)")
+        if self._exc is not None:
+            raise backend_error(self._exc, self.description) from self._exc
+        return True
+
+    def is_completed(self) -> bool:
+        """True once the operation finished, successfully or not."""
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        """True if it finished without error."""
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        """The error it raised, or None."""
+        return self._exc
+
+    def get_future(self) -> torch.futures.Future:
+        """A future completed with the output tensors when the operation ends."""
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        """The output tensors."""
+        return self._result
+
+    def synchronize(self) -> None:
+        """Nothing to do on CPU."""
+
+    def __repr__(self) -> str:
+        return f"<RingflowWork {self.description} {'done' if self.is_completed() else 'pending'}>"
+
+
+Job = Callable[[], None]
+
+
+def _run(job: Job, work: RingflowWork) -> None:
+    try:
+        job()
+    except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+        work._finish(exc)
+    else:
+        work._finish(None)
+
+
+class Lane:
+    """Runs jobs in issue order: inline when idle and synchronous, else on a worker thread."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._q: queue.SimpleQueue[tuple[Job, RingflowWork] | None] = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._exec = threading.Lock()
+        self._pending = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, job: Job, work: RingflowWork, inline: bool) -> RingflowWork:
+        """Run job for work (inline if allowed and nothing is queued); returns work."""
+        with self._mu:
+            if self._closed:
+                raise backend_error(InvalidUsage("the process group is shut down",
+                                                 "create a new one with init_process_group / new_group"),
+                                    work.description)
+            inline = inline and self._pending == 0
+            if not inline:
+                self._pending += 1
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}",
+                                                    daemon=True)
+                    self._thread.start()
+        if inline:
+            with self._exec:
+                _run(job, work)
+        else:
+            self._q.put((job, work))
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            with self._exec:
+                _run(*item)
+            with self._mu:
+                self._pending -= 1
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop the worker after the queued jobs, waiting up to wait_s seconds for them."""
+        with self._mu:
+            self._closed = True
+            th = self._thread
+            if th is not None:
+                self._q.put(None)
+        if th is not None and wait_s > 0 and th is not threading.current_thread():
+            th.join(wait_s)
