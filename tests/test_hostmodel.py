@@ -154,7 +154,7 @@ def test_satisfies_the_runtime_protocol() -> None:
 
 def test_real_calibration_writes_a_model(tmp_path) -> None:
     from ringflow.hostmodel.model import read_file, write_file
-    from ringflow.hostmodel.sweep import calibrate
+    from ringflow.hostmodel.sweep import calibrate, refit
     doc = calibrate([2], ["shm"], sizes=[16 * 2**10, 2**20], collectives=["all_reduce"])
     path = str(tmp_path / "host-model.json")
     write_file(path, doc)
@@ -165,3 +165,5 @@ def test_real_calibration_writes_a_model(tmp_path) -> None:
     m = load_cost_model(path, "shm")
     assert m.calibrated_ranks == (2,) and m.margin >= 1.0
     assert set(m.fit_stats) >= {"cv_median", "cv_p90", "rows"}
+    again = refit(back)                                   # fitted again from the stored rows, nothing measured
+    assert set(again["transports"]) == {"shm"} and again["calibration"] == back["calibration"]

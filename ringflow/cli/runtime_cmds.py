@@ -12,7 +12,8 @@ from .common import print_json, write_json
 def register(app: typer.Typer) -> None:
     """Add run / bench / store to the app."""
 
-    @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                         "allow_interspersed_args": False})
     def run_cmd(
         nprocs: int = typer.Option(..., "-n", "--nprocs", min=1, help="Number of ranks to start on this host."),
         timeout: float | None = typer.Option(None, "--timeout", min=0, help="Kill the job after this many seconds "
@@ -64,21 +65,46 @@ def register(app: typer.Typer) -> None:
     @app.command("store")
     def store_cmd(
         port: int = typer.Option(29400, "--port", "-p", min=0, max=65535, help="TCP port."),
-        host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on (numeric)."),
-        secret: str | None = typer.Option(None, "--secret", help="Job secret (default: RINGFLOW_SECRET)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Numeric address to listen on (default loopback; "
+                                 "give this host's address, or 0.0.0.0, for ranks on other hosts)."),
+        secret_file: str | None = typer.Option(None, "--secret-file", help="Read the job secret from this file "
+                                               "(default: the RINGFLOW_SECRET environment variable)."),
     ) -> None:
-        """Serve a standalone rendezvous store (for large jobs); Ctrl-C stops it."""
+        """Serve a standalone rendezvous store (for large jobs); SIGINT or SIGTERM stops it."""
+        import signal
+
         from .. import config
         from ..errors import ConfigError
         from ..runtime.store import StoreServer
-        sec = secret or config.get("SECRET")
+        sec = _read_secret(secret_file) if secret_file else str(config.get("SECRET") or "")
         if not sec:
-            raise ConfigError("the store needs the job secret", "set RINGFLOW_SECRET or pass --secret")
+            raise ConfigError("the store needs the job secret",
+                              "set RINGFLOW_SECRET or pass --secret-file (never on the command line: /proc shows it)")
         server = StoreServer(host, port, sec)
         sys.stdout.write(f"ringflow store listening on {server.address[0]}:{server.address[1]}\n")
         sys.stdout.flush()
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             server.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (Slurm, Kubernetes, `timeout`) stops a foreground command as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _read_secret(path: str) -> str:
+    """The job secret in the first line of `path`."""
+    from ..errors import ConfigError
+    try:
+        with open(path) as fh:
+            secret = fh.readline().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the secret file {path!r}: {exc.strerror}",
+                          "give a readable file holding the job secret") from None
+    if not secret:
+        raise ConfigError(f"the secret file {path!r} is empty", "write the job secret on its first line")
+    return secret
