@@ -57,8 +57,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("DEBUG", "", _str, "Log level: VERSION, WARN, INFO or TRACE (TRACE shows every schedule step); "
          "messages carry a rank prefix.", "runtime"),
     Knob("DEBUG_FILE", "", _str, "Write logs to this file instead of stderr (%h host, %p pid, %r rank).", "runtime"),
-    Knob("TIMEOUT", 300.0, _float, "Seconds any blocking call waits before raising Timeout "
-         "(per-call `timeout=` overrides).", "runtime"),
+    Knob("TIMEOUT", 600.0, _float, "Seconds any blocking call waits for ranks that are alive but do not arrive "
+         "before raising Timeout (per-call `timeout=` overrides). NCCL's default is 10 min, Gloo's 30 min; dead, "
+         "departed and unreachable peers are reported within seconds regardless.", "runtime"),
+    Knob("HEARTBEAT_INTERVAL", 1.0, _float, "Seconds between TCP keepalive probes on the control sockets (the "
+         "kernel answers them, so a rank that computes or holds the GIL stays alive).", "runtime"),
+    Knob("HEARTBEAT_TIMEOUT", 6.0, _float, "Seconds without a keepalive answer (or with sent data "
+         "unacknowledged) before a peer's host counts as gone.", "runtime"),
     Knob("SOCKET_IFNAME", "", _str, "Interfaces for TCP, NCCL syntax: `eth` prefix, `^docker` excludes, "
          "`=eth0` exact; loopback only when named.", "runtime"),
     Knob("SHM_DISABLE", False, _bool, "1 disables the shared-memory transport (everything goes over TCP).", "runtime"),

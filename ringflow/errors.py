@@ -87,10 +87,23 @@ class Aborted(RingflowError):
     """The communicator was aborted; create a new one (or shrink) to continue."""
 
 
+class Terminated(BaseException):  # noqa: N818 - like KeyboardInterrupt, a stop request rather than an error
+    """SIGTERM or SIGHUP arrived (Slurm, Kubernetes, `timeout`, a closed terminal): unwind so cleanup runs."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}")
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    """A signal handler that turns SIGTERM / SIGHUP into `Terminated` in the main thread."""
+    raise Terminated(signum)
+
+
 __all__ = [
     "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm",
     "InvalidUsage", "VerificationError", "RingflowSystemError", "ProtocolError", "RemoteError",
-    "Timeout", "Aborted",
+    "Timeout", "Aborted", "Terminated",
 ]
 
 #: old name -> new name; each old name still imports, with a DeprecationWarning

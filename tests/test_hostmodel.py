@@ -155,7 +155,7 @@ def test_satisfies_the_runtime_protocol() -> None:
 def test_real_calibration_writes_a_model(tmp_path) -> None:
     from ringflow.hostmodel.model import read_file, write_file
     from ringflow.hostmodel.sweep import calibrate, refit
-    doc = calibrate([2], ["shm"], sizes=[16 * 2**10, 2**20], collectives=["all_reduce"])
+    doc = calibrate([2], ["shm"], sizes=[16 * 2**10, 2**20], collectives=["all_reduce"], quiet_wait_s=0, retries=0)
     path = str(tmp_path / "host-model.json")
     write_file(path, doc)
     back = read_file(path)

@@ -71,8 +71,6 @@ def register(app: typer.Typer) -> None:
                                                "(default: the RINGFLOW_SECRET environment variable)."),
     ) -> None:
         """Serve a standalone rendezvous store (for large jobs); SIGINT or SIGTERM stops it."""
-        import signal
-
         from .. import config
         from ..errors import ConfigError
         from ..runtime.store import StoreServer
@@ -83,17 +81,13 @@ def register(app: typer.Typer) -> None:
         server = StoreServer(host, port, sec)
         sys.stdout.write(f"ringflow store listening on {server.address[0]}:{server.address[1]}\n")
         sys.stdout.flush()
-        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
+            pass
+        finally:
             server.close()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM (Slurm, Kubernetes, `timeout`) stops a foreground command as Ctrl-C does."""
-    raise KeyboardInterrupt
 
 
 def _read_secret(path: str) -> str:

@@ -35,15 +35,21 @@ def render(results: dict, models: dict[str, HostCostModel], command: str, model_
              f"caches: {format_size(next(iter(models.values())).caches.private_bytes)} private, "
              f"{format_size(next(iter(models.values())).caches.shared_bytes)} shared.", ""]
     if meta.get("measure_s"):
+        loads = ", ".join(f"{j['transport']} {j['nranks']} ranks {j['load']['foreign_fraction']:.0%}"
+                          for j in meta.get("jobs", []) if j.get("load"))
         lines += [f"Calibration: ranks {meta.get('ranks')}, sizes {format_size(min(meta['sizes']))} .. "
-                  f"{format_size(max(meta['sizes']))}, measured in {meta['measure_s']:.0f} s.", ""]
+                  f"{format_size(max(meta['sizes']))}, measured in {meta['measure_s']:.0f} s"
+                  + (f"; other processes' share of the cores during its jobs: {loads}" if loads else "")
+                  + ".", ""]
     lines += ["## Accuracy", "",
               f"`ringflow bench` (the runtime's default schedules) at {results['ranks']} ranks, collectives "
               f"{', '.join(results['collectives'])}, sizes {', '.join(format_size(s) for s in results['sizes'])}; "
               f"each configuration measured in {results['bench_jobs_per_config']} separate jobs a sweep apart, "
-              "compared with their mean. Error: |predicted - measured| / measured. Noise floor: the share of sizes "
-              "where the two jobs disagreed with each other by more than the model's error there. Rank counts not "
-              "calibrated are marked; ranks above the core count share cores.", ""]
+              "compared with their mean (with the quiet ones' where a job still ran beside other processes' work "
+              "after waiting for a quiet host and two more attempts). Error: |predicted - measured| / measured. "
+              "Noise floor: the share of sizes where the two jobs disagreed with each other by more than the "
+              "model's error there. Rank counts not calibrated are marked; ranks above the core count share "
+              "cores.", ""]
     for tr in models:
         lines += [f"### {tr}", "", "| ranks | calibrated | sizes | median error | p90 error | noise floor | "
                   "median job spread | rows with a busy job |", "|---:|:---:|---:|---:|---:|---:|---:|---:|"]

@@ -23,13 +23,12 @@ from ..algorithms.selection import call_shape, model_decision
 from ..runtime.bench import launch
 from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from .model import HostCostModel
-from .sweep import FLAT, INPLACE, run_job, runtime_default, single_ring_bytes
+from .sweep import BUSY_RETRIES, FLAT, INPLACE, measure_quietly, runtime_default, single_ring_bytes, wait_for_quiet
 
 VALIDATION_RANKS = (2, 3, 4, 6, 8)
 VALIDATION_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 VALIDATION_SIZES = tuple(64 * 2**10 * 4**k for k in range(5))   # 64 KiB .. 16 MiB
 CHOICE_PASSES = 4
-BUSY_RETRIES = 2   # a bench job that ran beside other work is run again up to this many times
 
 
 def _busy(load: dict | None) -> bool:
@@ -37,21 +36,23 @@ def _busy(load: dict | None) -> bool:
 
 
 def _bench_job(transport: str, n: int, collectives: Sequence[str], sizes: Sequence[int]) -> dict:
-    """One bench job; one that ran beside other processes' work is run again (BUSY_RETRIES times at most)
-    and the least disturbed attempt is kept."""
+    """One bench job after waiting for the host to be quiet; one that still ran beside other processes' work
+    is run again (BUSY_RETRIES times at most) and the least disturbed attempt kept."""
     env = {"RINGFLOW_SHM_DISABLE": "1" if transport == "tcp" else "", "RINGFLOW_TUNER_MODEL": "", "RINGFLOW_ALGO": ""}
-    best = None
-    for attempt in range(1 + BUSY_RETRIES):
+    best, attempts = None, 0
+    for _ in range(1 + BUSY_RETRIES):
+        attempts += 1
+        wait_for_quiet()
         with HostLoadMeter() as meter:
             rows = launch(",".join(collectives), n, 1, 1, sizes=list(sizes), extra_env=env)
-        job = {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None,
-               "attempts": attempt + 1}
+        job = {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None}
         if best is None or (job["load"] and best["load"]
                             and job["load"]["foreign_fraction"] < best["load"]["foreign_fraction"]):
-            best = {**job, "attempts": attempt + 1}
+            best = job
         if not _busy(job["load"]):
             break
     assert best is not None
+    best["attempts"] = attempts
     return best
 
 
@@ -148,7 +149,7 @@ def validate(models: dict[str, HostCostModel], ranks: Sequence[int] = VALIDATION
             if not tasks:
                 continue
             say(f"choice: {tr}, {n} ranks: {len(tasks) // 2} calls where the model switches")
-            job = run_job(n, tr, tasks, passes=CHOICE_PASSES, quick=False)
+            job = measure_quietly(n, tr, tasks, passes=CHOICE_PASSES, quick=False)
             choice_rows += job["rows"]
     choice = choice_results(choice_rows)
     wins = sum(c["model_wins"] for c in choice)

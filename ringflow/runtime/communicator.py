@@ -15,6 +15,7 @@ import json
 import logging
 import mmap
 import os
+import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,7 @@ from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
 from .collectives import CollectiveCalls
-from .executor import CallContext, Waiter, _Broken, bind, describe, run_bound
+from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
 from .ops import UFUNCS, Buf, parse_op
 from .p2p import PointToPoint
@@ -71,8 +72,9 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
     def __init__(self, shared: SharedState, ns: str, rank: int, size: int) -> None:
         self._sh = shared
         self.ns, self.rank, self.size = ns, rank, size
-        self.uid = hashlib.sha256(f"{shared.job}|{ns}".encode()).hexdigest()[:10]
         self.timeout = shared.timeout_s
+        self._store = PrefixStore(ns, shared.store)
+        self.uid = self._agree_uid(shared.job, ns)
         self._failure: RingflowError | None = None
         self._mismatch_notes: dict[int, str] = {}
         self._destroyed = False
@@ -92,10 +94,9 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}
-        self._store = PrefixStore(ns, shared.store)
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]
-        self._watchdog = Watchdog(rank, self._fail, self._note_mismatch)
+        self._watchdog = Watchdog(rank, self._fail, self._note_mismatch, self._on_departed)
         ifname, addr = select_interface(config.get("SOCKET_IFNAME"))
         self._listener = Listener(addr, shared.secret, self.uid, shared.tos,
                                   on_ctrl=lambda p, s: self._watchdog.add(p, s, dialed=False),
@@ -119,13 +120,23 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         except BaseException:
             self._teardown()
             raise
-        self._waiters = [Waiter(b, self._transport.local_ranks, self._check_failure) for b in self._bells]
+        self._waiters = [Waiter(b, self._transport.local_ranks, self._check_failure, self._watchdog.departed)
+                         for b in self._bells]
         self.cards = cards
         with shared.lock:
             shared.users += 1
         log.info("ringflow: communicator %s rank %d/%d ready, listening on %s:%d, shm peers %s, tcp peers %s", ns,
                  rank, size, *self._listener.address, sorted(self._transport.shm_peers),
                  [p for p in range(size) if p != rank and p not in self._transport.shm_peers])
+
+    def _agree_uid(self, job: str, ns: str) -> str:
+        """This communicator's id, which names its shared-memory segments and doorbells: a hash of the job, the
+        namespace and a random nonce the first rank to arrive puts in the authenticated store, so the names cannot
+        be guessed (and pre-created) from a predictable job id."""
+        _, nonce = self._store.compare_set("uid-nonce", None, secrets.token_hex(16).encode())
+        if not nonce:
+            raise RingflowSystemError("the store returned no communicator nonce", "check the rendezvous store")
+        return hashlib.sha256(f"{job}|{ns}|".encode() + nonce).hexdigest()[:16]
 
     def _load_host_model(self, path: str, cards: Sequence[PeerCard]) -> CostModel | None:
         """The cost model RINGFLOW_TUNER_MODEL names, where it covers this job (every rank on this host, all
@@ -161,6 +172,11 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
     # ---------------------------------------------------------------- state and failure
     def _on_data(self, peer: int, key: str) -> None:
         doorbell.ring(self._bells[lane_of(key, sending=False)].address)
+
+    def _on_departed(self, peer: int) -> None:
+        """A peer said goodbye: wake this rank's waits so a call still waiting on it can say so."""
+        for b in self._bells:
+            doorbell.ring(b.address)
 
     def _fail(self, exc: RingflowError) -> None:
         if self._failure is None:
@@ -224,12 +240,31 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
             self._failure = err
             self._watchdog.broadcast(Kind.MISMATCH, json.dumps({"message": str(err)}).encode(), op_seq=self._op_seq)
             raise err from None
+        except RemoteError as exc:
+            left = self._departed_name(exc.rank)
+            if left is None:
+                raise
+            raise RemoteError(f"rank {exc.rank} left the communicator (destroy() or the end of its `with` block) "
+                              f"while this rank's call needed it", rank=exc.rank, hint=left) from None
         except Timeout:
             # a collective may have half-moved data: its channels can no longer be trusted
             if self._failure is None and lane == LANE_COLL:
                 self._failure = Aborted("an earlier operation timed out mid-transfer",
                                         "create a new communicator")
             raise
+
+    def _departed_name(self, peer: int | None) -> str | None:
+        """The fix hint for a peer that said goodbye (its closed connection may beat its goodbye by a moment:
+        wait up to GOODBYE_GRACE_S for it); None if `peer` did not say goodbye."""
+        if peer is None:
+            return None
+        end = time.monotonic() + GOODBYE_GRACE_S
+        while peer not in self._watchdog.departed and peer not in self._watchdog.dead and time.monotonic() < end:
+            time.sleep(0.005)
+        if peer not in self._watchdog.departed:
+            return None
+        return ("every rank must make the same collective calls before destroying; this communicator cannot "
+                "complete them: shrink() it or create a new one")
 
     # ---------------------------------------------------------------- schedules
     def _schedule(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int,

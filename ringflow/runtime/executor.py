@@ -19,14 +19,14 @@ import json
 import os
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..algorithms.plan import Plan
 from ..algorithms.schedule import Buffer, OpKind
-from ..errors import RingflowError, Timeout
+from ..errors import RemoteError, RingflowError, Timeout
 from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
@@ -60,6 +60,7 @@ def stream_key(key: str, j: int) -> str:
     return key if j == 0 else f"{key}.s{j}"
 
 
+GOODBYE_GRACE_S = 0.25  # a departed peer's last data may trail its goodbye on another socket by this much
 HOT_SPIN_S = 50e-6  # small messages: spin this long, then sleep (an in-step peer is usually that close)
 # Socket-only waits with a core per rank poll this long before sleeping: a peer that finished its call first
 # (a gather's or reduce's, while the root still copies or reduces) waits in the next call's check, and
@@ -72,8 +73,10 @@ SOCKET_SPIN_S = 500e-6
 class Waiter:
     """Waits for progress on one lane: spin a little, then sleep on the lane's doorbell."""
 
-    def __init__(self, bell: doorbell.Doorbell, local_ranks: int, failure: Callable[[], None]) -> None:
+    def __init__(self, bell: doorbell.Doorbell, local_ranks: int, failure: Callable[[], None],
+                 departed: Mapping[int, float] | None = None) -> None:
         self.bell = bell
+        self.departed = departed  # peer -> when it said goodbye (the watchdog's live view)
         self.spin_s = doorbell.spin_budget_s(local_ranks)
         crowded = doorbell.oversubscribed(local_ranks)
         self.hot_s = 0.0 if crowded else HOT_SPIN_S
@@ -125,6 +128,21 @@ class Waiter:
             for op in shm:
                 op.set_waiting(0)
         self.failure()
+        self._check_departed(pending, shm, what)
+
+    def _check_departed(self, pending: list[XferOp], shm: list[XferOp], what: str) -> None:
+        """Raise once a peer this call still waits on said goodbye GOODBYE_GRACE_S ago and nothing more can come:
+        what it sent before leaving has been consumed (its data socket may trail its goodbye by a moment)."""
+        if not self.departed:
+            return
+        now = time.monotonic()
+        gone = sorted({op.peer for op in pending if now - self.departed.get(op.peer, now) >= GOODBYE_GRACE_S})
+        if not gone or any(op.ready() for op in shm) or _sockets_ready(pending, 0.0):
+            return
+        raise RemoteError(f"{what}: rank {gone[0]} left the communicator (destroy() or the end of its `with` block) "
+                          f"while this call waited on it", rank=gone[0],
+                          hint="every rank must make the same collective calls before destroying; this communicator "
+                               "cannot complete them: shrink() it or create a new one")
 
 
 def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:

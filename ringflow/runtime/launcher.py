@@ -3,9 +3,12 @@
 Ranks are pinned one per core when they fit (`binding`), as mpirun does. The launcher serves the
 rendezvous store itself (127.0.0.1, a free port), generates the job secret
 and a job id, and sets RINGFLOW_RANK / _WORLD_SIZE / _LOCAL_RANK / _STORE_ADDR / _SECRET / _JOB_ID.
-If a rank exits non-zero the others are stopped (SIGTERM, then SIGKILL) and the launcher exits
-with that rank's code; past `timeout_s` everything is killed and the exit code is 124. Leftover
-shared-memory names of the job are removed at the end.
+If a rank exits non-zero the others are stopped (SIGTERM, then SIGKILL after STOP_GRACE_S) and the
+launcher exits with that rank's code (as mpirun does; torchrun exits 1); past `timeout_s` everything is
+killed and the exit code is 124. SIGINT, SIGTERM and SIGHUP to the launcher stop the ranks the same way and
+exit with 128 + the signal's number (130, 143, 129). Every rank gets SIGKILL from the kernel when the
+launcher dies, even by SIGKILL (PR_SET_PDEATHSIG), and its shared-memory names are removed by its reaper
+helper; the launcher removes whatever names of the job remain when it ends.
 """
 from __future__ import annotations
 
@@ -17,14 +20,29 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Terminated, raise_terminated
 from . import auth
 from .store import StoreServer
 
 TIMEOUT_EXIT = 124
+STOP_GRACE_S = 3.0   # SIGTERM, then this long before SIGKILL
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a forked child before exec: ask the kernel for SIGKILL when the parent dies (Linux; elsewhere a no-op),
+    and exit at once if the parent is already gone."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def rank_env(rank: int, nprocs: int, store_addr: str, secret: str, job_id: str,
@@ -98,6 +116,7 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     addr = f"{server.address[0]}:{server.address[1]}"
     cores = binding(nprocs, bind)
     lock = threading.Lock()
+    handlers = _catch_stop_signals()
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     code = 0
@@ -106,9 +125,8 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
             env = rank_env(r, nprocs, addr, secret, job_id)
             if extra_env:
                 env.update(extra_env)
-            pin = None if cores is None else (lambda c=cores[r]: os.sched_setaffinity(0, c))
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=False, preexec_fn=pin)
+                                 start_new_session=False, preexec_fn=_child_setup(None if cores is None else cores[r]))
             procs.append(p)
             pre = f"[{r}] ".encode() if prefix else b""
             for stream, out in ((p.stdout, sys.stdout.buffer), (p.stderr, sys.stderr.buffer)):
@@ -134,16 +152,54 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
                 break
             time.sleep(0.02)
     except KeyboardInterrupt:
-        code = 130
+        code = 128 + signal.SIGINT
+    except Terminated as exc:
+        with lock:
+            sys.stderr.write(f"ringflow run: signal {exc.signum}; stopping all ranks\n")
+        code = 128 + exc.signum
     finally:
+        _ignore_stop_signals(handlers)   # a second SIGTERM must not cut the cleanup short (it is bounded anyway)
         _stop(procs)
         for t in pumps:
             t.join(timeout=2.0)
         server.close()
         cleanup_shm(job_id)
+        _restore_signals(handlers)
     if code < 0:  # killed by a signal: shell convention
         code = 128 - code
     return code
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _catch_stop_signals() -> dict[int, object] | None:
+    """SIGTERM and SIGHUP raise `Terminated` in the launcher (main thread only); the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {int(sig): signal.signal(sig, raise_terminated) for sig in STOP_SIGNALS}
+
+
+def _ignore_stop_signals(handlers: dict[int, object] | None) -> None:
+    if handlers is not None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _restore_signals(handlers: dict[int, object] | None) -> None:
+    for sig, old in (handlers or {}).items():
+        signal.signal(sig, old)  # type: ignore[arg-type]  # what signal.signal returned before
+
+
+def _child_setup(cores: set[int] | None) -> Callable[[], None]:
+    """What a rank's process does between fork and exec: die with the launcher, then pin to its cores."""
+    parent = os.getpid()
+
+    def setup() -> None:
+        die_with_parent(parent)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+    return setup
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -153,7 +209,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.send_signal(signal.SIGTERM)
         except OSError:
             pass
-    end = time.monotonic() + 3.0
+    end = time.monotonic() + STOP_GRACE_S
     for p in alive:
         try:
             p.wait(timeout=max(0.0, end - time.monotonic()))

@@ -43,11 +43,11 @@ POLL_S = 0.02
 
 
 def gone_peers(comm: Communicator) -> set[int]:
-    """Ranks this rank's watchdog saw die (closed connection or lost heartbeat), not mere aborts."""
+    """Ranks this rank's watchdog saw die (closed connection, host gone) or say goodbye, not mere aborts."""
     wd = getattr(comm, "_watchdog", None)
     if wd is None:
         return set()
-    return {int(p) for p, why in list(wd.dead.items()) if "aborted" not in why}
+    return {int(p) for p, why in list(wd.dead.items()) if "aborted" not in why} | {int(p) for p in list(wd.departed)}
 
 
 def _votes(st: PrefixStore, ranks: Iterable[int]) -> dict[int, set[int]]:

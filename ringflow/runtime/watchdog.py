@@ -1,15 +1,21 @@
 """Control connections between every pair of ranks, watched by one thread per communicator.
 
-A killed peer's control socket reaches EOF at once, so survivors learn of the death immediately
-(RemoteError naming the rank), even while they wait on shared memory. Heartbeats every
-HEARTBEAT_INTERVAL_S catch peers that vanish without EOF (a link that goes down); silence for
-HEARTBEAT_TIMEOUT_S counts as death. ABORT, BYE (clean destroy) and MISMATCH (a rank found
-disagreeing arguments) travel on the same sockets.
+A killed peer's control socket reaches EOF at once (the kernel closes it with the process), so
+survivors learn of the death immediately (RemoteError naming the rank), even while they wait on
+shared memory. A peer whose host stops answering (a link down, a host hung or powered off) is found
+by the kernel's TCP keepalive on the control socket: probes every RINGFLOW_HEARTBEAT_INTERVAL seconds,
+and the socket fails once RINGFLOW_HEARTBEAT_TIMEOUT seconds pass without an answer. The kernel
+answers probes for a process that computes (or holds the GIL, or is stopped), so a busy rank is never
+declared dead: it is alive, and a collective that waits on it ends with Timeout after the call's
+timeout instead. ABORT, BYE (clean destroy) and MISMATCH (a rank found disagreeing arguments) travel
+on the same sockets; a BYE marks the peer departed (`departed`, with the time it said so).
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import math
 import os
 import select
 import socket
@@ -17,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from .. import config
 from ..errors import ProtocolError, RemoteError, RingflowError, Timeout
 from .transport import frames
 from .transport.frames import Kind
@@ -24,23 +31,36 @@ from .transport.tcp import read_frame
 
 log = logging.getLogger("ringflow.runtime")
 
-HEARTBEAT_INTERVAL_S = 1.0
-HEARTBEAT_TIMEOUT_S = 6.0
+
+
+def keep_alive(sock: socket.socket, interval_s: float, timeout_s: float) -> None:
+    """Let the kernel probe the peer every `interval_s` and fail the socket after `timeout_s` of silence
+    (unanswered probes, or sent data left unacknowledged)."""
+    every = max(1, round(interval_s))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if hasattr(socket, "TCP_KEEPIDLE"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, every)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, every)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, math.ceil(timeout_s / every)))
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, int(timeout_s * 1000)))
 
 
 class Watchdog:
     """Owns the control sockets of one rank of one communicator."""
 
     def __init__(self, rank: int, on_failure: Callable[[RingflowError], None],
-                 on_mismatch: Callable[[int, str], None]) -> None:
+                 on_mismatch: Callable[[int, str], None], on_departed: Callable[[int], None] | None = None) -> None:
         self.rank = rank
-        self.on_failure, self.on_mismatch = on_failure, on_mismatch
+        self.on_failure, self.on_mismatch, self.on_departed = on_failure, on_mismatch, on_departed
+        self.interval_s = float(config.get("HEARTBEAT_INTERVAL"))
+        self.timeout_s = float(config.get("HEARTBEAT_TIMEOUT"))
         self._socks: dict[int, socket.socket] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._out_seq: dict[int, int] = {}
         self._in_seq: dict[int, int] = {}
         self._last: dict[int, float] = {}
-        self.departed: set[int] = set()
+        self.departed: dict[int, float] = {}   # peer -> monotonic time of its BYE
         self.dead: dict[int, str] = {}
         self._cond = threading.Condition()
         self._r, self._w = os.pipe()
@@ -50,6 +70,10 @@ class Watchdog:
 
     def add(self, peer: int, sock: socket.socket, dialed: bool) -> None:
         """Register the control socket to `peer` (dialed: this rank connected and sent HELLO)."""
+        try:
+            keep_alive(sock, self.interval_s, self.timeout_s)
+        except OSError as exc:
+            log.warning("ringflow: cannot set TCP keepalive on the control socket to rank %d: %s", peer, exc)
         with self._cond:
             old = self._socks.get(peer)
             self._socks[peer] = sock
@@ -109,13 +133,12 @@ class Watchdog:
             self.send(p, kind, payload, **fields)
 
     def _loop(self) -> None:
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL_S
         while not self._stop:
             with self._cond:
                 socks = dict(self._socks)
             fd_peer = {s.fileno(): p for p, s in socks.items() if s.fileno() >= 0}
             try:
-                ready, _, _ = select.select([self._r, *fd_peer], [], [], HEARTBEAT_INTERVAL_S / 2)
+                ready, _, _ = select.select([self._r, *fd_peer], [], [], 1.0)
             except (OSError, ValueError):
                 if self._stop:
                     return
@@ -132,23 +155,26 @@ class Watchdog:
                     continue
                 peer = fd_peer[fd]
                 self._read(peer, socks[peer])
-            now = time.monotonic()
-            if now >= next_beat:
-                next_beat = now + HEARTBEAT_INTERVAL_S
-                for p in list(socks):
-                    if p not in self.dead and p not in self.departed:
-                        self.send(p, Kind.HEARTBEAT)
-                        if now - self._last.get(p, now) > HEARTBEAT_TIMEOUT_S:
-                            self._dead(p, f"no heartbeat for {now - self._last[p]:.1f}s (link down or host hung)")
 
     def _read(self, peer: int, sock: socket.socket) -> None:
+        try:
+            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        except OSError:
+            err = 0
+        if err and peer not in self.departed:
+            if err == errno.ETIMEDOUT:
+                self._dead(peer, f"its host stopped answering (no TCP keepalive reply for {self.timeout_s:g} s; "
+                                 "link down or host hung)")
+            else:
+                self._dead(peer, f"its connection failed ({os.strerror(err)})")
+            return
         try:
             f, body = read_frame(sock, time.monotonic() + 2.0, f"rank {peer} (control)", self._in_seq[peer])
         except (RemoteError, OSError, Timeout) as exc:
             if peer in self.departed:
                 self._drop(peer)
             else:
-                self._dead(peer, f"its connection closed ({type(exc).__name__})")
+                self._dead(peer, f"its process exited or its connection closed ({type(exc).__name__})")
             return
         except ProtocolError as exc:
             log.warning("ringflow: rank %d sent a bad control frame: %s", peer, exc)
@@ -159,7 +185,9 @@ class Watchdog:
         if f.kind == Kind.ABORT:
             self._dead(peer, "it aborted its communicator", aborted=True)
         elif f.kind == Kind.BYE:
-            self.departed.add(peer)
+            self.departed[peer] = time.monotonic()
+            if self.on_departed is not None:
+                self.on_departed(peer)
         elif f.kind == Kind.MISMATCH:
             try:
                 msg = json.loads(body).get("message", "")

@@ -79,9 +79,10 @@ def _create(name: str, nbytes: int) -> mmap.mmap:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        # a stale segment of a killed run of this job/communicator: replace it
-        os.unlink(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        raise RingflowSystemError(f"shared-memory name {path} already exists: another process created it "
+                                  f"(owner uid {_owner_of(path)})",
+                                  "the names carry a random per-communicator nonce, so only a process that read the "
+                                  "job's store can collide; remove the file, or set RINGFLOW_SHM_DISABLE=1") from None
     except OSError as exc:
         raise RingflowSystemError(f"cannot create shared memory {path}: {exc}",
                           "check /dev/shm space and permissions, or set RINGFLOW_SHM_DISABLE=1") from None
@@ -94,6 +95,13 @@ def _create(name: str, nbytes: int) -> mmap.mmap:
                           "containers need a larger /dev/shm (docker --shm-size), or lower RINGFLOW_BUFFSIZE") from None
     finally:
         os.close(fd)
+
+
+def _owner_of(path: str) -> str:
+    try:
+        return str(os.stat(path).st_uid)
+    except OSError:
+        return "?"
 
 
 def unlink_quiet(name: str) -> None:
