@@ -25,7 +25,8 @@ def _env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
 
 
-def _run(tmp_path: Path, script: str, n: int, *args: str, timeout_s: float = 120, **env: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, script: str, n: int, *args: str, timeout_s: float = 120,
+         **env: str) -> subprocess.CompletedProcess:
     path = tmp_path / "job.py"
     path.write_text(script)
     return subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", str(n), "--timeout", str(timeout_s),
@@ -223,3 +224,35 @@ def test_names_pre_created_by_another_user_cannot_stop_the_job(tmp_path: Path) -
                 os.unlink(n)
             except OSError:
                 pass
+
+
+BATCH_JOB = '''
+import json, sys
+import numpy as np
+import ringflow
+with ringflow.init() as comm:
+    x = np.full(1000, comm.rank + 1.0)
+    comm.all_reduce(x)
+    json.dump({"ok": bool(np.all(x == 3.0)), "rank": comm.rank}, open(f"{sys.argv[1]}/r{comm.rank}.json", "w"))
+'''
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "openmpi", "mpich"])
+def test_ranks_started_by_a_batch_launcher_need_no_ringflow_variable(tmp_path: Path, launcher: str) -> None:
+    """The variables srun, Open MPI's mpirun and MPICH's / Intel MPI's mpiexec set, and nothing else: the ranks find
+    each other (loopback store on a port derived from the job id, served by rank 0)."""
+    job = f"{os.getpid()}{time.monotonic_ns() % 10**6}"
+    def env_of(r: int) -> dict[str, str]:
+        return {"slurm": {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_JOB_ID": job,
+                          "SLURM_STEP_ID": "0", "SLURM_NNODES": "1"},
+                "openmpi": {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK":
+                            str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_NAMESPACE": f"prterun-{job}@1"},
+                "mpich": {"PMI_RANK": str(r), "PMI_SIZE": "2", "MPI_LOCALRANKID": str(r), "MPI_LOCALNRANKS": "2",
+                          "PMI_KVSNAME": f"kvs_{job}_0"}}[launcher]
+    base = {k: v for k, v in _env().items() if not k.startswith(("RINGFLOW_", "SLURM_", "OMPI_", "PMI", "MPI_"))}
+    (tmp_path / "job.py").write_text(BATCH_JOB)
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "job.py"), str(tmp_path)], env={**base, **env_of(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert all(json.loads((tmp_path / f"r{r}.json").read_text())["ok"] for r in range(2))

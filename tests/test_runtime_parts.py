@@ -48,9 +48,30 @@ def test_env_detection_for_each_launcher() -> None:
         (3, 8, 1, "10.1.2.3", 29501, "torchrun")
     slurm = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "77"}
     info = rt_env.detect(store_addr="10.0.0.9:1234", secret="s", env=slurm)
-    assert (info.rank, info.world_size, info.source, info.job_id) == (2, 4, "Slurm", "77")
+    assert (info.rank, info.world_size, info.source, info.job_id) == (2, 4, "Slurm", "77_0")
     ompi = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     assert rt_env.detect(store_addr="1.2.3.4:5", secret="s", env=ompi).source == "Open MPI"
+
+
+def test_batch_launchers_need_no_ringflow_variable_on_one_node_and_one_across_nodes() -> None:
+    """Slurm, Open MPI and MPICH/Intel MPI: on one node the store is loopback on a port every rank derives from
+    the job id; Slurm across nodes uses the step's first node; MPI across nodes asks for RINGFLOW_STORE_ADDR."""
+    one = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3",
+           "SLURM_NNODES": "1"}
+    a, b = rt_env.detect(env=one), rt_env.detect(env={**one, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"})
+    assert (a.store_host, a.source, a.local_rank) == ("127.0.0.1", "Slurm", 1)
+    assert a.store_port == b.store_port == rt_env.derived_port("77.3") and a.secret == b.secret
+    many = {**one, "SLURM_NNODES": "2", "SLURM_STEP_NODELIST": "127.0.0.[5-6]"}
+    assert rt_env.detect(env=many).store_host == "127.0.0.5"
+    assert rt_env.first_host("node[07-09,12],gpu3") == "node07" and rt_env.first_host("gpu3,node[1-2]") == "gpu3"
+    mpich = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2", "PMI_KVSNAME": "kvs_9_0"}
+    info = rt_env.detect(env=mpich)
+    assert (info.source, info.rank, info.local_rank, info.store_host) == ("MPICH", 1, 1, "127.0.0.1")
+    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0", "PMIX_NAMESPACE": "prterun-h-12@1"}
+    with pytest.raises(InvalidArgument, match="no store address"):
+        rt_env.detect(env=ompi)
+    assert rt_env.detect(env={**ompi, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}).store_host == "127.0.0.1"
     with pytest.raises(InvalidArgument, match="rank and world size"):
         rt_env.detect(env={})
     with pytest.raises(InvalidArgument, match="outside"):
