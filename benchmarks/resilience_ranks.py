@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ringflow  # noqa: E402
-from ringflow.errors import RemoteError, RingflowError  # noqa: E402
+from ringflow.errors import RemoteError, RingflowError, Timeout  # noqa: E402
 from ringflow.testing.selftest import reduce_ref, values  # noqa: E402
 
 
@@ -41,6 +41,10 @@ def err_info(exc: BaseException, t0: float | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc), "t": time.monotonic()}
     if isinstance(exc, RemoteError):
         d["rank"] = exc.rank
+    elif isinstance(exc, Timeout):
+        import re
+        named = re.search(r"waiting for ranks \[(\d+)", str(exc))
+        d["rank"] = int(named.group(1)) if named else None
     if t0 is not None:
         d["elapsed_s"] = d["t"] - t0
     return d
@@ -107,6 +111,10 @@ def scenario_loop(a: argparse.Namespace) -> dict[str, Any]:
     if a.orphan and comm.rank == 1:  # a message rank 0 never receives: its segment is never mapped
         comm.isend(np.ones(1 << 14, np.float32), 0, tag=77).wait(timeout=a.timeout)
     end = time.monotonic() + a.max_s
+    leave: list[int] = []
+    if a.depart_on_signal:
+        import signal
+        signal.signal(signal.SIGUSR2, lambda *_: leave.append(1))
     try:
         while time.monotonic() < end:
             s = res["iterations"] % 3
@@ -116,6 +124,11 @@ def scenario_loop(a: argparse.Namespace) -> dict[str, Any]:
             res["iterations"] += 1
             if res["iterations"] == a.warm:
                 rk.ready()
+            if leave:
+                res["departed_t"] = time.monotonic()
+                comm.destroy()
+                rk.write(res)
+                return res
         res["error"] = None
     except RingflowError as exc:
         res["error"] = err_info(exc)
@@ -597,6 +610,12 @@ class Job:
                 raise TimeoutError(f"ranks {ranks} not ready (exited: {dead})\n" + self.logs())
             time.sleep(0.01)
 
+    def signal(self, rank: int, signum: int) -> float:
+        """Send `signum` to one rank; the monotonic time just before the signal."""
+        t = time.monotonic()
+        os.kill(self.procs[rank].pid, signum)
+        return t
+
     def kill(self, rank: int) -> float:
         """SIGKILL one rank; the monotonic time just before the signal."""
         import signal
@@ -668,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shrink", action="store_true", help="loop: shrink after the error")
     ap.add_argument("--alloc", action="store_true", help="loop: all-reduce a comm.alloc buffer (zero-copy sends)")
     ap.add_argument("--orphan", action="store_true", help="loop: rank 1 first sends rank 0 a message it never receives")
+    ap.add_argument("--depart-on-signal", action="store_true",
+                    help="loop: on SIGUSR2 this rank destroys its communicator after its current call and stops")
     ap.add_argument("--delay-s", type=float, default=0.5)
     ap.add_argument("--mode", default="absent", help="shrinkvote: absent or exclude")
     ap.add_argument("--call-timeout", type=float, default=1.0)
