@@ -256,3 +256,36 @@ def test_ranks_started_by_a_batch_launcher_need_no_ringflow_variable(tmp_path: P
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all(json.loads((tmp_path / f"r{r}.json").read_text())["ok"] for r in range(2))
+
+
+LATE = '''
+import json, os, signal, sys, time
+import numpy as np
+import ringflow
+from ringflow.errors import Timeout
+out = sys.argv[1]
+comm = ringflow.init()
+x = np.ones(1 << 12)
+comm.all_reduce(x)
+if comm.rank == 2:
+    json.dump({}, open(f"{out}/r2.json", "w"))
+    os.kill(os.getpid(), signal.SIGSTOP)     # alive, never arrives (the launcher's timeout ends it)
+if comm.rank == 1:
+    time.sleep(60)                           # alive, answers, never arrives
+try:
+    comm.all_reduce(x, timeout=2)
+    res = {"error": None}
+except Timeout as exc:
+    res = {"error": str(exc)}
+json.dump(res, open(f"{out}/r{comm.rank}.json", "w"))
+os._exit(0)
+'''
+
+
+def test_a_timeout_names_the_ranks_that_did_not_arrive_and_what_they_last_did(tmp_path: Path) -> None:
+    p = _run(tmp_path, LATE, 3, timeout_s=7)
+    assert p.returncode != 0   # the launcher's timeout ends the sleeping and the stopped rank
+    err = json.loads((tmp_path / "r0.json").read_text())["error"]
+    assert err is not None and "ranks not in call #1" in err, err
+    assert "rank 1 is after its call #0" in err and '"collective": "all_reduce"' in err, err
+    assert "rank 2 did not answer" in err, err

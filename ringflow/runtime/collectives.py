@@ -32,6 +32,8 @@ class CollectiveCalls:
         rank: int
         size: int
         _op_seq: int
+        _last_call: tuple[int, str]
+        _in_call: bool
         _transport: Transport
         _waiters: list[Waiter]
         _run: Callable[..., Any]
@@ -279,6 +281,7 @@ class CollectiveCalls:
                 return
             seq = self._op_seq
             self._op_seq += 1
+            self._last_call, self._in_call = (seq, "barrier"), True
             ctx = CallContext(self._transport, self._waiters[LANE_COLL], call_signature("barrier"), seq,
                               describe("barrier", 0, np.dtype("uint8"), None, None, "check"), deadline, self.size,
                               self.rank, True)

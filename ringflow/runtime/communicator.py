@@ -79,6 +79,8 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         self._mismatch_notes: dict[int, str] = {}
         self._destroyed = False
         self._op_seq = 0
+        self._last_call: tuple[int, str] = (-1, "")   # the latest collective this rank entered: (op_seq, what)
+        self._in_call = False
         self._nsplit = 0
         self._nshrink = 0  # shrinks begun on this communicator (recovery.agree: the store namespace of each)
         # made by shrink(): new rank i was rank parent_ranks[i] of the old communicator; None otherwise
@@ -96,7 +98,7 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         self._calls: dict[tuple, _Prepared] = {}
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]
-        self._watchdog = Watchdog(rank, self._fail, self._note_mismatch, self._on_departed)
+        self._watchdog = Watchdog(rank, self._fail, self._note_mismatch, self._on_departed, self._status)
         ifname, addr = select_interface(config.get("SOCKET_IFNAME"))
         self._listener = Listener(addr, shared.secret, self.uid, shared.tos,
                                   on_ctrl=lambda p, s: self._watchdog.add(p, s, dialed=False),
@@ -246,12 +248,40 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
                 raise
             raise RemoteError(f"rank {exc.rank} left the communicator (destroy() or the end of its `with` block) "
                               f"while this rank's call needed it", rank=exc.rank, hint=left) from None
-        except Timeout:
+        except Timeout as exc:
             # a collective may have half-moved data: its channels can no longer be trusted
             if self._failure is None and lane == LANE_COLL:
                 self._failure = Aborted("an earlier operation timed out mid-transfer",
                                         "create a new communicator")
+            if lane == LANE_COLL and self._in_call:
+                raise Timeout(f"{exc.message}; {self._who_did_not_arrive()}", exc.hint) from None
             raise
+        finally:
+            if lane == LANE_COLL:
+                self._in_call = False
+
+    def _status(self) -> dict[str, object]:
+        """What this rank answers a peer's STATUS_QUERY with (read by the watchdog thread)."""
+        seq, what = self._last_call
+        return {"op_seq": seq, "call": what, "in_call": self._in_call}
+
+    def _who_did_not_arrive(self, wait_s: float = 0.5) -> str:
+        """Which peers have not entered this rank's current collective, and what each was last doing."""
+        seq, _ = self._last_call
+        peers = [p for p in range(self.size) if p != self.rank and p not in self._watchdog.dead]
+        answers = self._watchdog.ask_status(peers, wait_s)
+        behind = []
+        for p in peers:
+            a = answers.get(p)
+            if a is None:
+                behind.append(f"rank {p} did not answer within {wait_s:g} s (stopped, or busy without releasing "
+                              "the GIL)")
+            elif int(a.get("op_seq", -1)) < seq:   # type: ignore[call-overload]
+                state = "inside" if a.get("in_call") else "after"
+                behind.append(f"rank {p} is {state} its call #{a.get('op_seq')} ({a.get('call')})")
+        if not behind:
+            return "every rank has entered this call (one of them is slow inside it)"
+        return f"ranks not in call #{seq}: " + "; ".join(behind)
 
     def _departed_name(self, peer: int | None) -> str | None:
         """The fix hint for a peer that said goodbye (its closed connection may beat its goodbye by a moment:
@@ -321,6 +351,7 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         self.last_schedule = prep.schedule
         seq = self._op_seq
         self._op_seq += 1
+        self._last_call, self._in_call = (seq, prep.desc), True
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
                           self.rank, self._checks, self._streams)
         small = ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes

@@ -50,8 +50,11 @@ class Watchdog:
     """Owns the control sockets of one rank of one communicator."""
 
     def __init__(self, rank: int, on_failure: Callable[[RingflowError], None],
-                 on_mismatch: Callable[[int, str], None], on_departed: Callable[[int], None] | None = None) -> None:
+                 on_mismatch: Callable[[int, str], None], on_departed: Callable[[int], None] | None = None,
+                 status: Callable[[], dict[str, object]] | None = None) -> None:
         self.rank = rank
+        self.status = status            # what this rank answers a STATUS_QUERY with
+        self.statuses: dict[int, dict[str, object]] = {}   # peers' answers to our last query
         self.on_failure, self.on_mismatch, self.on_departed = on_failure, on_mismatch, on_departed
         self.interval_s = float(config.get("HEARTBEAT_INTERVAL"))
         self.timeout_s = float(config.get("HEARTBEAT_TIMEOUT"))
@@ -188,6 +191,16 @@ class Watchdog:
             self.departed[peer] = time.monotonic()
             if self.on_departed is not None:
                 self.on_departed(peer)
+        elif f.kind == Kind.STATUS_QUERY and self.status is not None:
+            self.send(peer, Kind.STATUS, json.dumps(self.status()).encode())
+        elif f.kind == Kind.STATUS:
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                answer = {}
+            with self._cond:
+                self.statuses[peer] = answer if isinstance(answer, dict) else {}
+                self._cond.notify_all()
         elif f.kind == Kind.MISMATCH:
             try:
                 msg = json.loads(body).get("message", "")
@@ -211,6 +224,19 @@ class Watchdog:
         log.warning("ringflow: rank %d: peer rank %d failed: %s", self.rank, peer, why)
         self.on_failure(RemoteError(f"rank {peer} failed: {why}", rank=peer,
                                     hint="the communicator is unusable; shrink it or create a new one"))
+
+    def ask_status(self, peers: list[int], wait_s: float) -> dict[int, dict[str, object]]:
+        """Ask `peers` what they are doing; the answers that came within `wait_s` (a stopped or hung peer's
+        kernel keeps its connection, but nobody answers)."""
+        with self._cond:
+            self.statuses.clear()
+        for p in peers:
+            self.send(p, Kind.STATUS_QUERY)
+        end = time.monotonic() + wait_s
+        with self._cond:
+            while not all(p in self.statuses for p in peers) and time.monotonic() < end:
+                self._cond.wait(max(0.0, end - time.monotonic()))
+            return {p: self.statuses[p] for p in peers if p in self.statuses}
 
     def close(self) -> None:
         """Stop the thread and close every control socket."""

@@ -41,6 +41,8 @@ class Kind(enum.IntEnum):
     BYE = 6         # the sender destroyed its communicator cleanly
     MISMATCH = 7    # the sender found ranks disagreeing in op `op_seq`
     ERROR = 8
+    STATUS_QUERY = 9  # a rank whose call timed out asks every peer what it is doing
+    STATUS = 10       # the answer: the peer's last collective (JSON: op_seq, call, in_call)
 
 
 @dataclass(frozen=True)
