@@ -43,7 +43,9 @@ def err_info(exc: BaseException, t0: float | None = None) -> dict[str, Any]:
         d["rank"] = exc.rank
     elif isinstance(exc, Timeout):
         import re
-        named = re.search(r"waiting for ranks \[(\d+)", str(exc))
+        missing = str(exc).split("ranks not in call", 1)[-1]   # the ranks that had not entered the call
+        named = (re.search(r"rank (\d+) did not answer", missing) or re.search(r"rank (\d+) is ", missing)
+                 or re.search(r"waiting for ranks \[(\d+)", str(exc)))
         d["rank"] = int(named.group(1)) if named else None
     if t0 is not None:
         d["elapsed_s"] = d["t"] - t0

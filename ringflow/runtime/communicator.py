@@ -270,13 +270,11 @@ class Communicator(CollectiveCalls, PointToPoint, Groups):
         seq, _ = self._last_call
         peers = [p for p in range(self.size) if p != self.rank and p not in self._watchdog.dead]
         answers = self._watchdog.ask_status(peers, wait_s)
-        behind = []
-        for p in peers:
-            a = answers.get(p)
-            if a is None:
-                behind.append(f"rank {p} did not answer within {wait_s:g} s (stopped, or busy without releasing "
-                              "the GIL)")
-            elif int(a.get("op_seq", -1)) < seq:   # type: ignore[call-overload]
+        silent = [p for p in peers if p not in answers]
+        behind = [f"rank {p} did not answer within {wait_s:g} s (stopped, or busy without releasing the GIL)"
+                  for p in silent]
+        for p, a in answers.items():
+            if int(a.get("op_seq", -1)) < seq:   # type: ignore[call-overload]
                 state = "inside" if a.get("in_call") else "after"
                 behind.append(f"rank {p} is {state} its call #{a.get('op_seq')} ({a.get('call')})")
         if not behind:
