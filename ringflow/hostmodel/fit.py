@@ -172,7 +172,7 @@ def cross_validated_errors(samples: Sequence[Sample], cores: int, folds: int = C
         test = order[k::folds]
         mask = np.ones(n, dtype=bool)
         mask[test] = False
-        train = [samples[i] for i in np.flatnonzero(mask)]
+        train = [samples[int(i)] for i in np.flatnonzero(mask)]
         if share is None:
             p = fit_params(train, cores)
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +40,14 @@ def _bench_job(transport: str, n: int, collectives: Sequence[str], sizes: Sequen
     """One bench job after waiting for the host to be quiet; one that still ran beside other processes' work
     is run again (BUSY_RETRIES times at most) and the least disturbed attempt kept."""
     env = {"RINGFLOW_SHM_DISABLE": "1" if transport == "tcp" else "", "RINGFLOW_TUNER_MODEL": "", "RINGFLOW_ALGO": ""}
-    best, attempts = None, 0
+    best: dict[str, Any] | None = None
+    attempts = 0
     for _ in range(1 + BUSY_RETRIES):
         attempts += 1
         wait_for_quiet()
         with HostLoadMeter() as meter:
             rows = launch(",".join(collectives), n, 1, 1, sizes=list(sizes), extra_env=env)
-        job = {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None}
+        job: dict[str, Any] = {"rows": rows, "load": meter.result.as_dict() if meter.result is not None else None}
         if best is None or (job["load"] and best["load"]
                             and job["load"]["foreign_fraction"] < best["load"]["foreign_fraction"]):
             best = job
