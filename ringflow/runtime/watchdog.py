@@ -164,13 +164,12 @@ class Watchdog:
             err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         except OSError:
             err = 0
-        if err and peer not in self.departed:
-            if err == errno.ETIMEDOUT:
-                self._dead(peer, f"its host stopped answering (no TCP keepalive reply for {self.timeout_s:g} s; "
-                                 "link down or host hung)")
-            else:
-                self._dead(peer, f"its connection failed ({os.strerror(err)})")
+        if err == errno.ETIMEDOUT and peer not in self.departed:
+            self._dead(peer, f"its host stopped answering (no TCP keepalive reply for {self.timeout_s:g} s; "
+                             "link down or host hung)")
             return
+        # any other pending error (a reset, a broken pipe after the peer closed) is for the read below to meet
+        # once the frames the peer sent before it (its BYE) have been read
         try:
             f, body = read_frame(sock, time.monotonic() + 2.0, f"rank {peer} (control)", self._in_seq[peer])
         except (RemoteError, OSError, Timeout) as exc:
