@@ -1,24 +1,31 @@
-"""torch.distributed on backend ringflow versus gloo, in the same run: time per call by operation and size.
+"""torch.distributed on backend ringflow versus gloo and versus ringflow's own API, in one run.
 
-    python benchmarks/torch_backend.py --ranks 2 4 --min 8 --max 64MiB [-o out.json]
+    python benchmarks/torch_backend.py --ranks 2 4 --min 8 --max 64MiB [-o out.json] [--plot out.png]
+    python benchmarks/torch_backend.py --ddp [--steps 30]        # DDP step time of examples/torch/train_lm.py
 
 Each rank process initialises gloo as the default group and a ringflow group over the same ranks
 (`new_group(backend="ringflow")`), then times all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
-broadcast and all_to_all_single on float32 tensors of each size on both groups, alternating. Rank 0
-reports the median time per call (max over ranks) and the algorithm bandwidth (bytes / time).
+broadcast and all_to_all_single on float32 tensors of each size three ways: torch on gloo, torch on
+ringflow, and the same call on the ringflow group's own Communicator (`pg.comm.all_reduce(x)`, ...).
+The three are interleaved round by round; each cell is the median over rounds of the per-round median
+time per call (max over ranks). "overhead" is torch-on-ringflow minus the own API: what the backend adds.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "all_to_all_single"]
+WAYS = ["gloo", "ringflow", "own"]
 
 
 def _size(text: str) -> int:
@@ -28,28 +35,32 @@ def _size(text: str) -> int:
     return int(float(num) * units[t[len(num):]])
 
 
-def _call(op: str, n: int, nbytes: int, group: Any) -> Any:
-    """A closure running one call of op on `group` with a message of nbytes (per rank)."""
+def _call(op: str, n: int, nbytes: int, group: Any, own: bool) -> Callable[[], Any]:
+    """A closure running one call of op with a message of nbytes (per rank): torch on `group`, or (own) the
+    group's ringflow Communicator directly."""
     import torch
     import torch.distributed as dist
     k = max(n, nbytes // 4 // n * n)
     x = torch.ones(k)
+    c = group.comm if own else None
     if op == "all_reduce":
-        return lambda: dist.all_reduce(x, group=group)
+        return (lambda: c.all_reduce(x)) if c else (lambda: dist.all_reduce(x, group=group))
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(k), torch.ones(k // n)
-        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+        return (lambda: c.all_gather(inp, out=out)) if c else (
+            lambda: dist.all_gather_into_tensor(out, inp, group=group))
     if op == "reduce_scatter_tensor":
         out = torch.empty(k // n)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=group)
+        return (lambda: c.reduce_scatter(x, out=out)) if c else (
+            lambda: dist.reduce_scatter_tensor(out, x, group=group))
     if op == "broadcast":
-        return lambda: dist.broadcast(x, 0, group=group)
+        return (lambda: c.broadcast(x, 0)) if c else (lambda: dist.broadcast(x, 0, group=group))
     out = torch.empty(k)
-    return lambda: dist.all_to_all_single(out, x, group=group)
+    return (lambda: c.all_to_all(x, out=out)) if c else (lambda: dist.all_to_all_single(out, x, group=group))
 
 
-def rank_main(rank: int, n: int, init: str, sizes: list[int], out_path: str) -> None:
-    """One rank: time every op and size on both groups; rank 0 writes the results."""
+def rank_main(rank: int, n: int, init: str, sizes: list[int], rounds: int, out_path: str) -> None:
+    """One rank: time every op and size three ways, interleaved; rank 0 writes the results."""
     import warnings
 
     import torch
@@ -59,17 +70,19 @@ def rank_main(rank: int, n: int, init: str, sizes: list[int], out_path: str) -> 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=n)
-    groups = {"gloo": dist.group.WORLD, "ringflow": dist.new_group(list(range(n)), backend="ringflow")}
+    rf = dist.new_group(list(range(n)), backend="ringflow")
+    groups = {"gloo": dist.group.WORLD, "ringflow": rf, "own": rf}
     rows = []
     for op in OPS:
         for nbytes in sizes:
-            iters = max(3, min(50, int(2e8 // max(nbytes, 1) // 8)))
-            row: dict[str, Any] = {"op": op, "bytes": nbytes, "ranks": n}
-            for _ in range(2):                 # alternate the backends twice; keep the second round
-                for name, g in groups.items():
-                    fn = _call(op, n, nbytes, g)
+            iters = max(3, min(200, int(1e8 // max(nbytes, 1) // 8)))
+            fns = {w: _call(op, n, nbytes, g, w == "own") for w, g in groups.items()}
+            per: dict[str, list[float]] = {w: [] for w in WAYS}
+            for _ in range(rounds):
+                for w in WAYS:
+                    fn = fns[w]
                     fn()
-                    dist.barrier(group=g)
+                    dist.barrier(group=groups[w] if w != "own" else rf)
                     ts = []
                     for _ in range(iters):
                         t0 = time.perf_counter()
@@ -77,12 +90,71 @@ def rank_main(rank: int, n: int, init: str, sizes: list[int], out_path: str) -> 
                         ts.append(time.perf_counter() - t0)
                     med = torch.tensor(sorted(ts)[len(ts) // 2], dtype=torch.float64)
                     dist.all_reduce(med, dist.ReduceOp.MAX)
-                    row[f"{name}_us"] = med.item() * 1e6
+                    per[w].append(med.item() * 1e6)
+            row: dict[str, Any] = {"op": op, "bytes": nbytes, "ranks": n, "iters": iters, "rounds": rounds}
+            for w in WAYS:
+                row[f"{w}_us"] = statistics.median(per[w])
             rows.append(row)
     if rank == 0:
         with open(out_path, "w") as fh:
             json.dump(rows, fh)
     dist.destroy_process_group()
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'op':<24}{'ranks':>6}{'bytes':>10}{'gloo us':>11}{'ringflow us':>13}{'own API us':>12}"
+             f"{'overhead us':>13}{'vs gloo':>9}"]
+    for r in rows:
+        lines.append(f"{r['op']:<24}{r['ranks']:>6}{r['bytes']:>10}{r['gloo_us']:>11.1f}{r['ringflow_us']:>13.1f}"
+                     f"{r['own_us']:>12.1f}{r['ringflow_us'] - r['own_us']:>13.1f}"
+                     f"{r['gloo_us'] / r['ringflow_us']:>8.2f}x")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> None:
+    from ringflow.plotting import pyplot
+    plt = pyplot()
+    ranks = sorted({r["ranks"] for r in rows})
+    fig, axes = plt.subplots(len(ranks), len(OPS), figsize=(4 * len(OPS), 3.2 * len(ranks)), squeeze=False)
+    for i, n in enumerate(ranks):
+        for j, op in enumerate(OPS):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["ranks"] == n and r["op"] == op]
+            for w in WAYS:
+                ax.loglog([r["bytes"] for r in sel], [r[f"{w}_us"] for r in sel], marker="o", label=w)
+            ax.set_title(f"{op}, {n} ranks", fontsize=9)
+            ax.set_xlabel("bytes per rank")
+            ax.set_ylabel("us per call")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _ddp(ranks: list[int], steps: int) -> list[dict[str, Any]]:
+    """Step time of examples/torch/train_lm.py under DDP, gloo versus ringflow, interleaved per world size."""
+    script = os.path.join(ROOT, "examples", "torch", "train_lm.py")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            row: dict[str, Any] = {"ranks": n, "steps": steps}
+            per: dict[str, list[float]] = {"gloo": [], "ringflow": []}
+            for rnd in range(3):
+                for backend in per:
+                    js, init = os.path.join(tmp, f"{backend}{n}{rnd}.json"), os.path.join(tmp, f"i{backend}{n}{rnd}")
+                    procs = [subprocess.Popen([sys.executable, script, "--backend", backend, "--mode", "ddp",
+                                               "--steps", str(steps), "--init-method", f"file://{init}",
+                                               "--json-out", js],
+                                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
+                                                   "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+                             for r in range(n)]
+                    if any(p.wait() != 0 for p in procs):
+                        sys.exit(f"a rank of the {n}-rank {backend} run failed")
+                    with open(js) as fh:
+                        per[backend].append(float(json.load(fh)["step_ms"]))
+            for b, v in per.items():
+                row[f"{b}_step_ms"] = statistics.median(v)
+            rows.append(row)
+    return rows
 
 
 def main() -> None:
@@ -92,16 +164,30 @@ def main() -> None:
     ap.add_argument("--min", default="8")
     ap.add_argument("--max", default="64MiB")
     ap.add_argument("--factor", type=int, default=8, help="size step")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
+    ap.add_argument("--ddp", action="store_true", help="time DDP training steps instead (examples/torch/train_lm.py)")
+    ap.add_argument("--steps", type=int, default=30, help="training steps per --ddp run")
     ap.add_argument("-o", "--output", default="", help="write the rows as JSON")
+    ap.add_argument("--plot", default="", help="write a plot (PNG) of time per call against size")
     ap.add_argument("--rank-args", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ddp:
+        drows = _ddp(args.ranks, args.steps)
+        print(f"{'ranks':>6}{'gloo ms/step':>14}{'ringflow ms/step':>18}{'speed-up':>10}")
+        for r in drows:
+            print(f"{r['ranks']:>6}{r['gloo_step_ms']:>14.2f}{r['ringflow_step_ms']:>18.2f}"
+                  f"{r['gloo_step_ms'] / r['ringflow_step_ms']:>9.2f}x")
+        if args.output:
+            with open(args.output, "w") as fh:
+                json.dump({"ddp": drows}, fh, indent=1)
+        return
     sizes, s = [], _size(args.min)
     while s <= _size(args.max):
         sizes.append(s)
         s *= args.factor
     if args.rank_args:
         r, n, init, out = args.rank_args
-        rank_main(int(r), int(n), init, sizes, out)
+        rank_main(int(r), int(n), init, sizes, args.rounds, out)
         return
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,19 +195,18 @@ def main() -> None:
             out = os.path.join(tmp, f"rows.{n}.json")
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             procs = [subprocess.Popen([sys.executable, __file__, "--min", args.min, "--max", args.max, "--factor",
-                                       str(args.factor), "--rank-args", str(r), str(n), os.path.join(tmp, f"i{n}"),
-                                       out], env=env) for r in range(n)]
+                                       str(args.factor), "--rounds", str(args.rounds), "--rank-args", str(r),
+                                       str(n), os.path.join(tmp, f"i{n}"), out], env=env) for r in range(n)]
             if any(p.wait() != 0 for p in procs):
                 sys.exit(f"a rank of the {n}-rank run failed")
             with open(out) as fh:
                 rows.extend(json.load(fh))
-    print(f"{'op':<24}{'ranks':>6}{'bytes':>12}{'gloo us':>12}{'ringflow us':>13}{'speed-up':>10}")
-    for r in rows:
-        print(f"{r['op']:<24}{r['ranks']:>6}{r['bytes']:>12}{r['gloo_us']:>12.1f}{r['ringflow_us']:>13.1f}"
-              f"{r['gloo_us'] / r['ringflow_us']:>9.2f}x")
+    print(_table(rows))
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)
+    if args.plot:
+        _plot(rows, args.plot)
 
 
 if __name__ == "__main__":

@@ -206,6 +206,7 @@ def p2p(rank: int, n: int) -> None:
         COUNT[0] += 1
         if "Timeout" not in str(exc):
             FAILS.append(f"timed-out wait says {exc}")
+    dist.barrier()   # no rank sends before every rank's timed wait ended
     dist.send(torch.ones(2) * rank, nxt, tag=9)
     w.wait()
     check("recv after timed-out wait", late, torch.ones(2) * prv)

@@ -20,10 +20,12 @@ from collections.abc import Iterable
 
 from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
+from .gate import Gate
 
 log = logging.getLogger("ringflow.runtime")
 
 MAX_MSG_BYTES = 64 * 2**20
+READ_SLICE_BYTES = 2**20
 _CTX = b"ringflow-store-v1"
 
 SET, GET, ADD, CAS, DELETE, WAIT, CHECK, NKEYS = range(1, 9)
@@ -69,7 +71,10 @@ def _read_msg(sock: socket.socket, deadline: float, what: str) -> tuple[int, lis
     (n,) = _U32.unpack(auth.recv_exact(sock, 4, deadline, what))
     if n > MAX_MSG_BYTES:
         raise ProtocolError(f"{what}: message of {n} bytes exceeds {MAX_MSG_BYTES}")
-    return decode(auth.recv_exact(sock, n, deadline, what))
+    # read in slices: memory grows with the bytes that arrive, not with the size a client declares
+    parts = [auth.recv_exact(sock, min(READ_SLICE_BYTES, n - got), deadline, what) for got in
+             range(0, n, READ_SLICE_BYTES)]
+    return decode(b"".join(parts))
 
 
 class StoreServer:
@@ -91,24 +96,15 @@ class StoreServer:
                               "pick another port or stop the process using it") from None
         self._sock.listen(512)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
-        self.refused = 0
-        self._thread = threading.Thread(target=self._accept_loop, name="ringflow-store", daemon=True)
-        self._thread.start()
+        # strangers are challenged by the gate's one thread; an authenticated client gets a serving thread
+        self._gate = Gate(self._sock, self._secret, _CTX, self._serve, "ringflow-store")
 
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="ringflow-store-conn", daemon=True).start()
+    @property
+    def refused(self) -> int:
+        """Connections refused so far (wrong secret, silent, or shed under a flood)."""
+        return self._gate.refused
 
     def _serve(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if not auth.server_handshake(conn, self._secret, _CTX):
-            self.refused += 1
-            conn.close()
-            return
         with self._cond:
             self._conns.add(conn)
         try:
@@ -187,6 +183,7 @@ class StoreServer:
     def close(self) -> None:
         """Stop serving and close every connection."""
         self._stop.set()
+        self._gate.close()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:

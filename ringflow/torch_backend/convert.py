@@ -51,15 +51,26 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
 
 
 class Staged:
-    """A flat contiguous working tensor for a user tensor; `finish()` copies results back when it was a copy."""
+    """A flat contiguous working tensor for a user tensor; `finish()` copies results back when it was a copy.
 
-    __slots__ = ("user", "flat", "copied")
+    `arg` is what to hand ringflow: the user's tensor itself when ringflow can use it as it is (a contiguous
+    CPU tensor of a native dtype), so ringflow's per-call binding cache recognises it call after call.
+    """
+
+    __slots__ = ("user", "flat", "copied", "arg")
 
     def __init__(self, t: torch.Tensor, writeback: bool = True) -> None:
+        if t.requires_grad:
+            t = t.detach()
+        if t.dtype in NATIVE and t.is_contiguous() and t.is_cpu:
+            self.user = self.arg = t
+            self.copied = False
+            self.flat = t.view(-1) if t.dim() != 1 else t
+            return
         v = work_view(t.detach())
         self.user = v
         self.copied = not v.is_contiguous()
-        self.flat = (v.contiguous() if self.copied else v).view(-1)
+        self.flat = self.arg = (v.contiguous() if self.copied else v).view(-1)
         if not writeback:
             self.copied = False
 

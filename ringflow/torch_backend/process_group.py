@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
-from .convert import BITWISE, Staged, op_of, pack, same_dtype, unpack, work_view
+from .convert import BITWISE, NATIVE, Staged, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store
 from .work import Lane, RingflowWork
 
 COLL, SEND, RECV = 0, 1, 2
+_NO_TIMEOUT = datetime.timedelta(0)   # what an options object holds when the call gives no timeout
 
 
 def _numel_all(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -36,6 +37,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         self.comm = communicator_from_store(store, rank, size, self._timeout_s)
         self._lanes = [Lane("coll"), Lane("send"), Lane("recv")]
         self._group_name = ""
+        self._op_cache: dict[tuple[int, torch.dtype], tuple[str, Any]] = {}
 
     # ---------------------------------------------------------------- identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -62,15 +64,31 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     # ---------------------------------------------------------------- dispatch
     def _timeout(self, opts: Any) -> float:
         t = getattr(opts, "timeout", None)
+        if t is None or t == _NO_TIMEOUT:
+            return self._timeout_s
         s = t.total_seconds() if isinstance(t, datetime.timedelta) else -1.0
         return s if s > 0 else self._timeout_s
+
+    def _ops(self, opts: Any, tensors: Sequence[torch.Tensor]) -> list[tuple[str, Any]]:
+        """op_of for each tensor, cached per (op, dtype) except PREMUL_SUM (its factor varies)."""
+        op = _op(opts)
+        kind = int(getattr(op, "op", op))
+        out = []
+        for x in tensors:
+            key = (kind, x.dtype)
+            hit = self._op_cache.get(key)
+            if hit is None:
+                hit = op_of(op, x.dtype)
+                if hit[1] is None:
+                    self._op_cache[key] = hit
+            out.append(hit)
+        return out
 
     def _submit(self, lane: int, what: str, body: Callable[[float], None], outputs: list[torch.Tensor],
                 opts: Any = None) -> RingflowWork:
         timeout = self._timeout(opts)
-        work = RingflowWork(what, outputs)
         inline = opts is not None and not getattr(opts, "asyncOp", True)
-        return self._lanes[lane].submit(lambda: body(timeout), work, inline)
+        return self._lanes[lane].submit(lambda: body(timeout), what, outputs, inline)
 
     def _fold(self, flat: torch.Tensor, name: str, t: float) -> None:
         """A bitwise all-reduce: gather every rank's flat tensor and fold it here."""
@@ -95,18 +113,25 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     # ---------------------------------------------------------------- reductions
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce each tensor in place."""
-        ops = [op_of(_op(opts), x.dtype) for x in tensors]
+        ops = self._ops(opts, tensors)
+        if len(tensors) == 1:
+            x, (name, factor) = tensors[0], ops[0]
+            if factor is None and name not in BITWISE and x.dtype in NATIVE and x.is_contiguous():
+                # the common case: ringflow reduces the user's tensor itself, no staging
+                return self._submit(COLL, "allreduce", lambda t: self.comm.all_reduce(x, name, timeout=t),
+                                    tensors, opts)
 
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
                 s = Staged(x)
-                self._reduce_flat(s.flat, name, factor, t)
+                self._reduce_flat(s.flat if name in BITWISE else s.arg, name, factor, t)
                 s.finish()
         return self._submit(COLL, "allreduce", body, tensors, opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce several tensors of one dtype as one flat buffer."""
-        name, factor = op_of(_op(opts), same_dtype(tensors, "allreduce_coalesced"))
+        same_dtype(tensors, "allreduce_coalesced")
+        name, factor = self._ops(opts, tensors[:1])[0]
 
         def body(t: float) -> None:
             flat = pack(tensors)
@@ -117,12 +142,13 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """Reduce each tensor into the root's."""
         root = int(opts.rootRank)
-        ops = [op_of(_op(opts), x.dtype) for x in tensors]
+        ops = self._ops(opts, tensors)
 
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
                 s = Staged(x)
-                self._reduce_flat(s.flat, name, factor, t, None if name in BITWISE else root)
+                self._reduce_flat(s.flat if name in BITWISE else s.arg, name, factor, t,
+                                  None if name in BITWISE else root)
                 if self.rank() == root:
                     s.finish()
         return self._submit(COLL, "reduce", body, tensors, opts)
@@ -140,14 +166,14 @@ class ProcessGroupRingflow(dist.ProcessGroup):
             n = so.flat.numel()
             so.flat.copy_(flat_in[self.rank() * n:(self.rank() + 1) * n])
         else:
-            self.comm.reduce_scatter(flat_in, name, out=so.flat, timeout=t)
+            self.comm.reduce_scatter(flat_in, name, out=so.arg, timeout=t)
         so.finish()
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> RingflowWork:
         """Reduce the i-th input of every rank into rank i's output."""
         out, ins = output_tensors[0], input_lists[0]
-        name, factor = op_of(_op(opts), out.dtype)
+        name, factor = self._ops(opts, [out])[0]
         if len(ins) != self.size() or len(set(_numel_all(ins))) > 1:
             raise InvalidArgument(f"reduce_scatter: {len(ins)} inputs of sizes {_numel_all(ins)}",
                                   f"pass {self.size()} inputs of equal size")
@@ -156,20 +182,22 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
-        name, factor = op_of(_op(opts), output.dtype)
+        name, factor = self._ops(opts, [output])[0]
         return self._submit(COLL, "reduce_scatter_tensor",
                             lambda t: self._rs(output, self._private(input, factor is not None or name in BITWISE),
                                                name, factor, t), [output], opts)
 
     @staticmethod
     def _private(x: torch.Tensor, copy: bool) -> torch.Tensor:
-        v = work_view(x.detach()).reshape(-1)
-        return v.clone() if copy else v
+        if copy:
+            return work_view(x.detach()).reshape(-1).clone()
+        s = Staged(x, writeback=False)
+        return s.arg if s.arg.dim() == 1 else s.flat
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> RingflowWork:
         """reduce_scatter_single on each (output, input) pair, in one job."""
-        ops = [op_of(_op(opts), o.dtype) for o in outputs]
+        ops = self._ops(opts, outputs)
 
         def body(t: float) -> None:
             for o, i, (name, factor) in zip(outputs, inputs, ops, strict=True):
@@ -187,7 +215,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         def body(t: float) -> None:
             for x in tensors:
                 s = Staged(x)
-                self.comm.broadcast(s.flat, root, timeout=t)
+                self.comm.broadcast(s.arg, root, timeout=t)
                 s.finish()
         return self._submit(COLL, "broadcast", body, tensors, opts)
 
@@ -220,12 +248,11 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         return self._submit(COLL, "allgather_coalesced", body, [o for ol in output_lists for o in ol], opts)
 
     def _ag(self, out: torch.Tensor, inp: torch.Tensor, t: float) -> None:
-        so = Staged(out)
-        flat = work_view(inp.detach()).reshape(-1)
-        if so.flat.numel() != self.size() * flat.numel():
+        so, si = Staged(out), Staged(inp, writeback=False)
+        if so.flat.numel() != self.size() * si.flat.numel():
             raise InvalidArgument(f"all_gather_into_tensor: output has {so.flat.numel()} elements, input "
-                                  f"{flat.numel()}", f"output must be {self.size()} x the input")
-        self.comm.all_gather(flat, out=so.flat, timeout=t)
+                                  f"{si.flat.numel()}", f"output must be {self.size()} x the input")
+        self.comm.all_gather(si.arg, out=so.arg, timeout=t)
         so.finish()
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
@@ -292,9 +319,9 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         """all_to_all_single: rows of dim 0, equal or by split sizes."""
         def body(t: float) -> None:
             so = Staged(output)
-            flat = work_view(input.detach()).reshape(-1)
+            flat = self._private(input, False)
             if not output_split_sizes and not input_split_sizes:
-                self.comm.all_to_all(flat, out=so.flat, timeout=t)
+                self.comm.all_to_all(flat, out=so.arg, timeout=t)
             else:
                 n = self.size()
                 rin = flat.numel() // max(1, input.shape[0]) if input.dim() else 1

@@ -37,16 +37,19 @@ def _seconds(timeout: Any) -> float | None:
 class RingflowWork(dist.Work):
     """A torch Work for one ringflow operation: wait(timeout), is_completed(), get_future()."""
 
-    def __init__(self, description: str, result: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, description: str, result: list[torch.Tensor] | None = None, *, done: bool = False,
+                 exc: BaseException | None = None) -> None:
         super().__init__()
         self.description = description
         self._result = result if result is not None else []
-        self._exc: BaseException | None = None
-        self._done = threading.Event()
-        self._future: torch.futures.Future = torch.futures.Future()
+        self._exc = exc
+        # a Work made already finished (a synchronous call run inline) needs no event and makes its future lazily
+        self._done: threading.Event | None = None if done else threading.Event()
+        self._future: torch.futures.Future | None = None if done else torch.futures.Future()
 
     def _finish(self, exc: BaseException | None) -> None:
         self._exc = exc
+        assert self._done is not None and self._future is not None, "finished twice"
         self._done.set()
         if exc is None:
             self._future.set_result(self._result)
@@ -55,21 +58,22 @@ class RingflowWork(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until done; DistBackendError if it failed or did not finish within `timeout`."""
-        t = _seconds(timeout)
-        if not self._done.wait(t):
-            raise dist.DistBackendError(f"ringflow {self.description}: Timeout: not completed within {t}s "
-                                        "(fix: the operation is still running; wait longer or abort the group)")
+        if self._done is not None and not self._done.is_set():
+            t = _seconds(timeout)
+            if not self._done.wait(t):
+                raise dist.DistBackendError(f"ringflow {self.description}: Timeout: not completed within {t}s "
+                                            "(fix: the operation is still running; wait longer or abort the group)")
         if self._exc is not None:
             raise backend_error(self._exc, self.description) from self._exc
         return True
 
     def is_completed(self) -> bool:
         """True once the operation finished, successfully or not."""
-        return self._done.is_set()
+        return self._done is None or self._done.is_set()
 
     def is_success(self) -> bool:
         """True if it finished without error."""
-        return self._done.is_set() and self._exc is None
+        return self.is_completed() and self._exc is None
 
     def exception(self) -> BaseException | None:
         """The error it raised, or None."""
@@ -77,6 +81,12 @@ class RingflowWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         """A future completed with the output tensors when the operation ends."""
+        if self._future is None:   # finished at creation: nothing else touches it
+            self._future = torch.futures.Future()
+            if self._exc is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(backend_error(self._exc, self.description))
         return self._future
 
     def result(self) -> list[torch.Tensor]:
@@ -114,25 +124,29 @@ class Lane:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, job: Job, work: RingflowWork, inline: bool) -> RingflowWork:
-        """Run job for work (inline if allowed and nothing is queued); returns work."""
+    def submit(self, job: Job, description: str, outputs: list[torch.Tensor], inline: bool) -> RingflowWork:
+        """Run job (inline if allowed and nothing is queued); its Work."""
+        if self._closed:
+            raise backend_error(InvalidUsage("the process group is shut down",
+                                             "create a new one with init_process_group / new_group"), description)
+        if inline and self._pending == 0:
+            # nothing this thread issued earlier is still queued (the worker counts down only when a job ended)
+            with self._exec:
+                try:
+                    job()
+                except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                    return RingflowWork(description, outputs, done=True, exc=exc)
+            return RingflowWork(description, outputs, done=True)
+        work = RingflowWork(description, outputs)
         with self._mu:
             if self._closed:
                 raise backend_error(InvalidUsage("the process group is shut down",
-                                                 "create a new one with init_process_group / new_group"),
-                                    work.description)
-            inline = inline and self._pending == 0
-            if not inline:
-                self._pending += 1
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}",
-                                                    daemon=True)
-                    self._thread.start()
-        if inline:
-            with self._exec:
-                _run(job, work)
-        else:
-            self._q.put((job, work))
+                                                 "create a new one with init_process_group / new_group"), description)
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}", daemon=True)
+                self._thread.start()
+        self._q.put((job, work))
         return work
 
     def _loop(self) -> None:

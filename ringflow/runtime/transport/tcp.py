@@ -28,6 +28,7 @@ import numpy as np
 from ... import config
 from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from .. import auth
+from ..gate import Gate
 from . import frames
 from .base import Mismatch, Sink, XferOp
 from .frames import HEADER_BYTES, Kind
@@ -218,32 +219,11 @@ class Listener:
         self._cond = threading.Condition()
         self._conns: dict[tuple[int, str], socket.socket] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="ringflow-listen", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            if self._closed:
-                conn.close()
-                return
-            # one thread per connection: a client that never answers the challenge must not stall others
-            threading.Thread(target=self._admit_safely, args=(conn,), name="ringflow-admit", daemon=True).start()
-
-    def _admit_safely(self, conn: socket.socket) -> None:
-        try:
-            self._admit(conn)
-        except Exception as exc:  # noqa: BLE001 - a bad client must never kill the listener
-            log.warning("ringflow: dropped a connection during setup: %s", exc)
-            conn.close()
+        # strangers are challenged by the gate's one thread; only authenticated connections reach _admit
+        self._gate = Gate(self.sock, secret, TRANSPORT_CTX, self._admit, "ringflow-listen")
 
     def _admit(self, conn: socket.socket) -> None:
-        if not auth.server_handshake(conn, self.secret, TRANSPORT_CTX):
-            conn.close()
-            return
+        """An authenticated connection: read its HELLO and hand it to the control or data side."""
         try:
             peer_addr = conn.getpeername()
         except OSError:
@@ -283,6 +263,7 @@ class Listener:
     def close(self) -> None:
         """Stop accepting and close unclaimed connections."""
         self._closed = True
+        self._gate.close()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
