@@ -137,3 +137,43 @@ def test_a_flood_of_silent_connections_delays_nobody_who_has_the_secret(tmp_path
     res = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     assert all(r["wrong"] == 0 and r["split_ok"] and r["store_ok"] for r in res), res
     assert min(r["calls"] for r in res) > 10, res
+
+
+STOPPABLE_STORE = '''
+import sys, time
+from ringflow.runtime.store import StoreServer
+server = StoreServer("127.0.0.1", 0, sys.argv[1])
+print(server.address[1], flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_store_that_stops_answering_costs_a_caller_its_own_deadline_not_a_fixed_one(tmp_path: Path) -> None:
+    """A stopped store (SIGSTOP: its connections stay open, nothing answers) ends a bounded request at the caller's
+    deadline with a typed error; a store port already in use fails at once."""
+    import signal
+
+    from ringflow.errors import RingflowSystemError, Timeout
+    from ringflow.runtime import auth
+    from ringflow.runtime.store import Store, StoreServer
+    secret = auth.new_secret()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", STOPPABLE_STORE, secret], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(proc.stdout.readline())   # type: ignore[union-attr]
+        st = Store("127.0.0.1", port, secret, timeout=10)
+        st.set("a", b"1")
+        os.kill(proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(Timeout, match="did not answer"), st.bounded(time.monotonic() + 2.0):
+            st.get("a", 30)
+        assert time.monotonic() - t0 < 3.0
+        with pytest.raises(RingflowSystemError, match="closed"):
+            st.set("b", b"2")
+        t0 = time.monotonic()
+        with pytest.raises(RingflowSystemError, match="cannot listen"):
+            StoreServer("127.0.0.1", port, secret)
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -7,7 +7,7 @@ An ordinary torch script: the only ringflow line is the import that registers th
 small gradient buckets and `no_sync` gradient accumulation; FSDP2 shards every block and the root with
 `fully_shard` on a CPU device mesh, accumulating with `set_requires_gradient_sync(False)`. Each step
 sees the same global batch whatever the world size, so the parameters after k steps equal a
-single-process run's (up to summation order). `--json-out` (rank 0) writes the losses and the full
+single-process run's (up to summation order). `--json-out` (rank 0) writes the losses, the median step time and the full
 parameters.
 """
 from __future__ import annotations
@@ -16,6 +16,8 @@ import argparse
 import datetime
 import json
 import os
+import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -88,8 +90,9 @@ def main() -> None:
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     data = batches(args.steps, args.accum, args.global_batch, args.seq, vocab)
     per = args.global_batch // world
-    losses = []
+    losses, step_s = [], []
     for step in range(args.steps):
+        t0 = time.perf_counter()
         opt.zero_grad()
         total = torch.zeros(())
         for i in range(args.accum):
@@ -106,6 +109,7 @@ def main() -> None:
                 loss.backward()
             total += loss.detach()
         opt.step()
+        step_s.append(time.perf_counter() - t0)
         dist.all_reduce(total, dist.ReduceOp.SUM)
         losses.append(total.item() / world)
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
@@ -121,6 +125,7 @@ def main() -> None:
         with open(args.json_out, "w") as fh:
             json.dump({"backend": args.backend, "mode": args.mode, "world_size": world, "steps": args.steps,
                        "losses": losses, "ranks_agree": spread,
+                       "step_ms": statistics.median(step_s[2:] or step_s) * 1e3,
                        "params": {k: v.flatten().tolist() for k, v in params.items()}}, fh)
     dist.destroy_process_group()
 

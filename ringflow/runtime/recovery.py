@@ -40,6 +40,7 @@ log = logging.getLogger("ringflow.runtime")
 # While waiting for votes, re-read the watchdog this often: a death first seen on a data socket
 # reaches the watchdog a moment later, and the dead rank's vote will never come.
 POLL_S = 0.02
+STORE_GRACE_S = 1.0   # past the shrink's deadline, a last store request may take this long
 
 
 def gone_peers(comm: Communicator) -> set[int]:
@@ -73,35 +74,37 @@ def agree(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None
     if t <= 0:
         raise InvalidArgument(f"timeout={timeout}", "give a positive number of seconds")
     deadline = time.monotonic() + t
-    gone = excl | gone_peers(comm)
-    st.set(f"vote/{me}", json.dumps(sorted(gone)))
-    votes: dict[int, set[int]] = {me: set(gone)}
-    while True:
-        gone |= gone_peers(comm)
-        for s in votes.values():
-            gone |= s
-        waiting = [r for r in range(size) if r not in gone and r not in votes]
-        if not waiting:
-            break
-        if st.check(["decision"]):
-            break  # somebody already decided (it gave up waiting for a rank): adopt it below
-        if time.monotonic() >= deadline:
-            log.warning("ringflow: rank %d: shrink: no vote from ranks %s before the deadline; leaving them out",
-                        me, waiting)
-            gone |= set(waiting)
-            break
-        try:
-            st.wait([f"vote/{r}" for r in waiting], min(POLL_S, max(0.001, deadline - time.monotonic())))
-        except Timeout:
-            pass
-        votes.update(_votes(st, waiting))
-    proposal = json.dumps(sorted(gone)).encode()
-    _, decided = st.compare_set("decision", None, proposal)
-    out = {int(x) for x in json.loads(decided or proposal)}
-    if me in out:
-        raise Aborted(f"rank {me} was left out of the shrunk communicator (the others did not hear from it in time)",
-                      "call shrink() on every survivor promptly, or raise its timeout")
-    return [r for r in range(size) if r not in out]
+    with st.bounded(deadline + STORE_GRACE_S):   # no store request outlives the caller's timeout
+        gone = excl | gone_peers(comm)
+        st.set(f"vote/{me}", json.dumps(sorted(gone)))
+        votes: dict[int, set[int]] = {me: set(gone)}
+        while True:
+            gone |= gone_peers(comm)
+            for s in votes.values():
+                gone |= s
+            waiting = [r for r in range(size) if r not in gone and r not in votes]
+            if not waiting:
+                break
+            if st.check(["decision"]):
+                break  # somebody already decided (it gave up waiting for a rank): adopt it below
+            if time.monotonic() >= deadline:
+                log.warning("ringflow: rank %d: shrink: no vote from ranks %s before the deadline; leaving them out",
+                            me, waiting)
+                gone |= set(waiting)
+                break
+            try:
+                st.wait([f"vote/{r}" for r in waiting], min(POLL_S, max(0.001, deadline - time.monotonic())))
+            except Timeout:
+                pass
+            votes.update(_votes(st, waiting))
+        proposal = json.dumps(sorted(gone)).encode()
+        _, decided = st.compare_set("decision", None, proposal)
+        out = {int(x) for x in json.loads(decided or proposal)}
+        if me in out:
+            raise Aborted(f"rank {me} was left out of the shrunk communicator (the others did not hear from it in "
+                          "time)",
+                          "call shrink() on every survivor promptly, or raise its timeout")
+        return [r for r in range(size) if r not in out]
 
 
 def remove_segments(comm: Communicator, ranks: Iterable[int]) -> int:

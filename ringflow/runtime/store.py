@@ -11,12 +11,13 @@ byte strings (``u32 count`` then ``u32 len + bytes`` each). Messages above 64 Mi
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
@@ -26,6 +27,7 @@ log = logging.getLogger("ringflow.runtime")
 
 MAX_MSG_BYTES = 64 * 2**20
 READ_SLICE_BYTES = 2**20
+REPLY_TIMEOUT_S = 30.0   # a request's reply, on top of what it asks the store to wait for
 _CTX = b"ringflow-store-v1"
 
 SET, GET, ADD, CAS, DELETE, WAIT, CHECK, NKEYS = range(1, 9)
@@ -206,6 +208,7 @@ class Store:
         self.host, self.port, self.timeout = host, int(port), float(timeout)
         self._secret = auth.secret_bytes(secret)
         self._lock = threading.Lock()
+        self._bound = threading.local()   # a caller's deadline (`bounded`) caps every request it makes
         self._sock: socket.socket | None = self._connect(connect_timeout if connect_timeout is not None
                                                          else self.timeout)
 
@@ -236,14 +239,35 @@ class Store:
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    @contextlib.contextmanager
+    def bounded(self, deadline: float) -> Iterator[None]:
+        """Every request this thread makes inside the block ends by `deadline` (time.monotonic()), answered or
+        with Timeout: the store's fixed reply timeout never outlives a caller's."""
+        old = getattr(self._bound, "deadline", None)
+        self._bound.deadline = deadline if old is None else min(old, deadline)
+        try:
+            yield
+        finally:
+            self._bound.deadline = old
+
     def _call(self, code: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
+        limit = time.monotonic() + REPLY_TIMEOUT_S + wait_s
+        bound = getattr(self._bound, "deadline", None)
+        if bound is not None and bound < limit:
+            limit = bound
         with self._lock:
             if self._sock is None:
-                raise RingflowSystemError("store client is closed", "create a new Store")
+                raise RingflowSystemError(f"store client for {self.host}:{self.port} is closed (closed, or an earlier "
+                                          "request went unanswered)", "create a new Store; check the store process")
             try:
-                self._sock.settimeout(30.0 + wait_s)
+                self._sock.settimeout(max(0.01, limit - time.monotonic()))
                 self._sock.sendall(encode(code, args))
-                status, out = _read_msg(self._sock, time.monotonic() + 30.0 + wait_s, "store reply")
+                status, out = _read_msg(self._sock, limit, "store reply")
+            except (TimeoutError, Timeout):
+                self._sock.close()   # a reply may still come: this connection can no longer be trusted
+                self._sock = None
+                raise Timeout(f"the store {self.host}:{self.port} did not answer in time",
+                              "the store process is stopped, overloaded or unreachable; raise the timeout") from None
             except (OSError, RemoteError) as exc:
                 raise RingflowSystemError(f"store {self.host}:{self.port} connection failed: {exc}",
                                   "the store process (rank 0 or `ringflow store`) exited") from None
@@ -321,6 +345,10 @@ class PrefixStore:
 
     def _k(self, key: str) -> str:
         return f"{self.prefix}/{key}"
+
+    def bounded(self, deadline: float) -> contextlib.AbstractContextManager[None]:
+        """`Store.bounded` of the store below."""
+        return self.base.bounded(deadline)
 
     def set(self, key: str, value: bytes | str) -> None:
         """Set key in this namespace."""

@@ -114,12 +114,13 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce each tensor in place."""
         ops = self._ops(opts, tensors)
-        if len(tensors) == 1:
+        if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]
             if factor is None and name not in BITWISE and x.dtype in NATIVE and x.is_contiguous():
-                # the common case: ringflow reduces the user's tensor itself, no staging
-                return self._submit(COLL, "allreduce", lambda t: self.comm.all_reduce(x, name, timeout=t),
-                                    tensors, opts)
+                # the common case: ringflow reduces the user's tensor itself (no staging, no extra frames)
+                t = self._timeout(opts)
+                return self._lanes[COLL].submit(lambda: self.comm.all_reduce(x, name, timeout=t), "allreduce",
+                                                tensors, not opts.asyncOp)
 
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
