@@ -7,8 +7,10 @@ Each rank process initialises gloo as the default group and a ringflow group ove
 (`new_group(backend="ringflow")`), then times all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast and all_to_all_single on float32 tensors of each size three ways: torch on gloo, torch on
 ringflow, and the same call on the ringflow group's own Communicator (`pg.comm.all_reduce(x)`, ...).
-The three are interleaved round by round; each cell is the median over rounds of the per-round median
-time per call (max over ranks). "overhead" is torch-on-ringflow minus the own API: what the backend adds.
+The three are interleaved round by round, rotating which goes first; each cell is the median over rounds of
+the per-round median time per call (max over ranks). torch's calls are all_gather_single and
+reduce_scatter_single where torch has them (all_gather_into_tensor and reduce_scatter_tensor warn).
+"overhead" is torch-on-ringflow minus the own API: what the backend adds.
 """
 from __future__ import annotations
 
@@ -35,6 +37,12 @@ def _size(text: str) -> int:
     return int(float(num) * units[t[len(num):]])
 
 
+def _torch_fn(name: str, old: str) -> Callable[..., Any]:
+    """torch.distributed's function `name`, or its older name where torch predates it (the old names warn)."""
+    import torch.distributed as dist
+    return getattr(dist, name, None) or getattr(dist, old)
+
+
 def _call(op: str, n: int, nbytes: int, group: Any, own: bool) -> Callable[[], Any]:
     """A closure running one call of op with a message of nbytes (per rank): torch on `group`, or (own) the
     group's ringflow Communicator directly."""
@@ -48,11 +56,11 @@ def _call(op: str, n: int, nbytes: int, group: Any, own: bool) -> Callable[[], A
     if op == "all_gather_into_tensor":
         out, inp = torch.empty(k), torch.ones(k // n)
         return (lambda: c.all_gather(inp, out=out)) if c else (
-            lambda: dist.all_gather_into_tensor(out, inp, group=group))
+            lambda: _torch_fn("all_gather_single", "all_gather_into_tensor")(out, inp, group=group))
     if op == "reduce_scatter_tensor":
         out = torch.empty(k // n)
         return (lambda: c.reduce_scatter(x, out=out)) if c else (
-            lambda: dist.reduce_scatter_tensor(out, x, group=group))
+            lambda: _torch_fn("reduce_scatter_single", "reduce_scatter_tensor")(out, x, group=group))
     if op == "broadcast":
         return (lambda: c.broadcast(x, 0)) if c else (lambda: dist.broadcast(x, 0, group=group))
     out = torch.empty(k)
@@ -78,8 +86,8 @@ def rank_main(rank: int, n: int, init: str, sizes: list[int], rounds: int, out_p
             iters = max(3, min(200, int(1e8 // max(nbytes, 1) // 8)))
             fns = {w: _call(op, n, nbytes, g, w == "own") for w, g in groups.items()}
             per: dict[str, list[float]] = {w: [] for w in WAYS}
-            for _ in range(rounds):
-                for w in WAYS:
+            for rnd in range(rounds):
+                for w in WAYS[rnd % 3:] + WAYS[:rnd % 3]:   # each way goes first in a third of the rounds
                     fn = fns[w]
                     fn()
                     dist.barrier(group=groups[w] if w != "own" else rf)
@@ -147,8 +155,11 @@ def _ddp(ranks: list[int], steps: int) -> list[dict[str, Any]]:
                                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": str(n),
                                                    "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
                              for r in range(n)]
-                    if any(p.wait() != 0 for p in procs):
-                        sys.exit(f"a rank of the {n}-rank {backend} run failed")
+                    codes = [p.wait() for p in procs]
+                    if not os.path.exists(js):
+                        sys.exit(f"the {n}-rank {backend} run failed (exit codes {codes})")
+                    if any(codes):   # rank 0 wrote its results; a rank failed on the way out
+                        print(f"note: {n}-rank {backend} run: exit codes {codes} after the results", file=sys.stderr)
                     with open(js) as fh:
                         per[backend].append(float(json.load(fh)["step_ms"]))
             for b, v in per.items():
@@ -185,6 +196,8 @@ def main() -> None:
     while s <= _size(args.max):
         sizes.append(s)
         s *= args.factor
+    if sizes[-1] < _size(args.max):
+        sizes.append(_size(args.max))
     if args.rank_args:
         r, n, init, out = args.rank_args
         rank_main(int(r), int(n), init, sizes, args.rounds, out)

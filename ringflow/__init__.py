@@ -33,12 +33,15 @@ _LAZY = {
     "init": "ringflow.runtime",
     "Communicator": "ringflow.runtime",
     "Work": "ringflow.runtime",
+    "get_rank": "ringflow.runtime.identity",
+    "get_world_size": "ringflow.runtime.identity",
+    "local_rank": "ringflow.runtime.identity",
     "Topology": "ringflow.topology",
     "Schedule": "ringflow.algorithms",
 }
 
 __all__ = [
-    "__version__", "init", "Communicator", "Work", "Topology", "Schedule",
+    "__version__", "init", "Communicator", "Work", "Topology", "Schedule", "get_rank", "get_world_size", "local_rank",
     "RingflowError", "InvalidArgument", "ConfigError", "TopologyError", "UnknownAlgorithm", "InvalidUsage",
     "VerificationError", "RingflowSystemError", "ProtocolError", "RemoteError", "Timeout", "Aborted",
 ]

@@ -41,7 +41,10 @@ def launch(tmp_path: Path, n: int, argv: list[str], *, torchrun_env: bool = Fals
     try:
         for p in procs:
             out, err = p.communicate(timeout=timeout_s)
-            assert p.returncode == 0, f"{argv} rank failed (rc {p.returncode}):\n{out}\n{err[-4000:]}"
+            # torch 2.13's gloo can abort in C++ teardown after the script has finished ("terminate called
+            # without an active exception", SIGABRT at exit); the script's results are complete by then
+            teardown_abort = p.returncode == -6 and "terminate called without an active exception" in err
+            assert p.returncode == 0 or teardown_abort, f"{argv} rank failed (rc {p.returncode}):\n{out}\n{err[-4000:]}"
             outs.append(out)
     finally:
         for p in procs:

@@ -44,7 +44,7 @@ def run(async_op: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> No
     w = fn(*args, async_op=async_op, **kwargs)
     if async_op:
         assert w is not None, "async_op=True returned no Work"
-        if isinstance(w, torch.futures.Future):      # all_reduce_coalesced returns the Work's future
+        if isinstance(w, torch._C.Future):      # all_reduce_coalesced returns the Work's future
             w.wait()
             return
         w.wait()

@@ -4,7 +4,8 @@ Server -> client: ``RFAU`` + version + 32-byte nonce_s.
 Client -> server: 32-byte nonce_c + HMAC-SHA256(secret, "c" | context | nonce_s | nonce_c).
 Server -> client: 1 status byte (1 = accepted) + HMAC-SHA256(secret, "s" | context | nonce_c | nonce_s).
 The secret never crosses the wire; `context` separates the store from the transport so a proof
-for one cannot be replayed on the other.
+for one cannot be replayed on the other. A server that refuses a proof says so (status 0); one that
+closes the connection without a status shed the handshake under load, and the client may retry.
 """
 from __future__ import annotations
 
@@ -64,19 +65,46 @@ def _mac(secret: bytes, label: bytes, context: bytes, a: bytes, b: bytes) -> byt
     return hmac.new(secret, label + b"|" + context + b"|" + a + b, hashlib.sha256).digest()
 
 
-def server_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0) -> bool:
-    """Challenge a connecting client; False (after logging the address) if it cannot prove the secret."""
-    deadline = time.monotonic() + timeout_s
+class Dropped(RingflowSystemError):
+    """The server closed the connection before answering the proof: it shed the handshake (a flood of
+    strangers, no descriptors left) or is shutting down. Unlike a refusal, worth retrying."""
+
+
+CHALLENGE_BYTES = len(_HELLO) + _NONCE
+REPLY_BYTES = _NONCE + _MAC
+REFUSED = b"\x00"
+
+
+def challenge() -> tuple[bytes, bytes]:
+    """(the server's nonce, the challenge message to send): step one of the server side."""
     nonce_s = os.urandom(_NONCE)
+    return nonce_s, _HELLO + nonce_s
+
+
+def answer(secret: bytes, context: bytes, nonce_s: bytes, reply: bytes) -> bytes | None:
+    """The acceptance message (status + the server's proof) for a client's REPLY_BYTES reply to `nonce_s`,
+    or None if the reply does not prove the secret: step two of the server side."""
+    if len(reply) != REPLY_BYTES:
+        return None
+    nonce_c, mac = reply[:_NONCE], reply[_NONCE:]
+    if not hmac.compare_digest(mac, _mac(secret, b"c", context, nonce_s, nonce_c)):
+        return None
+    return b"\x01" + _mac(secret, b"s", context, nonce_c, nonce_s)
+
+
+def server_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0) -> bool:
+    """Challenge a connecting client on a blocking socket; False (after logging the address) if it cannot
+    prove the secret. Listeners use `gate.Gate`, which runs the same steps for many clients on one thread."""
+    deadline = time.monotonic() + timeout_s
+    nonce_s, hello = challenge()
     try:
         sock.settimeout(timeout_s)
-        sock.sendall(_HELLO + nonce_s)
-        reply = recv_exact(sock, _NONCE + _MAC, deadline, "auth reply")
-        nonce_c, mac = reply[:_NONCE], reply[_NONCE:]
-        if not hmac.compare_digest(mac, _mac(secret, b"c", context, nonce_s, nonce_c)):
+        sock.sendall(hello)
+        accept = answer(secret, context, nonce_s, recv_exact(sock, REPLY_BYTES, deadline, "auth reply"))
+        if accept is None:
             _refuse(sock, "wrong HMAC (not the job secret)")
             return False
-        sock.sendall(b"\x01" + _mac(secret, b"s", context, nonce_c, nonce_s))
+        sock.sendall(accept)
         return True
     except (OSError, Timeout, RemoteError, ProtocolError) as exc:
         _refuse(sock, f"handshake failed: {exc}")
@@ -90,28 +118,40 @@ def _refuse(sock: socket.socket, why: str) -> None:
         addr = "?"
     log.warning("ringflow: refused connection from %s: %s", addr, why)
     try:
-        sock.sendall(b"\x00")
+        sock.sendall(REFUSED)
     except OSError:
         pass
 
 
 def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0,
                      what: str = "peer") -> None:
-    """Answer the server's challenge and check its proof; raises RingflowSystemError if refused."""
+    """Answer the server's challenge and check its proof. RingflowSystemError if refused (wrong secret),
+    `Dropped` if the server closed the connection first (retry), Timeout past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    hello = recv_exact(sock, len(_HELLO) + _NONCE, deadline, f"auth challenge from {what}")
+    try:
+        hello = recv_exact(sock, CHALLENGE_BYTES, deadline, f"auth challenge from {what}")
+    except (RemoteError, RingflowSystemError) as exc:
+        raise Dropped(f"{what} closed the connection before its challenge ({exc})",
+                      "it is shedding connections or shutting down; retry") from None
     if hello[:len(_HELLO)] != _HELLO:
         raise ProtocolError(f"{what} did not send a ringflow auth challenge", "check the address and port")
     nonce_s = hello[len(_HELLO):]
     nonce_c = os.urandom(_NONCE)
-    sock.sendall(nonce_c + _mac(secret, b"c", context, nonce_s, nonce_c))
     try:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
+        sock.sendall(nonce_c + _mac(secret, b"c", context, nonce_s, nonce_c))
         status = recv_exact(sock, 1, deadline, f"auth status from {what}")
-    except RemoteError:
-        status = b"\x00"
+    except (RemoteError, RingflowSystemError, ConnectionError) as exc:
+        # closed without a verdict: a server that refuses says so with REFUSED first
+        raise Dropped(f"{what} closed the connection during the handshake ({exc})",
+                      "it is shedding connections (a flood of strangers?) or shutting down; retry") from None
+    except TimeoutError as exc:
+        if isinstance(exc, Timeout):
+            raise
+        raise Timeout(f"sending the auth reply to {what} timed out", "the peer is slow or gone") from None
     if status != b"\x01":
         raise RingflowSystemError(f"{what} refused the connection: job secret does not match",
-                          "use the same RINGFLOW_SECRET on every rank and the store")
+                                  "use the same RINGFLOW_SECRET on every rank and the store")
     mac = recv_exact(sock, _MAC, deadline, f"auth proof from {what}")
     if not hmac.compare_digest(mac, _mac(secret, b"s", context, nonce_c, nonce_s)):
         raise RingflowSystemError(f"{what} could not prove the job secret", "you may be talking to an impostor")

@@ -2,7 +2,8 @@
 
 Every collective takes a NumPy array or a CPU torch tensor, works in place where torch.distributed
 does (all_reduce, broadcast, reduce), takes `out=` by keyword, and returns the result array, or a
-`Work` with `async_op=True`. Ranks are group-local.
+`Work` with `async_op=True`. Ranks are group-local. Collectives that allocate their output (out=None)
+allocate a torch tensor of x's dtype when x is a tensor, else a NumPy array.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
 from .executor import CallContext, Waiter, check_exchange, describe
 from .native import copy_into
-from .ops import Buf, finish_avg, parse_op
+from .ops import Buf, check_op, empty_like_input, finish_avg, parse_op
 from .transport.frames import call_signature
 from .transport.manager import LANE_COLL, Transport
 from .work import Work
@@ -42,6 +43,9 @@ class CollectiveCalls:
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
               splits: tuple[tuple[int, ...], ...] | None = None) -> Any:
+        if opname is not None:
+            check_op(opname, out.flat.dtype)
+
         def fn(deadline: float) -> None:
             if self.size == 1:
                 if out.flat is not x.flat and out.flat.size:
@@ -120,7 +124,7 @@ class CollectiveCalls:
     def _gather_out(self, xb: Buf, out: Any, what: str) -> tuple[Buf, Any]:
         if out is None:
             shape = (self.size * xb.shape[0], *xb.shape[1:]) if xb.shape else (self.size,)
-            out = np.empty(shape, dtype=xb.flat.dtype)
+            out = empty_like_input(xb.orig, shape, xb.flat.dtype)
         ob = Buf(out, "out")
         self._same_type(xb, ob, what)
         if ob.flat.size != self.size * xb.flat.size:
@@ -167,7 +171,7 @@ class CollectiveCalls:
         count = xb.flat.size // self.size
         if out is None:
             shape = (xb.shape[0] // self.size, *xb.shape[1:]) if xb.shape else (count,)
-            out = np.empty(shape, dtype=xb.flat.dtype)
+            out = empty_like_input(xb.orig, shape, xb.flat.dtype)
         ob = Buf(out, "out")
         self._same_type(xb, ob, what)
         if ob.flat.size != count:
@@ -231,7 +235,7 @@ class CollectiveCalls:
                 raise InvalidArgument(f"all_to_all: x.shape[0]={xb.shape[0]} is not divisible by {n}",
                                       "pass send_counts/recv_counts for uneven splits")
             if out is None:
-                out = np.empty_like(xb.arr)
+                out = empty_like_input(xb.orig, xb.shape, xb.flat.dtype)
             ob = Buf(out, "out")
             self._same_type(xb, ob, "all_to_all")
             if ob.flat.size != xb.flat.size:
@@ -250,7 +254,7 @@ class CollectiveCalls:
         else:
             rc = self._counts(recv_counts, "recv_counts")
         if out is None:
-            out = np.empty((sum(rc), *xb.shape[1:]), dtype=xb.flat.dtype)
+            out = empty_like_input(xb.orig, (sum(rc), *xb.shape[1:]), xb.flat.dtype)
         ob = Buf(out, "out")
         self._same_type(xb, ob, "all_to_all")
         if ob.flat.size != sum(rc) * row:

@@ -31,6 +31,8 @@ from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, Ringfl
 from .collectives import CollectiveCalls
 from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
+from .identity import set_default
+from .objects import ObjectCalls
 from .ops import UFUNCS, Buf, parse_op
 from .p2p import PointToPoint
 from .plugins import load_cost_model
@@ -66,7 +68,7 @@ class _Prepared:
         self.bound: Any = None  # the binding of the last small call, reused while its arrays are the same
 
 
-class Communicator(CollectiveCalls, PointToPoint, Groups):
+class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
     """A group of ranks that run collectives together. Create with `ringflow.init()`."""
 
     def __init__(self, shared: SharedState, ns: str, rank: int, size: int) -> None:
@@ -468,9 +470,11 @@ def init(rank: int | None = None, world_size: int | None = None, store_addr: str
     shared, ns, rank_, size = join(rank, world_size, store_addr, timeout=timeout, traffic_class=traffic_class,
                                    secret=secret)
     try:
-        return Communicator(shared, ns, rank_, size)
+        comm = Communicator(shared, ns, rank_, size)
     except BaseException:
         shared.store.close()
         if shared.server is not None:
             shared.server.close()
         raise
+    set_default(comm)
+    return comm

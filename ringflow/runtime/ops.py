@@ -15,10 +15,11 @@ except ImportError:  # pragma: no cover
     BFLOAT16 = None
 
 UFUNCS: dict[str, Callable] = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum,
-                               "avg": np.add}
+                               "avg": np.add, "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+BITWISE_OPS = frozenset({"band", "bor", "bxor"})  # integer and bool dtypes only
 OP_ALIASES = {"add": "sum", "mul": "prod", "product": "prod", "minimum": "min", "maximum": "max",
               "mean": "avg", "average": "avg", "band": None}
-SUPPORTED_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+SUPPORTED_DTYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                     "float16", "bfloat16", "float32", "float64")
 
 
@@ -44,6 +45,14 @@ def check_dtype(dtype: np.dtype) -> np.dtype:
     if dtype not in _SUPPORTED:
         raise InvalidArgument(f"dtype {dtype} is not supported", f"use one of {', '.join(SUPPORTED_DTYPES)}")
     return dtype
+
+
+def check_op(opname: str | None, dtype: np.dtype) -> None:
+    """A typed error for an op the dtype cannot take (bitwise on floats, avg on bool)."""
+    if opname in BITWISE_OPS and dtype.kind not in "biu":
+        raise InvalidArgument(f"{opname} on {dtype}", "bitwise ops need an integer or bool array")
+    if opname == "avg" and dtype.kind == "b":
+        raise InvalidArgument("avg on bool", "use sum or max (any) or min or prod (all) on bool")
 
 
 def finish_avg(out: np.ndarray, nranks: int) -> None:
@@ -73,6 +82,14 @@ class Buf:
         check_dtype(arr.dtype)
         self.arr, self.shape = arr, arr.shape
         self.flat = arr.reshape(-1)
+
+
+def empty_like_input(x: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A new output for a collective on x: a torch tensor of x's dtype when x is one, else a NumPy array."""
+    if type(x).__module__.startswith("torch"):
+        import torch  # lazy: only when a tensor is passed
+        return torch.empty(shape, dtype=x.dtype)
+    return np.empty(shape, dtype=dtype)
 
 
 def as_numpy(obj: Any, what: str = "buffer") -> np.ndarray:

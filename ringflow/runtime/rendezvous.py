@@ -11,10 +11,12 @@ import socket
 import threading
 
 from .. import config
-from ..errors import InvalidArgument, RingflowError, RingflowSystemError
+from ..errors import InvalidArgument, RingflowError, RingflowSystemError, Timeout
 from . import auth, logs
 from .env import detect
-from .store import Store, StoreServer
+from .store import PortInUse, Store, StoreServer
+
+IN_USE_PROBE_S = 2.0   # rank 0 finds its store port taken: how long what holds it has to answer as the store
 
 
 def host_id() -> str:
@@ -58,6 +60,7 @@ def join(rank: int | None = None, world_size: int | None = None, store_addr: str
     tos = None if tos is None or tos < 0 else tos
     sec = auth.secret_bytes(info.secret)
     server = None
+    in_use: PortInUse | None = None
     host, port = info.store_host, info.store_port
     if info.rank == 0 and port == 0:
         server = StoreServer(host, port, sec)
@@ -65,9 +68,19 @@ def join(rank: int | None = None, world_size: int | None = None, store_addr: str
     elif info.rank == 0:
         try:
             server = StoreServer(host, port, sec)
+        except PortInUse as exc:
+            in_use = exc  # somebody (the launcher, `ringflow store`) already serves it, or another program holds it
         except RingflowSystemError:
-            server = None  # somebody (the launcher, `ringflow store`) already serves it
-    store = Store(host, port, sec, timeout=timeout_s)
+            pass  # not an address of this host: the store runs elsewhere
+    if in_use is None:
+        store = Store(host, port, sec, timeout=timeout_s)
+    else:  # what holds the port listens now: a ringflow store answers at once
+        try:
+            store = Store(host, port, sec, timeout=timeout_s, connect_timeout=min(timeout_s, IN_USE_PROBE_S))
+        except (RingflowSystemError, Timeout) as exc:
+            why = getattr(exc, "message", exc)
+            raise RingflowSystemError(f"{in_use.message}, and what listens there is not this job's store ({why})",
+                                      in_use.hint) from None
     try:
         arrivals = store.add(f"ringflow/{info.job_id}/arrivals", 1)
     except RingflowError:

@@ -3,15 +3,26 @@
 Operations: set, get (waits for the key, with a timeout), wait, add, compare-and-set,
 delete, check. `PrefixStore` gives each communicator (and each group) its own namespace.
 The server runs in a thread of rank 0, of the `ringflow run` launcher, or of a standalone
-`ringflow store --port P` process. Every connection proves the job secret first
-(`auth.server_handshake`); outsiders are refused and logged.
+`ringflow store --port P` process. Every connection proves the job secret first (the server's
+`gate.Gate`); outsiders are refused and logged.
 
 Wire format (after the handshake): a message is ``u32 length`` then ``u8 code`` then a list of
-byte strings (``u32 count`` then ``u32 len + bytes`` each). Messages above 64 MiB are refused.
+byte strings (``u32 count`` then ``u32 len + bytes`` each). A message above MAX_MSG_BYTES (64 MiB)
+is refused: the client raises InvalidArgument before sending it, the server answers a declared
+length above it with an error and closes the connection. The server reads a message in slices
+(64 KiB doubling to 1 MiB), so its memory grows with the bytes that arrive, not with the length a
+client declares.
+
+Every client request ends by the caller's deadline: a waiting request (`get`, `wait`) after its
+wait plus a grace (10% of it, 0.5 s to 30 s), any other after the client's `timeout` (30 s at
+most), and inside `Store.bounded(deadline)` by that deadline. A request that ends unanswered
+raises Timeout and drops the connection (a late reply must not answer the next request); the
+next request dials again.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 import struct
@@ -21,13 +32,15 @@ from collections.abc import Iterable, Iterator
 
 from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
-from .gate import Gate
+from .gate import LISTEN_BACKLOG, Gate
 
 log = logging.getLogger("ringflow.runtime")
 
 MAX_MSG_BYTES = 64 * 2**20
 READ_SLICE_BYTES = 2**20
-REPLY_TIMEOUT_S = 30.0   # a request's reply, on top of what it asks the store to wait for
+FIRST_SLICE_BYTES = 64 * 2**10
+REPLY_TIMEOUT_S = 30.0   # the longest a request waits for its reply beyond what it asks the store to wait for
+REPLY_GRACE_MIN_S = 0.5  # the least a waiting request (get, wait) allows for its reply beyond its wait
 _CTX = b"ringflow-store-v1"
 
 SET, GET, ADD, CAS, DELETE, WAIT, CHECK, NKEYS = range(1, 9)
@@ -69,13 +82,23 @@ def decode(body: bytes) -> tuple[int, list[bytes]]:
     return code, args
 
 
+class PortInUse(RingflowSystemError):
+    """The store's port is already taken (by a running store, or by another program)."""
+
+
 def _read_msg(sock: socket.socket, deadline: float, what: str) -> tuple[int, list[bytes]]:
     (n,) = _U32.unpack(auth.recv_exact(sock, 4, deadline, what))
     if n > MAX_MSG_BYTES:
-        raise ProtocolError(f"{what}: message of {n} bytes exceeds {MAX_MSG_BYTES}")
-    # read in slices: memory grows with the bytes that arrive, not with the size a client declares
-    parts = [auth.recv_exact(sock, min(READ_SLICE_BYTES, n - got), deadline, what) for got in
-             range(0, n, READ_SLICE_BYTES)]
+        raise ProtocolError(f"{what}: message of {n} bytes exceeds the store's limit of {MAX_MSG_BYTES} bytes",
+                            "the store holds small metadata; send bulk data through a communicator")
+    # read in slices of 64 KiB doubling to 1 MiB: memory grows with the bytes that arrive, not with the length
+    # a client declares
+    parts: list[bytes] = []
+    got, step = 0, FIRST_SLICE_BYTES
+    while got < n:
+        parts.append(auth.recv_exact(sock, min(step, n - got), deadline, what))
+        got += len(parts[-1])
+        step = min(2 * step, READ_SLICE_BYTES)
     return decode(b"".join(parts))
 
 
@@ -94,9 +117,18 @@ class StoreServer:
             self._sock.bind((host, port))
         except OSError as exc:
             self._sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(
+                    f"store cannot listen on {host}:{port}: the port is already in use",
+                    f"pick another port (0: any free one), stop the process using it (`ss -ltnp 'sport = :{port}'`),"
+                    f" or, if a ringflow store already runs there, set RINGFLOW_STORE_ADDR={host}:{port} and "
+                    "connect to it instead of starting one") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise RingflowSystemError(f"store cannot listen on {host}:{port}: {host} is not an address of this "
+                                          "host", "bind 127.0.0.1 (one host) or this host's own address") from None
             raise RingflowSystemError(f"store cannot listen on {host}:{port}: {exc}",
-                              "pick another port or stop the process using it") from None
-        self._sock.listen(512)
+                                      "pick another port (ports below 1024 need privileges)") from None
+        self._sock.listen(LISTEN_BACKLOG)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         # strangers are challenged by the gate's one thread; an authenticated client gets a serving thread
         self._gate = Gate(self._sock, self._secret, _CTX, self._serve, "ringflow-store")
@@ -113,6 +145,10 @@ class StoreServer:
             while not self._stop.is_set():
                 try:
                     code, args = _read_msg(conn, time.monotonic() + 86400.0 * 365, "store request")
+                except ProtocolError as exc:   # an oversized or malformed request: say why, then hang up
+                    conn.settimeout(1.0)
+                    conn.sendall(encode(ERR, [str(exc).encode()]))
+                    raise
                 except (RemoteError, RingflowSystemError, Timeout):
                     return
                 status, out = self._handle(code, args)
@@ -209,6 +245,8 @@ class Store:
         self._secret = auth.secret_bytes(secret)
         self._lock = threading.Lock()
         self._bound = threading.local()   # a caller's deadline (`bounded`) caps every request it makes
+        self._closed = False
+        self._failed = ""   # why the connection broke (the store exited): later requests fail at once
         self._sock: socket.socket | None = self._connect(connect_timeout if connect_timeout is not None
                                                          else self.timeout)
 
@@ -218,17 +256,18 @@ class Store:
         last: OSError | None = None
         while True:
             try:
-                s = socket.create_connection((self.host, self.port), timeout=max(0.1, deadline - time.monotonic()))
+                s = socket.create_connection((self.host, self.port),
+                                             timeout=max(0.05, min(deadline - time.monotonic(), 10.0)))
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 try:
-                    auth.client_handshake(s, self._secret, _CTX, min(10.0, max(0.5, deadline - time.monotonic())),
+                    auth.client_handshake(s, self._secret, _CTX, max(0.05, min(10.0, deadline - time.monotonic())),
                                           what=f"store {self.host}:{self.port}")
                 except BaseException:
                     s.close()
                     raise
                 return s
-            except (TimeoutError, ConnectionRefusedError, ConnectionResetError) as exc:
-                last = exc
+            except (TimeoutError, ConnectionRefusedError, ConnectionResetError, auth.Dropped) as exc:
+                last = exc   # auth.Dropped: the server shed this handshake (a flood of strangers); dial again
             except OSError as exc:
                 if isinstance(exc, (RingflowSystemError, Timeout)):
                     raise
@@ -250,30 +289,60 @@ class Store:
         finally:
             self._bound.deadline = old
 
-    def _call(self, code: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
-        limit = time.monotonic() + REPLY_TIMEOUT_S + wait_s
+    def reply_limit(self, wait_s: float = 0.0) -> float:
+        """When (time.monotonic()) a request asking the server to wait `wait_s` gives up on its reply."""
+        if wait_s > 0:
+            grace = min(REPLY_TIMEOUT_S, max(REPLY_GRACE_MIN_S, 0.1 * wait_s))
+        else:
+            grace = min(REPLY_TIMEOUT_S, max(REPLY_GRACE_MIN_S, self.timeout))
+        limit = time.monotonic() + wait_s + grace
         bound = getattr(self._bound, "deadline", None)
-        if bound is not None and bound < limit:
-            limit = bound
+        return limit if bound is None else min(limit, bound)
+
+    def _call(self, code: int, args: list[bytes], wait_s: float = 0.0) -> tuple[int, list[bytes]]:
+        msg = encode(code, args)
+        if len(msg) - 4 > MAX_MSG_BYTES:
+            raise InvalidArgument(f"store request of {len(msg) - 4} bytes exceeds the limit of {MAX_MSG_BYTES}",
+                                  "the store holds small metadata; send bulk data through a communicator")
+        limit = self.reply_limit(wait_s)
+        where = f"store {self.host}:{self.port}"
         with self._lock:
-            if self._sock is None:
-                raise RingflowSystemError(f"store client for {self.host}:{self.port} is closed (closed, or an earlier "
-                                          "request went unanswered)", "create a new Store; check the store process")
+            if self._closed:
+                raise RingflowSystemError(f"the client of {where} is closed", "create a new Store")
+            if self._failed:
+                raise RingflowSystemError(f"{where} connection failed earlier: {self._failed}",
+                                          "the store process (rank 0 or `ringflow store`) exited")
+            if self._sock is None:   # an earlier request went unanswered: dial again, within this one's deadline
+                left = limit - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"no time left to reconnect to {where}", "raise the timeout")
+                self._sock = self._connect(left)
+            sock = self._sock
             try:
-                self._sock.settimeout(max(0.01, limit - time.monotonic()))
-                self._sock.sendall(encode(code, args))
-                status, out = _read_msg(self._sock, limit, "store reply")
+                sock.settimeout(max(0.001, limit - time.monotonic()))
+                sock.sendall(msg)
+                status, out = _read_msg(sock, limit, "store reply")
             except (TimeoutError, Timeout):
-                self._sock.close()   # a reply may still come: this connection can no longer be trusted
-                self._sock = None
-                raise Timeout(f"the store {self.host}:{self.port} did not answer in time",
-                              "the store process is stopped, overloaded or unreachable; raise the timeout") from None
+                self._drop()   # a late reply must not answer the next request
+                raise Timeout(f"the {where} did not answer within the caller's deadline",
+                              "the store process is stopped, overloaded or unreachable; check it, or raise the "
+                              "timeout") from None
+            except ProtocolError as exc:
+                self._drop()
+                raise ProtocolError(f"{where} sent a malformed reply: {exc}", "run the same ringflow version") from None
             except (OSError, RemoteError) as exc:
-                raise RingflowSystemError(f"store {self.host}:{self.port} connection failed: {exc}",
-                                  "the store process (rank 0 or `ringflow store`) exited") from None
+                self._drop()
+                self._failed = str(exc)
+                raise RingflowSystemError(f"{where} connection failed: {exc}",
+                                          "the store process (rank 0 or `ringflow store`) exited") from None
         if status == ERR:
             raise ProtocolError(f"store error: {out[0].decode(errors='replace') if out else '?'}")
         return status, out
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     @staticmethod
     def _key(key: str | bytes) -> bytes:
@@ -330,9 +399,8 @@ class Store:
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._closed = True
+            self._drop()
 
 
 class PrefixStore:

@@ -1,7 +1,6 @@
 """Tensors and reduce ops from torch to ringflow: contiguous staging, dtype views and op names."""
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,15 +10,14 @@ from ..errors import InvalidArgument
 #: dtypes ringflow moves and reduces as they are
 NATIVE = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64}
-#: bitwise ops: ringflow reduces them by gathering every rank's tensor and folding here
-BITWISE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+#: bitwise ops (integer and bool tensors only)
+BITWISE = frozenset({"band", "bor", "bxor"})
 _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "BAND": "band",
         "BOR": "bor", "BXOR": "bxor", "PREMUL_SUM": "premul_sum"}
 
 
 def op_of(op: Any, dtype: torch.dtype) -> tuple[str, Any]:
-    """(ringflow op name or a BITWISE key, PREMUL_SUM factor or None) for a torch ReduceOp on this dtype."""
+    """(ringflow op name, PREMUL_SUM factor or None) for a torch ReduceOp on this dtype."""
     kind = getattr(op, "op", op)
     name = _OPS.get(getattr(kind, "name", str(kind)).rsplit(".", 1)[-1])
     if name is None:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
-from .convert import BITWISE, NATIVE, Staged, op_of, pack, same_dtype, unpack, work_view
+from .convert import NATIVE, Staged, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store
 from .work import Lane, RingflowWork
 
@@ -32,6 +32,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta | float) -> None:
         super().__init__(rank, size)
+        self._r, self._n = int(rank), int(size)   # cached: ProcessGroup.rank()/size() are calls into C++
         t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
         self._timeout_s = t if t > 0 else 1800.0
         self.comm = communicator_from_store(store, rank, size, self._timeout_s)
@@ -59,7 +60,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         return self._group_name
 
     def __repr__(self) -> str:
-        return f"<ProcessGroupRingflow rank {self.rank()}/{self.size()} name={self._group_name!r}>"
+        return f"<ProcessGroupRingflow rank {self._r}/{self._n} name={self._group_name!r}>"
 
     # ---------------------------------------------------------------- dispatch
     def _timeout(self, opts: Any) -> float:
@@ -90,22 +91,15 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         inline = opts is not None and not getattr(opts, "asyncOp", True)
         return self._lanes[lane].submit(lambda: body(timeout), what, outputs, inline)
 
-    def _fold(self, flat: torch.Tensor, name: str, t: float) -> None:
-        """A bitwise all-reduce: gather every rank's flat tensor and fold it here."""
-        n = self.size()
-        g = self.comm.all_gather(flat, out=torch.empty(n * flat.numel(), dtype=flat.dtype), timeout=t)
-        g = g.view(n, -1)
-        acc = g[0].clone()
-        for r in range(1, n):
-            acc = BITWISE[name](acc, g[r])
-        flat.copy_(acc)
+    def _now(self, what: str, job: Callable[[float], object], outputs: list[torch.Tensor], opts: Any) -> RingflowWork:
+        """Submit a call on the user's own tensors (the fast path: no staging objects, no body frame)."""
+        t = self._timeout(opts)
+        return self._lanes[COLL].submit(lambda: job(t), what, outputs, not opts.asyncOp)
 
     def _reduce_flat(self, flat: torch.Tensor, name: str, factor: Any, t: float, root: int | None = None) -> None:
         if factor is not None:
             flat.mul_(factor)
-        if name in BITWISE:
-            self._fold(flat, name, t)
-        elif root is None:
+        if root is None:
             self.comm.all_reduce(flat, name, timeout=t)
         else:
             self.comm.reduce(flat, root, name, timeout=t)
@@ -116,7 +110,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         ops = self._ops(opts, tensors)
         if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]
-            if factor is None and name not in BITWISE and x.dtype in NATIVE and x.is_contiguous():
+            if factor is None and x.dtype in NATIVE and x.is_contiguous():
                 # the common case: ringflow reduces the user's tensor itself (no staging, no extra frames)
                 t = self._timeout(opts)
                 return self._lanes[COLL].submit(lambda: self.comm.all_reduce(x, name, timeout=t), "allreduce",
@@ -125,7 +119,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
                 s = Staged(x)
-                self._reduce_flat(s.flat if name in BITWISE else s.arg, name, factor, t)
+                self._reduce_flat(s.arg, name, factor, t)
                 s.finish()
         return self._submit(COLL, "allreduce", body, tensors, opts)
 
@@ -148,26 +142,20 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
                 s = Staged(x)
-                self._reduce_flat(s.flat if name in BITWISE else s.arg, name, factor, t,
-                                  None if name in BITWISE else root)
-                if self.rank() == root:
+                self._reduce_flat(s.arg, name, factor, t, root)
+                if self._r == root:
                     s.finish()
         return self._submit(COLL, "reduce", body, tensors, opts)
 
     def _rs(self, out: torch.Tensor, flat_in: torch.Tensor, name: str, factor: Any, t: float) -> None:
-        """Reduce-scatter flat_in (a private buffer: scaled or folded in place) into out."""
+        """Reduce-scatter flat_in (a private copy when it is scaled) into out."""
         so = Staged(out)
-        if flat_in.numel() != self.size() * so.flat.numel():
+        if flat_in.numel() != self._n * so.flat.numel():
             raise InvalidArgument(f"reduce_scatter: input has {flat_in.numel()} elements, output "
-                                  f"{so.flat.numel()}", f"input must be {self.size()} x the output")
+                                  f"{so.flat.numel()}", f"input must be {self._n} x the output")
         if factor is not None:
             flat_in.mul_(factor)
-        if name in BITWISE:
-            self._fold(flat_in, name, t)
-            n = so.flat.numel()
-            so.flat.copy_(flat_in[self.rank() * n:(self.rank() + 1) * n])
-        else:
-            self.comm.reduce_scatter(flat_in, name, out=so.arg, timeout=t)
+        self.comm.reduce_scatter(flat_in, name, out=so.arg, timeout=t)
         so.finish()
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
@@ -175,17 +163,20 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         """Reduce the i-th input of every rank into rank i's output."""
         out, ins = output_tensors[0], input_lists[0]
         name, factor = self._ops(opts, [out])[0]
-        if len(ins) != self.size() or len(set(_numel_all(ins))) > 1:
+        if len(ins) != self._n or len(set(_numel_all(ins))) > 1:
             raise InvalidArgument(f"reduce_scatter: {len(ins)} inputs of sizes {_numel_all(ins)}",
-                                  f"pass {self.size()} inputs of equal size")
+                                  f"pass {self._n} inputs of equal size")
         return self._submit(COLL, "reduce_scatter", lambda t: self._rs(out, pack(ins), name, factor, t),
                             output_tensors, opts)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
         name, factor = self._ops(opts, [output])[0]
+        if opts is not None and factor is None and _direct(output) and _direct(input) and input.dim() == 1:
+            return self._now("reduce_scatter_tensor",
+                             lambda t: self.comm.reduce_scatter(input, name, out=output, timeout=t), [output], opts)
         return self._submit(COLL, "reduce_scatter_tensor",
-                            lambda t: self._rs(output, self._private(input, factor is not None or name in BITWISE),
+                            lambda t: self._rs(output, self._private(input, factor is not None),
                                                name, factor, t), [output], opts)
 
     @staticmethod
@@ -202,7 +193,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
         def body(t: float) -> None:
             for o, i, (name, factor) in zip(outputs, inputs, ops, strict=True):
-                self._rs(o, self._private(i, factor is not None or name in BITWISE), name, factor, t)
+                self._rs(o, self._private(i, factor is not None), name, factor, t)
         return self._submit(COLL, "reduce_scatter_tensor_coalesced", body, outputs, opts)
 
     _reduce_scatter_base = reduce_scatter_single
@@ -212,6 +203,9 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """Copy the root's tensors into every rank's."""
         root = int(opts.rootRank)
+        if len(tensors) == 1 and _direct(tensors[0]):
+            x = tensors[0]
+            return self._now("broadcast", lambda t: self.comm.broadcast(x, root, timeout=t), tensors, opts)
 
         def body(t: float) -> None:
             for x in tensors:
@@ -224,13 +218,13 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         """All-gather inp into the list outs (uneven sizes through an all-to-all with counts)."""
         flat = work_view(inp.detach()).reshape(-1)
         sizes = _numel_all(outs)
-        if len(outs) != self.size():
-            raise InvalidArgument(f"allgather: {len(outs)} outputs for {self.size()} ranks", "one output per rank")
+        if len(outs) != self._n:
+            raise InvalidArgument(f"allgather: {len(outs)} outputs for {self._n} ranks", "one output per rank")
         buf = torch.empty(sum(sizes), dtype=flat.dtype)
         if len(set(sizes)) == 1 and sizes[0] == flat.numel():
             self.comm.all_gather(flat, out=buf, timeout=t)
         else:
-            self.comm.all_to_all(flat.repeat(self.size()), out=buf, send_counts=[flat.numel()] * self.size(),
+            self.comm.all_to_all(flat.repeat(self._n), out=buf, send_counts=[flat.numel()] * self._n,
                                  recv_counts=sizes, timeout=t)
         unpack(buf, outs)
 
@@ -250,14 +244,17 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def _ag(self, out: torch.Tensor, inp: torch.Tensor, t: float) -> None:
         so, si = Staged(out), Staged(inp, writeback=False)
-        if so.flat.numel() != self.size() * si.flat.numel():
+        if so.flat.numel() != self._n * si.flat.numel():
             raise InvalidArgument(f"all_gather_into_tensor: output has {so.flat.numel()} elements, input "
-                                  f"{si.flat.numel()}", f"output must be {self.size()} x the input")
+                                  f"{si.flat.numel()}", f"output must be {self._n} x the input")
         self.comm.all_gather(si.arg, out=so.arg, timeout=t)
         so.finish()
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Gather every rank's input into one flat output (all_gather_into_tensor)."""
+        if opts is not None and _direct(output) and _direct(input):
+            return self._now("all_gather_into_tensor", lambda t: self.comm.all_gather(input, out=output, timeout=t),
+                             [output], opts)
         return self._submit(COLL, "all_gather_into_tensor", lambda t: self._ag(output, input, t), [output], opts)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -275,14 +272,14 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                opts: Any = None) -> RingflowWork:
         """Gather every rank's input into the root's output list."""
         root, inp = int(opts.rootRank), input_tensors[0]
-        outs = output_tensors[0] if self.rank() == root else []
+        outs = output_tensors[0] if self._r == root else []
 
         def body(t: float) -> None:
             flat = work_view(inp.detach()).reshape(-1)
-            if outs and (len(outs) != self.size() or set(_numel_all(outs)) != {flat.numel()}):
+            if outs and (len(outs) != self._n or set(_numel_all(outs)) != {flat.numel()}):
                 raise InvalidArgument(f"gather: outputs {_numel_all(outs)} for an input of {flat.numel()}",
-                                      f"the root passes {self.size()} outputs the size of the input")
-            buf = self.comm.gather(flat, root, out=torch.empty(self.size() * flat.numel(), dtype=flat.dtype),
+                                      f"the root passes {self._n} outputs the size of the input")
+            buf = self.comm.gather(flat, root, out=torch.empty(self._n * flat.numel(), dtype=flat.dtype),
                                    timeout=t)
             if outs:
                 unpack(buf, outs)
@@ -292,15 +289,15 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                 opts: Any = None) -> RingflowWork:
         """Give rank i the root's i-th input."""
         root, out = int(opts.rootRank), output_tensors[0]
-        ins = input_tensors[0] if self.rank() == root else []
+        ins = input_tensors[0] if self._r == root else []
 
         def body(t: float) -> None:
             so = Staged(out)
             n = so.flat.numel()
-            if ins and (len(ins) != self.size() or set(_numel_all(ins)) != {n}):
+            if ins and (len(ins) != self._n or set(_numel_all(ins)) != {n}):
                 raise InvalidArgument(f"scatter: inputs {_numel_all(ins)} for an output of {n}",
-                                      f"the root passes {self.size()} inputs the size of the output")
-            buf = pack(ins) if ins else torch.empty(self.size() * n, dtype=so.flat.dtype)
+                                      f"the root passes {self._n} inputs the size of the output")
+            buf = pack(ins) if ins else torch.empty(self._n * n, dtype=so.flat.dtype)
             self.comm.scatter(buf, root, out=so.flat, timeout=t)
             so.finish()
         return self._submit(COLL, "scatter", body, output_tensors, opts)
@@ -318,13 +315,18 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> RingflowWork:
         """all_to_all_single: rows of dim 0, equal or by split sizes."""
+        if opts is not None and not output_split_sizes and not input_split_sizes and _direct(output) \
+                and _direct(input):
+            return self._now("all_to_all_single", lambda t: self.comm.all_to_all(input, out=output, timeout=t),
+                             [output], opts)
+
         def body(t: float) -> None:
             so = Staged(output)
             flat = self._private(input, False)
             if not output_split_sizes and not input_split_sizes:
                 self.comm.all_to_all(flat, out=so.arg, timeout=t)
             else:
-                n = self.size()
+                n = self._n
                 rin = flat.numel() // max(1, input.shape[0]) if input.dim() else 1
                 rout = so.flat.numel() // max(1, output.shape[0]) if output.dim() else 1
                 sc = list(input_split_sizes) or [input.shape[0] // n] * n
@@ -374,6 +376,11 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         for ln in self._lanes:
             ln.close(self._timeout_s)
         self.comm.destroy()
+
+
+def _direct(t: torch.Tensor) -> bool:
+    """Whether ringflow can take t as it is: a contiguous tensor of a dtype it moves."""
+    return t.dtype in NATIVE and t.is_contiguous()
 
 
 def _op(opts: Any) -> Any:

@@ -34,6 +34,21 @@ def _seconds(timeout: Any) -> float | None:
     return s if s > 0 else None
 
 
+def _outcome(src: torch.futures.Future) -> list[torch.Tensor]:
+    v = src.value()
+    if isinstance(v, BaseException):
+        raise v
+    return v
+
+
+def _futures() -> tuple[torch.futures.Future, torch._C.Future]:
+    """(source, user future): the lane completes the source with the outputs or the error; the user future is
+    its `then`, so an error is a real error of the C++ future (torch.futures.Future.set_exception only stores
+    the exception as the value, which C++ consumers such as DDP's reducer then read as outputs and crash on)."""
+    src: torch.futures.Future = torch.futures.Future()
+    return src, src.then(_outcome)
+
+
 class RingflowWork(dist.Work):
     """A torch Work for one ringflow operation: wait(timeout), is_completed(), get_future()."""
 
@@ -45,16 +60,16 @@ class RingflowWork(dist.Work):
         self._exc = exc
         # a Work made already finished (a synchronous call run inline) needs no event and makes its future lazily
         self._done: threading.Event | None = None if done else threading.Event()
-        self._future: torch.futures.Future | None = None if done else torch.futures.Future()
+        self._src: torch.futures.Future | None = None
+        self._future: torch._C.Future | None = None
+        if not done:
+            self._src, self._future = _futures()
 
     def _finish(self, exc: BaseException | None) -> None:
         self._exc = exc
-        assert self._done is not None and self._future is not None, "finished twice"
+        assert self._done is not None and self._src is not None, "finished twice"
         self._done.set()
-        if exc is None:
-            self._future.set_result(self._result)
-        else:
-            self._future.set_exception(backend_error(exc, self.description))
+        self._src.set_result(self._result if exc is None else backend_error(exc, self.description))
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until done; DistBackendError if it failed or did not finish within `timeout`."""
@@ -79,14 +94,12 @@ class RingflowWork(dist.Work):
         """The error it raised, or None."""
         return self._exc
 
-    def get_future(self) -> torch.futures.Future:
-        """A future completed with the output tensors when the operation ends."""
+    def get_future(self) -> torch._C.Future:  # type: ignore[override]  # the _C base: its error is a real one
+        """A future completed with the output tensors when the operation ends (torch.futures.Future's base)."""
         if self._future is None:   # finished at creation: nothing else touches it
-            self._future = torch.futures.Future()
-            if self._exc is None:
-                self._future.set_result(self._result)
-            else:
-                self._future.set_exception(backend_error(self._exc, self.description))
+            self._src, self._future = _futures()
+            self._src.set_result(self._result if self._exc is None else backend_error(self._exc, self.description))
+        assert self._future is not None
         return self._future
 
     def result(self) -> list[torch.Tensor]:
@@ -100,7 +113,7 @@ class RingflowWork(dist.Work):
         return f"<RingflowWork {self.description} {'done' if self.is_completed() else 'pending'}>"
 
 
-Job = Callable[[], None]
+Job = Callable[[], object]
 
 
 def _run(job: Job, work: RingflowWork) -> None:

@@ -27,7 +27,8 @@ VERSION = 1
 _BODY = struct.Struct("<4sHHIQQQIi")
 HEADER = struct.Struct("<4sHHIQQQIiI")
 HEADER_BYTES = HEADER.size  # 48
-MAX_CTRL_BYTES = 64 * 1024
+MAX_CTRL_BYTES = 64 * 1024   # a control frame's payload (CHECK detail, STATUS, ERROR text)
+MAX_HELLO_BYTES = 4 * 1024   # the first frame of a connection: communicator id, rank, connection key
 
 
 class Kind(enum.IntEnum):

@@ -28,7 +28,7 @@ import numpy as np
 from ... import config
 from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from .. import auth
-from ..gate import Gate
+from ..gate import LISTEN_BACKLOG, Gate
 from . import frames
 from .base import Mismatch, Sink, XferOp
 from .frames import HEADER_BYTES, Kind
@@ -186,16 +186,22 @@ def dial(addr: tuple[str, int], secret: bytes, hello: dict, tos: int | None, dea
         if left <= 0:
             raise Timeout(f"could not connect to {what} at {addr[0]}:{addr[1]} ({last})",
                           "the peer did not start or the interface is wrong (RINGFLOW_SOCKET_IFNAME)")
+        payload = json.dumps(hello).encode()
+        if len(payload) > frames.MAX_HELLO_BYTES:
+            raise InvalidArgument(f"HELLO of {len(payload)} bytes exceeds {frames.MAX_HELLO_BYTES}",
+                                  "keep communicator ids and connection keys short")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tune_socket(s, tos, addr[0])
             s.settimeout(min(left, 5.0))
             s.connect(addr)
-            auth.client_handshake(s, secret, TRANSPORT_CTX, min(max(left, 0.5), 10.0), what=what)
-            payload = json.dumps(hello).encode()
+            # the listener sheds handshakes under a flood of strangers (auth.Dropped): dial again until the deadline
+            auth.client_handshake(s, secret, TRANSPORT_CTX, max(0.05, min(deadline - time.monotonic(), 10.0)),
+                                  what=what)
+            s.settimeout(max(0.05, min(deadline - time.monotonic(), 5.0)))
             s.sendall(frames.pack(Kind.HELLO, 0, len(payload)) + payload)
             return s
-        except (TimeoutError, ConnectionRefusedError, ConnectionResetError) as exc:
+        except (TimeoutError, ConnectionRefusedError, ConnectionResetError, auth.Dropped) as exc:
             s.close()
             last = exc
         except BaseException:
@@ -214,7 +220,7 @@ class Listener:
         self.on_ctrl, self.on_data = on_ctrl, on_data
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind((address, 0))
-        self.sock.listen(256)
+        self.sock.listen(LISTEN_BACKLOG)
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self._cond = threading.Condition()
         self._conns: dict[tuple[int, str], socket.socket] = {}
@@ -228,10 +234,13 @@ class Listener:
             peer_addr = conn.getpeername()
         except OSError:
             peer_addr = "?"
-        f, body = read_frame(conn, time.monotonic() + 5.0, f"connection from {peer_addr}", 0)
+        f, body = read_frame(conn, time.monotonic() + 5.0, f"connection from {peer_addr}", 0,
+                             max_nbytes=frames.MAX_HELLO_BYTES)
         if f.kind != Kind.HELLO:
             raise ProtocolError(f"first frame from {peer_addr} is {f.kind.name}, not HELLO")
         hello = json.loads(body)
+        if not isinstance(hello, dict) or not {"uid", "rank", "key"} <= hello.keys():
+            raise ProtocolError(f"malformed HELLO from {peer_addr}", "run the same ringflow version on every rank")
         if hello.get("uid") != self.uid:
             raise ProtocolError(f"connection from {peer_addr} is for communicator {hello.get('uid')!r}, "
                                 f"not {self.uid!r}")
