@@ -59,7 +59,7 @@ LAUNCHERS = (
 )
 
 
-def _from_launcher(env: Mapping[str, str]) -> tuple[str, int | None, int | None, int | None]:
+def from_launcher(env: Mapping[str, str]) -> tuple[str, int | None, int | None, int | None]:
     """(launcher, rank, world size, local rank) from the first launcher whose variables are set."""
     for name, rk, wk, lk in LAUNCHERS:
         if env.get(rk) is not None and env.get(wk) is not None:
@@ -81,7 +81,7 @@ def detect(rank: int | None = None, world_size: int | None = None, store_addr: s
            secret: str | None = None, env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Merge explicit arguments with the launcher environment; typed error naming what is missing."""
     env = os.environ if env is None else env
-    source, env_rank, env_size, local_rank = _from_launcher(env)
+    source, env_rank, env_size, local_rank = from_launcher(env)
     if rank is None and env_rank is not None:
         rank = env_rank
     else:

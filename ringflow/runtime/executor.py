@@ -66,7 +66,7 @@ HOT_SPIN_S = 50e-6  # small messages: spin this long, then sleep (an in-step pee
 # (a gather's or reduce's, while the root still copies or reduces) waits in the next call's check, and
 # asleep it pays a wake-up that grows with how long it slept. 2 TCP ranks, checked - unchecked at 512 KiB /
 # 1 MiB / 2 MiB: gathers 31 / 62 / 82 us with HOT_SPIN_S (50 us), 37 / 40 / 43 with 500 us, broadcasts 29-31
-# either way (docs/simulator.md, thirty-second and thirty-third sessions)
+# either way
 SOCKET_SPIN_S = 500e-6
 
 

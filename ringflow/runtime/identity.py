@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgument
-from .env import LAUNCHERS
+from .env import from_launcher
 
 _default: weakref.ref[Any] | None = None   # the world communicator init() returned last
 
@@ -27,18 +27,10 @@ def _comm() -> Any:
     return None if c is None or getattr(c, "_destroyed", False) else c
 
 
-def _launcher(env: Mapping[str, str]) -> tuple[str, str, str] | None:
-    for _, rk, wk, lk in LAUNCHERS:
-        if env.get(rk) and env.get(wk):
-            return env[rk], env[wk], env.get(lk, "")
-    return None
-
-
-def _int(name: str, v: str) -> int:
-    try:
-        return int(v)
-    except ValueError:
-        raise InvalidArgument(f"{name}={v!r} is not an integer", "fix the launcher's environment") from None
+def _launcher(env: Mapping[str, str]) -> tuple[int | None, int | None, int | None]:
+    """(rank, world size, local rank) from the launcher's environment (`env.from_launcher`: typed errors)."""
+    _, rank, size, local = from_launcher(env)
+    return rank, size, local
 
 
 def _unknown(what: str) -> InvalidArgument:
@@ -52,10 +44,10 @@ def get_rank(env: Mapping[str, str] | None = None) -> int:
     c = _comm()
     if c is not None:
         return int(c.rank)
-    got = _launcher(os.environ if env is None else env)
-    if got is None:
+    rank = _launcher(os.environ if env is None else env)[0]
+    if rank is None:
         raise _unknown("rank")
-    return _int("rank", got[0])
+    return rank
 
 
 def get_world_size(env: Mapping[str, str] | None = None) -> int:
@@ -63,18 +55,18 @@ def get_world_size(env: Mapping[str, str] | None = None) -> int:
     c = _comm()
     if c is not None:
         return int(c.size)
-    got = _launcher(os.environ if env is None else env)
-    if got is None:
+    size = _launcher(os.environ if env is None else env)[1]
+    if size is None:
         raise _unknown("world size")
-    return _int("world size", got[1])
+    return size
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int:
     """This process's rank among the ranks on its host (the launcher's LOCAL_RANK; 0 in a one-process job)."""
-    got = _launcher(os.environ if env is None else env)
-    if got is not None and got[2]:
-        return _int("local rank", got[2])
-    if got is not None and _int("world size", got[1]) > 1:
+    rank, size, local = _launcher(os.environ if env is None else env)
+    if local is not None:
+        return local
+    if rank is not None and size is not None and size > 1:
         raise InvalidArgument("the launcher sets no local rank", "set LOCAL_RANK (or RINGFLOW_LOCAL_RANK)")
     c = _comm()
     if c is not None and c.size > 1:
