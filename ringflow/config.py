@@ -70,6 +70,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("CMA_DISABLE", False, _bool, "1 turns off single-copy reads between same-host ranks "
          "(process_vm_readv, Open MPI's smsc/cma); large messages then go through shared-memory slots.",
          "runtime"),
+    Knob("NATIVE", True, _bool, "0 runs every collective in Python instead of the native executor (the C module "
+         "built at install, used for plans whose peers are all on shared memory).", "runtime"),
     Knob("STREAM_COPY_MIN_BYTES", 4 * 2**20, parse_size, "Local copies of at least this many bytes use "
          "streaming (non-temporal) stores, which skip reading the destination; 0 turns them off. Needs the "
          "native module built at install (a C compiler).", "runtime"),
@@ -93,6 +95,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "whose ranks all run here take, among the tuner's candidates, the one the model predicts fastest where "
          "that beats the flat alpha-beta choice by more than the model's own error (docs/hostmodel.md).",
          "algorithms"),
+    Knob("RECORD", "", _str, "Record every collective and point-to-point call of every rank into this directory "
+         "(one JSON-lines file per rank and a manifest; `ringflow record`, docs/record.md).", "runtime"),
+    Knob("FLIGHT_RECORDER", 256, _int, "Calls each communicator keeps in memory; a timeout, a failed peer, "
+         "SIGUSR1 or comm.dump() writes them (0 turns the flight recorder off).", "runtime"),
+    Knob("DUMP_DIR", "", _str, "Where flight records go (default: the RINGFLOW_RECORD directory; neither set: "
+         "nothing is written).", "runtime"),
     Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
          "(the launcher generates one).", "runtime"),

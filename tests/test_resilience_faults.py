@@ -12,6 +12,8 @@ import pytest
 from conftest import ROOT  # noqa: E402
 from resilience_ranks import Job  # noqa: E402
 
+from ringflow.runtime import native
+
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
@@ -48,6 +50,8 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
             assert f"rank {err['rank']}" in err["message"], err
             assert err["t"] - t_kill < DETECT_BOUND_S, f"rank {r} took {err['t'] - t_kill:.2f}s to notice"
             assert res["wrong"] == 0 and res["iterations"] >= 3
+            if transport == "shm" and native.hot_available():  # the victim died while this rank waited natively
+                assert res["native_runs"] >= 3, res
             assert "shrink_error" not in res, res.get("shrink_error")
             assert (res["new_size"], res["parent_ranks"]) == (len(survivors), survivors)
             assert res["new_rank"] == survivors.index(r)
@@ -93,6 +97,8 @@ def test_abort_from_another_thread_unblocks_the_waiting_call(tmp_path: Path) -> 
     with Job(2, "abort", tmp_path, ["--timeout", "30", "--delay-s", "0.5"]) as job:
         assert job.wait(90) == [0, 0], job.logs()
         r0, r1 = job.result(0), job.result(1)
+        if native.hot_available():  # the aborted call repeats one that ran natively: it waited in the native loop
+            assert r0["native_runs"] >= 1 and r1["native_runs"] >= 1
         assert r0["sync"]["type"] == "Aborted" and r0["sync"]["after_abort_s"] < SLACK_S, r0["sync"]
         assert r0["unchanged"] and r0["next_call"]["type"] == "Aborted"
         assert r0["async"]["type"] == "Aborted" and r0["async"]["elapsed_s"] < SLACK_S, r0["async"]

@@ -1,4 +1,4 @@
-"""Soak: 10,000 back-to-back mixed small collectives, then 1,000 communicator create/destroy cycles
+"""Soak: 100,000 back-to-back mixed small collectives, then 1,000 communicator create/destroy cycles
 (split, new_group, split + shrink, full init) on 2 real ranks, every result checked, with resident
 memory, open file descriptors and threads measured from /proc and asserted flat."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from resilience_ranks import Job  # noqa: E402
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
-OPS, CYCLES = 10_000, 1_000
+OPS, CYCLES = 100_000, 1_000
 # Tolerances, after the first checkpoint of each phase (10% in: caches, schedules, lazy imports are warm):
 RSS_GROWTH_KIB = 4096  # resident memory may grow at most 4 MiB over the rest of the phase
 FD_SLACK = 2  # a socket or doorbell in the middle of closing when sampled

@@ -52,10 +52,27 @@ def run_suite(n: int, suite: str, out: Path, extra_env: dict[str, str] | None = 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_shared_memory_matrix(n: int, tmp_path: Path) -> None:
+    """Every collective x dtype x op x count, in place and not: on the native executor where it was built."""
     results = run_suite(n, "core", tmp_path)
     _assert_clean(results, 600)
     for res in results:
         assert set(res["transports"].values()) <= {"shm"}
+        if res["native"] and n > 1:
+            assert res["native_runs"] > 0, "the native executor was built but never ran a plan"
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_shared_memory_matrix_in_python(n: int, tmp_path: Path) -> None:
+    """The same matrix with the native executor off (RINGFLOW_NATIVE=0): the pure-Python fallback."""
+    results = run_suite(n, "core", tmp_path, {"RINGFLOW_NATIVE": "0"})
+    _assert_clean(results, 600)
+    assert all(res["native_runs"] == 0 and not res["native"] for res in results)
+
+
+def test_shared_memory_matrix_oversubscribed(tmp_path: Path) -> None:
+    """8 ranks on a host with fewer cores: waits must sleep, not spin, or this takes minutes."""
+    results = run_suite(8, "core", tmp_path, timeout_s=280.0)
+    _assert_clean(results, 600)
 
 
 def test_single_copy_is_used_and_slots_still_work(tmp_path: Path) -> None:

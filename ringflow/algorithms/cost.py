@@ -110,7 +110,7 @@ def traffic(schedule: Schedule, shape: CallShape) -> Traffic:
 
 def _traffic(schedule: Schedule, shape: CallShape) -> Traffic:
     n = schedule.nranks
-    sent, recv = [0] * n, [0] * n
+    sent, recv = [0] * schedule.nparticipants, [0] * schedule.nparticipants   # switches last, not reported
     pairs: dict[tuple[int, int], int] = {}
     per_step: list[tuple[tuple[int, int, int], ...]] = []
     isz = shape.itemsize
@@ -131,7 +131,8 @@ def _traffic(schedule: Schedule, shape: CallShape) -> Traffic:
                     recv[op.peer] += nb
                     pairs[(r, op.peer)] = pairs.get((r, op.peer), 0) + nb
         per_step.append(tuple((a, b, nb) for (a, b), nb in agg.items()))
-    return Traffic(sum(1 for m in per_step if m), schedule.nsteps, tuple(sent), tuple(recv), pairs, tuple(per_step))
+    return Traffic(sum(1 for m in per_step if m), schedule.nsteps, tuple(sent[:n]), tuple(recv[:n]), pairs,
+                   tuple(per_step))
 
 
 def _step_time_flat(msgs: tuple[tuple[int, int, int], ...], n: int, alpha_s: float, beta_Bps: float) -> float:

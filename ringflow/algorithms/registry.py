@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import config
 from ..errors import InvalidArgument, UnknownAlgorithm
-from . import bruck, hierarchical, p2p, pairwise, param_server, ring, tree
+from . import bruck, hierarchical, nccl_collnet, nccl_nvls, nccl_pat, nccl_pxn, p2p, pairwise, param_server, ring, tree
 from . import halving_doubling as hd
 from ._common import ceil_log2, pow2_floor
 from .schedule import Collective, Schedule
@@ -48,6 +48,8 @@ class AlgorithmInfo:
     closed_forms: dict[Collective, Callable[[int, int, int], ClosedForm]] = field(default_factory=dict)
     pipelined: tuple[Collective, ...] = ()  # collectives where nsegs changes the step count (worth tuning)
     multichannel: bool = False   # accepts nchannels > 1 / rings
+    grouped: bool = False        # takes host_groups (servers)
+    gpu_only: bool = False       # NCCL's GPU algorithms: switch reduction / NVLink peers the CPU runtime lacks
 
     @property
     def collectives(self) -> tuple[Collective, ...]:
@@ -275,12 +277,103 @@ _ALGOS: list[AlgorithmInfo] = [
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in _ALGOS}
 
 
+def _groups_of(n: int) -> tuple[int, int]:
+    """(servers H, GPUs per server m) of hierarchical's default host groups."""
+    g = hierarchical.default_host_groups(n)
+    return len(g), len(g[0])
+
+
+def _nvls_tree_cf(n: int, segs: int, _ch: int) -> ClosedForm:
+    if n == 1:
+        return _cf(0, 0)
+    H, m = _groups_of(n)
+    up, final = nccl_nvls.tree_times(H, 2)
+    kids = [sum(1 for k in (2 * h + 1, 2 * h + 2) if k < H) for h in range(H)]
+    # per GPU: NVLS reduce-scatter (S out, S/m in) + all-gather (S/m out, S in) + tree (up once, down to kids)
+    per = [F(1) + F(1, m) + F(kids[h] + (h > 0), m) for h in range(H)]
+    return _cf(segs + max(final) + 1, max(per))
+
+
+def _collnet_direct_cf(n: int, segs: int, _ch: int) -> ClosedForm:
+    if n == 1:
+        return _cf(0, 0)
+    _H, m = _groups_of(n)
+    return _cf(segs + 3 if m > 1 else segs + 1, F(2 * m - 1, m))
+
+
+def _collnet_chain_cf(n: int, segs: int, _ch: int) -> ClosedForm:
+    if n == 1:
+        return _cf(0, 0)
+    _H, m = _groups_of(n)
+    return _cf(segs + 2 * m - 1 if m > 1 else segs + 1, 2 if m > 1 else 1)
+
+
+def _pxn_cf(n: int, _segs: int, _ch: int) -> ClosedForm:
+    if n == 1:
+        return _cf(0, 0)
+    H, m = _groups_of(n)
+    return _cf((m > 1) + (H > 1), F((m - 1) * H + (H - 1) * m, n))
+
+
+# NCCL's GPU algorithms (docs/algorithms.md "NCCL's GPU algorithms"): verified like the others, simulated, chosen by
+# `sim.nccl_tuner`; never offered to the CPU runtime (not in ALGORITHMS / algorithms_for).
+_NCCL: list[AlgorithmInfo] = [
+    AlgorithmInfo(
+        "nvls", "nccl", "NVLink SHARP: the NVSwitch sums and multicasts (one switch participant)",
+        nccl_nvls.build_nvls,
+        {C.ALL_REDUCE: "steps: segs+3; bytes per rank: (n+1)/n S",
+         C.REDUCE_SCATTER: "steps: segs+1; bytes per rank: S (sent), S/n received",
+         C.ALL_GATHER: "steps: segs+1; bytes per rank: S (received), S/n sent"},
+        {C.ALL_REDUCE: lambda n, s, ch: _cf(s + 3 if n > 1 else 0, F(n + 1, n) if n > 1 else 0),
+         C.REDUCE_SCATTER: lambda n, s, ch: _cf(s + 1 if n > 1 else 0, 1 if n > 1 else 0),
+         C.ALL_GATHER: lambda n, s, ch: _cf(s + 1 if n > 1 else 0, 1 if n > 1 else 0)},
+        pipelined=(C.ALL_REDUCE, C.REDUCE_SCATTER, C.ALL_GATHER), gpu_only=True),
+    AlgorithmInfo(
+        "nvls_tree", "nccl", "NVLS inside each server + binary tree of servers per block (one switch per server)",
+        nccl_nvls.build_nvls_tree,
+        {C.ALL_REDUCE: "steps: segs + 2 + tree up and down depth; bytes per rank: (m+1)/m S + (children + 1)/m S"},
+        {C.ALL_REDUCE: _nvls_tree_cf}, pipelined=(C.ALL_REDUCE,), grouped=True, gpu_only=True),
+    AlgorithmInfo(
+        "collnet_direct", "nccl", "IB SHARP, CollNet Direct: NVLink reduce-scatter to heads, switch sums, heads copy",
+        nccl_collnet.build_collnet_direct,
+        {C.ALL_REDUCE: "steps: segs+3 (segs+1 for m = 1); bytes per rank: (2m-1)/m S"},
+        {C.ALL_REDUCE: _collnet_direct_cf},
+        pipelined=(C.ALL_REDUCE,), grouped=True, gpu_only=True),
+    AlgorithmInfo(
+        "collnet_chain", "nccl", "IB SHARP, CollNet Chain: chain up the server, switch sums, chain down",
+        nccl_collnet.build_collnet_chain,
+        {C.ALL_REDUCE: "steps: segs+2m-1; bytes per rank: 2S (S with one GPU per server)"},
+        {C.ALL_REDUCE: _collnet_chain_cf}, pipelined=(C.ALL_REDUCE,), grouped=True, gpu_only=True),
+    AlgorithmInfo(
+        "pat", "nccl", "PAT (NCCL 2.23+): Bruck-pattern all-gather, reversed for reduce-scatter",
+        nccl_pat.build_pat,
+        {C.ALL_GATHER: "steps: K; bytes per rank: (n-1)/n S", C.REDUCE_SCATTER: "steps: K; bytes per rank: (n-1)/n S"},
+        {c: (lambda n, s, ch: _cf(ceil_log2(n), F(n - 1, n))) for c in (C.ALL_GATHER, C.REDUCE_SCATTER)},
+        gpu_only=True),
+    AlgorithmInfo(
+        "pxn", "nccl", "PXN all-to-all: NVLink to the peer on the destination's rail, then its NIC",
+        nccl_pxn.build_pxn,
+        {C.ALL_TO_ALL: "steps: 2; bytes per rank: ((m-1)H + (H-1)m)/n S"},
+        {C.ALL_TO_ALL: _pxn_cf}, grouped=True, gpu_only=True),
+]
+
+NCCL_ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in _NCCL}
+
+
 def info(name: str) -> AlgorithmInfo:
-    """The AlgorithmInfo of `name`; UnknownAlgorithm lists the valid names."""
-    a = ALGORITHMS.get(str(name).lower().replace("-", "_"))
+    """The AlgorithmInfo of `name` (runtime or NCCL GPU algorithm); UnknownAlgorithm lists the valid names."""
+    key = str(name).lower().replace("-", "_")
+    a = ALGORITHMS.get(key) or NCCL_ALGORITHMS.get(key)
     if a is None:
-        raise UnknownAlgorithm(f"unknown algorithm {name!r}", f"valid algorithms: {', '.join(ALGORITHMS)}")
+        raise UnknownAlgorithm(f"unknown algorithm {name!r}",
+                               f"valid algorithms: {', '.join(ALGORITHMS)}; GPU-only: {', '.join(NCCL_ALGORITHMS)}")
     return a
+
+
+def gpu_algorithms_for(collective: Collective | str) -> list[str]:
+    """Names of NCCL's GPU-only algorithms that implement `collective` (not offered to the runtime)."""
+    c = Collective.parse(collective)
+    return [a.name for a in _NCCL if c in a.cost_lines]
 
 
 def algorithms_for(collective: Collective | str) -> list[str]:
@@ -316,7 +409,7 @@ def get_schedule(collective: Collective | str, algorithm: str, nranks: int, *, r
     elif not rings and config.get("RINGS"):
         from ..topology import parse_rings  # NCCL_RINGS-style explicit orders (TopologyError if malformed)
         rings = parse_rings(config.get("RINGS"), nranks)
-    if a.name != "hierarchical":
+    if a.name != "hierarchical" and not a.grouped:
         host_groups = None
     return _build_cached(c, a.name, nranks, root, nsegs, nchannels, _tuplify(rings), _tuplify(host_groups), peer)
 
@@ -328,7 +421,7 @@ def _build_cached(c: Collective, name: str, nranks: int, root: int | None, nsegs
     kw: dict[str, Any] = dict(root=root, nsegs=nsegs, nchannels=nchannels, rings=rings, host_groups=host_groups)
     if peer is not None:
         kw["peer"] = peer
-    return ALGORITHMS[name].builder(c, nranks, **kw)
+    return info(name).builder(c, nranks, **kw)
 
 
 def collective_bytes(collective: Collective | str, nranks: int, count: int, itemsize: int = 4) -> int:

@@ -20,6 +20,10 @@ Glossary (these words mean exactly this everywhere in ringflow):
   listed order.
 - **channel**: a parallel instance of the algorithm (one ring or tree of
   several), each with its own connections; ops carry their channel.
+- **switch**: a participant that is not a rank: an in-network reducer / multicaster
+  (NVLink SHARP's NVSwitch, an IB SHARP switch). Switches are numbered after the ranks
+  (``nranks .. nranks + nswitches - 1``), hold only ``scratch``, contribute nothing and
+  own no output; only GPU engines run schedules with switches (the CPU runtime cannot).
 """
 from __future__ import annotations
 
@@ -238,6 +242,16 @@ class Schedule:
     root: int | None = None
     nchannels: int = 1
     params: dict[str, Any] = field(default_factory=dict)
+    nswitches: int = 0   # in-network participants after the ranks (module docstring: switch)
+
+    @property
+    def nparticipants(self) -> int:
+        """Ranks plus switches: the length of `programs`."""
+        return self.nranks + self.nswitches
+
+    def is_switch(self, participant: int) -> bool:
+        """True if `participant` is a switch, not a rank."""
+        return participant >= self.nranks
 
     @property
     def nsteps(self) -> int:
@@ -261,13 +275,16 @@ class Schedule:
             head += f", root {self.root}"
         if self.nchannels > 1:
             head += f", {self.nchannels} channels"
+        if self.nswitches:
+            head += f", {self.nswitches} switch(es) r{self.nranks}+"
         lines = [head]
         for s in range(self.nsteps):
             lines.append(f"step {s}:")
             for r, prog in enumerate(self.programs):
                 ops = prog[s] if s < len(prog) else ()
                 if ops:
-                    lines.append(f"  r{r}: " + "; ".join(str(o) for o in ops))
+                    who = f"r{r}" if r < self.nranks else f"r{r}(switch)"
+                    lines.append(f"  {who}: " + "; ".join(str(o) for o in ops))
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -279,6 +296,7 @@ class Schedule:
             "params": self.params,
             "layouts": {b.value: lay.to_json() for b, lay in self.layouts.items()},
             "programs": [[[op.to_json() for op in step] for step in prog] for prog in self.programs],
+            **({"nswitches": self.nswitches} if self.nswitches else {}),
         }
 
     def dumps(self) -> str:
@@ -296,7 +314,7 @@ class Schedule:
                    {Buffer(b): BufferLayout.from_json(lay) for b, lay in d["layouts"].items()},
                    tuple(tuple(tuple(Op.from_json(o) for o in step) for step in prog)
                          for prog in d["programs"]),
-                   d.get("root"), int(d.get("nchannels", 1)), dict(d.get("params", {})))
+                   d.get("root"), int(d.get("nchannels", 1)), dict(d.get("params", {})), int(d.get("nswitches", 0)))
 
 
 class ScheduleBuilder:
@@ -313,15 +331,21 @@ class ScheduleBuilder:
                                   "pass root=<rank>")
         self.nranks, self.algorithm, self.root = nranks, algorithm, root
         self.layouts = dict(layouts)
+        nswitches = int(params.pop("nswitches", 0))   # switch participants (module docstring), after the ranks
         self.nchannels, self.params = nchannels, params
-        self._steps: list[dict[int, list[Op]]] = [dict() for _ in range(nranks)]
+        if nswitches < 0:
+            raise InvalidArgument(f"nswitches={nswitches}", "give 0 or more switch participants")
+        self.nswitches = nswitches
+        self._steps: list[dict[int, list[Op]]] = [dict() for _ in range(nranks + nswitches)]
         self._built = False
 
     def _add(self, rank: int, step: int, op: Op) -> None:
         if self._built:
             raise InvalidUsage("schedule already built", "create a new ScheduleBuilder")
-        if not 0 <= rank < self.nranks or (op.peer is not None and not 0 <= op.peer < self.nranks):
-            raise InvalidArgument(f"rank {rank} / peer {op.peer} outside [0, {self.nranks})")
+        total = self.nranks + self.nswitches
+        if not 0 <= rank < total or (op.peer is not None and not 0 <= op.peer < total):
+            raise InvalidArgument(f"rank {rank} / peer {op.peer} outside [0, {total})",
+                                  "ranks are 0..nranks-1, switches follow them")
         if step < 0:
             raise InvalidArgument(f"negative step {step}")
         for ref in (op.src, op.dst):
@@ -361,7 +385,7 @@ class ScheduleBuilder:
         nsteps = max((max(s) + 1 for s in self._steps if s), default=0)
         programs = tuple(tuple(tuple(steps.get(i, ())) for i in range(nsteps)) for steps in self._steps)
         return Schedule(self.collective, self.algorithm, self.nranks, dict(self.layouts), programs,
-                        self.root, self.nchannels, dict(self.params))
+                        self.root, self.nchannels, dict(self.params), self.nswitches)
 
 
 def is_self_checking(schedule: Schedule) -> bool:

@@ -13,6 +13,11 @@ nor counts a contribution twice. At the end, every rank's OUT holds exactly what
 collective promises; for barrier every rank has heard, transitively, from every other.
 Collectives that may run in place (all_reduce, reduce, broadcast) are run a second time
 with IN and OUT aliased.
+
+Switch participants (``Schedule.nswitches``: NVLS / SHARP in-network reduction) take part in
+matching and provenance like ranks, but hold only scratch (no IN, no OUT, no contribution of
+their own), so a switch can only forward or reduce what ranks sent it, and it never counts as
+a rank in the final checks.
 """
 from __future__ import annotations
 
@@ -107,6 +112,13 @@ def check_layouts(s: Schedule) -> None:
     if not ok:
         raise VerificationError(f"{s.algorithm}: layouts IN {lin.nblocks} blocks / OUT {lout.nblocks} blocks "
                                 f"do not fit {c.value} on {n} ranks")
+    scr = s.layouts.get(Buffer.SCRATCH)
+    if s.nswitches and scr is not None and scr.own_block:
+        raise VerificationError(f"{s.algorithm}: a switch has no block of its own, so SCRATCH cannot be own_block "
+                                "in a schedule with switches", hint="give scratch whole copies (own_block=False)")
+    if len(s.programs) != s.nparticipants:
+        raise VerificationError(f"{s.algorithm}: {len(s.programs)} programs for {n} ranks + {s.nswitches} switches",
+                                hint="build it with ScheduleBuilder(nswitches=...)")
 
 
 def check_matching(s: Schedule, shape: CallShape | None = None) -> int:
@@ -129,7 +141,7 @@ def _step_messages(s: Schedule, step: int, name: str) -> tuple[dict[_Channel, li
     """The sends and the receives of one step, in program order, per (sender, receiver, channel)."""
     sends: dict[_Channel, list[Op]] = {}
     recvs: dict[_Channel, list[Op]] = {}
-    for r in range(s.nranks):
+    for r in range(s.nparticipants):
         prog = s.programs[r]
         for op in (prog[step] if step < len(prog) else ()):
             if op.kind == OpKind.SEND:
@@ -221,10 +233,19 @@ class _Machine:
             if Buffer.SCRATCH in s.layouts:
                 d[Buffer.SCRATCH] = [None] * s.layouts[Buffer.SCRATCH].nchunks
             self.bufs.append(d)
-        self.know = [1 << r for r in range(n)]
+        for _ in range(s.nswitches):   # a switch holds scratch only: no input, no output, no contribution
+            sw: dict[Buffer, list[Value | None]] = {}
+            if Buffer.SCRATCH in s.layouts:
+                sw[Buffer.SCRATCH] = [None] * s.layouts[Buffer.SCRATCH].nchunks
+            self.bufs.append(sw)
+        self.know = [1 << r for r in range(n)] + [0] * s.nswitches
 
     def _check_ref(self, r: int, step: int, ref: ChunkRef) -> list[Value | None]:
         buf = self.bufs[r].get(ref.buffer)
+        if buf is None and self.s.is_switch(r):
+            raise _errn(self.name, f"switch uses buffer {ref.buffer.value}, but a switch holds only scratch "
+                        "(it has no input or output of its own)", r, step, ref,
+                        "stage what the switch reduces or multicasts in SCRATCH")
         if buf is None:
             raise _errn(self.name, f"uses buffer {ref.buffer.value} which has no layout", r, step, ref)
         if ref.span < 1 or ref.index < 0 or ref.index + ref.span > len(buf):
@@ -267,7 +288,7 @@ class _Machine:
         return self._check_ref(r, step, ref)
 
     def run_step(self, step: int) -> None:
-        s, n = self.s, self.s.nranks
+        s, n = self.s, self.s.nparticipants
         outbox: dict[tuple[int, int, int], list[tuple[list[Value], int]]] = {}
         for r in range(n):
             prog = s.programs[r]

@@ -9,8 +9,8 @@ import typer
 from .common import run_app
 
 # Each module owns its commands: hw/topo (foundation), algo (schedules), runtime (run/bench/store),
-# sim (sim), hostmodel (calibrate/validate), workload (traffic/train/plan).
-_MODULES = ["hw", "topo", "algo", "runtime_cmds", "sim_cmds", "hostmodel_cmds", "workload_cmds"]
+# sim (sim), hostmodel (calibrate/validate), workload (traffic/train/plan), record (record/diagnose).
+_MODULES = ["hw", "topo", "algo", "runtime_cmds", "sim_cmds", "hostmodel_cmds", "workload_cmds", "record_cmds"]
 
 
 def build_app() -> typer.Typer:

@@ -64,7 +64,7 @@ def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or '
                nchannels: int = typer.Option(1, "--nchannels", min=1, help="channels (rings)"),
                json_out: bool = typer.Option(False, "--json", help="JSON output")) -> None:
     """Prove schedules correct symbolically (in place too) and check their counts against the closed form."""
-    from ..algorithms.registry import ALGORITHMS, algorithms_for, info
+    from ..algorithms.registry import algorithms_for, info
     from ..algorithms.schedule import Collective
     from ..algorithms.verifier import check_algorithm as verify_one
     colls = list(Collective) if collective == "all" else [Collective.parse(collective)]
@@ -72,7 +72,7 @@ def verify_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce, or '
     for c in colls:
         names = algorithms_for(c) if algorithm == "all" else [info(algorithm).name]
         for name in names:
-            if c not in ALGORITHMS[name].cost_lines:
+            if c not in info(name).cost_lines:
                 info(name)
                 from ..errors import UnknownAlgorithm
                 raise UnknownAlgorithm(f"algorithm {name!r} does not implement {c.value}",

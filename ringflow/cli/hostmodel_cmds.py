@@ -70,7 +70,7 @@ def validate_command(
     transports: str = typer.Option("shm,tcp", "--transports", help="--host: shm and/or tcp"),
     calibrate_ranks: str = typer.Option("2,4", "--calibrate-ranks", help="--host without --model: ranks to "
                                         "calibrate at"),
-    report: str | None = typer.Option(None, "--report", help="--host: write the markdown report here"),
+    report: str | None = typer.Option(None, "--report", help="--host, --published: write the markdown report here"),
     json_print: bool = typer.Option(False, "--json", help="print the results as JSON"),
     out: str | None = typer.Option(None, "-o", "--out", help="write the results (JSON) to this file"),
     gpu: bool = typer.Option(False, "--gpu", help="published NCCL results on DGX servers vs the simulator"),
@@ -81,12 +81,21 @@ def validate_command(
     hosts: int = typer.Option(2, "--hosts", help="--multihost: emulated hosts"),
     per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
     rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
+    published: bool = typer.Option(False, "--published", help="published nccl-tests and training throughputs vs "
+                                   "the simulator and the training model (fitted on half, checked on the rest)"),
+    data: str | None = typer.Option(None, "--data", help="--published: cases file (default: the packaged one)"),
 ) -> None:
-    """Check a model against measurements: --host (this host's cost model), --gpu or --multihost (the simulator)."""
-    if sum((host, gpu, multihost)) != 1:
-        raise InvalidArgument("choose one of --host, --gpu, --multihost", "e.g. ringflow validate --host")
+    """Check a model against measurements: --host (this host's cost model), --gpu or --multihost (the simulator),
+    --published (published measurements, held out)."""
+    if sum((host, gpu, multihost, published)) != 1:
+        raise InvalidArgument("choose one of --host, --gpu, --multihost, --published", "e.g. ringflow validate --host")
     if plot and not gpu:
         raise InvalidArgument("--plot draws the --gpu references", "add --gpu")
+    if data and not published:
+        raise InvalidArgument("--data is the --published cases file", "add --published")
+    if published:
+        _validate_published(data, report, json_print, out)
+        return
     from . import sim_cmds
     if gpu:
         sim_cmds.validate_gpu(out, plot)
@@ -132,6 +141,24 @@ def _validate_host(model_path: str | None, ranks: list[int], transports: str, ca
         console.print("the model kept the flat choice on every validated call")
     if report:
         write_report(report, res, models, command, model_path, doc.get("meta"))
+        console.print(f"wrote {report}")
+    if out:
+        write_json(out, res)
+    if json_print:
+        print_json(res)
+
+
+def _validate_published(data: str | None, report: str | None, json_print: bool, out: str | None) -> None:
+    from ..workload import published_report as pr
+    from ..workload.published import evaluate
+    res = evaluate(data)
+    print_table("fitted constants (fitting set only)", pr.CONST_HEADER, pr.constant_rows(res))
+    for which in ("fit", "held_out"):
+        print_table(f"{which.replace('_', '-')} set: predicted vs published", pr.CASE_HEADER, pr.case_rows(res, which))
+    print_table("summary per set and GPU generation", pr.GROUP_HEADER, pr.group_rows(res))
+    print_table("targets", ["target", "this run", "status", "cases missing it"], pr.target_rows(res))
+    if report:
+        pr.write_markdown(report, res, _command_line())
         console.print(f"wrote {report}")
     if out:
         write_json(out, res)

@@ -6,16 +6,27 @@ from typing import Any
 import typer
 
 from ..errors import InvalidArgument
-from .common import console, print_json, print_table, write_json
+from .common import (
+    FABRIC_OPT,
+    OVERSUB_OPT,
+    PLANES_OPT,
+    RADIX_OPT,
+    TIERS_OPT,
+    FabricOptions,
+    console,
+    fabric_options,
+    print_json,
+    print_table,
+    write_json,
+)
 
 
-def _topology(topo: str, nodes: int, fabric: str, nic: str | None, oversub: float) -> Any:
-    from ..topology import build_cluster, load_topology
+def _topology(topo: str, nodes: int, fab: FabricOptions, nic: str | None) -> Any:
+    from ..topology import load_topology
     base = load_topology(topo)
     if nodes > 1:
         from ..units import parse_rate_gbps
-        return build_cluster(base, nodes, fabric=fabric, nic_gbps=parse_rate_gbps(nic) if nic else None,
-                             oversubscription=oversub)
+        return fab.build(base, nodes, nic_gbps=parse_rate_gbps(nic) if nic else None)
     return base
 
 
@@ -34,9 +45,12 @@ def sim_command(
     collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, ..."),
     topo: str = typer.Option("detect", "--topo", help="preset name, topology file, or 'detect'"),
     nodes: int = typer.Option(1, "--nodes", min=1, help="replicate the topology into a cluster of N servers"),
-    fabric: str = typer.Option("rail", "--fabric", help="cluster fabric: rail or fat-tree"),
+    fabric: str = FABRIC_OPT,
     nic: str | None = typer.Option(None, "--nic", help="NIC speed for the cluster, e.g. 400G"),
-    oversub: float = typer.Option(1.0, "--oversub", min=1, help="leaf-spine oversubscription of the cluster fabric"),
+    oversub: str = OVERSUB_OPT,
+    tiers: int | None = TIERS_OPT,
+    radix: int = RADIX_OPT,
+    planes: int = PLANES_OPT,
     algo: str | None = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
                                        "nvls: in-switch reduction, all_reduce / reduce_scatter / "
                                        "all_gather on one Hopper+ NVSwitch)"),
@@ -54,6 +68,10 @@ def sim_command(
     plot: str | None = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
     trace: str | None = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
     details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
+    nccl: bool = typer.Option(False, "--nccl", help="pick per size what NCCL's tuning model picks (algorithm x "
+                              "protocol; src/graph/tuning.cc) and print its predicted time, as nccl-tests would"),
+    sharp: bool = typer.Option(False, "--sharp", help="with --nccl: the fabric has IB SHARP switches "
+                               "(NCCL_COLLNET_ENABLE=1: CollNet, NVLS across servers)"),
 ) -> None:
     """Predict nccl-tests style results of a collective on a modelled machine or cluster."""
     from rich.progress import Progress
@@ -64,10 +82,15 @@ def sim_command(
     from ..units import format_size, parse_size, size_range
 
     coll = Collective.parse(collective)
-    t = _topology(topo, nodes, fabric, nic, oversub)
+    t = _topology(topo, nodes, fabric_options(fabric, tiers, radix, oversub, planes), nic)
     prm = params_for(t, _parse_params(param))
     sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
     n = nranks or len(t.endpoints())
+    if nccl:
+        if algo:
+            raise InvalidArgument("--nccl picks the algorithm per size; --algo fixes it", "give one of them")
+        _nccl_table(t, topo, coll, sizes, n, dtype, engine, prm, sharp, json_out, out)
+        return
     results = []
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"simulating {coll.value} on {n} ranks ({engine})", total=len(sizes))
@@ -109,6 +132,28 @@ def sim_command(
         from ..sim.plot import plot_busbw
         plot_busbw({f"{engine}": rows}, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks)")
         console.print(f"wrote {plot}")
+
+
+def _nccl_table(t: Any, topo: str, coll: Any, sizes: list[int], n: int, dtype: str, engine: str, prm: Any,
+                sharp: bool, json_out: bool, out: str | None) -> None:
+    """`ringflow sim --nccl`: NCCL's choice and predicted time per size, ringflow's simulation beside it."""
+    from ..sim.nccl_tuner import NCCL_TUNING_SOURCE, nccl_rows
+    from ..units import format_size
+    rows = nccl_rows(t, coll, sizes, n, dtype=dtype, engine=engine, params=prm, collnet=sharp)
+    if out:
+        write_json(out, rows)
+    if json_out:
+        print_json(rows)
+        return
+    console.print(f"# {coll.value} on {getattr(t, 'name', topo)}: {n} ranks, NCCL's tuning model "
+                  f"({NCCL_TUNING_SOURCE}), dtype {dtype}")
+    print_table(None, ["size", "count", "type", "algorithm", "proto", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+                       f"sim {engine}(us)"],
+                [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["algorithm"], r["protocol"],
+                  f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
+                  "-" if r["sim_time_us"] is None else f"{r['sim_time_us']:.2f}"] for r in rows])
+    console.print("time: NCCL's own prediction (latency + size / bandwidth); sim: ringflow's simulator running the "
+                  "same algorithm and protocol where it models it (ring, tree, nvls)")
 
 
 def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: float,

@@ -7,7 +7,17 @@ from typing import Any
 import typer
 
 from ..errors import TopologyError
-from .common import console, print_json, print_table
+from .common import (
+    FABRIC_OPT,
+    OVERSUB_OPT,
+    PLANES_OPT,
+    RADIX_OPT,
+    TIERS_OPT,
+    console,
+    fabric_options,
+    print_json,
+    print_table,
+)
 
 topo_app = typer.Typer(help="Topologies: presets, files, clusters ('128xdgx-h100'), detection, ring/tree search.",
                        no_args_is_help=True)
@@ -129,22 +139,23 @@ def rings_command(
 def cluster_command(
     preset: str = typer.Argument(..., help="server preset (dgx-h100, dgx-a100, ...) or a one-server topology file"),
     nodes: int = typer.Option(..., "--nodes", "-n", min=1, help="number of servers"),
-    fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
+    fabric: str = FABRIC_OPT,
     nic: str | None = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
-    oversub: float = typer.Option(1.0, "--oversub", min=1, help="leaf down:up oversubscription (1 = non-blocking)"),
-    tiers: int = typer.Option(2, "--tiers", min=1, help="switch tiers: 2 (leaf-spine) or 3 (leaf-spine-core)"),
-    radix: int = typer.Option(64, "--radix", min=2, help="switch ports (64 = Quantum-2 QM9700)"),
+    oversub: str = OVERSUB_OPT,
+    tiers: int | None = TIERS_OPT,
+    radix: int = RADIX_OPT,
+    planes: int = PLANES_OPT,
     dump: str | None = typer.Option(None, "--dump",
                                     help="save the cluster (YAML/JSON) for any PRESET_OR_FILE argument"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Build N servers on a rail-optimised or fat-tree fabric and print its size and capacities."""
-    from ..topology import build_cluster, load_topology
+    from ..topology import load_topology
     from ..topology.graph import NodeKind
     from ..units import parse_rate_gbps
     base = load_topology(preset) if ("." in preset or "/" in preset) else preset
-    t = build_cluster(base, nodes, fabric=fabric, nic_gbps=parse_rate_gbps(nic) if nic else None,
-                      oversubscription=oversub, tiers=tiers, radix=radix)
+    fab = fabric_options(fabric, tiers, radix, oversub, planes)
+    t = fab.build(base, nodes, nic_gbps=parse_rate_gbps(nic) if nic else None)
     if dump:
         t.save(dump)
     sw = t.nodes(NodeKind.NET_SWITCH)
@@ -165,9 +176,10 @@ def cluster_command(
     c = t.meta["cluster"]
     console.print(f"# {t.name}: {len(t.hosts())} servers, {len(t.endpoints())} GPUs, {len(t.nics())} NICs at "
                   f"{c['port_gbps']:g} Gb/s ({c['link_type']})", soft_wrap=True)
+    over = ", ".join(f"{o:g}:1" for o in c["oversubscription_per_tier"])
     console.print(f"switches: {per_tier['leaf']} leaves ({c['leaf_down_ports']} down / {c['leaf_up_ports']} up ports), "
-                  f"{per_tier['spine']} spines, {per_tier['core']} cores; radix {radix}, "
-                  f"oversubscription {oversub:g}:1", soft_wrap=True)
+                  f"{per_tier['spine']} spines, {per_tier['core']} cores in {c['tiers']} tiers; radix {radix}, "
+                  f"oversubscription {over}; {c['planes']} plane(s)", soft_wrap=True)
     for tier, gbps in cap.items():
         console.print(f"upward capacity at tier {tier}: {gbps:,.1f} GB/s per direction", soft_wrap=True)
     if dump:

@@ -7,19 +7,33 @@ from typing import Any
 import typer
 
 from ..errors import InvalidArgument
-from .common import console, print_json, print_table
+from .common import (
+    FABRIC_OPT,
+    OVERSUB_OPT,
+    PLANES_OPT,
+    RADIX_OPT,
+    TIERS_OPT,
+    FabricOptions,
+    console,
+    fabric_options,
+    print_json,
+    print_table,
+)
 
 
-def _cluster(topo: str, nodes: int | None, nic_gbps: float | None, fabric: str) -> Any:
-    """A preset replicated into `nodes` servers (2 switch tiers when they fit, else 3), or a topology file."""
+def _cluster(topo: str, nodes: int | None, nic_gbps: float | None, fabric: str | FabricOptions) -> Any:
+    """A preset replicated into `nodes` servers (2 switch tiers when they fit, else 3), or a topology file;
+    `fabric` is the fabric kind or the full --fabric/--tiers/--radix/--oversub/--planes options."""
     from ..topology import PRESETS, load_topology
     from ..workload.validation import cluster_for
-    if topo.partition(":")[0] in PRESETS:
-        return cluster_for(topo, nodes or 1, nic_gbps, fabric)
-    t = load_topology(topo)
-    if nodes and nodes > 1 and len(t.hosts()) == 1:
-        return cluster_for(topo, nodes, nic_gbps, fabric)
-    return t
+    fab = fabric if isinstance(fabric, FabricOptions) else FabricOptions(fabric)
+    is_preset = topo.partition(":")[0] in PRESETS
+    t = None if is_preset else load_topology(topo)
+    if t is not None and not (nodes and nodes > 1 and len(t.hosts()) == 1):
+        return t
+    if fab.is_default() and t is None:
+        return cluster_for(topo, nodes or 1, nic_gbps, fab.fabric)
+    return fab.build(topo if t is None else t, nodes or 1, nic_gbps)
 
 
 def _eb(x: float) -> str:
@@ -187,15 +201,44 @@ def _layout_from(tp: int, pp: int, dp: int | None, cp: int, ep: int, gpus: int, 
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, **kw)
 
 
+def _stage_list(text: str | None) -> tuple[int, ...]:
+    """'7,8,8,7' -> (7, 8, 8, 7); None -> () (an even split)."""
+    if not text:
+        return ()
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(","))
+    except ValueError:
+        raise InvalidArgument(f"--stage-layers {text!r} is not a comma-separated list of whole numbers",
+                              "write e.g. --stage-layers 7,8,8,7") from None
+
+
 def train_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset (replicated --nodes times) or file"),
     nodes: int = typer.Option(128, "--nodes", min=1),
     nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0, help="NIC speed (default: the preset's)"),
-    fabric: str = typer.Option("rail", "--fabric", help="rail or fat-tree"),
+    fabric: str = FABRIC_OPT, tiers: int | None = TIERS_OPT, radix: int = RADIX_OPT, oversub: str = OVERSUB_OPT,
+    planes: int = PLANES_OPT,
     tp: int = typer.Option(8, "--tp", min=1), pp: int = typer.Option(8, "--pp", min=1),
     dp: int | None = typer.Option(None, "--dp", min=1, help="default: GPUs / (tp x pp x cp)"),
     cp: int = typer.Option(1, "--cp", min=1), ep: int = typer.Option(1, "--ep", min=1),
+    etp: int = typer.Option(0, "--etp", min=0, help="tensor parallelism inside each expert (0 = --tp)"),
+    cp_comm: str = typer.Option("p2p", "--cp-comm", help="context parallelism: p2p (ring attention), a2a "
+                                "(Ulysses) or allgather (K/V all-gather, Llama 3)"),
+    stage_layers: str | None = typer.Option(None, "--stage-layers", help="layers per pipeline stage, e.g. "
+                                            "5,6,6,6,6,6,6,6,6,6,6,5 (default: an even split)"),
+    first_stage_layers: int = typer.Option(0, "--first-stage-layers", min=0, help="layers on the first stage; "
+                                           "the stages between split the rest evenly (0 = even)"),
+    last_stage_layers: int = typer.Option(0, "--last-stage-layers", min=0, help="layers on the last stage"),
+    capacity_factor: float = typer.Option(0.0, "--capacity-factor", min=0, help="MoE expert capacity over the "
+                                          "balanced load; tokens beyond it dropped, buffers padded (0 = dropless)"),
+    overlap_ep: bool = typer.Option(False, "--overlap-ep/--no-overlap-ep", help="hide MoE all-to-alls under "
+                                    "compute (DualPipe-style)"),
+    fp8_params: bool = typer.Option(False, "--fp8-params", help="with --precision fp8: weights kept only in "
+                                    "FP8 (Megatron --fp8-param-gather)"),
+    mfu_peak: str = typer.Option("bf16", "--mfu-peak", help="report MFU against the bf16 or the fp8 dense peak"),
+    software: str = typer.Option("megatron-core-2025", "--software", help="software efficiency profile: "
+                                 "megatron-core-2025, megatron-lm-2021, deepspeed-2022"),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="default: the model's"),
     global_batch: int = typer.Option(1024, "--global-batch", min=1, help="sequences per step"),
     micro_batch: int = typer.Option(1, "--micro-batch", min=1),
@@ -222,14 +265,18 @@ def train_command(
     from ..workload.steptime import scale_factors, step_time
 
     m = load_model(model)
-    t = _cluster(topo, nodes, nic_gbps, fabric)
+    fab = fabric_options(fabric, tiers, radix, oversub, planes)
+    t = _cluster(topo, nodes, nic_gbps, fab)
     lay = _layout_from(tp, pp, dp, cp, ep, len(t.endpoints()), micro_batch=micro_batch, global_batch=global_batch,
                        seq_len=seq_len or m.seq_len, zero=zero, recompute=recompute,
                        sequence_parallel=sequence_parallel and tp > 1, interleave=interleave,
                        bucket_bytes=int(bucket_mb * 1e6), overlap_grad_reduce=overlap_grad, overlap_tp=overlap_tp,
-                       precision=precision, flash_attention=flash)
+                       precision=precision, flash_attention=flash, etp=etp, cp_comm=cp_comm,
+                       stage_layers=_stage_list(stage_layers), first_stage_layers=first_stage_layers,
+                       last_stage_layers=last_stage_layers, capacity_factor=capacity_factor, overlap_ep=overlap_ep,
+                       fp8_params=fp8_params)
     cm = default_comm_model(comm)
-    r = step_time(m, lay, t, comm=cm, contention=contention)
+    r = step_time(m, lay, t, comm=cm, contention=contention, mfu_peak=mfu_peak, software=software)
     out = r.to_dict(tokens)
     curve = None
     if scaling or plot:
@@ -237,8 +284,8 @@ def train_command(
         per_server = max(len(g) for g in t.host_groups())
 
         def topo_for(g: int) -> Any:
-            return _cluster(topo, max(1, math.ceil(g / per_server)), nic_gbps, fabric)
-        curve = scale_factors(m, lay, topo_for, dps, comm=cm)
+            return _cluster(topo, max(1, math.ceil(g / per_server)), nic_gbps, fab)
+        curve = scale_factors(m, lay, topo_for, dps, comm=cm, mfu_peak=mfu_peak, software=software)
         out["scaling"] = curve
     if plot:
         from ..workload.plot import plot_train
@@ -248,14 +295,18 @@ def train_command(
         print_json(out)
         return
     L = lay
+    counts = L.stage_layer_counts(m)
     console.print(f"[bold]{m.name}[/] on {L.gpus} x {r.gpu} ({t.name}): TP {L.tp} x PP {L.pp} x DP {L.dp}"
                   f"{f' x CP {L.cp}' if L.cp > 1 else ''}{f' (EP {L.ep})' if L.ep > 1 else ''}, "
                   f"{L.microbatches} micro-batches of {L.micro_batch} x {L.seq_len}, ZeRO-{L.zero}, "
-                  f"recompute {L.recompute}, v={L.interleave}, {L.precision} [dim]({r.comm_model})[/]")
+                  f"recompute {L.recompute}, v={L.interleave}, {L.precision}"
+                  f"{f', stages {list(counts)}' if len(set(counts)) > 1 else ''}"
+                  f" [dim]({r.comm_model}, {r.software})[/]")
     rows = [[k, f"{v:.3f}", f"{100 * v / r.step_time_s:.1f}%"] for k, v in r.breakdown.items() if v > 0]
     print_table(f"step {r.step_time_s:.3f} s", ["component", "seconds", "share"], rows)
     mem = r.memory
-    console.print(f"MFU {100 * r.mfu:.1f}%  HFU {100 * r.hfu:.1f}%  {r.tflops_per_gpu:.0f} TFLOP/s per GPU  "
+    console.print(f"MFU {100 * r.mfu:.1f}%  HFU {100 * r.hfu:.1f}% (of the {r.mfu_peak.upper()} dense peak, "
+                  f"{r.peak_tflops:.0f} TFLOP/s)  {r.tflops_per_gpu:.0f} TFLOP/s per GPU  "
                   f"{r.tokens_per_s:,.0f} tokens/s  network wait {100 * r.network_wait_fraction:.1f}%  "
                   f"bubble {100 * r.bubble_fraction:.1f}%")
     console.print(f"memory per GPU {mem.total_bytes / 1e9:.1f} GB of {mem.capacity_bytes / 1e9:.0f} GB "

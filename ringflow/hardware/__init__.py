@@ -19,11 +19,12 @@ from .nvlink import (
                      nvlink_gen,
 )
 from .pcie import LANE_WIDTHS, PCIE_GENERATIONS, PcieGen, pcie_arithmetic, pcie_GBps, pcie_gen
+from .systems import SYSTEMS, SystemSpec, system_spec
 
 __all__ = [
     "catalog_rows", "SOCKET_LINKS", "SocketLink", "socket_link", "GPU_MODELS", "GpuModel", "gpu_model",
     "LATENCY_US", "HOST_SHM_GBPS_DEFAULT", "HOST_LOOPBACK_GBPS_DEFAULT", "NET_LINKS", "NetLink", "net_link",
     "ib_for_gbps", "NVLINK_C2C_GBPS_PER_DIR", "NVLINK_GENERATIONS", "NVSWITCH_GENERATIONS", "NvlinkGen",
     "NvswitchGen", "nvlink_gen", "LANE_WIDTHS", "PCIE_GENERATIONS", "PcieGen", "pcie_arithmetic", "pcie_gen",
-    "pcie_GBps",
+    "pcie_GBps", "SYSTEMS", "SystemSpec", "system_spec",
 ]

@@ -8,6 +8,7 @@ from .gpus import GPU_MODELS
 from .network import NET_LINKS
 from .nvlink import NVLINK_GENERATIONS, NVSWITCH_GENERATIONS
 from .pcie import PCIE_GENERATIONS
+from .systems import SYSTEMS
 
 
 class _GpuFigures(TypedDict, total=False):
@@ -63,4 +64,11 @@ def catalog_rows() -> list[CatalogRow]:
                                 f"{m.memory_GB:g} GB at {m.memory_GBps:g} GB/s; NVLink{m.nvlink_gen} x{m.nvlinks}"),
                      "bf16_tflops": m.bf16_tflops, "fp16_tflops": m.fp16_tflops, "fp8_tflops": m.fp8_tflops,
                      "memory_GB": m.memory_GB, "memory_GBps": m.memory_GBps, "source": m.source})
+    for y in SYSTEMS.values():
+        sw = f", {y.nvswitch_chips} NVSwitch gen{y.nvswitch_gen}" if y.nvswitch_gen else ""
+        store = f"; storage {y.storage_nics} x {y.storage_nic_gbps:g}G {y.storage_nic_model}" if y.storage_nics else ""
+        rows.append({"kind": "system", "name": y.name, "per_dir_GBps": None, "bidir_GBps": None,
+                     "detail": (f"{y.gpus} x {y.gpu}, NVLink{y.nvlink_gen} x{y.nvlinks_per_gpu}{sw}; {y.sockets} x "
+                                f"{y.cpu}; PCIe Gen{y.pcie_gen}; {y.nics} x {y.nic_gbps:g}G {y.nic_model}{store}"),
+                     "source": "; ".join(dict.fromkeys(doc for _, doc in y.sources))})
     return rows

@@ -31,6 +31,10 @@ SOCKET_LINKS: dict[str, SocketLink] = {s.name: s for s in [
     SocketLink("QPI-9.6", 9.6, 9.6 * 2, "Intel Xeon E5-2698 v4 (DGX-1) ARK: 2 x QPI 9.6 GT/s"),
     SocketLink("UPI-10.4", 10.4, 10.4 * 2, "Intel Xeon Scalable (Skylake/Cascade Lake) datasheet: UPI 10.4 GT/s"),
     SocketLink("UPI-16", 16.0, 16.0 * 2, "Intel Xeon 4th gen (Sapphire Rapids, DGX H100) datasheet: UPI 2.0 16 GT/s"),
+    SocketLink("UPI-20", 20.0, 20.0 * 2,
+               "Intel ARK, Xeon Platinum 8570 (5th gen Xeon, DGX B200): 4 UPI 2.0 links at 20 GT/s, https://ark.intel.com"),
+    SocketLink("UPI-24", 24.0, 24.0 * 2,
+               "Intel ARK, Xeon 6776P (Xeon 6, DGX B300): UPI 2.0 links at 24 GT/s, https://ark.intel.com"),
     # AMD EPYC 7002 (DGX A100): 4 xGMI-2 links between sockets at 16 GT/s x16 = 32 GB/s per link per direction
     # (AMD EPYC 7002 architecture overview, "Rome" xGMI-2).
     SocketLink("xGMI-2", 16.0, 32.0, "AMD EPYC 7002 (Rome) architecture overview: xGMI-2 16 GT/s x16"),

@@ -28,6 +28,7 @@ from ..algorithms.plan import compile_plan
 from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
+from . import native
 from .collectives import CollectiveCalls
 from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
@@ -36,6 +37,7 @@ from .objects import ObjectCalls
 from .ops import UFUNCS, Buf, parse_op
 from .p2p import PointToPoint
 from .plugins import load_cost_model
+from .record import Recorder, attach, dump_all
 from .rendezvous import SharedState, host_id, join
 from .store import PrefixStore
 from .transport import doorbell
@@ -83,6 +85,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._op_seq = 0
         self._last_call: tuple[int, str] = (-1, "")   # the latest collective this rank entered: (op_seq, what)
         self._in_call = False
+        self._rec: Recorder | None = None   # the flight recorder / call recorder (record.py); None: both off
         self._nsplit = 0
         self._nshrink = 0  # shrinks begun on this communicator (recovery.agree: the store namespace of each)
         # made by shrink(): new rank i was rank parent_ranks[i] of the old communicator; None otherwise
@@ -96,6 +99,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
+        self._native = native.hot_available()
+        self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}
         deadline = time.monotonic() + self.timeout
@@ -132,6 +137,11 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         log.info("ringflow: communicator %s rank %d/%d ready, listening on %s:%d, shm peers %s, tcp peers %s", ns,
                  rank, size, *self._listener.address, sorted(self._transport.shm_peers),
                  [p for p in range(size) if p != rank and p not in self._transport.shm_peers])
+        try:
+            self._rec = attach(self)
+        except BaseException:
+            self.destroy()
+            raise
 
     def _agree_uid(self, job: str, ns: str) -> str:
         """This communicator's id, which names its shared-memory segments and doorbells: a hash of the job, the
@@ -218,19 +228,21 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             raise InvalidArgument(f"timeout={timeout}", "give a positive number of seconds")
         return time.monotonic() + t
 
-    def _run(self, lane: int, fn, async_op: bool, timeout: float | None, description: str, result: Any) -> Any:
-        """Run fn(deadline) on a lane, synchronously or as a Work."""
+    def _run(self, lane: int, fn, async_op: bool, timeout: float | None, description: str, result: Any,
+             meta: tuple | None = None) -> Any:
+        """Run fn(deadline) on a lane, synchronously or as a Work; `meta` describes the call to the recorder."""
         self._usable()
         ln = self._lanes[lane]
+        guard = self._guard if self._rec is None else self._rec.guard(lane, description, meta, async_op, self._guard)
         if async_op:
             def job() -> None:
                 self._usable()
-                self._guard(fn, self._deadline(timeout), lane)
+                guard(fn, self._deadline(timeout), lane)
             return ln.submit(job, Work(description, result))
         deadline = self._deadline(timeout)
         if ln.busy:
             ln.quiesce(deadline)
-        self._guard(fn, deadline, lane)
+        guard(fn, deadline, lane)
         return result
 
     def _guard(self, fn, deadline: float, lane: int) -> None:
@@ -265,7 +277,10 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
     def _status(self) -> dict[str, object]:
         """What this rank answers a peer's STATUS_QUERY with (read by the watchdog thread)."""
         seq, what = self._last_call
-        return {"op_seq": seq, "call": what, "in_call": self._in_call}
+        st: dict[str, object] = {"op_seq": seq, "call": what, "in_call": self._in_call}
+        if self._rec is not None:
+            st.update(self._rec.status())
+        return st
 
     def _who_did_not_arrive(self, wait_s: float = 0.5) -> str:
         """Which peers have not entered this rank's current collective, and what each was last doing."""
@@ -355,19 +370,25 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
                           self.rank, self._checks, self._streams)
         small = ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes
+        keep = bool(ident) and (small or self._native)   # a native plan is worth keeping at any size
         bound = prep.bound
-        if small and ident and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
+        if keep and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
                 and (not prep.has_scratch or bound.refs[2] is self._scratch.get(dtype)) \
                 and bound.refs[3] == _data_ptr(ident[0]) and bound.refs[4] == _data_ptr(ident[1]):
             run_bound(bound, ctx, prep.ufunc)  # same user arrays as last time: reuse the binding
+            if bound.hot:
+                self._last_native = (prep, bound, ctx)
             return
         arrays = {Buffer.IN: out if inplace else inp, Buffer.OUT: out}
         if prep.has_scratch:
             arrays[Buffer.SCRATCH] = self._scratch_for(dtype, prep.plan.scratch_elems)
         bound = bind(prep.plan, ctx, arrays, prep.ufunc,
-                     (*ident, self._scratch.get(dtype), _data_ptr(ident[0]), _data_ptr(ident[1])) if ident else ())
-        prep.bound = bound if (small and ident) else None
+                     (*ident, self._scratch.get(dtype), _data_ptr(ident[0]), _data_ptr(ident[1])) if ident else (),
+                     opname)
+        prep.bound = bound if keep else None
         run_bound(bound, ctx, prep.ufunc)
+        if keep and bound.hot:
+            self._last_native = (prep, bound, ctx)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Any:
@@ -383,7 +404,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         return self._run(LANE_COLL, lambda d: self._execute(schedule, coll, n, xb.flat, ob.flat, opname,
                                                             schedule.root, d, ident=(xb.orig, ob.orig)),
                          async_op, timeout,
-                         f"{coll.value}/{schedule.algorithm}", out if out is not None else x)
+                         f"{coll.value}/{schedule.algorithm}", out if out is not None else x,
+                         meta=(coll, xb.flat.dtype, xb.flat.size, schedule.root, opname))
 
     # ---------------------------------------------------------------- memory
     def alloc(self, shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
@@ -403,6 +425,14 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         return arr
 
     # ---------------------------------------------------------------- lifetime
+    def dump(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """Write this process's flight records (the last calls of each communicator) to `path`, default
+        RINGFLOW_DUMP_DIR (or RINGFLOW_RECORD)/flight-rank<R>.json; the path written, None if nowhere."""
+        if self._rec is None:
+            raise InvalidUsage("the flight recorder is off", "set RINGFLOW_FLIGHT_RECORDER to a positive count")
+        p = dump_all("comm.dump()", path)
+        return None if p is None else str(p)
+
     def abort(self) -> None:
         """Abort: every pending and future operation raises Aborted; peers learn it. Thread-safe."""
         if self._failure is None or not isinstance(self._failure, Aborted):
@@ -427,6 +457,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 self._transport.flush(time.monotonic() + min(self.timeout, 10.0), dead)
         finally:
             self._destroyed = True
+            if self._rec is not None:
+                self._rec.close()
             self._watchdog.broadcast(Kind.BYE)
             self._teardown()
             with self._sh.lock:

@@ -51,7 +51,8 @@ class PointToPoint:
         def fn(deadline: float) -> None:
             op = self._transport.out(dst, f"p{tag}", deadline).send(xb.flat.view(np.uint8), Kind.DATA, 0, 0, tag)
             drive([op], self._waiters[LANE_SEND], deadline, f"send to rank {dst}")
-        return self._run(LANE_SEND, fn, async_op, timeout, f"send to {dst}", None)
+        return self._run(LANE_SEND, fn, async_op, timeout, f"send to {dst}", None,
+                         meta=("send", xb.flat.dtype, xb.flat.size, dst, tag))
 
     def recv(self, x: Any, src: int, tag: int = 0, timeout: float | None = None) -> Any:
         """Receive into x (in place) from rank src; the message must have x's size."""
@@ -71,4 +72,5 @@ class PointToPoint:
             if op.mismatch is not None:
                 raise InvalidArgument(f"recv from rank {src} (tag {tag}): message has {op.mismatch.got_nbytes} bytes, "
                                       f"the buffer {u8.shape[0]}", "send and receive buffers must have equal size")
-        return self._run(LANE_RECV, fn, async_op, timeout, f"recv from {src}", x)
+        return self._run(LANE_RECV, fn, async_op, timeout, f"recv from {src}", x,
+                         meta=("recv", xb.flat.dtype, xb.flat.size, src, tag))

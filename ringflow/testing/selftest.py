@@ -630,9 +630,12 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"rank{comm.rank}.json"), "w") as fh:
             transports = {str(p): comm._transport.kind(p) for p in range(comm.size) if p != comm.rank}
+            from ..runtime import native
             from ..runtime.transport import cma
+            hot = native.hot_stats()
             json.dump({"rank": comm.rank, "size": comm.size, "cases": r.cases, "failures": r.failures,
-                       "transports": transports, "cma_reads": cma.reads,
+                       "transports": transports, "cma_reads": cma.reads + hot["cma_reads"],
+                       "native_runs": hot["runs"], "native": native.hot_available(),
                        "cma_links": comm._transport.cma_links()}, fh)
         comm.destroy()
     return 0

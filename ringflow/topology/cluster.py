@@ -1,28 +1,26 @@
-"""Cluster builders: N servers of a preset joined by a rail-optimised or fat-tree (2 or 3 tiers) fabric.
+"""Cluster builders: N servers of a preset joined by a rail-optimised or fat-tree fabric (see fabric_plan).
 
-Sizing (switch radix R ports, oversubscription o = down:up at the leaf):
-  leaf: down = round(R * o / (1 + o)) NIC ports, up = R - down ports
-  2 tiers: spines = ceil(leaves * up / R); each leaf -> each spine with max(1, up // spines) parallel links
-  3 tiers: pods of R/2 leaves with their own spines (R/2 down, R/2 up); cores = ceil(pods * spines_per_pod * R/2 / R)
 Rail-optimised: NIC r of every server goes to a leaf of rail r (NCCL's "same NIC index on every node"
 traffic then stays under one leaf); when fewer servers than leaf ports exist, floor(down / servers)
-rails share a leaf. Fat-tree: NICs fill leaves in server order.
+rails share a leaf. Fat-tree: NICs fill leaves in server order. With P planes each plane is its own
+fabric of that shape over the NICs i with i % P == p (rails of a plane numbered i // P).
 Parallel links between two switches are merged into one edge (nlinks, bw = nlinks x port speed).
-Switches are NET_SWITCH nodes with host -1, `tier` 0 (leaf) / 1 (spine) / 2 (core), leaf `rail`.
-Default radix 64 = NVIDIA Quantum-2 QM9700 (64 x 400 Gb/s NDR ports, datasheet).
+Switches are NET_SWITCH nodes with host -1, `tier` 0 (leaf) / 1 (spine) / 2 (core), `plane`, leaf `rail`.
 """
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 
 from ..errors import TopologyError
 from ..hardware import LATENCY_US
 from ..units import gbps_to_GBps
+from .fabric_plan import DEFAULT_RADIX, FABRICS, FabricSpec, rail_plan
 from .graph import LinkType, NodeKind, Topology
 from .presets import PRESETS, build_preset
 
-FABRICS = ("rail", "fat-tree")
+__all__ = ["FABRICS", "FabricSpec", "build_cluster"]
 
 
 def _replicate(template: Topology, topo: Topology, host: int) -> None:
@@ -45,74 +43,70 @@ def _replicate(template: Topology, topo: Topology, host: int) -> None:
 
 
 def build_cluster(preset: str | Topology, nodes: int, fabric: str = "rail", nic_gbps: float | None = None,
-                  oversubscription: float = 1.0, tiers: int = 2, radix: int = 64) -> Topology:
-    """`nodes` servers of `preset` on a rail-optimised or fat-tree fabric of `tiers` (2 or 3) switch tiers."""
-    _check_cluster_args(nodes, fabric, oversubscription, tiers, radix)
+                  oversubscription: float | Sequence[float] = 1.0, tiers: int = 2, radix: int = DEFAULT_RADIX,
+                  planes: int = 1) -> Topology:
+    """`nodes` servers of `preset` on a rail-optimised or fat-tree fabric of `tiers` (2 or 3) switch tiers, with
+    `oversubscription` per tier below the top (leaf[, spine]) and `planes` parallel independent fabrics."""
+    spec = FabricSpec.make(fabric, tiers, radix, oversubscription, planes)
+    if not isinstance(nodes, int) or nodes < 1:
+        raise TopologyError(f"nodes={nodes!r} must be an integer >= 1", "give the number of servers")
+    if nic_gbps is not None and not nic_gbps > 0:
+        raise TopologyError(f"nic_gbps={nic_gbps} must be > 0", "give the NIC port speed in Gb/s, e.g. 400")
     name = preset if isinstance(preset, str) else preset.name
-    topo = Topology(f"{nodes}x{name}-{fabric}", meta={"cluster": {
-        "preset": name, "nodes": nodes, "fabric": fabric, "nic_gbps": nic_gbps, "oversubscription": oversubscription,
-        "tiers": tiers, "radix": radix}})
+    suffix = "" if planes == 1 else f"-{planes}planes"
+    topo = Topology(f"{nodes}x{name}-{fabric}{suffix}", meta={"cluster": {
+        "preset": name, "nodes": nodes, "fabric": fabric, "nic_gbps": nic_gbps,
+        "oversubscription": spec.leaf_oversub, "oversubscription_per_tier": list(spec.oversub),
+        "tiers": tiers, "radix": radix, "planes": planes}})
     if not isinstance(preset, str) and (preset.meta or {}).get("sim"):
         topo.meta["sim"] = copy.deepcopy(preset.meta["sim"])   # a calibrated host's simulator parameters
-    down = max(1, min(radix - 1, round(radix * oversubscription / (1 + oversubscription))))
-    up = radix - down
-    _add_servers(topo, preset, nodes, fabric, tiers, radix, down, up)
+    _add_servers(topo, preset, nodes, spec)
     nics = topo.nics()
-    if not nics:
-        raise TopologyError(f"preset {name!r} has no NICs to join servers", "use a preset with NICs")
     if nic_gbps is not None:
-        if not nic_gbps > 0:
-            raise TopologyError(f"nic_gbps={nic_gbps} must be > 0", "give the NIC port speed in Gb/s, e.g. 400")
         for n in nics:
             topo.graph.nodes[n]["speed_gbps"] = float(nic_gbps)
-    speeds = {topo.graph.nodes[n]["speed_gbps"] for n in nics}
-    port_gbps = max(speeds)
+    port_gbps = max(topo.graph.nodes[n]["speed_gbps"] for n in nics)
     fam = {topo.graph.nodes[n].get("fabric", "ib") for n in nics}
     ltype = LinkType.IB if fam == {"ib"} else LinkType.ETHERNET
     sw_lat = LATENCY_US["ib_switch"] if ltype == LinkType.IB else LATENCY_US["eth_switch"]
     switches = _Switches(topo, radix)
-    leaves = _add_leaves(topo, switches, fabric, nodes, down, ltype)
-    # ---- spines (and cores)
+    down, up = spec.leaf_ports()
     link_GBps = gbps_to_GBps(port_gbps)
-    if tiers == 2:
-        _add_spines(topo, switches, leaves, up, ltype, link_GBps, sw_lat)
-    else:
-        _add_pods_and_cores(topo, switches, leaves, up, ltype, link_GBps, sw_lat)
-    topo.meta["cluster"].update({"leaves": len(leaves), "leaf_down_ports": down, "leaf_up_ports": up,
+    nleaves = 0
+    for p in range(planes):
+        switches.prefix, switches.plane = ("" if planes == 1 else f"p{p}-"), p
+        members = [[n for n in topo.nics(h) if _rail(topo, n) % planes == p] for h in range(nodes)]
+        leaves = _add_leaves(topo, switches, spec, members, ltype)
+        nleaves += len(leaves)
+        if tiers == 2:
+            _add_spines(topo, switches, leaves, up, ltype, link_GBps, sw_lat)
+        else:
+            _add_pods_and_cores(topo, switches, spec, leaves, ltype, link_GBps, sw_lat)
+    topo.meta["cluster"].update({"leaves": nleaves, "leaf_down_ports": down, "leaf_up_ports": up,
                                  "port_gbps": port_gbps, "link_type": ltype.value})
     return topo
 
 
-def _check_cluster_args(nodes: int, fabric: str, oversubscription: float, tiers: int, radix: int) -> None:
-    if fabric not in FABRICS:
-        raise TopologyError(f"fabric {fabric!r} is not known", f"use one of {', '.join(FABRICS)}")
-    if not isinstance(nodes, int) or nodes < 1:
-        raise TopologyError(f"nodes={nodes!r} must be an integer >= 1", "give the number of servers")
-    if tiers not in (2, 3):
-        raise TopologyError(f"tiers={tiers} is not supported", "use 2 (leaf-spine) or 3 (leaf-spine-core)")
-    if not oversubscription >= 1.0:
-        raise TopologyError(f"oversubscription={oversubscription} must be >= 1", "1 = non-blocking, 2 = 2:1, ...")
-    if radix < 4:
-        raise TopologyError(f"radix={radix} is too small", "switches have at least 4 ports")
+def _rail(topo: Topology, nic: str) -> int:
+    d = topo.graph.nodes[nic]
+    return int(d.get("rail", d["index"]))
 
 
-def _add_servers(topo: Topology, preset: str | Topology, nodes: int, fabric: str, tiers: int, radix: int,
-                 down: int, up: int) -> None:
-    """The `nodes` servers, host 0 first; a 2-tier fabric is sized after host 0, before building the rest."""
+def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: FabricSpec) -> None:
+    """The `nodes` servers, host 0 first; the fabric is sized after host 0, before building the rest."""
+    name = preset if isinstance(preset, str) else preset.name
     for h in range(nodes):
-        if h == 1 and tiers == 2:   # size check before building every server
-            per = len(topo.nics(0))
-            rpl, lpg = _rail_plan(per, nodes, down)
-            nleaf = (math.ceil(per / rpl) * lpg) if fabric == "rail" else math.ceil(per * nodes / down)
-            if math.ceil(nleaf * up / radix) > up:
-                raise TopologyError(f"{nleaf} leaves of radix {radix} do not fit a 2-tier fabric",
-                                    "use tiers=3, a larger radix, or fewer nodes")
         if isinstance(preset, str):
             if preset.partition(":")[0] not in PRESETS:
                 raise TopologyError(f"unknown topology preset {preset!r}", f"use one of {', '.join(PRESETS)}")
             build_preset(preset, host=h, topo=topo)
         else:
             _replicate(preset, topo, h)
+        if h == 0:
+            per = len(topo.nics(0))
+            if not per:
+                raise TopologyError(f"preset {name!r} has no NICs to join servers", "use a preset with NICs")
+            spec.check_fits(per, nodes)
 
 
 class _Switches:
@@ -120,35 +114,39 @@ class _Switches:
 
     def __init__(self, topo: Topology, radix: int) -> None:
         self.topo, self.radix, self.count = topo, radix, 0
+        self.prefix, self.plane = "", 0
 
     def add(self, tier: int, label: str, **kw: object) -> str:
+        label = self.prefix + label
         sid = f"net/{label}"
-        self.topo.add_node(sid, NodeKind.NET_SWITCH, -1, self.count, tier=tier, label=label, ports=self.radix, **kw)
+        self.topo.add_node(sid, NodeKind.NET_SWITCH, -1, self.count, tier=tier, label=label, ports=self.radix,
+                           plane=self.plane, **kw)
         self.count += 1
         return sid
 
 
-def _add_leaves(topo: Topology, switches: _Switches, fabric: str, nodes: int, down: int,
+def _add_leaves(topo: Topology, switches: _Switches, spec: FabricSpec, members: list[list[str]],
                 ltype: LinkType) -> list[str]:
-    """The leaf switches, every NIC linked to its leaf (rail-optimised: by rail; fat-tree: in server order)."""
+    """One plane's leaf switches, every NIC of `members` (per host) linked to its leaf (rail-optimised: by rail;
+    fat-tree: in server order)."""
+    down = spec.leaf_ports()[0]
+    nodes = len(members)
     leaves: list[str] = []
-    if fabric == "rail":
-        per_host = max(len(topo.nics(h)) for h in range(nodes))
-        rpl, lpg = _rail_plan(per_host, nodes, down)
+    if spec.kind == "rail":
+        per_host = max(len(m) for m in members)
+        rpl, lpg = rail_plan(per_host, nodes, down)
         for grp in range(math.ceil(per_host / rpl)):
             rails = list(range(grp * rpl, min(per_host, (grp + 1) * rpl)))
             tag = f"r{rails[0]}" if len(rails) == 1 else f"r{rails[0]}-{rails[-1]}"
             for j in range(lpg):
                 leaves.append(switches.add(0, f"leaf-{tag}-{j}", rail=rails[0], rails=rails))
-        for h in range(nodes):
-            for nic in topo.nics(h):
-                r = int(topo.graph.nodes[nic].get("rail", topo.graph.nodes[nic]["index"])) % per_host
-                leaf = leaves[(r // rpl) * lpg + h // down]
-                _nic_link(topo, nic, leaf, ltype)
+        for h, nics in enumerate(members):
+            for nic in nics:
+                r = (_rail(topo, nic) // spec.planes) % per_host
+                _nic_link(topo, nic, leaves[(r // rpl) * lpg + h // down], ltype)
     else:
-        nics = topo.nics()
-        nleaf = math.ceil(len(nics) / down)
-        leaves = [switches.add(0, f"leaf{j}") for j in range(nleaf)]
+        nics = [n for m in members for n in m]
+        leaves = [switches.add(0, f"leaf{j}") for j in range(math.ceil(len(nics) / down))]
         for g, nic in enumerate(nics):
             _nic_link(topo, nic, leaves[g // down], ltype)
     return leaves
@@ -157,48 +155,43 @@ def _add_leaves(topo: Topology, switches: _Switches, fabric: str, nodes: int, do
 def _add_spines(topo: Topology, switches: _Switches, leaves: list[str], up: int, ltype: LinkType,
                 link_GBps: float, sw_lat: float) -> None:
     """2 tiers: every leaf to every spine."""
-    radix = switches.radix
-    nspine = max(1, math.ceil(len(leaves) * up / radix))
-    if nspine > up:
-        raise TopologyError(f"{len(leaves)} leaves of radix {radix} do not fit a 2-tier fabric",
-                            "use tiers=3, a larger radix, or fewer nodes")
-    k = max(1, up // nspine)
+    nspine = _divisor_at_least(up, math.ceil(len(leaves) * up / switches.radix))
+    k = up // nspine
     spines = [switches.add(1, f"spine{s}") for s in range(nspine)]
     for lf in leaves:
         for sp in spines:
             topo.add_link(lf, sp, ltype, k * link_GBps, sw_lat, nlinks=k, tier="leaf-spine")
 
 
-def _add_pods_and_cores(topo: Topology, switches: _Switches, leaves: list[str], up: int, ltype: LinkType,
+def _add_pods_and_cores(topo: Topology, switches: _Switches, spec: FabricSpec, leaves: list[str], ltype: LinkType,
                         link_GBps: float, sw_lat: float) -> None:
-    """3 tiers: pods of radix/2 leaves, each with its own spines; every spine to every core."""
+    """3 tiers: pods of (spine down ports) leaves, each with its own spines; spine j of every pod joins core
+    group j (every core of the group)."""
     radix = switches.radix
-    pod_leaves = max(1, radix // 2)
-    npods = math.ceil(len(leaves) / pod_leaves)
-    spp = max(1, math.ceil(min(pod_leaves, len(leaves)) * up / (radix // 2)))
-    k1 = max(1, up // spp)
-    all_spines = []
+    up = spec.leaf_ports()[1]
+    d2, u2 = spec.spine_ports()
+    npods = math.ceil(len(leaves) / d2)
+    spp = _divisor_at_least(up, math.ceil(min(d2, len(leaves)) * up / d2))
+    k1 = up // spp
+    per_group = _divisor_at_least(u2, math.ceil(npods * u2 / radix))
+    k2 = u2 // per_group
+    groups = [[switches.add(2, f"core{j * per_group + c}", group=j) for c in range(per_group)] for j in range(spp)]
     for p in range(npods):
-        pod = leaves[p * pod_leaves:(p + 1) * pod_leaves]
+        pod = leaves[p * d2:(p + 1) * d2]
         spines = [switches.add(1, f"spine-p{p}-{s}", pod=p) for s in range(spp)]
-        all_spines.extend(spines)
         for lf in pod:
             topo.graph.nodes[lf]["pod"] = p
             for sp in spines:
                 topo.add_link(lf, sp, ltype, k1 * link_GBps, sw_lat, nlinks=k1, tier="leaf-spine")
-    ncore = max(1, math.ceil(len(all_spines) * (radix // 2) / radix))
-    k2 = max(1, (radix // 2) // ncore)
-    cores = [switches.add(2, f"core{c}") for c in range(ncore)]
-    for sp in all_spines:
-        for co in cores:
-            topo.add_link(sp, co, ltype, k2 * link_GBps, sw_lat, nlinks=k2, tier="spine-core")
+        for j, sp in enumerate(spines):
+            for co in groups[j]:
+                topo.add_link(sp, co, ltype, k2 * link_GBps, sw_lat, nlinks=k2, tier="spine-core")
 
 
-def _rail_plan(per_host: int, nodes: int, down: int) -> tuple[int, int]:
-    """(rails sharing one leaf, leaves per rail group): one rail per leaf once a rail fills a leaf."""
-    if nodes >= down:
-        return 1, math.ceil(nodes / down)
-    return max(1, min(per_host, down // nodes)), 1
+def _divisor_at_least(ports: int, need: int) -> int:
+    """The fewest upper switches >= `need` among which `ports` uplinks split evenly (no uplink left unused)."""
+    need = max(1, need)
+    return next((d for d in range(need, ports + 1) if ports % d == 0), max(need, ports))
 
 
 def _nic_link(topo: Topology, nic: str, leaf: str, ltype: LinkType) -> None:

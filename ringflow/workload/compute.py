@@ -14,6 +14,12 @@ Model (all constants below are settable through `EfficiencyModel`):
   recompute "none", so the 5as/h softmax term of non-FlashAttention models costs time here too.
 - FP8 doubles the GEMM peak but real GEMMs reach ``fp8_gemm_factor`` of that doubling (quantisation, scaling
   and the BF16 parts that remain).
+- A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
+  one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
+  are padded to capacity (GShard / Switch Transformer convention), else the balanced load (expert load
+  imbalance is not modelled). Expert GEMMs are grouped GEMMs over all local experts: same efficiency curve.
+- ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
+  beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 
 eff_max, d_half and n_half are fitted to Narayanan et al. 2021, Table 1 (Megatron-LM on A100s), see
 `validation.py`; mem_eff is the fraction of HBM bandwidth elementwise kernels reach.
@@ -83,10 +89,47 @@ class EfficiencyModel:
     n_half: float = 64.0       # tokens per micro-batch at which efficiency halves; fitted
     mem_eff: float = 0.8       # fraction of HBM bandwidth that elementwise kernels reach (assumption)
     fp8_gemm_factor: float = 0.7  # fraction of FP8's 2x peak that real GEMMs reach (assumption)
+    software_factor: float = 1.0  # framework efficiency multiplier (see SOFTWARE_PROFILES)
 
     def gemm_efficiency(self, d: float, n: float) -> float:
         """Fraction of peak a GEMM of width d with n rows reaches."""
         return self.eff_max * d / (d + self.d_half) * n / (n + self.n_half)
+
+
+@dataclass(frozen=True)
+class SoftwareProfile:
+    """A training framework generation: its GEMM-efficiency multiplier and what it stands for."""
+
+    name: str
+    software_factor: float
+    description: str
+
+
+# The factors are parameters, not fits: 1.0 is the efficiency curve as fitted on Megatron-LM 2021 (Narayanan et
+# al. Table 1). Calibrating them against published runs is `ringflow validate --published`'s job; until a
+# calibrated value replaces one, every profile keeps 1.0 and the choice only labels the run.
+SOFTWARE_PROFILES: dict[str, SoftwareProfile] = {
+    "megatron-core-2025": SoftwareProfile(
+        "megatron-core-2025", 1.0, "Megatron-Core with Transformer Engine, FlashAttention, grouped-GEMM MoE, "
+        "distributed optimizer (NVIDIA/Megatron-LM core_r0.12, 2025); the default"),
+    "megatron-lm-2021": SoftwareProfile(
+        "megatron-lm-2021", 1.0, "Megatron-LM as in Narayanan et al. 2021 (arXiv:2104.04473): fused kernels, "
+        "no FlashAttention, no sequence parallelism; the curve's own fit"),
+    "deepspeed-2022": SoftwareProfile(
+        "deepspeed-2022", 1.0, "Megatron-DeepSpeed with ZeRO as used for BLOOM 176B (arXiv:2211.05100) and MT-NLG "
+        "530B (arXiv:2201.11990)"),
+}
+DEFAULT_SOFTWARE = "megatron-core-2025"
+
+
+def efficiency_for(software: str = DEFAULT_SOFTWARE, base: EfficiencyModel | None = None) -> EfficiencyModel:
+    """The efficiency model of a named software profile (on top of `base`'s hardware constants)."""
+    prof = SOFTWARE_PROFILES.get(str(software).lower())
+    if prof is None:
+        raise InvalidArgument(f"unknown software profile {software!r}",
+                              f"use one of {', '.join(SOFTWARE_PROFILES)}")
+    from dataclasses import replace
+    return replace(base or EfficiencyModel(), software_factor=prof.software_factor)
 
 
 @dataclass(frozen=True)
@@ -98,6 +141,7 @@ class MicrobatchTimes:
     recompute_s: float
     model_flops: float      # forward + backward FLOPs of the micro-batch on this GPU (MFU numerator)
     hardware_flops: float   # + recomputation (HFU numerator)
+    attention_s: float = 0.0  # forward + backward time of the attention scores (what ring attention hides under)
 
     @property
     def total_s(self) -> float:
@@ -105,36 +149,56 @@ class MicrobatchTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
+def _stage_index(layout: Layout, stage: str | int) -> int:
+    if isinstance(stage, int):
+        if not 0 <= stage < layout.pp:
+            raise InvalidArgument(f"stage {stage} outside 0..{layout.pp - 1}")
+        return stage
+    named = {"first": 0, "last": layout.pp - 1, "middle": layout.pp // 2}
+    if stage not in named:
+        raise InvalidArgument(f"stage {stage!r}", "give a stage index or first, middle, last")
+    return named[stage]
+
+
 def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
-                     eff: EfficiencyModel | None = None, stage: str = "middle") -> MicrobatchTimes:
-    """Compute time of one micro-batch on one GPU of a stage ('first', 'middle', 'last' adds the logits)."""
+                     eff: EfficiencyModel | None = None, stage: str | int = "middle") -> MicrobatchTimes:
+    """Compute time of one micro-batch on one GPU of a pipeline stage (an index, or 'first', 'middle',
+    'last'); the last stage also computes the logits."""
     e = eff or EfficiencyModel()
+    i = _stage_index(layout, stage)
+    start, stop = layout.stage_ranges(model)[i]
     t, cp = layout.tp, layout.cp
-    s_local = layout.seq_len / cp
-    tokens = layout.micro_batch * s_local
-    layers = model.layers / layout.pp
+    tokens = layout.micro_batch * layout.seq_len / cp
     peak = gpu.bf16_flops
-    gemm_scale = 1.0
+    gemm_scale = e.software_factor
     if layout.precision == "fp8":
-        gemm_scale = gpu.fp8_flops / gpu.bf16_flops * e.fp8_gemm_factor
+        gemm_scale *= gpu.fp8_flops / gpu.bf16_flops * e.fp8_gemm_factor
     eff_g = e.gemm_efficiency(model.hidden / t, tokens) * gemm_scale
-    matmul = tokens * model.layer_matmul_flops_per_token() / t * layers
-    attn = tokens * model.layer_attention_flops_per_token(layout.seq_len) / t * layers
-    logits = tokens * model.logit_flops_per_token() / t if stage == "last" or layout.pp == 1 else 0.0
+    mm, at, ex = model.span_flops_per_token(layout.seq_len, start, stop)
+    pad = (layout.capacity_factor - 1.0) if layout.capacity_factor else 0.0
+    matmul = tokens * mm / t                       # model FLOPs
+    padded = tokens * ex * pad / t                 # padded expert slots: hardware work, not model FLOPs
+    attn = tokens * at / t
+    logits = tokens * model.logit_flops_per_token() / t if i == layout.pp - 1 else 0.0
     fwd_flops = matmul + attn + logits
-    act = activation_bytes_per_layer(model, layout, "none") * layers
+    work = fwd_flops + padded
+    n_moe = sum(1 for j in range(start, stop) if model.is_moe_layer(j))
+    act = sum(activation_bytes_per_layer(model, layout, "none", index=j) * n
+              for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
-    t_fwd = fwd_flops / (peak * eff_g) + 2 * act / mem_Bps
-    t_bwd = 2 * fwd_flops / (peak * eff_g) + 4 * act / mem_Bps
+    rate = peak * eff_g
+    t_fwd = work / rate + 2 * act / mem_Bps
+    t_bwd = 2 * work / rate + 4 * act / mem_Bps
     if layout.recompute == "full":
-        rec_flops = matmul + attn
-        t_rec = (matmul + attn) / (peak * eff_g) + 2 * act / mem_Bps
+        rec_flops = matmul + padded + attn
+        t_rec = rec_flops / rate + 2 * act / mem_Bps
     elif layout.recompute == "selective":
         rec_flops = attn
         score = 0.0 if layout.flash_attention else \
             (activation_bytes_per_layer(model, layout.with_(flash_attention=False), "none")
-             - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * layers
-        t_rec = attn / (peak * eff_g) + 2 * score / mem_Bps
+             - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * (stop - start)
+        t_rec = attn / rate + 2 * score / mem_Bps
     else:
         rec_flops, t_rec = 0.0, 0.0
-    return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops)
+    return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,
+                           attention_s=3 * attn / rate)

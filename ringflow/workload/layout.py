@@ -2,8 +2,15 @@
 
 Rank order (Megatron's default ``tp-cp-ep-dp-pp``): TP is innermost, so a TP group is consecutive ranks inside
 one server; then CP, then DP, then PP outermost. A global rank is the index into ``topology.endpoints()``,
-which sorts GPUs by (server, index), so consecutive ranks share a server. EP groups are carved out of the
-DP x CP ranks of one PP stage (Megatron's expert-data-parallel split).
+which sorts GPUs by (server, index), so consecutive ranks share a server. Experts fold over the same
+``tp x cp x dp`` ranks of a stage (Megatron-Core's MoE parallel folding): expert-TP (``etp``, default tp)
+innermost, then EP, then expert-DP, so with etp = tp an EP group is every tp-th rank and with etp = 1 it is
+consecutive ranks.
+
+Pipeline stages hold ``layers / pp`` layers each, or an uneven split: ``first_stage_layers`` /
+``last_stage_layers`` (Megatron-Core ``--decoder-first/last-pipeline-num-layers``: the other stages split the rest
+evenly) or an explicit ``stage_layers`` list. The embedding sits on the first stage, the final norm and the
+output layer on the last.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ from .models import ModelSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp8")
+CP_COMM = ("p2p", "a2a", "allgather")   # ring attention, Ulysses all-to-all, all-gather of K/V (Llama 3)
 
 
 @dataclass(frozen=True)
@@ -40,21 +48,53 @@ class Layout:
     precision: str = "bf16"
     flash_attention: bool = True         # attention scores never stored (Dao et al. 2022)
     grad_bytes: int = 4                  # gradient element size (Megatron keeps fp32 main grads)
+    etp: int = 0                         # expert tensor parallelism (0 = tp, Megatron's default)
+    cp_comm: str = "p2p"                 # context parallelism: p2p (ring attention), a2a (Ulysses), allgather
+    stage_layers: tuple[int, ...] = ()   # explicit layers per pipeline stage (sums to the model's layers)
+    first_stage_layers: int = 0          # layers on the first stage (0 = even split); the rest split evenly
+    last_stage_layers: int = 0           # layers on the last stage (0 = even split)
+    capacity_factor: float = 0.0         # MoE: expert capacity / balanced load; tokens beyond it are dropped and
+                                         # buffers padded to it (0 = dropless, balanced load)
+    fp8_params: bool = False             # FP8 training keeps weights only in FP8 (Megatron --fp8-param-gather)
+    overlap_ep: bool = False             # MoE all-to-alls hidden under another micro-batch's compute (DeepSeek's
+                                         # DualPipe, Megatron --overlap-moe-expert-parallel-comm)
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "global_batch", "seq_len", "interleave"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"layout {f}={v!r} must be an integer >= 1", f"set --{f.replace('_', '-')} >= 1")
+        for f in ("etp", "first_stage_layers", "last_stage_layers"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise ConfigError(f"layout {f}={v!r} must be an integer >= 0", f"set --{f.replace('_', '-')} >= 0")
+        if not isinstance(self.stage_layers, tuple):
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+        self._check_options()
+
+    def _check_options(self) -> None:
+        if self.cp_comm not in CP_COMM:
+            raise ConfigError(f"cp_comm={self.cp_comm!r}", f"use one of {', '.join(CP_COMM)}")
+        if self.capacity_factor and not self.capacity_factor >= 1.0:
+            raise ConfigError(f"capacity_factor={self.capacity_factor!r} below 1 drops tokens even when balanced",
+                              "give a capacity factor >= 1 (e.g. 1.25), or 0 for dropless routing")
+        if self.fp8_params and self.precision != "fp8":
+            raise ConfigError("fp8_params without precision fp8", "add --precision fp8 or drop --fp8-params")
+        if self.stage_layers and (self.first_stage_layers or self.last_stage_layers):
+            raise ConfigError("both stage_layers and first/last_stage_layers given",
+                              "give the whole list (--stage-layers) or only the ends (--first/--last-stage-layers)")
+        if (self.stage_layers or self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
+            raise ConfigError("uneven pipeline stages with pp = 1", "raise --pp, or drop the stage-layer options")
         if self.zero not in (0, 1, 2, 3):
             raise ConfigError(f"zero={self.zero!r}", "ZeRO stage must be 0, 1, 2 or 3 (3 = FSDP)")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute={self.recompute!r}", f"use one of {', '.join(RECOMPUTE_MODES)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r}", f"use one of {', '.join(PRECISIONS)}")
-        if (self.dp * self.cp) % self.ep:
-            raise ConfigError(f"ep={self.ep} must divide dp x cp = {self.dp * self.cp}",
-                              "experts are spread over the data-parallel ranks of a stage")
+        if (self.tp * self.dp * self.cp) % (self.expert_tp * self.ep):
+            raise ConfigError(f"etp x ep = {self.expert_tp} x {self.ep} must divide tp x dp x cp = "
+                              f"{self.tp * self.dp * self.cp}",
+                              "experts fold over the tp x cp x dp ranks of a stage: choose ep (and etp) dividing them")
         if self.global_batch % (self.micro_batch * self.dp):
             raise ConfigError(f"global batch {self.global_batch} is not a multiple of micro-batch x dp = "
                               f"{self.micro_batch} x {self.dp}", "choose a global batch divisible by both")
@@ -65,6 +105,16 @@ class Layout:
     def gpus(self) -> int:
         """World size: tp x cp x dp x pp (EP reuses DP ranks)."""
         return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree inside an expert (etp, default tp)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the expert weights: tp x cp x dp / (etp x ep)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def microbatches(self) -> int:
@@ -89,15 +139,77 @@ class Layout:
         if model.heads % self.tp or model.kv_heads % min(self.tp, model.kv_heads):
             raise ConfigError(f"tp={self.tp} does not divide heads={model.heads} / kv_heads={model.kv_heads}",
                               "choose a TP degree that divides the attention heads")
-        if model.layers % (self.pp * self.interleave):
-            raise ConfigError(f"layers={model.layers} not divisible by pp x interleave = "
-                              f"{self.pp} x {self.interleave}", "choose pp (and interleave) dividing the layers")
+        self.stage_layer_counts(model)
         if self.ep > 1 and model.experts % self.ep:
             raise ConfigError(f"ep={self.ep} does not divide experts={model.experts}", "choose ep dividing experts")
-        if self.ep > 1 and not model.is_moe:
-            raise ConfigError("ep > 1 for a dense model", "expert parallelism needs a MoE model (experts > 1)")
+        if (self.ep > 1 or self.etp) and not model.is_moe:
+            raise ConfigError(f"ep={self.ep} / etp={self.etp} for the dense model {model.name}",
+                              "expert parallelism needs a MoE model (experts > 1): drop --ep / --etp")
+        if self.capacity_factor and not model.is_moe:
+            raise ConfigError(f"capacity_factor for the dense model {model.name}", "drop --capacity-factor")
+        if model.is_moe and model.moe_ffn % self.expert_tp:
+            raise ConfigError(f"etp={self.expert_tp} does not divide the expert FFN size {model.moe_ffn}",
+                              "choose --etp dividing the expert FFN (1 keeps experts whole)")
         if self.seq_len % self.cp:
             raise ConfigError(f"seq_len={self.seq_len} not divisible by cp={self.cp}", "choose cp dividing seq len")
+        if self.cp > 1 and self.cp_comm == "a2a" and model.heads % (self.tp * self.cp):
+            raise ConfigError(f"Ulysses context parallelism (cp_comm a2a) splits heads over tp x cp = "
+                              f"{self.tp * self.cp}, which does not divide heads={model.heads}",
+                              "use --cp-comm p2p or allgather, or a cp with tp x cp dividing the heads")
+
+    def stage_layer_counts(self, model: ModelSpec) -> tuple[int, ...]:
+        """Layers on each pipeline stage (all its virtual chunks), first to last; raises if not expressible."""
+        return _stage_counts(self, model.layers)
+
+    def stage_ranges(self, model: ModelSpec) -> list[tuple[int, int]]:
+        """(first layer, one past the last layer) of each pipeline stage."""
+        out, start = [], 0
+        for n in self.stage_layer_counts(model):
+            out.append((start, start + n))
+            start += n
+        return out
+
+
+def _even_ends(layers: int, pp: int) -> int | None:
+    """Layers x for the first and the last stage so that the pp - 2 stages between split the rest evenly."""
+    if pp < 3:
+        return layers // 2 if pp == 2 and layers % 2 == 0 else None
+    best = None
+    for x in range(1, layers // pp + 1):
+        rest = layers - 2 * x
+        if rest > 0 and rest % (pp - 2) == 0 and (best is None or rest // (pp - 2) - x < best[1]):
+            best = (x, rest // (pp - 2) - x)
+    return best[0] if best else None
+
+
+def _stage_counts(L: Layout, layers: int) -> tuple[int, ...]:
+    p, v = L.pp, L.interleave
+    if L.stage_layers:
+        counts = L.stage_layers
+        if len(counts) != p or any(not isinstance(c, int) or c < 1 for c in counts) or sum(counts) != layers:
+            raise ConfigError(f"stage_layers {list(counts)} must be {p} whole numbers >= 1 summing to the model's "
+                              f"{layers} layers", f"give {p} counts, e.g. --stage-layers "
+                              f"{','.join(str(layers // p + (i < layers % p)) for i in range(p))}")
+    elif L.first_stage_layers or L.last_stage_layers:
+        ends = [x for x in (L.first_stage_layers, L.last_stage_layers) if x]
+        rest_stages, rest = p - len(ends), layers - sum(ends)
+        if (rest_stages == 0 and rest != 0) or (rest_stages and (rest < rest_stages or rest % rest_stages)):
+            raise ConfigError(f"after {sum(ends)} layers on the end stages, {rest} layers do not split evenly "
+                              f"over the other {rest_stages} stages", "change --first/--last-stage-layers, or give "
+                              "every stage with --stage-layers")
+        mid = rest // rest_stages if rest_stages else 0
+        counts = (L.first_stage_layers or mid,) + (mid,) * (p - 2) + (L.last_stage_layers or mid,)
+    else:
+        if layers % p:
+            x = _even_ends(layers, p)
+            hint = (f"put fewer layers on the end stages: --first-stage-layers {x} --last-stage-layers {x}"
+                    if x else "give every stage's layers with --stage-layers") + ", or choose pp dividing the layers"
+            raise ConfigError(f"layers={layers} not divisible by pp={p}", hint)
+        counts = (layers // p,) * p
+    if v > 1 and any(c % v for c in counts):
+        raise ConfigError(f"interleave={v} needs every stage's layers divisible by it; stages hold {list(counts)}",
+                          "choose --interleave dividing each stage's layers, or --interleave 1")
+    return tuple(counts)
 
 
 @dataclass(frozen=True)
@@ -143,10 +255,12 @@ def rank_groups(layout: Layout) -> RankGroups:
     pp = tuple(tuple(rank_of(L, t, c, d, p) for p in range(L.pp))
                for d in range(L.dp) for c in range(L.cp) for t in range(L.tp))
     ep_groups: list[tuple[int, ...]] = []
+    et, n = L.expert_tp, L.tp * L.cp * L.dp
     for p in range(L.pp):
-        for t in range(L.tp):
-            flat = [rank_of(L, t, c, d, p) for d in range(L.dp) for c in range(L.cp)]
-            ep_groups += [tuple(flat[i:i + L.ep]) for i in range(0, len(flat), L.ep)]
+        base = p * n  # the stage's ranks are base .. base + n - 1, TP innermost
+        for e_d in range(L.expert_dp):
+            for e_t in range(et):
+                ep_groups.append(tuple(base + e_t + et * (j + L.ep * e_d) for j in range(L.ep)))
     return RankGroups(tp, cp, dp, pp, tuple(ep_groups))
 
 
@@ -158,7 +272,14 @@ def first_groups(layout: Layout) -> RankGroups:
         cp=(tuple(rank_of(L, 0, c, 0, 0) for c in range(L.cp)),),
         dp=(tuple(rank_of(L, 0, 0, d, 0) for d in range(L.dp)),),
         pp=(tuple(rank_of(L, 0, 0, 0, p) for p in range(L.pp)),),
-        ep=(tuple([rank_of(L, 0, c, d, 0) for d in range(L.dp) for c in range(L.cp)][:L.ep]),))
+        ep=(tuple(j * L.expert_tp for j in range(L.ep)),))
+
+
+def expert_groups(layout: Layout) -> dict[str, tuple[int, ...]]:
+    """The first expert-TP group (consecutive ranks) and expert-DP group (stride etp x ep) of stage 0."""
+    L = layout
+    return {"etp": tuple(range(L.expert_tp)),
+            "edp": tuple(j * L.expert_tp * L.ep for j in range(L.expert_dp))}
 
 
 _EPS_CACHE: dict[int, tuple[Any, int, list[str]]] = {}

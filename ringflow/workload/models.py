@@ -2,13 +2,23 @@
 
 Parameter counts and FLOPs per token are computed from the dimensions (nothing is typed in):
 
-- attention per layer: Q and O projections ``2 h^2``, K and V ``2 h h_kv`` (h_kv = kv_heads x head_dim);
-- MLP per layer: ``2 h f`` (GELU) or ``3 h f`` (gated SwiGLU), times ``experts`` for MoE (+ router ``h E``);
+- attention per layer (``d`` = head_dim, given or hidden / heads): Q ``h a d``, K and V ``h k d`` each
+  (k = kv_heads: grouped-query attention), O ``a d h``; ``qk_norm`` adds two head_dim norms. Multi-head latent
+  attention (DeepSeek-V2/V3, ``kv_lora_rank > 0``): Q down ``h q_r`` + norm + up ``q_r a (n + r)`` (or one
+  ``h a (n + r)`` without ``q_lora_rank``), KV down ``h (c + r)`` + norm + up ``c a (n + v)``, O ``a v h``
+  (c = kv_lora_rank, n = qk_nope_head_dim, r = qk_rope_head_dim, v = v_head_dim);
+- MLP per layer: ``2 h f`` (GELU) or ``3 h f`` (gated SwiGLU). Mixture of experts: ``experts`` routed experts of
+  ``expert_ffn_hidden`` each (default ffn_hidden), ``shared_experts`` always-on experts of the same size, a
+  router ``h E``; the first ``dense_layers`` layers are dense with ``ffn_hidden`` (DeepSeek-V3: 3);
 - biases and norms: ``norm_params`` per norm (LayerNorm 2h, RMSNorm h), two norms per layer;
-- embeddings ``V h`` (twice when input and output embeddings are untied) + learned positions ``s h``.
+- embeddings ``V h`` (twice when input and output embeddings are untied) + learned positions ``s h``
+  (+ a LayerNorm after the embedding with ``embedding_norm``, BLOOM).
 
-For the Megatron GPT family this is exactly Narayanan et al. (2021) Eq. 2,
-``12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h))`` (plus the final LayerNorm), and Llama-3-70B comes to 70.55e9.
+Forward FLOPs per token: 2 per multiply-add of every matmul weight a token touches (top_k + shared experts),
+plus the attention scores ``2 s_eff a (d_qk + d_v)`` per layer, counted non-causally as Megatron does
+(s_eff = s); a layer with a sliding window w < s attends ``2 w - w^2 / s`` positions on that count (the causal
+average ``w - w^2 / (2 s)``, doubled like the full count). For the Megatron GPT family this is exactly
+Narayanan et al. (2021) Eq. 2 and 3; Llama-3-70B comes to 70.55e9 parameters.
 """
 from __future__ import annotations
 
@@ -22,12 +32,14 @@ from typing import Any
 from ..errors import ConfigError, InvalidArgument
 
 _PRESET_DIR = Path(__file__).with_name("models")
-_REQUIRED = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+_REQUIRED = ("layers", "hidden", "heads", "ffn_hidden", "vocab")
+_MLA_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+POSITIONS = ("rope", "learned", "alibi", "none")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer (dense or mixture-of-experts)."""
+    """A decoder-only transformer (dense or mixture-of-experts; MHA, GQA or MLA attention)."""
 
     name: str
     layers: int
@@ -46,6 +58,20 @@ class ModelSpec:
     position: str = "rope"
     dropout: bool = False
     nominal_params: float = 0.0  # the size in the model's name (70e9 for Llama-3-70B); 0 = use params()
+    head_dim: int = 0            # 0: hidden / heads (Qwen3 gives 128 with hidden / heads != 128)
+    qk_norm: bool = False        # a norm of head_dim on Q and on K (Qwen3)
+    kv_lora_rank: int = 0        # > 0: multi-head latent attention (DeepSeek-V2/V3)
+    q_lora_rank: int = 0         # MLA: rank of the Q compression (0 = Q projected directly)
+    qk_rope_head_dim: int = 0    # MLA: rotary part of each Q/K head
+    qk_nope_head_dim: int = 0    # MLA: non-rotary part of each Q/K head
+    v_head_dim: int = 0          # MLA: size of each V head
+    sliding_window: int = 0      # > 0: attention window in tokens (Mistral 7B: 4096)
+    global_every: int = 0        # with a window: every n-th layer attends globally (Gemma 2: 2); 0 = none
+    expert_ffn_hidden: int = 0   # MoE: FFN size of one routed/shared expert (0 = ffn_hidden)
+    shared_experts: int = 0      # MoE: experts every token goes through (DeepSeek-V3: 1)
+    dense_layers: int = 0        # MoE: the first n layers are dense with ffn_hidden (DeepSeek-V3: 3)
+    embedding_norm: bool = False  # a norm right after the input embedding (BLOOM)
+    source: str = ""             # where the dimensions come from (paper, config.json URL)
 
     def __post_init__(self) -> None:
         try:
@@ -53,104 +79,228 @@ class ModelSpec:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"model {self.name!r}: nominal_params={self.nominal_params!r} is not a number",
                               "write it as e.g. 70e9") from exc
-        for f in _REQUIRED + ("seq_len", "experts", "top_k"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"model {self.name!r}: {f}={v!r} must be a positive integer",
-                                  f"set {f} to a whole number > 0 in the model file")
-        if self.hidden % self.heads:
-            raise ConfigError(f"model {self.name!r}: hidden={self.hidden} is not a multiple of heads={self.heads}",
-                              "hidden must equal heads x head_dim")
-        if self.heads % self.kv_heads:
-            raise ConfigError(f"model {self.name!r}: heads={self.heads} not a multiple of kv_heads={self.kv_heads}",
-                              "grouped-query attention needs heads divisible by kv_heads")
+        for f in _REQUIRED + ("kv_heads", "seq_len", "experts", "top_k"):
+            _check_int(self.name, f, getattr(self, f), 1)
+        for f in ("head_dim", "kv_lora_rank", "q_lora_rank", "sliding_window", "global_every",
+                  "expert_ffn_hidden", "shared_experts", "dense_layers") + _MLA_FIELDS:
+            _check_int(self.name, f, getattr(self, f), 0)
+        self._check_attention()
         if self.top_k > self.experts:
             raise ConfigError(f"model {self.name!r}: top_k={self.top_k} > experts={self.experts}",
                               "top_k must be <= experts")
+        if not self.is_moe and (self.shared_experts or self.dense_layers or self.expert_ffn_hidden):
+            raise ConfigError(f"model {self.name!r}: shared_experts / dense_layers / expert_ffn_hidden on a "
+                              "dense model", "set experts > 1 (and top_k) for a mixture of experts")
+        if self.dense_layers >= self.layers:
+            raise ConfigError(f"model {self.name!r}: dense_layers={self.dense_layers} >= layers={self.layers}",
+                              "dense_layers counts the dense layers before the first MoE layer")
+        if self.global_every and not self.sliding_window:
+            raise ConfigError(f"model {self.name!r}: global_every without sliding_window",
+                              "give the window size (sliding_window) or drop global_every")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise ConfigError(f"model {self.name!r}: norm={self.norm!r}", "use rmsnorm or layernorm")
-        if self.position not in ("rope", "learned"):
-            raise ConfigError(f"model {self.name!r}: position={self.position!r}", "use rope or learned")
+        if self.position not in POSITIONS:
+            raise ConfigError(f"model {self.name!r}: position={self.position!r}", f"use one of {', '.join(POSITIONS)}")
+
+    def _check_attention(self) -> None:
+        if self.kv_lora_rank:
+            missing = [f for f in _MLA_FIELDS if not getattr(self, f)]
+            if missing:
+                raise ConfigError(f"model {self.name!r}: multi-head latent attention (kv_lora_rank) lacks "
+                                  f"{', '.join(missing)}", "give qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+            object.__setattr__(self, "kv_heads", self.heads)  # every head gets its own K and V
+        elif self.q_lora_rank or any(getattr(self, f) for f in _MLA_FIELDS):
+            raise ConfigError(f"model {self.name!r}: q_lora_rank / qk_*_head_dim / v_head_dim are "
+                              "multi-head latent attention fields", "set kv_lora_rank too, or remove them")
+        if not self.head_dim:
+            if self.hidden % self.heads:
+                raise ConfigError(f"model {self.name!r}: hidden={self.hidden} is not a multiple of "
+                                  f"heads={self.heads}", "hidden must equal heads x head_dim, or give head_dim")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"model {self.name!r}: heads={self.heads} not a multiple of kv_heads={self.kv_heads}",
+                              "grouped-query attention needs heads divisible by kv_heads")
 
     # ---- dimensions -------------------------------------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        """Size of one attention head."""
-        return self.hidden // self.heads
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Size of one Q (and K) head: head_dim, or nope + rope parts under MLA."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Size of one V head."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def q_width(self) -> int:
+        """Width of Q: heads x qk_head_dim."""
+        return self.heads * self.qk_head_dim
 
     @property
     def kv_hidden(self) -> int:
-        """Width of K (and of V): kv_heads x head_dim."""
-        return self.kv_heads * self.head_dim
+        """Width of K: kv_heads x qk_head_dim (V: kv_heads x v_dim)."""
+        return self.kv_heads * self.qk_head_dim
+
+    @property
+    def v_width(self) -> int:
+        """Width of V (and of the attention output before O): kv_heads x v_dim, heads x v_dim."""
+        return self.kv_heads * self.v_dim
 
     @property
     def is_moe(self) -> bool:
         """True for a mixture-of-experts model."""
         return self.experts > 1
 
-    # ---- parameters --------------------------------------------------------------------------------------------
-    def attention_params(self) -> int:
-        """Weights (+ biases) of one attention block."""
-        h, kv = self.hidden, self.kv_hidden
-        w = 2 * h * h + 2 * h * kv
-        return w + ((h + 2 * kv + h) if self.bias else 0)
+    @property
+    def moe_ffn(self) -> int:
+        """FFN size of one expert."""
+        return self.expert_ffn_hidden or self.ffn_hidden
 
-    def expert_params(self) -> int:
-        """Weights (+ biases) of one MLP (one expert)."""
-        h, f = self.hidden, self.ffn_hidden
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        """True if layer `index` (0-based) is a mixture-of-experts layer."""
+        return self.is_moe and index >= self.dense_layers
+
+    def window_of(self, index: int) -> int:
+        """Attention window of layer `index` (0 = full attention)."""
+        if not self.sliding_window or (self.global_every and (index + 1) % self.global_every == 0):
+            return 0
+        return self.sliding_window
+
+    # ---- parameters --------------------------------------------------------------------------------------------
+    def attention_matmul_params(self) -> int:
+        """Matmul weights of one attention block (what FLOPs count)."""
+        h, a = self.hidden, self.heads
+        if self.is_mla:
+            qk = self.qk_head_dim
+            q = (h * self.q_lora_rank + self.q_lora_rank * a * qk) if self.q_lora_rank else h * a * qk
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + \
+                self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + a * self.v_head_dim * h
+        return h * self.q_width + h * self.kv_hidden + h * self.v_width + self.heads * self.v_dim * h
+
+    def attention_params(self) -> int:
+        """Weights, biases and inner norms of one attention block."""
+        w = self.attention_matmul_params()
+        per_norm = 2 if self.norm == "layernorm" else 1
+        if self.is_mla:
+            w += per_norm * (self.kv_lora_rank + self.q_lora_rank)  # norms on the compressed latents
+        if self.qk_norm:
+            w += 2 * per_norm * self.qk_head_dim
+        if self.bias:
+            w += self.q_width + self.kv_hidden + self.v_width + self.hidden
+        return w
+
+    def expert_params(self, ffn: int | None = None) -> int:
+        """Weights (+ biases) of one MLP of size `ffn` (default: one expert's)."""
+        h, f = self.hidden, ffn or self.moe_ffn
         if self.gated_mlp:
             return 3 * h * f + ((2 * f + h) if self.bias else 0)
         return 2 * h * f + ((f + h) if self.bias else 0)
+
+    def mlp_matmul_params(self, ffn: int) -> int:
+        """Matmul weights of one MLP of size `ffn`."""
+        return (3 if self.gated_mlp else 2) * self.hidden * ffn
 
     def norm_params(self) -> int:
         """Parameters of one normalisation layer."""
         return 2 * self.hidden if self.norm == "layernorm" else self.hidden
 
-    def layer_params(self) -> int:
-        """All parameters of one transformer layer (every expert counted)."""
-        router = self.hidden * self.experts if self.is_moe else 0
-        return self.attention_params() + self.experts * self.expert_params() + router + 2 * self.norm_params()
+    def router_params(self) -> int:
+        """Router weights of one MoE layer."""
+        return self.hidden * self.experts if self.is_moe else 0
 
-    def active_layer_params(self) -> int:
-        """Parameters one token touches in one layer (top_k experts for MoE)."""
-        router = self.hidden * self.experts if self.is_moe else 0
-        return self.attention_params() + self.top_k * self.expert_params() + router + 2 * self.norm_params()
+    def routed_expert_params(self) -> int:
+        """All routed experts of one MoE layer (what expert parallelism splits)."""
+        return self.experts * self.expert_params() if self.is_moe else 0
+
+    def layer_params(self, index: int | None = None) -> int:
+        """All parameters of layer `index` (default: an MoE layer of an MoE model), every expert counted."""
+        base = self.attention_params() + 2 * self.norm_params()
+        if not self._moe(index):
+            return base + self.expert_params(self.ffn_hidden)
+        return base + (self.experts + self.shared_experts) * self.expert_params() + self.router_params()
+
+    def active_layer_params(self, index: int | None = None) -> int:
+        """Parameters one token touches in layer `index` (top_k + shared experts for MoE)."""
+        base = self.attention_params() + 2 * self.norm_params()
+        if not self._moe(index):
+            return base + self.expert_params(self.ffn_hidden)
+        return base + (self.top_k + self.shared_experts) * self.expert_params() + self.router_params()
+
+    def _moe(self, index: int | None) -> bool:
+        return self.is_moe if index is None else self.is_moe_layer(index)
 
     def embedding_params(self) -> int:
-        """Input (+ untied output) embeddings and learned positions."""
+        """Input (+ untied output) embeddings, learned positions and an embedding norm."""
         e = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return e + (self.seq_len * self.hidden if self.position == "learned" else 0)
+        e += self.seq_len * self.hidden if self.position == "learned" else 0
+        return e + (self.norm_params() if self.embedding_norm else 0)
 
     def params(self) -> int:
         """Total parameter count."""
-        return self.layers * self.layer_params() + self.embedding_params() + self.norm_params()
+        dense = self.layers - self.moe_layers
+        layers = dense * self.layer_params(0 if self.dense_layers or not self.is_moe else None) + \
+            self.moe_layers * self.layer_params(self.layers - 1)
+        return layers + self.embedding_params() + self.norm_params()
 
     def active_params(self) -> int:
         """Parameters used per token (== params() for dense models)."""
-        return self.layers * self.active_layer_params() + self.embedding_params() + self.norm_params()
+        dense = self.layers - self.moe_layers
+        layers = dense * self.active_layer_params(0 if self.dense_layers or not self.is_moe else None) + \
+            self.moe_layers * self.active_layer_params(self.layers - 1)
+        return layers + self.embedding_params() + self.norm_params()
 
     # ---- FLOPs -------------------------------------------------------------------------------------------------
-    def layer_matmul_flops_per_token(self) -> float:
-        """Forward matmul FLOPs of one layer for one token (2 per multiply-add, active experts only)."""
-        h, kv, f = self.hidden, self.kv_hidden, self.ffn_hidden
-        attn = 2 * (2 * h * h + 2 * h * kv)
-        mlp = 2 * (3 if self.gated_mlp else 2) * h * f * self.top_k
-        router = 2 * h * self.experts if self.is_moe else 0
-        return float(attn + mlp + router)
+    def layer_matmul_flops_per_token(self, index: int | None = None) -> float:
+        """Forward matmul FLOPs of layer `index` for one token (2 per multiply-add, active experts only)."""
+        attn = self.attention_matmul_params()
+        if self._moe(index):
+            mlp = (self.top_k + self.shared_experts) * self.mlp_matmul_params(self.moe_ffn) + self.router_params()
+        else:
+            mlp = self.mlp_matmul_params(self.ffn_hidden)
+        return 2.0 * (attn + mlp)
 
-    def layer_attention_flops_per_token(self, seq_len: int) -> float:
-        """Forward FLOPs of QK^T and AV for one token of one layer (full, non-causal count as in Megatron)."""
-        return float(4 * seq_len * self.hidden)
+    def layer_expert_flops_per_token(self, index: int | None = None) -> float:
+        """The routed-expert share of `layer_matmul_flops_per_token` (what a capacity factor pads)."""
+        return 2.0 * self.top_k * self.mlp_matmul_params(self.moe_ffn) if self._moe(index) else 0.0
+
+    def attended_positions(self, seq_len: int, index: int = 0) -> float:
+        """Key positions per query on Megatron's non-causal count: s, or 2w - w^2/s with a window w < s."""
+        w = self.window_of(index)
+        if not w or w >= seq_len:
+            return float(seq_len)
+        return 2.0 * w - w * w / seq_len
+
+    def layer_attention_flops_per_token(self, seq_len: int, index: int | None = None) -> float:
+        """Forward FLOPs of QK^T and AV for one token of layer `index` (default: the mean over layers)."""
+        per_pos = 2.0 * self.heads * (self.qk_head_dim + self.v_dim)
+        if index is None:
+            return per_pos * sum(self.attended_positions(seq_len, i) for i in range(self.layers)) / self.layers
+        return per_pos * self.attended_positions(seq_len, index)
 
     def logit_flops_per_token(self) -> float:
         """Forward FLOPs of the output (logit) layer per token."""
         return float(2 * self.hidden * self.vocab)
 
+    def span_flops_per_token(self, seq_len: int, start: int, stop: int) -> tuple[float, float, float]:
+        """(matmul, attention, routed-expert) forward FLOPs per token of layers start..stop-1."""
+        return _span_flops(self, seq_len, start, stop)
+
     def forward_flops_per_token(self, seq_len: int | None = None) -> float:
         """Forward FLOPs per token of the whole model."""
-        s = seq_len or self.seq_len
-        per_layer = self.layer_matmul_flops_per_token() + self.layer_attention_flops_per_token(s)
-        return self.layers * per_layer + self.logit_flops_per_token()
+        mm, attn, _ = self.span_flops_per_token(seq_len or self.seq_len, 0, self.layers)
+        return mm + attn + self.logit_flops_per_token()
 
     def training_flops_per_token(self, seq_len: int | None = None) -> float:
         """Model FLOPs per token of one training step: forward + backward = 3 x forward (the MFU numerator)."""
@@ -170,6 +320,21 @@ class ModelSpec:
                 "training_flops_per_token": self.training_flops_per_token()}
 
 
+def _check_int(name: str, field: str, v: Any, least: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < least:
+        kind = "a positive integer" if least else "an integer >= 0"
+        raise ConfigError(f"model {name!r}: {field}={v!r} must be {kind}",
+                          f"set {field} to a whole number {'> 0' if least else '>= 0'} in the model file")
+
+
+@lru_cache(maxsize=4096)
+def _span_flops(model: ModelSpec, seq_len: int, start: int, stop: int) -> tuple[float, float, float]:
+    mm = attn = ex = 0.0
+    for i in range(start, stop):
+        mm += model.layer_matmul_flops_per_token(i)
+        attn += model.layer_attention_flops_per_token(seq_len, i)
+        ex += model.layer_expert_flops_per_token(i)
+    return mm, attn, ex
 @lru_cache(maxsize=1)
 def _presets() -> dict[str, dict[str, Any]]:
     import yaml

@@ -1,26 +1,29 @@
 """Step time of one training iteration: compute, exposed communication per dimension, pipeline bubble.
 
-Per micro-batch on the slowest pipeline stage (the last one, which also computes the logits):
+Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embedding and logits on the ends):
 
-    t_mb = forward + backward + recompute             (compute.py)
-         + TP exposed: 2 all-reduces per layer forward, 2 backward (+2 in a full-recompute forward); with
-           sequence parallelism each all-reduce is a reduce-scatter + all-gather pair; hidden under GEMMs
-           down to max(comm - gemm, comm/4) with ``overlap_tp``
-         + CP exposed: ring attention passes K and V around the CP ring, hidden under attention compute
-         + EP exposed: two all-to-alls (dispatch, combine) per MoE layer forward, two backward
-         + PP: one activation send forward and one gradient send backward per virtual stage, size
-           b s h / t (Megatron's scatter/gather over TP ranks) or b s h / t with sequence parallelism
+    t_i = forward + backward + recompute                 (compute.py)
+        + TP exposed: the TP regions' all-reduces (or all-gather + reduce-scatter with sequence parallelism);
+          hidden under GEMMs down to max(comm - gemm, comm/4) with ``overlap_tp``
+        + CP exposed: ring attention's K/V passes hidden under the attention compute (p2p), or the Ulysses
+          all-to-alls / Llama-3 all-gathers (exposed)
+        + EP exposed: dispatch + combine all-to-all per MoE layer and pass, sized from the routing; the
+          expert-TP all-gather / reduce-scatter of the dispatched tokens (with TP overlap like TP); with
+          ``overlap_ep`` the all-to-alls hide under the compute (DualPipe-style), exposed only beyond it
+        + PP: one activation send forward and one gradient send backward per virtual stage
+      (the collectives come from `layercomm.stage_calls`, the same list the traffic figures use)
 
-    pipeline = m t_mb + bubble,  bubble = (p-1)/v x t_mb   (1F1B: bubble share (p-1)/(m+p-1); Narayanan et al.)
+    pipeline = (m + (p-1)/v) x max_i t_i   (the slowest stage paces 1F1B; bubble share (p-1)/(m v + p - 1))
     DP exposed = max(last bucket, t_dp - backward of the last micro-batch)  with ``overlap_grad_reduce``
-                 (all of t_dp without); ZeRO-1/2 add the parameter all-gather after the optimizer (hidden
-                 under the next forward with ``overlap_param_gather``); ZeRO-3 gathers parameters forward
-                 and backward and reduce-scatters gradients per micro-batch, hidden under its compute
+                 (all of t_dp without); dense gradients over the DP group, expert gradients over the
+                 expert-DP group; ZeRO-1/2 add the parameter all-gather after the optimizer (hidden under the
+                 next forward with ``overlap_param_gather``); ZeRO-3 gathers parameters forward and backward and
+                 reduce-scatters gradients per micro-batch, hidden under its compute
     step = pipeline + DP exposed + optimizer (memory-bound update of the local parameters)
 
-Outputs: breakdown in seconds, MFU (model FLOPs: 3 x forward per token), HFU (+ recomputation),
-tokens/s, time to train on a token budget, network-wait fraction (exposed communication / step), and
-the scale factor T_n/(n T) (throughput of n workers over n times one worker's).
+Outputs: breakdown in seconds, MFU against the BF16 or the FP8 dense peak (``mfu_peak``; model FLOPs: 3 x
+forward per token), HFU (+ recomputation and padded expert slots), tokens/s, time to train on a token budget,
+network-wait fraction (exposed communication / step), and the scale factor T_n/(n T).
 """
 from __future__ import annotations
 
@@ -29,12 +32,14 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
-from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
-from .layout import Layout, first_groups, group_endpoints, rank_groups, rank_of
-from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_params
+from .compute import EfficiencyModel, GpuSpec, MicrobatchTimes, efficiency_for, gpu_of_topology, microbatch_times
+from .layercomm import CommCall, stage_calls
+from .layout import Layout, expert_groups, first_groups, group_endpoints, rank_groups, rank_of
+from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_param_split, stage_params
 from .models import ModelSpec
 
 ACT_BYTES = 2  # bf16 activations on the wire
+MFU_PEAKS = ("bf16", "fp8")
 
 
 @dataclass
@@ -57,6 +62,11 @@ class StepResult:
     comm_bytes_per_step: dict[str, float] = field(default_factory=dict)
     comm_model: str = "alpha-beta"
     contention: dict[str, float] = field(default_factory=dict)
+    mfu_peak: str = "bf16"              # which dense peak MFU and HFU are measured against
+    peak_tflops: float = 0.0            # that peak, per GPU
+    slowest_stage: int = 0              # the pipeline stage that paces the step
+    stage_times_s: list[float] = field(default_factory=list)  # per micro-batch, every stage
+    software: str = ""
 
     def time_to_train_s(self, tokens: float) -> float:
         """Seconds to train on `tokens` tokens at this rate."""
@@ -67,11 +77,14 @@ class StepResult:
         d = {"model": self.model, "gpu": self.gpu, "gpus": self.layout.gpus, "layout": self.layout.to_dict(),
              "step_time_s": self.step_time_s, "breakdown": dict(self.breakdown),
              "tflops_per_gpu": self.tflops_per_gpu, "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
-             "mfu": self.mfu, "hfu": self.hfu, "tokens_per_s": self.tokens_per_s,
+             "mfu": self.mfu, "hfu": self.hfu, "mfu_peak": self.mfu_peak, "peak_tflops": self.peak_tflops,
+             "tokens_per_s": self.tokens_per_s,
              "memory_per_gpu_bytes": self.memory.total_bytes, "memory": self.memory.to_dict(),
              "fits_in_memory": self.memory.fits, "network_wait_fraction": self.network_wait_fraction,
              "bubble_fraction": self.bubble_fraction, "comm_bytes_per_step": dict(self.comm_bytes_per_step),
-             "comm_model": self.comm_model, "contention": dict(self.contention)}
+             "comm_model": self.comm_model, "contention": dict(self.contention),
+             "slowest_stage": self.slowest_stage, "stage_times_s": list(self.stage_times_s),
+             "software": self.software}
         if token_budget:
             d["token_budget"] = token_budget
             d["time_to_train_s"] = self.time_to_train_s(token_budget)
@@ -86,130 +99,170 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (m * v + p - 1)
 
 
+@dataclass
+class _Stage:
+    mb: MicrobatchTimes
+    comm: dict[str, float]      # exposed seconds per dimension, per micro-batch
+    calls: list[CommCall]
+
+    @property
+    def total_s(self) -> float:
+        return self.mb.total_s + sum(self.comm.values())
+
+
+def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any, comm: CommModel,
+                groups: dict[str, list[str]], f: Any) -> dict[str, float]:
+    """Exposed communication seconds per dimension for one micro-batch of a stage."""
+    raw: dict[str, float] = {}
+    hidden: dict[tuple[str, str], float] = {}  # (dimension, what it hides under) -> seconds
+    for c in calls:
+        if c.dim not in groups:
+            continue
+        s = c.calls * comm.time_s(c.collective, c.nbytes, groups[c.dim], topo) * f("tp" if c.dim == "etp" else c.dim)
+        key = "ep" if c.dim == "etp" else c.dim
+        under = c.hides_under
+        if (under == "gemm" and L.overlap_tp) or under == "attention" or (under == "compute" and L.overlap_ep):
+            hidden[(key, under)] = hidden.get((key, under), 0.0) + s
+        else:
+            raw[key] = raw.get(key, 0.0) + s
+    for (key, under), s in hidden.items():
+        if under == "gemm":  # Megatron tp-comm-overlap: hidden under the GEMMs, down to a quarter
+            exposed = max(s - mb.total_s, s / 4)
+        else:
+            exposed = max(0.0, s - (mb.attention_s if under == "attention" else mb.total_s))
+        raw[key] = raw.get(key, 0.0) + exposed
+    return {k: raw.get(k, 0.0) for k in ("tp", "cp", "ep", "pp")}
+
+
 def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | None = None,
               comm: CommModel | None = None, eff: EfficiencyModel | None = None,
-              reserve_bytes: float | None = None, contention: bool = False) -> StepResult:
+              reserve_bytes: float | None = None, contention: bool = False, mfu_peak: str = "bf16",
+              software: str | None = None) -> StepResult:
     """Predict one training step of `model` split by `layout` on `topo` (see module docstring).
 
-    With `contention`, every dimension's communication is scaled by the slowdown the simulator's flow
-    engine finds when all of that dimension's groups communicate at once (`contention.py`).
+    `mfu_peak` ('bf16' or 'fp8') is the dense peak MFU/HFU are reported against; `software` names an
+    efficiency profile (compute.SOFTWARE_PROFILES) when `eff` is not given. With `contention`, every
+    dimension's communication is scaled by the slowdown the simulator's flow engine finds when all of that
+    dimension's groups communicate at once (`contention.py`).
     """
     layout.check_model(model)
+    if mfu_peak not in MFU_PEAKS:
+        raise InvalidArgument(f"mfu_peak={mfu_peak!r}", f"use one of {', '.join(MFU_PEAKS)}")
     gpu = gpu or gpu_of_topology(topo)
     comm = comm or AlphaBetaModel()
-    eff = eff or EfficiencyModel()
-    groups = first_groups(layout)
-    ep = lambda dim: group_endpoints(topo, groups.of(dim)[0])  # noqa: E731 - one representative group
+    if eff is None:
+        eff = efficiency_for(software) if software else EfficiencyModel()
     L, p, v, m = layout, layout.pp, layout.interleave, layout.microbatches
     s_local = L.seq_len / L.cp
-    layers = model.layers / p
-    mb = microbatch_times(model, L, gpu, eff, stage="last")
     act_bytes = L.micro_batch * s_local * model.hidden * ACT_BYTES  # one activation tensor b x s x h
     factors = _contention_factors(model, L, topo, act_bytes) if contention else {}
     f = lambda dim: factors.get(dim, 1.0)  # noqa: E731
-
-    # ---- tensor parallel: 4 all-reduces per layer (+2 with full recompute)
-    t_tp = 0.0
-    bytes_tp = 0.0
-    if L.tp > 1:
-        n_calls = (4 + (2 if L.recompute == "full" else 0)) * layers
-        if L.sequence_parallel:
-            one = comm.time_s("reduce_scatter", act_bytes, ep("tp"), topo) + \
-                comm.time_s("all_gather", act_bytes, ep("tp"), topo)
-        else:
-            one = comm.time_s("all_reduce", act_bytes, ep("tp"), topo)
-        t_tp = n_calls * one * f("tp")
-        if L.overlap_tp:
-            gemm_s = mb.total_s
-            t_tp = max(t_tp - gemm_s, t_tp / 4)
-        bytes_tp = n_calls * 2 * (L.tp - 1) / L.tp * act_bytes  # per rank
-    # ---- context parallel: K and V around the ring, fwd once, bwd twice (dK, dV back)
-    t_cp = 0.0
-    if L.cp > 1:
-        kv_bytes = 2 * L.micro_batch * s_local * model.kv_hidden * ACT_BYTES / L.tp
-        ring = comm.time_s("sendrecv", kv_bytes, ep("cp")[:2], topo) * (L.cp - 1)
-        attn_s = mb.total_s * 0.3  # attention share of layer compute at long context (assumption)
-        t_cp = max(0.0, 3 * ring * layers - attn_s)
-    # ---- expert parallel: dispatch + combine all-to-all per MoE layer, forward and backward
-    t_ep = 0.0
-    if model.is_moe and L.ep > 1:
-        a2a_bytes = (L.micro_batch * s_local * model.top_k * model.hidden * ACT_BYTES
-                     / (L.tp if L.sequence_parallel else 1))
-        t_ep = 4 * layers * comm.time_s("all_to_all", a2a_bytes, ep("ep"), topo) * f("ep")
-    # ---- pipeline point-to-point, per micro-batch and virtual stage
-    t_pp = 0.0
+    fg = first_groups(L)
+    eg = expert_groups(L)
+    groups = {d: group_endpoints(topo, fg.of(d)[0]) for d in ("tp", "cp", "ep") if getattr(L, d) > 1}
+    if L.expert_tp > 1 and model.is_moe:
+        groups["etp"] = group_endpoints(topo, eg["etp"])
     if p > 1:
-        msg = act_bytes / L.tp
-        pair = group_endpoints(topo, groups.pp[0][:2])
-        t_pp = 2 * v * comm.time_s("sendrecv", msg, pair, topo) * f("pp")
-    t_mb = mb.total_s + t_tp + t_cp + t_ep + t_pp
-    bubble = (p - 1) / v * t_mb
-    pipeline = m * t_mb + bubble
+        groups["pp"] = group_endpoints(topo, fg.pp[0][:2])
 
-    # ---- data parallel (over dp x cp ranks)
-    P_local = stage_params(model, L, p - 1 if p > 1 else 0)
-    dpg = ep("dp") if L.dp > 1 else []
-    t_dp_exposed = 0.0
-    bytes_dp = 0.0
-    if L.dp > 1:
-        grad_b = P_local * L.grad_bytes
-        param_b = P_local * 2
-        bucket = min(L.bucket_bytes, grad_b)
-        window = mb.backward_s + mb.recompute_s if L.overlap_grad_reduce else 0.0
-        if L.zero in (0,):
-            t_red = comm.time_s("all_reduce", grad_b, dpg, topo) * f("dp")
-            last = comm.time_s("all_reduce", bucket, dpg, topo) * f("dp")
-            t_dp_exposed = max(last, t_red - window) if L.overlap_grad_reduce else t_red
-            bytes_dp = 2 * (L.dp - 1) / L.dp * grad_b
-        elif L.zero in (1, 2):
-            t_red = comm.time_s("reduce_scatter", grad_b, dpg, topo) * f("dp")
-            last = comm.time_s("reduce_scatter", bucket, dpg, topo) * f("dp")
-            t_ag = comm.time_s("all_gather", param_b, dpg, topo) * f("dp")
-            ag_first = comm.time_s("all_gather", min(L.bucket_bytes / 2, param_b), dpg, topo) * f("dp")
-            t_dp_exposed = (max(last, t_red - window) if L.overlap_grad_reduce else t_red) + \
-                (ag_first if L.overlap_param_gather else t_ag)
-            bytes_dp = (L.dp - 1) / L.dp * (grad_b + param_b)
-        else:  # ZeRO-3 / FSDP: per micro-batch: gather params fwd + bwd, reduce-scatter grads
-            per_mb = (2 * comm.time_s("all_gather", param_b, dpg, topo) +
-                      comm.time_s("reduce_scatter", grad_b, dpg, topo)) * f("dp")
-            layer_share = 1.0 / max(layers, 1)
-            if L.overlap_param_gather:
-                exposed_mb = max(0.0, per_mb - mb.total_s) + per_mb * layer_share
-            else:
-                exposed_mb = per_mb
-            t_dp_exposed = m * exposed_mb
-            bytes_dp = m * (L.dp - 1) / L.dp * (2 * param_b + grad_b)
-    # ---- optimizer: read+write weights, grads, fp32 master, Adam m and v of the local shard
-    shard = P_local / (L.dp * L.cp if L.zero >= 1 else 1)
-    t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
+    stages: list[_Stage] = []
+    seen: dict[tuple, _Stage] = {}
+    ranges = L.stage_ranges(model)
+    for i, (a, b) in enumerate(ranges):
+        n_moe = sum(1 for j in range(a, b) if model.is_moe_layer(j))
+        key = (b - a, n_moe, model.span_flops_per_token(L.seq_len, a, b), i == 0, i == p - 1)
+        st = seen.get(key)
+        if st is None:
+            mb = microbatch_times(model, L, gpu, eff, stage=i)
+            calls = stage_calls(model, L, i)
+            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f), calls)
+        stages.append(st)
+    times = [s.total_s for s in stages]
+    slow = max(range(p), key=lambda i: (times[i], i))
+    S = stages[slow]
+    mb, t_mb = S.mb, S.total_s
+    fill = (p - 1) / v
+    pipeline = (m + fill) * t_mb
 
+    t_dp_exposed, bytes_dp, t_opt = _data_parallel(model, L, topo, comm, gpu, eff, stages, f)
     step = pipeline + t_dp_exposed + t_opt
-    compute = m * (mb.forward_s + mb.backward_s)
-    breakdown = {"compute": compute, "recompute": m * mb.recompute_s, "tp_exposed": m * t_tp,
-                 "cp_exposed": m * t_cp, "ep_exposed": m * t_ep, "pp_p2p": (m + (p - 1) / v) * t_pp,
-                 "bubble": (p - 1) / v * (mb.total_s), "dp_exposed": t_dp_exposed, "optimizer": t_opt}
-    # during fill and drain the per-micro-batch communication still runs: it belongs to its dimension
-    breakdown["tp_exposed"] += (p - 1) / v * t_tp
-    breakdown["cp_exposed"] += (p - 1) / v * t_cp
-    breakdown["ep_exposed"] += (p - 1) / v * t_ep
+    c = S.comm
+    breakdown = {"compute": m * (mb.forward_s + mb.backward_s), "recompute": m * mb.recompute_s,
+                 "tp_exposed": (m + fill) * c["tp"], "cp_exposed": (m + fill) * c["cp"],
+                 "ep_exposed": (m + fill) * c["ep"], "pp_p2p": (m + fill) * c["pp"],
+                 "bubble": fill * mb.total_s, "dp_exposed": t_dp_exposed, "optimizer": t_opt}
     tokens = L.tokens_per_step
     model_flops = model.training_flops_per_token(L.seq_len) * tokens
-    # recomputation FLOPs: per micro-batch per GPU, times micro-batches, times GPUs
+    # recomputation (and padded expert) FLOPs: per micro-batch per GPU, times micro-batches, times GPUs
     hw_flops = model_flops + (mb.hardware_flops - mb.model_flops) * m * L.gpus
-    net = breakdown["tp_exposed"] + breakdown["cp_exposed"] + breakdown["ep_exposed"] + breakdown["pp_p2p"] + \
-        breakdown["dp_exposed"]
+    net = sum(breakdown[k] for k in ("tp_exposed", "cp_exposed", "ep_exposed", "pp_p2p", "dp_exposed"))
     mem = memory_per_gpu(model, L, gpu.memory_bytes, **({} if reserve_bytes is None else
                                                           {"reserve_bytes": reserve_bytes}))
-    peak = gpu.bf16_flops
+    peak = gpu.fp8_flops if mfu_peak == "fp8" else gpu.bf16_flops
+    wire: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0}
+    for call in S.calls:
+        wire["ep" if call.dim == "etp" else call.dim] += m * call.wire_bytes
     return StepResult(
         model=model.name, layout=L, gpu=gpu.name, step_time_s=step, breakdown=breakdown, memory=mem,
         tokens_per_s=tokens / step, mfu=model_flops / (step * L.gpus * peak),
         hfu=hw_flops / (step * L.gpus * peak), tflops_per_gpu=model_flops / step / L.gpus / 1e12,
         hw_tflops_per_gpu=hw_flops / step / L.gpus / 1e12, network_wait_fraction=net / step,
-        bubble_fraction=bubble_fraction(p, m, v),
-        comm_bytes_per_step={"tp": m * bytes_tp, "dp": bytes_dp,
-                             "pp": (2 * v * m * act_bytes / L.tp) if p > 1 else 0.0},
-        comm_model=getattr(comm, "name", type(comm).__name__), contention=factors)
+        bubble_fraction=bubble_fraction(p, m, v), comm_bytes_per_step={**wire, "dp": bytes_dp},
+        comm_model=getattr(comm, "name", type(comm).__name__), contention=factors, mfu_peak=mfu_peak,
+        peak_tflops=peak / 1e12, slowest_stage=slow, stage_times_s=times, software=software or "")
+
+
+def _data_parallel(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuSpec, eff: EfficiencyModel,
+                   stages: list[_Stage], f: Any) -> tuple[float, float, float]:
+    """(exposed DP seconds, DP bytes per rank, optimizer seconds) of the stage where they are largest."""
+    eg = expert_groups(L)
+    dpg = group_endpoints(topo, first_groups(L).dp[0]) if L.dp > 1 else []
+    edpg = group_endpoints(topo, eg["edp"]) if L.expert_dp > 1 else []
+    best = (0.0, 0.0, 0.0)
+    for i, (st, (a, b)) in enumerate(zip(stages, L.stage_ranges(model), strict=True)):
+        if i and stages[i] is stages[i - 1] and i != L.pp - 1:
+            continue  # same shape as the previous stage (parameters differ only on the ends)
+        dense_p, expert_p = stage_param_split(model, L, i)
+        t_exp, nbytes = 0.0, 0.0
+        for P, grp in ((dense_p, dpg), (expert_p, edpg)):
+            if P and len(grp) > 1:
+                te, nb = _dp_one(P, grp, L, topo, comm, st.mb, f, b - a)
+                t_exp, nbytes = t_exp + te, nbytes + nb
+        shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
+        t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
+        if t_exp + t_opt > best[0] + best[2]:
+            best = (t_exp, nbytes, t_opt)
+    return best
+
+
+def _dp_one(P: float, grp: list[str], L: Layout, topo: Any, comm: CommModel, mb: MicrobatchTimes,
+            f: Any, n_layers: int) -> tuple[float, float]:
+    """Exposed seconds and bytes per rank of reducing (and gathering) P parameters' gradients over `grp`."""
+    n, m = len(grp), L.microbatches
+    grad_b = P * L.grad_bytes
+    param_b = P * 2
+    bucket = min(L.bucket_bytes, grad_b)
+    window = mb.backward_s + mb.recompute_s if L.overlap_grad_reduce else 0.0
+    if L.zero == 0:
+        t_red = comm.time_s("all_reduce", grad_b, grp, topo) * f("dp")
+        last = comm.time_s("all_reduce", bucket, grp, topo) * f("dp")
+        return (max(last, t_red - window) if L.overlap_grad_reduce else t_red), 2 * (n - 1) / n * grad_b
+    if L.zero in (1, 2):
+        t_red = comm.time_s("reduce_scatter", grad_b, grp, topo) * f("dp")
+        last = comm.time_s("reduce_scatter", bucket, grp, topo) * f("dp")
+        t_ag = comm.time_s("all_gather", param_b, grp, topo) * f("dp")
+        ag_first = comm.time_s("all_gather", min(L.bucket_bytes / 2, param_b), grp, topo) * f("dp")
+        t = (max(last, t_red - window) if L.overlap_grad_reduce else t_red) + \
+            (ag_first if L.overlap_param_gather else t_ag)
+        return t, (n - 1) / n * (grad_b + param_b)
+    # ZeRO-3 / FSDP: per micro-batch: gather params fwd + bwd, reduce-scatter grads
+    per_mb = (2 * comm.time_s("all_gather", param_b, grp, topo) +
+              comm.time_s("reduce_scatter", grad_b, grp, topo)) * f("dp")
+    if L.overlap_param_gather:  # the first layer's gather is never hidden
+        exposed_mb = max(0.0, per_mb - mb.total_s) + per_mb / max(n_layers, 1)
+    else:
+        exposed_mb = per_mb
+    return m * exposed_mb, m * (n - 1) / n * (2 * param_b + grad_b)
 
 
 def _contention_factors(model: ModelSpec, L: Layout, topo: Any, act_bytes: float) -> dict[str, float]:

@@ -1,7 +1,9 @@
 """Optional native helpers, built from C when the package is installed (see setup.py).
 
-Only one today: copies with streaming stores for buffers larger than the cache. Without a C
-compiler at install time `available()` is False and every copy is NumPy's.
+Two modules: copies with streaming stores for buffers larger than the cache (`_streamcopy`), and
+the native executor that runs a compiled plan over shared memory (`_hotpath`, driven by
+runtime/hotpath.py). Without a C compiler at install time `available()` and `hot_available()` are
+False, every copy is NumPy's and every plan runs in Python.
 """
 from __future__ import annotations
 
@@ -13,6 +15,22 @@ try:
     from . import _streamcopy
 except ImportError:  # no compiler when the package was installed
     _streamcopy = None  # type: ignore[assignment]  # the module or None; available() tells which
+
+try:
+    from . import _hotpath
+except ImportError:  # no compiler when the package was installed
+    _hotpath = None  # type: ignore[assignment]  # the module or None; hot_available() tells which
+
+
+def hot_available() -> bool:
+    """True if the native executor was built and RINGFLOW_NATIVE does not turn it off."""
+    return _hotpath is not None and bool(config.get("NATIVE"))
+
+
+def hot_stats() -> dict[str, int]:
+    """Plans this process completed on the native executor and messages it read by single copy there."""
+    return _hotpath.stats() if _hotpath is not None else {"runs": 0, "cma_reads": 0}
+
 
 # below this a copy never streams, whatever the knob says: the data is likely still in cache
 _FLOOR_BYTES = 256 * 1024

@@ -8,6 +8,7 @@ leaves nothing behind)::
     word 3 the segment's address in the sender       | 4 the sender's pid
     word 8 tail: slots consumed by the receiver     | 16 sender waiting | 24 receiver waiting
     word 32 set to 1 by the receiver if it can read the sender's memory (single copy, `cma`)
+    word 40 the sender's next slot | 41 the sender's next message number | 48 the receiver's
     from byte 512: one 64-byte header per slot: flag (= slot number + 1, written after the data),
         message seq, message nbytes, slice offset, sig, kind, op_seq, tag
     from byte 4096: nslots data slots of slot_bytes each
@@ -41,6 +42,9 @@ from .frames import Kind
 MAGIC_WORD = 0x52464C5753484D31  # 'RFLWSHM1'
 W_MAGIC, W_NSLOTS, W_SLOTB, W_TAIL, W_SWAIT, W_RWAIT = 0, 1, 2, 8, 16, 24
 W_ADDR, W_PID, W_CMA = 3, 4, 32
+# each side's own position, kept in the segment so the native executor and this module share it:
+# the sender's next slot and message numbers; the receiver's next slot is W_TAIL, its message number W_RSEQ
+W_SHEAD, W_SSEQ, W_RSEQ = 40, 41, 48
 REF_CMA = 0xFFFFFFFF  # the region field of a by-address (single-copy) slot
 SLOT_HDR_WORD = 64
 DATA_OFF = 4096
@@ -194,12 +198,26 @@ class ShmOut:
         c[W_NSLOTS], c[W_SLOTB] = nslots, slot_bytes
         c[W_ADDR], c[W_PID] = self.m.addr, os.getpid()
         c[W_MAGIC] = MAGIC_WORD
-        self.head = 0
         self.tail = 0
-        self.msg_seq = 0
         self.queue: deque = deque()
         self.regions = regions
         self.spare_core = spare_core  # the host has a core per local rank: an idle sender may copy
+
+    @property
+    def head(self) -> int:
+        return int(self.m.ctl[W_SHEAD])
+
+    @head.setter
+    def head(self, v: int) -> None:
+        self.m.ctl[W_SHEAD] = v
+
+    @property
+    def msg_seq(self) -> int:
+        return int(self.m.ctl[W_SSEQ])
+
+    @msg_seq.setter
+    def msg_seq(self, v: int) -> None:
+        self.m.ctl[W_SSEQ] = v
 
     def send(self, src_u8: np.ndarray, kind: Kind, sig: int, op_seq: int, tag: int, lone: bool = False,
              copied: bool = True) -> ShmSend:
@@ -331,9 +349,25 @@ class ShmIn:
         self.region_prefix = region_prefix
         self.regions: dict[int, np.ndarray] = {}
         self.m: _Mapped | None = None
-        self.head = 0
-        self.msg_seq = 0
         self.queue: deque = deque()
+
+    @property
+    def head(self) -> int:
+        return int(self.m.ctl[W_TAIL]) if self.m is not None else 0
+
+    @head.setter
+    def head(self, v: int) -> None:
+        assert self.m is not None  # only a mapped connection moves
+        self.m.ctl[W_TAIL] = v
+
+    @property
+    def msg_seq(self) -> int:
+        return int(self.m.ctl[W_RSEQ]) if self.m is not None else 0
+
+    @msg_seq.setter
+    def msg_seq(self, v: int) -> None:
+        assert self.m is not None  # only a mapped connection moves
+        self.m.ctl[W_RSEQ] = v
 
     def try_open(self) -> bool:
         """Map the segment if the sender has created it; then unlink its name."""

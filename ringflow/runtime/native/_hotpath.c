@@ -1,0 +1,843 @@
+/* The native executor: runs one rank's compiled plan of a collective over shared-memory slots
+ * without returning to Python between steps, the GIL released.
+ *
+ * It speaks the shared-memory protocol of ringflow/runtime/transport/shm.py (the module docstring
+ * there has the segment layout) word for word, so a peer on the Python path and one on this path
+ * talk to each other. A plan is built once per call shape and bound arrays (hotpath.py) and run
+ * many times. `run` returns when the plan is done, when a step found a mismatched message, on an
+ * error, or after one bounded sleep without progress (STALLED), so Python can check abort, peers
+ * that left and the deadline, then call `run` again to resume where it stopped.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <stddef.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* segment words (shm.py) */
+#define W_TAIL 8
+#define W_SWAIT 16
+#define W_RWAIT 24
+#define W_CMA 32
+#define W_PID 4
+#define W_SHEAD 40
+#define W_SSEQ 41
+#define W_RSEQ 48
+#define SLOT_HDR_WORD 64
+#define DATA_OFF 4096
+#define REF_CMA 0xFFFFFFFFull
+#define KIND_DATA 1
+#define KIND_CHECK 2
+#define ZERO_COPY_MIN_BYTES (64 * 1024)
+#define PIPELINE_MIN_BYTES (32ll * 1024 * 1024)
+#define MIN_SLICE_BYTES (64 * 1024)
+#define SLICES_PER_SLOT_MESSAGE 4
+#define DETAIL_MAX 4096
+
+enum { T_SEND = 0, T_RECV = 1, T_RECV_REDUCE = 2, T_COPY = 3, T_REDUCE = 4 };
+enum { RC_DONE = 0, RC_STALLED = 1, RC_MISMATCH = 2, RC_PROTOCOL = 3, RC_CMA = 4, RC_REGION = 5 };
+enum { D_BOOL, D_I8, D_U8, D_I16, D_U16, D_I32, D_U32, D_I64, D_U64, D_F16, D_BF16, D_F32, D_F64 };
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_BAND, O_BOR, O_BXOR };
+
+/* ------------------------------------------------------------------ reductions: out = a (op) b */
+#define INT_LOOP(T, EXPR)                                                                                   \
+    do {                                                                                                    \
+        T *o = (T *)out;                                                                                    \
+        const T *x = (const T *)a, *y = (const T *)b;                                                       \
+        for (int64_t i = 0; i < n; i++) {                                                                   \
+            T p = x[i], q = y[i];                                                                           \
+            o[i] = (T)(EXPR);                                                                               \
+        }                                                                                                   \
+    } while (0)
+
+/* integer ops wrap as NumPy's do: sums and products in the unsigned type of the same width */
+#define INT_OPS(T, UT)                                                                                      \
+    switch (op) {                                                                                           \
+    case O_SUM: INT_LOOP(T, (UT)p + (UT)q); return 0;                                                       \
+    case O_PROD: INT_LOOP(T, (UT)p * (UT)q); return 0;                                                      \
+    case O_MIN: INT_LOOP(T, p < q ? p : q); return 0;                                                       \
+    case O_MAX: INT_LOOP(T, p > q ? p : q); return 0;                                                       \
+    case O_BAND: INT_LOOP(T, p & q); return 0;                                                              \
+    case O_BOR: INT_LOOP(T, p | q); return 0;                                                               \
+    case O_BXOR: INT_LOOP(T, p ^ q); return 0;                                                              \
+    }                                                                                                       \
+    return -1
+
+/* NumPy's minimum/maximum: a NaN on either side wins */
+#define FMIN(p, q) ((isnan(p) || (p) < (q)) ? (p) : (q))
+#define FMAX(p, q) ((isnan(p) || (p) > (q)) ? (p) : (q))
+
+#define FLOAT_OPS(T)                                                                                        \
+    switch (op) {                                                                                           \
+    case O_SUM: INT_LOOP(T, p + q); return 0;                                                               \
+    case O_PROD: INT_LOOP(T, p * q); return 0;                                                              \
+    case O_MIN: INT_LOOP(T, FMIN(p, q)); return 0;                                                          \
+    case O_MAX: INT_LOOP(T, FMAX(p, q)); return 0;                                                          \
+    }                                                                                                       \
+    return -1
+
+static inline float bf16_to_f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f_to_bf16(float f) /* round to nearest even, as ml_dtypes */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f))
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* half precision: computed in float and rounded once, as NumPy's float16 and ml_dtypes' bfloat16 do */
+#define HALF_OPS(T, TO_F, FROM_F)                                                                           \
+    do {                                                                                                    \
+        T *o = (T *)out;                                                                                    \
+        const T *x = (const T *)a, *y = (const T *)b;                                                       \
+        for (int64_t i = 0; i < n; i++) {                                                                   \
+            float p = TO_F(x[i]), q = TO_F(y[i]), r;                                                        \
+            switch (op) {                                                                                   \
+            case O_SUM: r = p + q; break;                                                                   \
+            case O_PROD: r = p * q; break;                                                                  \
+            case O_MIN: r = FMIN(p, q); break;                                                              \
+            case O_MAX: r = FMAX(p, q); break;                                                              \
+            default: return -1;                                                                             \
+            }                                                                                               \
+            o[i] = FROM_F(r);                                                                               \
+        }                                                                                                   \
+        return 0;                                                                                           \
+    } while (0)
+
+#define F16_TO_F(h) ((float)(h))
+#define F_TO_F16(f) ((_Float16)(f))
+
+static int reduce(int dtype, int op, void *out, const void *a, const void *b, int64_t n)
+{
+    switch (dtype) {
+    case D_BOOL: {
+        uint8_t *o = (uint8_t *)out;
+        const uint8_t *x = (const uint8_t *)a, *y = (const uint8_t *)b;
+        for (int64_t i = 0; i < n; i++) {
+            uint8_t p = x[i] != 0, q = y[i] != 0;
+            switch (op) {
+            case O_SUM: case O_MAX: case O_BOR: o[i] = p | q; break;
+            case O_PROD: case O_MIN: case O_BAND: o[i] = p & q; break;
+            case O_BXOR: o[i] = p ^ q; break;
+            default: return -1;
+            }
+        }
+        return 0;
+    }
+    case D_I8: INT_OPS(int8_t, uint8_t);
+    case D_U8: INT_OPS(uint8_t, uint8_t);
+    case D_I16: INT_OPS(int16_t, uint16_t);
+    case D_U16: INT_OPS(uint16_t, uint16_t);
+    case D_I32: INT_OPS(int32_t, uint32_t);
+    case D_U32: INT_OPS(uint32_t, uint32_t);
+    case D_I64: INT_OPS(int64_t, uint64_t);
+    case D_U64: INT_OPS(uint64_t, uint64_t);
+    case D_F32: FLOAT_OPS(float);
+    case D_F64: FLOAT_OPS(double);
+    case D_F16: HALF_OPS(_Float16, F16_TO_F, F_TO_F16);
+    case D_BF16: HALF_OPS(uint16_t, bf16_to_f, f_to_bf16);
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ the plan */
+typedef struct {
+    int type, kind, peer, prev; /* prev: the earlier op of this step on the same connection, or -1 */
+    volatile uint64_t *ctl;     /* the connection's control words */
+    char *slots;
+    uint64_t nslots, slot_bytes;
+    char *data, *src;           /* data: what is sent / where it lands; src: the reduce's other operand */
+    int64_t nbytes, want;       /* want < 0: an argument-check message of any size, discarded */
+    int64_t cma_min;            /* a send from here up goes by address when the receiver can read it */
+    int pipelined, bell, snapshot;
+    uint64_t ref_rid, ref_off;  /* a send from a comm.alloc region: (region id + 1, offset); 0: none */
+    char *snap;                 /* the snapshot of a send whose source this step overwrites */
+    char *region;               /* the peer's alloc region this receive reads (set by Python) */
+    uint64_t region_rid, region_size;
+    /* progress */
+    int done, first, drain;
+    int64_t off, total, slice;
+    uint64_t posted;
+    uint64_t got_total, got_sig, got_rid;
+    int bad;
+    char *detail;
+    int64_t detail_len;
+} hop_t;
+
+typedef struct {
+    PyObject_HEAD
+    hop_t *ops;
+    int nops, nsteps, *step_start; /* ops of step s: [step_start[s], step_start[s + 1]) */
+    int dtype, op, itemsize;
+    struct sockaddr_un *bells;
+    socklen_t *bell_len;
+    int nbells;
+    char *bounce;
+    int64_t bounce_bytes;
+    int step;                      /* the step to resume at */
+    int step_started;
+    int err_op;                    /* the op an error or a region request is about */
+    int64_t err_code;
+    PyObject *keep;                /* arrays this plan points into */
+} HotPlan;
+
+static int bell_fd = -1;
+static unsigned long long n_runs, n_cma_reads; /* calls completed natively, messages read by single copy */
+
+static void ring(HotPlan *p, int b)
+{
+    if (b < 0 || b >= p->nbells)
+        return;
+    if (bell_fd < 0)
+        bell_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (bell_fd >= 0)
+        (void)sendto(bell_fd, "\1", 1, MSG_DONTWAIT, (struct sockaddr *)&p->bells[b], p->bell_len[b]);
+}
+
+static inline uint64_t ld(volatile uint64_t *w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+static inline void st(volatile uint64_t *w, uint64_t v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
+
+static int64_t slice_bytes(int64_t total, int64_t slot_bytes)
+{
+    if (total <= 2 * MIN_SLICE_BYTES)
+        return slot_bytes;
+    int64_t per = (total + SLICES_PER_SLOT_MESSAGE - 1) / SLICES_PER_SLOT_MESSAGE;
+    per += (-per) & 63;
+    if (per < MIN_SLICE_BYTES)
+        per = MIN_SLICE_BYTES;
+    return per < slot_bytes ? per : slot_bytes;
+}
+
+static inline volatile uint64_t *hdr(hop_t *o, uint64_t h) { return o->ctl + SLOT_HDR_WORD + (h % o->nslots) * 8; }
+
+/* ------------------------------------------------------------------ sending */
+static int send_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off)
+{
+    volatile uint64_t *c = o->ctl;
+    int moved = 0;
+    if (!o->posted) {
+        uint64_t h = c[W_SHEAD];
+        if (h - ld(&c[W_TAIL]) >= o->nslots)
+            return 0;
+        volatile uint64_t *b = hdr(o, h);
+        b[1] = c[W_SSEQ];
+        b[2] = (uint64_t)o->total;
+        b[3] = off;
+        b[4] = o->got_sig; /* the caller's sig (stored there at start) */
+        b[5] = (uint64_t)o->kind | (rid << 32);
+        b[6] = o->got_total; /* op_seq */
+        b[7] = 0;
+        st(&b[0], h + 1);
+        c[W_SHEAD] = o->posted = h + 1;
+        moved = 1;
+        if (ld(&c[W_RWAIT]))
+            ring(p, o->bell);
+    }
+    if (ld(&c[W_TAIL]) >= o->posted) {
+        o->done = 1;
+        c[W_SSEQ] = c[W_SSEQ] + 1;
+        return 1;
+    }
+    return moved;
+}
+
+static int send_progress(HotPlan *p, hop_t *o)
+{
+    if (o->ref_rid)
+        return send_ref(p, o, o->ref_rid, o->ref_off);
+    if (o->total >= ZERO_COPY_MIN_BYTES && o->total >= o->cma_min && ld(&o->ctl[W_CMA]) == 1 &&
+        !(o->pipelined && o->total >= PIPELINE_MIN_BYTES))
+        return send_ref(p, o, REF_CMA, (uint64_t)(uintptr_t)(o->snapshot ? o->snap : o->data));
+    volatile uint64_t *c = o->ctl;
+    const char *src = o->snapshot ? o->snap : o->data;
+    int moved = 0;
+    while (!o->done) {
+        uint64_t h = c[W_SHEAD];
+        if (h - ld(&c[W_TAIL]) >= o->nslots)
+            return moved;
+        uint64_t i = h % o->nslots;
+        int64_t n = o->total - o->off;
+        if (n > o->slice)
+            n = o->slice;
+        if (n > 0)
+            memcpy(o->slots + i * o->slot_bytes, src + o->off, (size_t)n);
+        volatile uint64_t *b = o->ctl + SLOT_HDR_WORD + i * 8;
+        b[1] = c[W_SSEQ];
+        b[2] = (uint64_t)o->total;
+        b[3] = (uint64_t)o->off;
+        b[4] = o->got_sig;
+        b[5] = (uint64_t)o->kind;
+        b[6] = o->got_total;
+        b[7] = 0;
+        st(&b[0], h + 1);
+        c[W_SHEAD] = h + 1;
+        o->off += n;
+        moved = 1;
+        if (o->off >= o->total) {
+            o->done = 1;
+            c[W_SSEQ] = c[W_SSEQ] + 1;
+        }
+        if (ld(&c[W_RWAIT]))
+            ring(p, o->bell);
+    }
+    return moved;
+}
+
+/* ------------------------------------------------------------------ receiving */
+static int consume(HotPlan *p, hop_t *o, int64_t off, const char *data, int64_t n)
+{
+    if (o->type == T_RECV) {
+        memcpy(o->data + off, data, (size_t)n);
+        return 0;
+    }
+    return reduce(p->dtype, p->op, o->data + off, o->src + off, data, n / p->itemsize);
+}
+
+static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t total)
+{
+    if (rid != REF_CMA) {
+        if (o->region_rid != rid)
+            return RC_REGION;
+        if (off + (uint64_t)total > o->region_size)
+            return RC_PROTOCOL;
+        return consume(p, o, 0, o->region + off, total) ? RC_PROTOCOL : RC_DONE;
+    }
+    pid_t pid = (pid_t)o->ctl[W_PID];
+    int64_t got = 0;
+    __atomic_add_fetch(&n_cma_reads, 1, __ATOMIC_RELAXED);
+    if (o->type == T_RECV) {
+        while (got < total) {
+            struct iovec l = {o->data + got, (size_t)(total - got)}, r = {(void *)(uintptr_t)(off + got),
+                                                                         (size_t)(total - got)};
+            ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+            if (k <= 0) {
+                p->err_code = k < 0 ? errno : EIO;
+                return RC_CMA;
+            }
+            got += k;
+        }
+        return RC_DONE;
+    }
+    int64_t step = p->bounce_bytes - p->bounce_bytes % p->itemsize;
+    for (int64_t at = 0; at < total; at += step) {
+        int64_t n = total - at < step ? total - at : step, g = 0;
+        while (g < n) {
+            struct iovec l = {p->bounce + g, (size_t)(n - g)}, r = {(void *)(uintptr_t)(off + at + g), (size_t)(n - g)};
+            ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+            if (k <= 0) {
+                p->err_code = k < 0 ? errno : EIO;
+                return RC_CMA;
+            }
+            g += k;
+        }
+        if (consume(p, o, at, p->bounce, n))
+            return RC_PROTOCOL;
+    }
+    return RC_DONE;
+}
+
+/* returns -1 nothing moved, 0 moved, or an RC_ error (> 0) */
+static int recv_progress(HotPlan *p, hop_t *o, uint64_t sig)
+{
+    volatile uint64_t *c = o->ctl;
+    int moved = -1;
+    while (!o->done) {
+        uint64_t h = c[W_TAIL];
+        volatile uint64_t *b = hdr(o, h);
+        if (ld(&b[0]) != h + 1)
+            return moved;
+        int64_t total = (int64_t)b[2], off = (int64_t)b[3];
+        if (o->first) {
+            o->first = 0;
+            o->total = total;
+            o->slice = slice_bytes(total, (int64_t)o->slot_bytes);
+            if (b[1] != c[W_RSEQ]) {
+                p->err_code = (int64_t)b[1];
+                return RC_PROTOCOL;
+            }
+            uint64_t kind = b[5] & 0xFFFFFFFFull, want_kind = o->want < 0 ? KIND_CHECK : KIND_DATA;
+            o->got_sig = b[4];
+            o->got_total = (uint64_t)total;
+            if (kind != want_kind || b[4] != (sig & 0xFFFFFFFFull) || (o->want >= 0 && total != o->want))
+                o->bad = 1;
+            if (o->bad || o->want < 0)
+                o->drain = 1;
+        }
+        uint64_t rid = b[5] >> 32;
+        if (rid) {
+            if (!o->drain) {
+                int rc = recv_ref(p, o, rid, b[3], total);
+                if (rc == RC_REGION)
+                    o->got_rid = rid;
+                if (rc != RC_DONE)
+                    return rc;
+            }
+            o->off = total;
+            st(&c[W_TAIL], h + 1);
+            o->done = 1;
+            c[W_RSEQ] = c[W_RSEQ] + 1;
+            if (ld(&c[W_SWAIT]))
+                ring(p, o->bell);
+            return 0;
+        }
+        if (off != o->off || total != o->total || off > total) {
+            p->err_code = off;
+            return RC_PROTOCOL;
+        }
+        int64_t n = total - off;
+        if (n > o->slice)
+            n = o->slice;
+        const char *slot = o->slots + (h % o->nslots) * o->slot_bytes;
+        if (o->drain) {
+            if ((b[5] & 0xFFFFFFFFull) == KIND_CHECK && o->detail_len < DETAIL_MAX) {
+                int64_t k = DETAIL_MAX - o->detail_len < n ? DETAIL_MAX - o->detail_len : n;
+                memcpy(o->detail + o->detail_len, slot, (size_t)k);
+                o->detail_len += k;
+            }
+        } else if (n > 0 && consume(p, o, off, slot, n)) {
+            return RC_PROTOCOL;
+        }
+        o->off = off + n;
+        st(&c[W_TAIL], h + 1);
+        moved = 0;
+        if (o->off >= total) {
+            o->done = 1;
+            c[W_RSEQ] = c[W_RSEQ] + 1;
+        }
+        if (ld(&c[W_SWAIT]))
+            ring(p, o->bell);
+    }
+    return moved;
+}
+
+static int ready(hop_t *o)
+{
+    volatile uint64_t *c = o->ctl;
+    if (o->type == T_SEND) {
+        if (o->posted)
+            return ld(&c[W_TAIL]) >= o->posted;
+        return c[W_SHEAD] - ld(&c[W_TAIL]) < o->nslots;
+    }
+    uint64_t h = c[W_TAIL];
+    return ld(&hdr(o, h)[0]) == h + 1;
+}
+
+static void set_waiting(hop_t *o, uint64_t flag)
+{
+    st(&o->ctl[o->type == T_SEND ? W_SWAIT : W_RWAIT], flag);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void start_step(HotPlan *p, int s, uint64_t sig, uint64_t op_seq)
+{
+    for (int k = p->step_start[s]; k < p->step_start[s + 1]; k++) {
+        hop_t *o = &p->ops[k];
+        o->done = 0, o->first = 1, o->drain = 0, o->off = 0, o->posted = 0, o->bad = 0, o->detail_len = 0;
+        o->total = o->nbytes;
+        if (o->type == T_SEND) {
+            o->slice = slice_bytes(o->nbytes, (int64_t)o->slot_bytes);
+            o->got_sig = sig & 0xFFFFFFFFull;
+            o->got_total = op_seq;
+            if (o->snapshot)
+                memcpy(o->snap, o->data, (size_t)o->nbytes);
+        } else if (o->type == T_COPY || o->type == T_REDUCE) {
+            o->done = 1;
+        }
+    }
+}
+
+/* Waits without burning a core: spin (hot: without yielding), then sleep once on this lane's doorbell. */
+static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, double deadline)
+{
+    int lo = p->step_start[s], hi = p->step_start[s + 1];
+    double end = now_s() + (hot_s > 0 ? hot_s : spin_s);
+    for (;;) {
+        for (int k = lo; k < hi; k++)
+            if (!p->ops[k].done && (p->ops[k].prev < 0 || p->ops[p->ops[k].prev].done) && ready(&p->ops[k]))
+                return 1;
+        if (now_s() > end)
+            break;
+        if (hot_s <= 0)
+            sched_yield();
+    }
+    for (int k = lo; k < hi; k++)
+        if (!p->ops[k].done)
+            set_waiting(&p->ops[k], 1);
+    int woke = 0;
+    for (int k = lo; k < hi; k++)
+        if (!p->ops[k].done && (p->ops[k].prev < 0 || p->ops[p->ops[k].prev].done) && ready(&p->ops[k]))
+            woke = 1;
+    if (!woke) {
+        double left = deadline - now_s();
+        if (left > 0) {
+            if (left > 0.005)
+                left = 0.005;
+            struct pollfd pf = {bell, POLLIN, 0};
+            (void)poll(&pf, 1, (int)(left * 1000) + 1);
+            char buf[256];
+            while (recv(bell, buf, sizeof buf, MSG_DONTWAIT) > 0) {
+            }
+        }
+    }
+    for (int k = lo; k < hi; k++)
+        if (!p->ops[k].done)
+            set_waiting(&p->ops[k], 0);
+    return woke;
+}
+
+/* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s) -> rc */
+static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
+{
+    unsigned long long sig, op_seq;
+    double deadline, hot_s, spin_s;
+    int bell;
+    if (!PyArg_ParseTuple(args, "KKdidd", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s))
+        return NULL;
+    int rc = RC_DONE;
+    Py_BEGIN_ALLOW_THREADS
+    while (p->step < p->nsteps) {
+        int s = p->step, lo = p->step_start[s], hi = p->step_start[s + 1];
+        if (!p->step_started) {
+            start_step(p, s, sig, op_seq);
+            p->step_started = 1;
+        }
+        int pending = 0, moved = 0;
+        for (int k = lo; k < hi; k++) {
+            hop_t *o = &p->ops[k];
+            if (o->done || (o->prev >= 0 && !p->ops[o->prev].done)) {
+                pending += !o->done;
+                continue;
+            }
+            int r;
+            if (o->type == T_SEND) {
+                r = send_progress(p, o) ? 0 : -1;
+            } else {
+                r = recv_progress(p, o, sig);
+                if (r > 0) {
+                    p->err_op = k;
+                    rc = r;
+                    goto out;
+                }
+            }
+            moved |= r == 0;
+            pending += !o->done;
+        }
+        if (pending) {
+            if (!moved && !wait_some(p, s, bell, hot_s, spin_s, deadline)) {
+                rc = RC_STALLED;
+                goto out;
+            }
+            continue;
+        }
+        int bad = 0;
+        for (int k = lo; k < hi; k++)
+            bad |= p->ops[k].bad;
+        if (bad) {
+            p->step++;
+            p->step_started = 0;
+            rc = RC_MISMATCH;
+            goto out;
+        }
+        for (int k = lo; k < hi; k++) {
+            hop_t *o = &p->ops[k];
+            if (o->type == T_COPY)
+                memmove(o->data, o->src, (size_t)o->nbytes);
+            else if (o->type == T_REDUCE && reduce(p->dtype, p->op, o->data, o->data, o->src, o->nbytes / p->itemsize)) {
+                p->err_op = k;
+                rc = RC_PROTOCOL;
+                goto out;
+            }
+        }
+        p->step++;
+        p->step_started = 0;
+    }
+    __atomic_add_fetch(&n_runs, 1, __ATOMIC_RELAXED);
+out:
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *HotPlan_at(HotPlan *p, PyObject *Py_UNUSED(ignored)) { return PyLong_FromLong(p->step); }
+
+static PyObject *HotPlan_reset(HotPlan *p, PyObject *Py_UNUSED(ignored))
+{
+    p->step = 0;
+    p->step_started = 0;
+    p->err_op = -1;
+    p->err_code = 0;
+    Py_RETURN_NONE;
+}
+
+/* the step being run: (peer, done) of each transfer, for naming who a timeout waits on */
+static PyObject *HotPlan_pending(HotPlan *p, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(0);
+    if (!out || p->step >= p->nsteps)
+        return out;
+    for (int k = p->step_start[p->step]; k < p->step_start[p->step + 1]; k++) {
+        hop_t *o = &p->ops[k];
+        if (o->type <= T_RECV_REDUCE && !(p->step_started && o->done)) {
+            PyObject *v = PyLong_FromLong(o->peer);
+            if (!v || PyList_Append(out, v)) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return out;
+}
+
+/* the mismatches of the last step run: [(peer, got_nbytes, want_nbytes, got_sig, detail)] */
+static PyObject *HotPlan_mismatches(HotPlan *p, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(0);
+    int s = p->step - 1;
+    if (!out || s < 0)
+        return out;
+    for (int k = p->step_start[s]; k < p->step_start[s + 1]; k++) {
+        hop_t *o = &p->ops[k];
+        if (!o->bad)
+            continue;
+        PyObject *t = Py_BuildValue("(iLLKy#)", o->peer, (long long)o->got_total, (long long)o->want,
+                                    (unsigned long long)o->got_sig, o->detail, (Py_ssize_t)o->detail_len);
+        if (!t || PyList_Append(out, t)) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+/* (op index, peer, code, region id) of the last error or region request */
+static PyObject *HotPlan_error(HotPlan *p, PyObject *Py_UNUSED(ignored))
+{
+    int k = p->err_op;
+    if (k < 0 || k >= p->nops)
+        return Py_BuildValue("(iiLK)", -1, -1, (long long)p->err_code, 0ull);
+    return Py_BuildValue("(iiLK)", k, p->ops[k].peer, (long long)p->err_code, (unsigned long long)p->ops[k].got_rid);
+}
+
+/* set_region(op, rid, address, size): the peer's alloc region `rid` (id + 1, as on the wire) is mapped here */
+static PyObject *HotPlan_set_region(HotPlan *p, PyObject *args)
+{
+    int k;
+    unsigned long long rid, addr, size;
+    if (!PyArg_ParseTuple(args, "iKKK", &k, &rid, &addr, &size))
+        return NULL;
+    if (k < 0 || k >= p->nops) {
+        PyErr_SetString(PyExc_IndexError, "op index out of range");
+        return NULL;
+    }
+    p->ops[k].region_rid = rid;
+    p->ops[k].region = (char *)(uintptr_t)addr;
+    p->ops[k].region_size = size;
+    Py_RETURN_NONE;
+}
+
+static void HotPlan_dealloc(HotPlan *p)
+{
+    if (p->ops)
+        for (int k = 0; k < p->nops; k++) {
+            free(p->ops[k].snap);
+            free(p->ops[k].detail);
+        }
+    free(p->ops);
+    free(p->step_start);
+    free(p->bells);
+    free(p->bell_len);
+    free(p->bounce);
+    Py_XDECREF(p->keep);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef HotPlan_methods[] = {
+    {"run", (PyCFunction)HotPlan_run, METH_VARARGS, "run(sig, op_seq, deadline, bell_fd, hot_s, spin_s) -> rc"},
+    {"at", (PyCFunction)HotPlan_at, METH_NOARGS, "the step the next run resumes at"},
+    {"reset", (PyCFunction)HotPlan_reset, METH_NOARGS, "start the next call at step 0"},
+    {"pending", (PyCFunction)HotPlan_pending, METH_NOARGS, "peers of the step being run"},
+    {"mismatches", (PyCFunction)HotPlan_mismatches, METH_NOARGS, "mismatched messages of the last step"},
+    {"error", (PyCFunction)HotPlan_error, METH_NOARGS, "(op, peer, code, region id) of the last error"},
+    {"set_region", (PyCFunction)HotPlan_set_region, METH_VARARGS, "map a peer's alloc region for one op"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HotPlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ringflow.runtime.native._hotpath.HotPlan",
+    .tp_basicsize = sizeof(HotPlan),
+    .tp_dealloc = (destructor)HotPlan_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "one rank's compiled plan bound to arrays and shared-memory connections",
+    .tp_methods = HotPlan_methods,
+};
+
+#define NCOLS 16
+/* plan(ops: bytes of int64 rows of NCOLS, step_start: bytes of int32, bells: list of bytes, dtype, op, itemsize,
+ *      keep) -> HotPlan
+ * row: type, kind, peer, prev, ctl, nslots, slot_bytes, data, src, nbytes, want, cma_min, pipelined, bell,
+ *      snapshot, ref (rid + 1) << 48 | offset ... (ref_rid and ref_off packed: see hotpath.py) */
+static PyObject *make_plan(PyObject *self, PyObject *args)
+{
+    Py_buffer rows, starts;
+    PyObject *bells, *keep;
+    int dtype, op, itemsize;
+    if (!PyArg_ParseTuple(args, "y*y*O!iiiO", &rows, &starts, &PyList_Type, &bells, &dtype, &op, &itemsize, &keep))
+        return NULL;
+    HotPlan *p = NULL;
+    int nops = (int)(rows.len / (NCOLS * 8)), nsteps = (int)(starts.len / 4) - 1;
+    if (nsteps < 0 || rows.len % (NCOLS * 8)) {
+        PyErr_SetString(PyExc_ValueError, "malformed plan");
+        goto fail;
+    }
+    p = PyObject_New(HotPlan, &HotPlanType);
+    if (!p)
+        goto fail;
+    p->ops = calloc((size_t)(nops ? nops : 1), sizeof(hop_t));
+    p->step_start = malloc((size_t)(nsteps + 1) * sizeof(int));
+    p->nbells = (int)PyList_GET_SIZE(bells);
+    p->bells = calloc((size_t)(p->nbells ? p->nbells : 1), sizeof(struct sockaddr_un));
+    p->bell_len = calloc((size_t)(p->nbells ? p->nbells : 1), sizeof(socklen_t));
+    p->bounce = NULL, p->bounce_bytes = 0, p->keep = NULL;
+    p->nops = nops, p->nsteps = nsteps, p->dtype = dtype, p->op = op, p->itemsize = itemsize;
+    p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
+    if (!p->ops || !p->step_start || !p->bells || !p->bell_len) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memcpy(p->step_start, starts.buf, (size_t)(nsteps + 1) * sizeof(int));
+    for (int b = 0; b < p->nbells; b++) {
+        char *s;
+        Py_ssize_t n;
+        if (PyBytes_AsStringAndSize(PyList_GET_ITEM(bells, b), &s, &n) < 0)
+            goto fail;
+        if (n > (Py_ssize_t)sizeof(p->bells[b].sun_path))
+            n = sizeof(p->bells[b].sun_path);
+        p->bells[b].sun_family = AF_UNIX;
+        memcpy(p->bells[b].sun_path, s, (size_t)n);
+        p->bell_len[b] = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+    }
+    const int64_t *r = (const int64_t *)rows.buf;
+    int64_t bounce = 0;
+    for (int k = 0; k < nops; k++, r += NCOLS) {
+        hop_t *o = &p->ops[k];
+        o->type = (int)r[0], o->kind = (int)r[1], o->peer = (int)r[2], o->prev = (int)r[3];
+        o->ctl = (volatile uint64_t *)(uintptr_t)r[4];
+        o->nslots = (uint64_t)r[5], o->slot_bytes = (uint64_t)r[6];
+        o->slots = (char *)(uintptr_t)r[4] + DATA_OFF;
+        o->data = (char *)(uintptr_t)r[7], o->src = (char *)(uintptr_t)r[8];
+        o->nbytes = r[9], o->want = r[10], o->cma_min = r[11], o->pipelined = (int)r[12], o->bell = (int)r[13];
+        o->snapshot = (int)r[14];
+        o->ref_rid = (uint64_t)r[15] >> 48, o->ref_off = (uint64_t)r[15] & 0xFFFFFFFFFFFFull;
+        if (o->type <= T_RECV_REDUCE && (o->nslots < 2 || o->slot_bytes < 64)) {
+            PyErr_SetString(PyExc_ValueError, "bad connection geometry");
+            goto fail;
+        }
+        if (o->snapshot && !(o->snap = malloc((size_t)(o->nbytes ? o->nbytes : 1)))) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        if (o->type == T_RECV || o->type == T_RECV_REDUCE) {
+            if (!(o->detail = malloc(DETAIL_MAX))) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            if (o->type == T_RECV_REDUCE) {
+                int64_t want = o->nbytes >= 16 * 1024 * 1024 ? 1024 * 1024 : 512 * 1024;
+                if (want > bounce)
+                    bounce = want;
+            }
+        }
+    }
+    if (bounce && !(p->bounce = malloc((size_t)bounce))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    p->bounce_bytes = bounce;
+    Py_INCREF(keep);
+    p->keep = keep;
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&starts);
+    return (PyObject *)p;
+fail:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&starts);
+    Py_XDECREF(p);
+    return NULL;
+}
+
+/* reduce_into(dtype, op, out, a, b, n): out = a (op) b over n elements (tests compare it with NumPy) */
+static PyObject *reduce_into(PyObject *self, PyObject *args)
+{
+    int dtype, op;
+    unsigned long long out, a, b;
+    long long n;
+    if (!PyArg_ParseTuple(args, "iiKKKL", &dtype, &op, &out, &a, &b, &n))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = reduce(dtype, op, (void *)(uintptr_t)out, (const void *)(uintptr_t)a, (const void *)(uintptr_t)b, n);
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        PyErr_SetString(PyExc_ValueError, "unsupported dtype/op");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *stats(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("{sKsK}", "runs", n_runs, "cma_reads", n_cma_reads);
+}
+
+static PyMethodDef methods[] = {
+    {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
+    {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
+    {"reduce_into", reduce_into, METH_VARARGS, "out = a (op) b"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", "the native executor", -1, methods};
+
+PyMODINIT_FUNC PyInit__hotpath(void)
+{
+    if (PyType_Ready(&HotPlanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&HotPlanType);
+    if (PyModule_AddObject(m, "HotPlan", (PyObject *)&HotPlanType) < 0) {
+        Py_DECREF(&HotPlanType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,382 @@
+"""Call recorder and flight recorder: what every collective and point-to-point call of a rank did, and when.
+
+Every communicator keeps its last RINGFLOW_FLIGHT_RECORDER calls in a ring (always on: a deque append per
+call); a timeout, a failed peer, SIGUSR1 or `comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record
+directory) as ``flight-rank<R>.json``. With RINGFLOW_RECORD=DIR every call is also kept and written to
+``DIR/rank<R>.jsonl`` (R: the global rank), and world rank 0 writes ``DIR/manifest.json``.
+`ringflow record merge` and `ringflow diagnose` (ringflow.workload.recorded) read them; docs/record.md
+describes the format.
+
+The runtime passes each call's metadata as a tuple ``meta = (op, dtype, count, root_or_peer, redop_or_tag)``:
+for collectives ``(name, dtype, input elements on this rank, root or None, reduction or None)``, for
+point-to-point ``("send"|"recv", dtype, elements, peer, tag)``.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..errors import InvalidArgument
+
+log = logging.getLogger("ringflow.runtime")
+
+FORMAT = "ringflow-record/1"
+FLUSH_EVERY = 8192   # calls kept before the record file is written (also at destroy, exit and on errors)
+LANES = ("coll", "send", "recv")
+_PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
+_now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
+
+# one entry per call, a list (filled in as the call progresses):
+LANE, SEQ, META, DESC, T_ENQ, T_START, T_END, CODE, LINE, STATUS, ALGO, ASYNC = range(12)
+
+
+def _is_internal(filename: str) -> bool:
+    """Frames of ringflow itself and of torch are skipped when looking for the user's call site."""
+    return filename.startswith(_PKG) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<frozen")
+
+
+_internal: dict[CodeType, bool] = {}
+
+
+def call_site(depth: int = 2) -> tuple[CodeType | None, int]:
+    """(code object, line) of the first frame outside ringflow and torch, `depth` frames up."""
+    f: Any = sys._getframe(depth)
+    while f is not None:
+        code = f.f_code
+        inside = _internal.get(code)
+        if inside is None:
+            inside = _internal[code] = _is_internal(code.co_filename)
+        if not inside:
+            return code, f.f_lineno
+        f = f.f_back
+    return None, 0
+
+
+_depth: dict[Any, int] = {}
+
+
+def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
+    """call_site(3) with a guess: the user's frame was `_depth[kind]` frames up last time; checking that frame
+    and the one below it (instead of walking every frame in between: each frame object costs) is enough
+    unless an internal frame sits between two external ones, which ringflow's own entry points never do."""
+    d = _depth.get(kind)
+    if d is not None:
+        try:
+            f = sys._getframe(d)
+            code = f.f_code
+            if _internal.get(code) is False and _internal.get(sys._getframe(d - 1).f_code) is True:
+                return code, f.f_lineno
+        except ValueError:
+            pass
+    f = sys._getframe(2)
+    n = 2
+    while f is not None:
+        code = f.f_code
+        inside = _internal.get(code)
+        if inside is None:
+            inside = _internal[code] = _is_internal(code.co_filename)
+        if not inside:
+            _depth[kind] = n
+            return code, f.f_lineno
+        f, n = f.f_back, n + 1
+    return None, 0
+
+
+def site_text(code: CodeType | None, line: int) -> str:
+    """file:line (function) of a call site."""
+    if code is None:
+        return "?"
+    return f"{code.co_filename}:{line} ({code.co_name})"
+
+
+def global_rank(comm: Any) -> int:
+    """This process's rank in its job: the world communicator's rank, else the launcher's."""
+    if "/" not in comm.ns:
+        return int(comm.rank)
+    try:
+        from .identity import get_rank
+        return get_rank()
+    except InvalidArgument:
+        return int(comm.rank)
+
+
+class _Process:
+    """What every communicator of this process shares: its global rank, the record file and the dump hook."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rank: int | None = None
+        self.record_dir: Path | None = None
+        self.file: Any = None
+        self.recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+        self.mono0, self.wall0 = _now(), time.time_ns()
+        self.hooked = False
+
+    def open_record(self, directory: str, rank: int) -> None:
+        """Open DIR/rank<R>.jsonl (once per process) with its header line."""
+        if self.file is not None:
+            return
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.record_dir = d
+        self.file = open(d / f"rank{rank}.jsonl", "a", encoding="utf-8")
+        self.write([{"kind": "process", "format": FORMAT, "rank": rank, "pid": os.getpid(),
+                     "hostname": socket.gethostname(), "mono0_ns": self.mono0, "wall0_ns": self.wall0,
+                     "argv": sys.argv}])
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+
+    def write_text(self, text: str) -> None:
+        if self.file is None or not text:
+            return
+        with self.lock:
+            self.file.write(text)
+            self.file.flush()
+
+    def hook_signals(self) -> None:
+        """SIGUSR1 dumps every live communicator's flight record (only if nobody else handles SIGUSR1)."""
+        if self.hooked:
+            return
+        self.hooked = True
+        atexit.register(flush_all)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGUSR1, lambda signum, frame: dump_all("SIGUSR1"))
+
+
+_proc = _Process()
+
+
+def dump_dir() -> Path | None:
+    """Where flight records go: RINGFLOW_DUMP_DIR, else the record directory; None: nowhere configured."""
+    d = str(config.get("DUMP_DIR") or "") or str(config.get("RECORD") or "")
+    return Path(d) if d else None
+
+
+class Recorder:
+    """The calls of one communicator: a ring of the last N, and (recording) every call until written."""
+
+    def __init__(self, comm: Any, ring_n: int, record_dir: str) -> None:
+        self.comm = weakref.proxy(comm)
+        self.ns, self.rank, self.size = comm.ns, int(comm.rank), int(comm.size)
+        self.grank = global_rank(comm)
+        self.ring: collections.deque[list[Any]] = collections.deque(maxlen=max(1, ring_n))
+        self.pending: list[list[Any]] | None = [] if record_dir else None
+        self.seqs: dict[Any, int] = {}
+        self.coll_seq = 0
+        self.last: list[Any] | None = None     # the latest collective entered
+        self.barrier_ns: int | None = None
+        self.reason = ""
+
+    # -------------------------------------------------------------- the hot path
+    def guard(self, lane: int, description: str, meta: tuple | None, async_op: bool,
+              guard: Callable[[Any, float, int], None]) -> Callable[[Any, float, int], None]:
+        """A replacement for Communicator._guard that records this call's start, end and outcome."""
+        code, line = call_site_of(meta[0] if meta else description)
+        if lane == 0:
+            seq = self.coll_seq
+            self.coll_seq = seq + 1
+        else:
+            key = (lane, meta[3], meta[4]) if meta else (lane, description)
+            seq = self.seqs.get(key, 0)
+            self.seqs[key] = seq + 1
+        e = [lane, seq, meta, description, _now(), 0, 0, code, line, "", None, async_op]
+        self.ring.append(e)
+        pending = self.pending
+        if pending is not None:
+            pending.append(e)
+            if len(pending) >= FLUSH_EVERY:
+                self.flush()
+
+        def recorded(fn: Any, deadline: float, lane_: int) -> None:
+            e[T_START] = _now()
+            if lane_ == 0:
+                self.last = e
+            try:
+                guard(fn, deadline, lane_)
+            except BaseException as exc:
+                e[T_END], e[STATUS] = _now(), type(exc).__name__
+                self.failed(exc)
+                raise
+            e[T_END] = _now()
+            if lane_ == 0 and self.size > 1 and meta is not None and meta[0] != "barrier":
+                e[ALGO] = self.comm.last_schedule.algorithm
+        return recorded
+
+    # -------------------------------------------------------------- off the hot path
+    def status(self) -> dict[str, object]:
+        """This rank's latest collective, for a peer's STATUS query: recorder sequence number and call site."""
+        e = self.last
+        if e is None:
+            return {"rec_seq": -1}
+        return {"rec_seq": e[SEQ], "rec_op": _op(e), "site": site_text(e[CODE], e[LINE]),
+                "rec_done": bool(e[T_END])}
+
+    def info(self) -> dict[str, Any]:
+        """The communicator line of the record file."""
+        return {"kind": "comm", "comm": self.ns, "rank": self.rank, "size": self.size, "global_rank": self.grank,
+                "barrier_ns": self.barrier_ns}
+
+    def flush(self) -> None:
+        """Write the calls recorded since the last flush (completed or not) to the record file."""
+        p = self.pending
+        if not p:
+            return
+        done = [e for e in p if e[T_END]]
+        self.pending = [e for e in p if not e[T_END]]
+        _proc.write_text("".join(line_of(self.ns, e) for e in done))
+
+    def close(self) -> None:
+        """The communicator is destroyed: write everything, in-flight calls included."""
+        p = self.pending
+        if p:
+            _proc.write_text("".join(line_of(self.ns, e) for e in p))
+            self.pending = []
+
+    def failed(self, exc: BaseException) -> None:
+        """A call raised: write the record and dump the flight record (if a directory is configured)."""
+        from ..errors import InvalidUsage
+        if isinstance(exc, InvalidUsage):
+            return
+        self.flush()
+        dump_all(f"{type(exc).__name__}: {exc}")
+
+    def flight(self) -> dict[str, Any]:
+        """This communicator's flight record: its info, its last calls and what peers said they were doing."""
+        out = self.info()
+        seq, what = getattr(self.comm, "_last_call", (-1, ""))
+        wd = getattr(self.comm, "_watchdog", None)
+        peers = {str(p): s for p, s in dict(getattr(wd, "statuses", {}) or {}).items()}
+        dead = sorted(int(p) for p in dict(getattr(wd, "dead", {}) or {}))
+        out.update({"calls": [row(self.ns, e) for e in list(self.ring)], "peers": peers, "dead": dead,
+                    "runtime_last_call": [seq, what]})
+        return out
+
+
+def _op(e: list[Any]) -> str:
+    m = e[META]
+    return str(getattr(m[0], "value", m[0])) if m else str(e[DESC])
+
+
+def row(ns: str, e: list[Any]) -> dict[str, Any]:
+    """One call as a JSON-able dict (times in ns of this host's monotonic clock; 0: not reached)."""
+    m = e[META]
+    op = _op(e)
+    r: dict[str, Any] = {"kind": "call", "comm": ns, "lane": LANES[e[LANE]], "seq": e[SEQ], "op": op,
+                         "enq_ns": e[T_ENQ], "start_ns": e[T_START], "end_ns": e[T_END],
+                         "site": site_text(e[CODE], e[LINE]), "status": e[STATUS] or ("ok" if e[T_END] else
+                                                                                      "in_flight"),
+                         "async": e[ASYNC]}
+    if m:
+        dt = np.dtype(m[1]) if m[1] is not None else None
+        r.update({"dtype": None if dt is None else dt.name, "count": int(m[2]),
+                  "nbytes": 0 if dt is None else int(m[2]) * dt.itemsize})
+        if e[LANE] == 0:
+            r.update({"root": m[3], "redop": m[4], "algo": e[ALGO]})
+        else:
+            r.update({"peer": int(m[3]), "tag": int(m[4])})
+    return r
+
+
+_frags: dict[tuple, str] = {}
+
+
+def line_of(ns: str, e: list[Any]) -> str:
+    """row() as one JSON line, built from a cached fragment of everything but the sequence number and times."""
+    key = (ns, e[LANE], e[META], e[DESC], e[CODE], e[LINE], e[STATUS], e[ALGO], e[ASYNC], bool(e[T_END]))
+    frag = _frags.get(key)
+    if frag is None:
+        r = row(ns, e)
+        for k in ("kind", "seq", "enq_ns", "start_ns", "end_ns"):
+            del r[k]
+        frag = _frags[key] = json.dumps(r, separators=(",", ":"))[1:]
+        if len(_frags) > 65536:
+            _frags.clear()
+    return f'{{"kind":"call","seq":{e[SEQ]},"enq_ns":{e[T_ENQ]},"start_ns":{e[T_START]},"end_ns":{e[T_END]},{frag}\n'
+
+
+def attach(comm: Any) -> Recorder | None:
+    """The recorder of a new communicator (None when both the flight recorder and recording are off).
+
+    Recording aligns clocks: every rank passes a barrier and notes when it left it."""
+    ring_n = int(config.get("FLIGHT_RECORDER"))
+    record_dir = str(config.get("RECORD") or "")
+    if ring_n <= 0 and not record_dir:
+        return None
+    rec = Recorder(comm, ring_n, record_dir)
+    if record_dir:
+        comm.barrier()
+        rec.barrier_ns = _now()
+        _proc.open_record(record_dir, rec.grank)
+        _proc.write([rec.info()])
+        if "/" not in comm.ns and comm.rank == 0:
+            _write_manifest(Path(record_dir), comm)
+    wd = getattr(comm, "_watchdog", None)
+    if wd is not None:   # a peer's death (or abort) seen by the watchdog: write the flight record once
+        told = wd.on_failure
+
+        def on_failure(exc: Any) -> None:
+            told(exc)
+            if not rec.reason:
+                rec.reason = f"{type(exc).__name__}: {exc}"
+                dump_all(rec.reason)
+        wd.on_failure = on_failure
+    _proc.rank = rec.grank if _proc.rank is None else _proc.rank
+    _proc.recorders.add(rec)
+    _proc.hook_signals()
+    return rec
+
+
+def _write_manifest(d: Path, comm: Any) -> None:
+    m = {"format": FORMAT, "world": comm.ns, "world_size": comm.size, "files": [f"rank{r}.jsonl"
+                                                                               for r in range(comm.size)],
+         "wall0_ns": time.time_ns(), "argv": sys.argv, "hostname": socket.gethostname()}
+    (d / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+
+
+def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | None:
+    """Write every live communicator's flight record of this process to `path` (default
+    ``<dump dir>/flight-rank<R>.json``); None when no directory is configured."""
+    if path is None:
+        d = dump_dir()
+        if d is None:
+            log.warning("ringflow: flight record not written (%s): set RINGFLOW_DUMP_DIR", reason)
+            return None
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"flight-rank{_proc.rank if _proc.rank is not None else os.getpid()}.json"
+    recs = list(_proc.recorders)
+    doc = {"kind": "flight", "format": FORMAT, "rank": _proc.rank, "pid": os.getpid(),
+           "hostname": socket.gethostname(), "reason": reason, "mono_ns": _now(), "wall_ns": time.time_ns(),
+           "mono0_ns": _proc.mono0, "wall0_ns": _proc.wall0, "comms": [r.flight() for r in recs]}
+    p = Path(path)
+    tmp = p.with_name(p.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, p)
+    log.warning("ringflow: flight record written to %s (%s)", p, reason)
+    return p
+
+
+def flush_all() -> None:
+    """Write every recorder's pending calls (at exit)."""
+    for r in list(_proc.recorders):
+        try:
+            r.close()
+        except (OSError, ReferenceError):
+            pass

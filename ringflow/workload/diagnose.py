@@ -1,0 +1,262 @@
+"""`ringflow diagnose`: who holds everyone up, from flight records or a recording.
+
+Three findings: ranks that never entered the collective others wait in (a hang); ranks whose sequence of
+collectives differs from their group's (a skipped, extra or different call); and, for a run that completed,
+a straggler ranking: per rank, how often it arrived last at a collective and how long the others waited
+for it, with the replay's estimate of the step time had it computed like the median of the others.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from .recorded import load
+from .replay import compute_gaps, per_rank, replay, steps_of
+
+Call = dict[str, Any]
+
+
+def _sig(c: Call) -> tuple:
+    """What every member of a collective must agree on."""
+    count = None if c["op"] in ("all_to_allv", "barrier") else c.get("count")
+    return (c["op"], c.get("dtype"), c.get("root"), c.get("redop"), count)
+
+
+def _describe(c: Call) -> str:
+    extra = f", root {c['root']}" if c.get("root") is not None else ""
+    size = f" of {c['count']} x {c['dtype']}" if c.get("dtype") else ""
+    return f"{c['op']}{size}{extra}"
+
+
+def _coll_calls(trace: dict[str, Any]) -> dict[str, dict[int, dict[int, Call]]]:
+    """group -> global rank -> sequence number -> call (collectives only)."""
+    out: dict[str, dict[int, dict[int, Call]]] = defaultdict(lambda: defaultdict(dict))
+    for c in trace["calls"]:
+        if c["lane"] == "coll":
+            out[c["comm"]][int(c["rank"])][int(c["seq"])] = c
+    return out
+
+
+def _group_name(trace: dict[str, Any], ns: str) -> str:
+    members = trace["groups"].get(ns, [])
+    return f"{'world' if ns == trace.get('world') else ns} (ranks {_ranges(members)})"
+
+
+def _ranges(ranks: list[Any]) -> str:
+    rs = sorted(int(r) for r in ranks if r is not None)
+    parts, i = [], 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def hangs(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group with ranks stuck in a collective: the call they wait in and the members that never entered it."""
+    found = []
+    colls = _coll_calls(trace)
+    for ns, by_rank in colls.items():
+        stuck = {r: min((c for c in calls.values() if c.get("status") != "ok"), key=lambda c: c["seq"])
+                 for r, calls in by_rank.items() if any(c.get("status") != "ok" for c in calls.values())}
+        if not stuck:
+            continue
+        seq = statistics.mode(c["seq"] for c in stuck.values())
+        waiting = {r: c for r, c in stuck.items() if c["seq"] == seq}
+        first = next(iter(waiting.values()))
+        if any(_sig(c) != _sig(first) for c in waiting.values()):
+            continue   # the waiting ranks disagree: a sequence mismatch, reported by mismatches()
+        missing = []
+        for m in trace["groups"].get(ns, []):
+            if m is None or m in waiting:
+                continue
+            own = by_rank.get(m, {})
+            if seq in own:
+                continue
+            last = own[max(own)] if own else None
+            entry: dict[str, Any] = {"rank": m}
+            if last is not None:
+                entry.update({"last_seq": last["seq"], "last_op": _describe(last), "last_site": last["site"],
+                              "last_status": last.get("status")})
+            else:
+                entry.update(_peer_view(trace, ns, m, waiting))
+            missing.append(entry)
+        found.append({"group": ns, "group_name": _group_name(trace, ns), "seq": seq, "op": _describe(first),
+                      "waiting": sorted(waiting), "waiting_sites": sorted({c["site"] for c in waiting.values()}),
+                      "waiting_status": sorted({str(c.get("status")) for c in waiting.values()}),
+                      "waiting_since_ns": min(c["start_ns"] or c["enq_ns"] for c in waiting.values()),
+                      "missing": missing})
+    return found
+
+
+def _peer_view(trace: dict[str, Any], ns: str, m: int, waiting: dict[int, Call]) -> dict[str, Any]:
+    """What a waiting rank's status query learnt about a member that left no record of its own."""
+    members = trace["groups"].get(ns, [])
+    local = members.index(m) if m in members else None
+    for w in waiting:
+        st = trace.get("flight", {}).get(str(w), {}).get("peers", {}).get(ns, {}).get(str(local))
+        if st:
+            return {"last_seq": st.get("rec_seq"), "last_op": st.get("rec_op"), "last_site": st.get("site"),
+                    "last_status": "ok" if st.get("rec_done") else "in_flight", "source": f"rank {w}'s query"}
+        dead = trace.get("flight", {}).get(str(w), {}).get("dead", {}).get(ns, [])
+        if local in dead:
+            return {"last_status": "dead", "source": f"rank {w}'s watchdog"}
+    return {"last_status": "unknown (no record, did not answer)"}
+
+
+def mismatches(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group, the first sequence number whose calls differ between ranks, and how the outliers differ."""
+    found = []
+    for ns, by_rank in _coll_calls(trace).items():
+        seqs = sorted({s for calls in by_rank.values() for s in calls})
+        for s in seqs:
+            here = {r: calls[s] for r, calls in by_rank.items() if s in calls}
+            if len(here) < 2:
+                continue
+            votes: dict[tuple, list[int]] = defaultdict(list)
+            for r, c in here.items():
+                votes[_sig(c)].append(r)
+            if len(votes) == 1:
+                continue
+            major = max(votes.values(), key=lambda rs: (len(rs), -min(rs)))
+            ref = by_rank[major[0]]
+            outliers = []
+            for r in sorted(here):
+                if r in major:
+                    continue
+                own = by_rank[r]
+                outliers.append({"rank": r, "op": _describe(own[s]), "site": own[s]["site"],
+                                 "how": _how(ref, own, s)})
+            found.append({"group": ns, "group_name": _group_name(trace, ns), "seq": s,
+                          "expected": _describe(here[major[0]]), "expected_by": sorted(major),
+                          "expected_site": here[major[0]]["site"], "outliers": outliers})
+            break
+    return found
+
+
+def _how(ref: dict[int, Call], own: dict[int, Call], s: int) -> str:
+    """'skipped' when the outlier's calls from s on are the majority's from s+1 on; 'extra' the other way."""
+    def same(a: dict[int, Call], a0: int, b: dict[int, Call], b0: int) -> bool:
+        n = 0
+        while a0 + n in a and b0 + n in b and n < 4:
+            if _sig(a[a0 + n]) != _sig(b[b0 + n]):
+                return False
+            n += 1
+        return n > 0
+    if same(own, s, ref, s + 1) or _follows(ref, s, own[s]):
+        return f"skipped {_describe(ref[s])} (called at {ref[s]['site']} by the others)"
+    if same(own, s + 1, ref, s):
+        return "made an extra call"
+    return "called a different collective"
+
+
+def _follows(ref: dict[int, Call], s: int, c: Call) -> bool:
+    """True when c is what the others called right after their previous call from the site of ref[s]
+    (the program order of a loop: the outlier went on past the call it skipped)."""
+    prev = [j for j in ref if j < s and j + 1 in ref and ref[j]["site"] == ref[s]["site"]]
+    if not prev:
+        return False
+    nxt = ref[max(prev) + 1]
+    return _sig(nxt) == _sig(c) and nxt["site"] == c["site"]
+
+
+def stragglers(trace: dict[str, Any], estimate: bool = True) -> dict[str, Any]:
+    """Per rank over completed collectives: times it arrived last, and the wait it caused the others (s);
+    with, for the worst ranks, the replayed step time had they computed like the others' median."""
+    last: dict[int, int] = defaultdict(int)
+    caused: dict[int, float] = defaultdict(float)
+    n_ops = 0
+    for ns, by_rank in _coll_calls(trace).items():
+        members = [m for m in trace["groups"].get(ns, []) if m is not None]
+        if len(members) < 2:
+            continue
+        seqs = set.intersection(*(set(by_rank.get(m, {})) for m in members))
+        for s in seqs:
+            cs = [by_rank[m][s] for m in members]
+            if any(c.get("status") != "ok" or c.get("start_ns") is None for c in cs):
+                continue
+            n_ops += 1
+            late = max(cs, key=lambda c: c["start_ns"])
+            last[int(late["rank"])] += 1
+            caused[int(late["rank"])] += sum(late["start_ns"] - c["start_ns"] for c in cs) / 1e9
+    ranks = sorted({int(c["rank"]) for c in trace["calls"]})
+    table = sorted(({"rank": r, "arrived_last": last[r], "wait_caused_s": caused[r]} for r in ranks),
+                   key=lambda e: (-e["wait_caused_s"], -e["arrived_last"], e["rank"]))
+    out: dict[str, Any] = {"collectives": n_ops, "ranking": table}
+    site, nsteps = steps_of(trace)
+    out.update({"step_site": site, "steps": nsteps})
+    if estimate and nsteps and n_ops:
+        try:
+            base = replay(trace)
+        except Exception as exc:  # noqa: BLE001 - the ranking stands without the estimate
+            out["estimate_error"] = str(exc)
+            return out
+        out["replayed_step_s"] = base.makespan_s / nsteps
+        for e in table[:3]:
+            if e["wait_caused_s"] > 0:
+                e["step_s_without"] = replay(trace, gaps=_as_others(trace, e["rank"])).makespan_s / nsteps
+    return out
+
+
+def _as_others(trace: dict[str, Any], rank: int) -> dict[int, list[float]]:
+    """Rank's compute gaps replaced, call by call, by the median gap of the other ranks before the same operation."""
+    calls = per_rank(trace)
+    gap_of: dict[tuple, list[float]] = defaultdict(list)
+    for r, cs in calls.items():
+        if r != rank:
+            for c, g in zip(cs, compute_gaps(cs)):
+                gap_of[(c["comm"], c["lane"], c["seq"])].append(g)
+    own = calls[rank]
+    mine = compute_gaps(own)
+    return {rank: [statistics.median(gap_of[(c["comm"], c["lane"], c["seq"])]) if gap_of.get((c["comm"], c["lane"],
+                                                                                             c["seq"])) else g
+                   for c, g in zip(own, mine)]}
+
+
+def diagnose(path: str | Path) -> dict[str, Any]:
+    """Every finding for a record or dump directory (or a merged trace)."""
+    trace = load(path)
+    found_hangs, found_mm = hangs(trace), mismatches(trace)
+    out: dict[str, Any] = {"ranks": len(trace["ranks"]), "clock": trace["clock"], "hangs": found_hangs,
+                           "mismatches": found_mm}
+    if not found_hangs and not found_mm:
+        out["stragglers"] = stragglers(trace)
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text."""
+    lines = []
+    for h in report["hangs"]:
+        lines.append(f"HANG in {h['group_name']}: collective #{h['seq']} ({h['op']})")
+        lines.append(f"  waiting: ranks {_ranges(h['waiting'])} ({', '.join(h['waiting_status'])}) at "
+                     f"{'; '.join(h['waiting_sites'])}")
+        for m in h["missing"]:
+            where = f"; last call #{m['last_seq']} {m.get('last_op')} at {m.get('last_site')} ({m.get('last_status')})" \
+                if m.get("last_seq") is not None else f" ({m.get('last_status')})"
+            src = f" [from {m['source']}]" if m.get("source") else ""
+            lines.append(f"  never entered: rank {m['rank']}{where}{src}")
+        if not h["missing"]:
+            lines.append("  every member entered it: one of them is slow inside it")
+    for mm in report["mismatches"]:
+        lines.append(f"SEQUENCE MISMATCH in {mm['group_name']} at collective #{mm['seq']}: ranks "
+                     f"{_ranges(mm['expected_by'])} called {mm['expected']} at {mm['expected_site']}")
+        for o in mm["outliers"]:
+            lines.append(f"  rank {o['rank']} called {o['op']} at {o['site']}: {o['how']}")
+    st = report.get("stragglers")
+    if st:
+        lines.append(f"STRAGGLERS over {st['collectives']} collectives"
+                     + (f", {st['steps']} steps (marker {st['step_site']})" if st.get("steps") else ""))
+        if "replayed_step_s" in st:
+            lines.append(f"  replayed step time: {st['replayed_step_s'] * 1e3:.3f} ms")
+        lines.append("  rank  arrived last  wait caused (ms)  step time without (ms)")
+        for e in st["ranking"]:
+            w = f"{e['step_s_without'] * 1e3:.3f}" if "step_s_without" in e else "-"
+            lines.append(f"  {e['rank']:>4}  {e['arrived_last']:>12}  {e['wait_caused_s'] * 1e3:>16.3f}  {w:>22}")
+    if not lines:
+        lines.append("no collectives found")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""The collectives one GPU of a pipeline stage issues per micro-batch: one list for step time and traffic.
+
+Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2`` B, passes = forward + backward,
++1 forward with full recomputation):
+
+- **TP** (tp > 1): one region per attention block, per dense MLP and per MoE layer with shared experts; each
+  region per pass is one all-reduce of A (Megatron), or with sequence parallelism an all-gather + a
+  reduce-scatter of A (the same bytes; activations between regions are then split by TP);
+- **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
+  ``T/tp x top_k x h x 2`` B (x the capacity factor when padded; tokens are split over TP ranks before
+  dispatch); the fraction ``(ep-1)/ep`` of it leaves the rank; with ``overlap_ep`` hidden under compute;
+- **ETP** (expert TP > 1, MoE layers): the dispatched tokens all-gathered over the expert-TP group before the
+  experts and reduce-scattered after, per pass;
+- **CP** (cp > 1, every layer): ``p2p`` ring attention passes this rank's K and V (``T x (k d_qk + k d_v) x 2 / tp``
+  B, k = kv heads) to the next rank cp-1 times forward, and K, V plus dK, dV backward (2 (cp-1)), hidden under
+  the attention compute; ``a2a`` (Ulysses) all-to-alls Q, K, V before attention and the output after, per pass;
+  ``allgather`` (Llama 3) all-gathers K, V forward and reduce-scatters dK, dV backward;
+- **PP** (pp > 1): one activation send forward and one gradient send back per virtual stage, ``A / tp``
+  (Megatron's scatter/gather over TP ranks).
+
+``nbytes`` follows `commmodel`: an all-gather's output, a reduce-scatter's input, an all-to-all's send buffer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .layout import Layout
+from .models import ModelSpec
+
+ACT_BYTES = 2
+_WIRE = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+         "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "sendrecv": lambda n: 1.0}
+
+
+@dataclass(frozen=True)
+class CommCall:
+    """`calls` collectives of one kind per micro-batch on one GPU."""
+
+    dim: str            # tp, etp, ep, cp, pp
+    collective: str
+    nbytes: float       # buffer per call (commmodel convention)
+    calls: float
+    group: int          # group size
+    hides_under: str = ""   # "gemm" (TP overlap), "attention" (ring attention), "compute" (EP overlap), ""
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes this GPU sends for all `calls` (a ring's share; an all-to-all's part leaving the rank)."""
+        return self.calls * self.nbytes * _WIRE[self.collective](self.group)
+
+
+def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
+    """Every collective one GPU of pipeline stage `stage` issues per micro-batch (see module docstring)."""
+    L = layout
+    start, stop = L.stage_ranges(model)[stage]
+    n_layers = stop - start
+    n_moe = sum(1 for i in range(start, stop) if model.is_moe_layer(i))
+    n_dense = n_layers - n_moe
+    tokens = L.micro_batch * L.seq_len / L.cp
+    act = tokens * model.hidden * ACT_BYTES
+    passes = 2 + (1 if L.recompute == "full" else 0)
+    out: list[CommCall] = []
+    if L.tp > 1:
+        regions = n_layers + n_dense + (n_moe if model.shared_experts else 0)
+        if L.sequence_parallel:
+            out += [CommCall("tp", "all_gather", act, regions * passes, L.tp, "gemm"),
+                    CommCall("tp", "reduce_scatter", act, regions * passes, L.tp, "gemm")]
+        else:
+            out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp, "gemm"))
+    pad = L.capacity_factor or 1.0
+    routed = tokens / L.tp * model.top_k * pad * model.hidden * ACT_BYTES
+    if n_moe and L.ep > 1:
+        out.append(CommCall("ep", "all_to_all", routed, 2 * passes * n_moe, L.ep, "compute"))
+    if n_moe and L.expert_tp > 1:
+        gathered = routed * L.expert_tp
+        out += [CommCall("etp", "all_gather", gathered, passes * n_moe, L.expert_tp, "gemm"),
+                CommCall("etp", "reduce_scatter", gathered, passes * n_moe, L.expert_tp, "gemm")]
+    if L.cp > 1:
+        out += _cp_calls(model, L, n_layers, tokens)
+    if L.pp > 1:
+        out.append(CommCall("pp", "sendrecv", act / L.tp, 2 * L.interleave, 2))
+    return out
+
+
+def _cp_calls(model: ModelSpec, L: Layout, n_layers: int, tokens: float) -> list[CommCall]:
+    kv_split = min(L.tp, model.kv_heads)  # K/V heads per TP rank (replicated when fewer heads than ranks)
+    kv = tokens * (model.kv_hidden + model.v_width) * ACT_BYTES / kv_split
+    rec = 1 if L.recompute == "full" else 0
+    if L.cp_comm == "p2p":
+        return [CommCall("cp", "sendrecv", kv, (3 + rec) * (L.cp - 1) * n_layers, 2, "attention")]
+    if L.cp_comm == "a2a":
+        qkv = tokens * (model.q_width / L.tp + (model.kv_hidden + model.v_width) / kv_split) * ACT_BYTES
+        o = tokens * model.heads * model.v_dim / L.tp * ACT_BYTES
+        return [CommCall("cp", "all_to_all", qkv, (2 + rec) * n_layers, L.cp),
+                CommCall("cp", "all_to_all", o, (2 + rec) * n_layers, L.cp)]
+    return [CommCall("cp", "all_gather", kv * L.cp, (1 + rec) * n_layers, L.cp),
+            CommCall("cp", "reduce_scatter", kv * L.cp, n_layers, L.cp)]

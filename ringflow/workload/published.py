@@ -1,0 +1,353 @@
+"""Published measurements against the current model: a fitting half, a held-out half, a few fitted constants.
+
+The cases live in ``ringflow/data/published.yaml``: nccl-tests bus bandwidths (predicted by `ringflow.sim`) and
+end-to-end training throughputs (predicted by `step_time`), each with its source. `split_sets` is the rule that
+halves them, fixed before any prediction: within each (kind, GPU generation) group, in file order, cases
+alternate fit, held_out, fit, ...
+
+Fitted constants, each from the fitting half only (`fit`), each a multiplicative refinement toward a geometric
+mean of published / predicted of 1 over its fitting cases:
+
+- ``nvlink_eff``: achievable fraction of the NVLink line rate (simulator ``link_efficiency['nvlink']``), from the
+  collectives inside one NVLink domain;
+- ``net_eff``: achievable fraction of the NIC line rate (``link_efficiency['ib']`` and ``['ethernet']``), from the
+  collectives across servers;
+- ``software[era]``: the framework's GEMM-efficiency multiplier (`EfficiencyModel.software_factor`) per training
+  software era, from that era's training cases.
+
+A case the model cannot express (a missing preset, model or layout feature) gets status "not expressible: ..."
+and stays in the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InvalidArgument
+
+DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "published.yaml"
+KINDS = ("collective", "training")
+SETS = ("fit", "held_out")
+METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu")
+TOPOLOGY_KEYS = ("preset", "nodes", "nic_gbps", "keep_nics", "nvlink_links", "standin", "fabric")
+TOPOLOGY_GAPS = {"nvl_partition": "NVLink partitions of NVL72 racks joined by InfiniBand"}
+COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
+TRAINING_ROUNDS = 5     # refinement steps of each era's software factor (its effect on throughput is sublinear)
+
+
+class NotExpressible(Exception):
+    """The model cannot describe this case yet (the message says what is missing)."""
+
+
+@dataclass
+class Constants:
+    """The fitted constants and the fitting cases each came from."""
+
+    nvlink_eff: float
+    net_eff: float
+    software: dict[str, float] = field(default_factory=dict)
+    fitted_on: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def defaults(cls) -> Constants:
+        """The library's own values (simulator link efficiencies, software factor 1)."""
+        from ..sim.params import DEFAULT_LINK_EFFICIENCY
+        return cls(DEFAULT_LINK_EFFICIENCY["nvlink"], DEFAULT_LINK_EFFICIENCY["ib"])
+
+    def sim_overrides(self) -> dict[str, Any]:
+        """Simulator parameter overrides carrying the link efficiencies."""
+        return {"link_efficiency": {"nvlink": self.nvlink_eff, "ib": self.net_eff, "ethernet": self.net_eff}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready values and fitting sets."""
+        return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
+                "fitted_on": {k: list(v) for k, v in self.fitted_on.items()}}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted value (None when not expressible), its status and what produced it."""
+
+    value: float | None
+    status: str = "ok"
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- data ------------------------------------------------------------------------------------------------------
+def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """Read and check the published cases (default: the packaged file)."""
+    import yaml
+    p = Path(path) if path else DATA_PATH
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read published cases {p}: {exc}", "give a readable YAML file") from exc
+    cases = (doc or {}).get("cases") if isinstance(doc, dict) else None
+    if not isinstance(cases, list) or not cases:
+        raise ConfigError(f"{p}: no 'cases' list", "the file holds 'cases:' with one entry per measurement")
+    seen: set[str] = set()
+    for c in cases:
+        _check_case(c, p)
+        if c["id"] in seen:
+            raise ConfigError(f"{p}: case id {c['id']!r} appears twice", "give every case its own id")
+        seen.add(c["id"])
+    return cases
+
+
+def _check_case(c: Any, p: Path) -> None:
+    cid = c.get("id") if isinstance(c, dict) else None
+    if not cid:
+        raise ConfigError(f"{p}: a case without an id", "every case needs 'id'")
+    bad = [k for k, ok in (("kind", c.get("kind") in KINDS), ("set", c.get("set") in SETS),
+                           ("metric", c.get("metric") in METRICS), ("generation", bool(c.get("generation"))),
+                           ("topology", isinstance(c.get("topology"), dict)),
+                           ("source.url", str((c.get("source") or {}).get("url", "")).startswith("http")))
+           if not ok]
+    value = c.get("value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        bad.append("value")
+    if c.get("kind") == "collective" and not isinstance(c.get("collective"), dict):
+        bad.append("collective")
+    if c.get("kind") == "training":
+        bad += [k for k in ("model", "gpus", "era") if not c.get(k)]
+    if bad:
+        raise ConfigError(f"{p}: case {cid!r}: missing or invalid {', '.join(bad)}",
+                          f"kind in {KINDS}, set in {SETS}, metric in {METRICS}, a positive value, a source URL")
+
+
+def split_sets(cases: list[dict[str, Any]]) -> dict[str, str]:
+    """The split rule: within each (kind, generation) group, in file order, alternate fit, held_out, fit, ..."""
+    count: dict[tuple[str, str], int] = {}
+    out = {}
+    for c in cases:
+        key = (c["kind"], c["generation"])
+        n = count.get(key, 0)
+        out[c["id"]] = SETS[n % 2]
+        count[key] = n + 1
+    return out
+
+
+# ---- topologies ------------------------------------------------------------------------------------------------
+_TOPO_CACHE: dict[str, tuple[Any, str]] = {}
+
+
+def build_topology(spec: dict[str, Any], gpus: int | None = None) -> tuple[Any, str]:
+    """The topology a case names (servers joined by a rail fabric when it spans several), and a note when a
+    stand-in replaces a missing preset."""
+    key = json.dumps([spec, gpus], sort_keys=True)
+    if key not in _TOPO_CACHE:
+        if len(_TOPO_CACHE) > 24:
+            _TOPO_CACHE.pop(next(iter(_TOPO_CACHE)))
+        _TOPO_CACHE[key] = _build(spec, gpus)
+    return _TOPO_CACHE[key]
+
+
+def _build(spec: dict[str, Any], gpus: int | None) -> tuple[Any, str]:
+    from ..errors import TopologyError
+    from ..topology import build_cluster, load_topology
+    from ..topology.presets import preset_names
+    unknown = [k for k in spec if k not in TOPOLOGY_KEYS]
+    if unknown:
+        raise NotExpressible("; ".join(f"{TOPOLOGY_GAPS.get(k, 'topology key ' + repr(k))} (no builder for {k!r})"
+                                       for k in unknown))
+    note = ""
+    if spec["preset"] not in preset_names():
+        standin = spec.get("standin")
+        if not standin:
+            raise NotExpressible(f"no topology preset {spec['preset']!r}")
+        note = f"stand-in {standin['preset']} for missing preset {spec['preset']}"
+        spec = {**{k: v for k, v in spec.items() if k not in ("standin", "preset")}, **standin}
+    base = load_topology(spec["preset"])
+    if spec.get("nvlink_links") or spec.get("keep_nics"):
+        base = _modified(base, spec.get("nvlink_links"), spec.get("keep_nics"))
+    per_server = len(base.endpoints())
+    nodes = int(spec.get("nodes") or (math.ceil(gpus / per_server) if gpus else 1))
+    if gpus and nodes * per_server < gpus:
+        raise NotExpressible(f"{gpus} GPUs on {nodes} x {per_server}-GPU {spec['preset']}")
+    if nodes == 1:
+        return base, note
+    try:
+        topo = build_cluster(base, nodes, fabric=spec.get("fabric", "rail"), nic_gbps=spec.get("nic_gbps"))
+    except TopologyError:
+        topo = build_cluster(base, nodes, fabric=spec.get("fabric", "rail"), nic_gbps=spec.get("nic_gbps"), tiers=3)
+    return topo, note
+
+
+def _modified(base: Any, nvlink_links: int | None, keep_nics: int | None) -> Any:
+    """A copy with `nvlink_links` NVLinks per GPU (same per-link rate) and/or only `keep_nics` of its NICs."""
+    topo = base.copy()
+    if nvlink_links:
+        for _u, _v, d in topo.graph.edges(data=True):
+            if d.get("tier") == "nvlink" and d.get("nlinks") and not d.get("c2c"):
+                d["bw_GBps"] = d["bw_GBps"] / d["nlinks"] * nvlink_links
+                d["nlinks"] = nvlink_links
+    if keep_nics:
+        nics = topo.nics()
+        step = max(1, len(nics) // keep_nics)
+        for n in [x for i, x in enumerate(nics) if i % step]:
+            topo.graph.remove_node(n)
+    topo.invalidate()
+    topo.name = f"{base.name}-modified"
+    return topo
+
+
+# ---- predictions -----------------------------------------------------------------------------------------------
+def predict(case: dict[str, Any], consts: Constants) -> Prediction:
+    """Predict one case with the current model and `consts`; status says why when it cannot."""
+    try:
+        if case["kind"] == "collective":
+            return _predict_collective(case, consts)
+        return _predict_training(case, consts)
+    except NotExpressible as exc:
+        return Prediction(None, f"not expressible: {exc}")
+    except (InvalidArgument, NotImplementedError) as exc:
+        return Prediction(None, f"not expressible: {exc}")
+
+
+def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
+    from ..sim.api import simulate
+    topo, note = build_topology(case["topology"])
+    c = case["collective"]
+    eps = [topo.gpus(h)[0] for h in topo.hosts()] if c.get("endpoints") == "gpu0" else None
+    res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
+                   nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
+    link = "nvlink" if len(topo.hosts()) == 1 else "net"
+    return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
+                                                    "link_class": link, "note": note})
+
+
+def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
+    from .commmodel import AlphaBetaModel
+    from .compute import EfficiencyModel
+    from .layout import Layout
+    from .models import load_model
+    from .steptime import step_time
+    if not case.get("layout"):
+        raise NotExpressible("the parallel layout is not in the cited text")
+    model = load_model(case["model"])
+    gpus = int(case["gpus"])
+    lay = dict(case["layout"])
+    per_replica = lay.get("tp", 1) * lay.get("pp", 1) * lay.get("cp", 1)
+    if gpus % per_replica:
+        raise NotExpressible(f"{gpus} GPUs not a multiple of tp x pp x cp = {per_replica}")
+    try:
+        layout = Layout(dp=gpus // per_replica, **lay)
+    except TypeError as exc:
+        raise NotExpressible(f"layout field not supported ({exc})") from None
+    topo, note = build_topology(case["topology"], gpus)
+    eff = replace(EfficiencyModel(), software_factor=consts.software.get(case["era"], 1.0))
+    r = step_time(model, layout, topo, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()), eff=eff)
+    values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
+              "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
+    return Prediction(float(values[case["metric"]]), "ok", {"note": note, "fits_in_memory": r.memory.fits,
+                                                            "gpu": r.gpu, "mfu": r.mfu})
+
+
+# ---- fitting ---------------------------------------------------------------------------------------------------
+Predictor = Callable[[dict[str, Any], Constants], Prediction]
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def fit(cases: list[dict[str, Any]], predictor: Predictor = predict) -> Constants:
+    """Fit the constants on the cases marked ``set: fit`` (the held-out cases are never read)."""
+    fit_cases = [c for c in cases if c["set"] == "fit"]
+    consts = Constants.defaults()
+    colls = [c for c in fit_cases if c["kind"] == "collective"]
+    for _ in range(COLLECTIVE_ROUNDS if colls else 0):
+        ratios: dict[str, list[float]] = {"nvlink": [], "net": []}
+        used: dict[str, list[str]] = {"nvlink": [], "net": []}
+        for c in colls:
+            pr = predictor(c, consts)
+            if pr.value is not None and pr.value > 0:
+                cls = pr.info.get("link_class", "nvlink")
+                ratios[cls].append(c["value"] / pr.value)
+                used[cls].append(c["id"])
+        for cls, attr in (("nvlink", "nvlink_eff"), ("net", "net_eff")):
+            if ratios[cls]:
+                setattr(consts, attr, min(1.0, getattr(consts, attr) * _geomean(ratios[cls])))
+                consts.fitted_on[attr] = used[cls]
+    eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"})
+    for era in eras:
+        mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
+        for _ in range(TRAINING_ROUNDS):
+            got = [(c, predictor(c, consts)) for c in mine]
+            ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]
+            if not ok:
+                break
+            k = consts.software.get(era, 1.0) * _geomean([c["value"] / pr.value for c, pr in ok])
+            consts.software[era] = min(k, 1.0 / _eff_ceiling())
+            consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
+    return consts
+
+
+def _eff_ceiling() -> float:
+    """The efficiency curve's ceiling: a software factor above 1 / eff_max would pass the GEMM peak."""
+    from .compute import EfficiencyModel
+    return EfficiencyModel().eff_max
+
+
+# ---- evaluation ------------------------------------------------------------------------------------------------
+def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None = None,
+             predictor: Predictor = predict) -> dict[str, Any]:
+    """Fit on the fitting half, predict every case, and summarise the errors per set and per generation."""
+    cases = cases if cases is not None else load_cases(path)
+    consts = fit(cases, predictor)
+    rows = [_row(c, predictor(c, consts)) for c in cases]
+    return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
+            "split_rule": split_sets.__doc__, "data": str(path or DATA_PATH)}
+
+
+def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
+    err = pr.value / c["value"] - 1.0 if pr.value is not None else None
+    topo = c.get("topology") or {}
+    one_server = c["kind"] == "collective" and pr.info.get("link_class") == "nvlink" and not topo.get("nodes")
+    return {"id": c["id"], "kind": c["kind"], "generation": c["generation"], "era": c.get("era", ""),
+            "set": c["set"], "metric": c["metric"], "published": float(c["value"]), "predicted": pr.value,
+            "error": err, "status": pr.status, "system": c.get("system", ""), "url": c["source"]["url"],
+            "where": c["source"].get("where", ""), "one_server": one_server, "assumed": c.get("assumed", ""),
+            "standin": pr.info.get("note", ""), "note": c.get("note", ""),
+            "algorithm": pr.info.get("algorithm", ""), "fits_in_memory": pr.info.get("fits_in_memory")}
+
+
+def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [r["error"] for r in rows if r["error"] is not None]
+    if not errs:
+        return {"n": 0, "not_expressible": len(rows)}
+    worst = max((r for r in rows if r["error"] is not None), key=lambda r: abs(r["error"]))
+    return {"n": len(errs), "not_expressible": len(rows) - len(errs), "mae": sum(abs(e) for e in errs) / len(errs),
+            "mean_signed": sum(errs) / len(errs), "max_abs": abs(worst["error"]), "worst": worst["id"],
+            "optimistic": sum(e > 0 for e in errs), "pessimistic": sum(e < 0 for e in errs)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Error statistics per set, and per set x kind x generation."""
+    out: dict[str, Any] = {}
+    for s in SETS:
+        mine = [r for r in rows if r["set"] == s]
+        groups = sorted({(r["kind"], r["generation"]) for r in mine})
+        out[s] = {"all": _stats(mine),
+                  "groups": [{"kind": k, "generation": g, **_stats([r for r in mine if (r["kind"], r["generation"])
+                                                                    == (k, g)])} for k, g in groups]}
+    return out
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The validation targets and whether this run meets them (held-out MAE <= 7 %, every held-out case within
+    15 %, every one-server collective within 5 %)."""
+    held = [r for r in rows if r["set"] == "held_out" and r["error"] is not None]
+    mae = sum(abs(r["error"]) for r in held) / len(held) if held else float("nan")
+    over15 = [r["id"] for r in held if abs(r["error"]) > 0.15]
+    one = [r for r in rows if r["one_server"] and r["error"] is not None]
+    over5 = [r["id"] for r in one if abs(r["error"]) > 0.05]
+    return [{"target": "held-out MAE <= 7 %", "value": f"{mae:.1%}", "met": mae <= 0.07, "cases": []},
+            {"target": "every held-out case within 15 %", "value": f"{len(held) - len(over15)} of {len(held)}",
+             "met": not over15, "cases": over15},
+            {"target": "one-server collectives within 5 % (both sets)", "value": f"{len(one) - len(over5)} of "
+             f"{len(one)}", "met": not over5, "cases": over5}]

@@ -1,0 +1,148 @@
+"""The published-measurements file, its split, the fit's independence from the held-out half, the report."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ringflow.cli import build_app
+from ringflow.errors import ConfigError
+from ringflow.workload.published import (
+    SETS,
+    Constants,
+    Prediction,
+    evaluate,
+    fit,
+    load_cases,
+    predict,
+    split_sets,
+)
+from ringflow.workload.published_report import markdown
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[dict]:
+    return load_cases()
+
+
+def test_file_parses_and_every_case_has_a_source_and_a_set(cases: list[dict]) -> None:
+    assert len(cases) >= 30
+    for c in cases:
+        assert c["source"]["url"].startswith("https://"), c["id"]
+        assert c["source"].get("where"), f"{c['id']}: say where in the source the number is"
+        assert c["set"] in SETS and c["value"] > 0
+    kinds = {(c["kind"], c["generation"]) for c in cases}
+    for kind in ("collective", "training"):
+        for gen in ("ampere", "hopper", "blackwell"):
+            assert (kind, gen) in kinds
+    assert any(c["kind"] == "collective" and (c["topology"].get("nodes") or 1) > 1 for c in cases)
+
+
+def test_the_split_follows_the_stated_rule_and_is_about_half(cases: list[dict]) -> None:
+    rule = split_sets(cases)
+    assert {c["id"]: c["set"] for c in cases} == rule
+    n_fit = sum(c["set"] == "fit" for c in cases)
+    assert 0.4 <= n_fit / len(cases) <= 0.6
+    for kind in ("collective", "training"):
+        mine = [c["set"] for c in cases if c["kind"] == kind]
+        assert 0.4 <= mine.count("fit") / len(mine) <= 0.6
+
+
+def _stub(seen: list[str]):
+    """A predictor that depends on a case's configuration only (never its published value)."""
+    def predictor(case: dict, consts: Constants) -> Prediction:
+        seen.append(case["id"])
+        h = int(hashlib.sha256(case["id"].encode()).hexdigest()[:6], 16) / 0xFFFFFF
+        if case["kind"] == "collective":
+            base = 400.0 * (0.8 + 0.4 * h) * consts.nvlink_eff / 0.822
+            link = "net" if (case["topology"].get("nodes") or 1) > 1 else "nvlink"
+            return Prediction(base, "ok", {"link_class": link})
+        return Prediction(100.0 * (0.8 + 0.4 * h) * consts.software.get(case["era"], 1.0))
+    return predictor
+
+
+def test_fitted_constants_depend_on_the_fitting_set_only(cases: list[dict]) -> None:
+    seen: list[str] = []
+    base = fit(cases, _stub(seen)).to_dict()
+    held = {c["id"] for c in cases if c["set"] == "held_out"}
+    assert seen and not held & set(seen), "the fit predicted a held-out case"
+    for names in base["fitted_on"].values():
+        assert not held & set(names)
+    moved = copy.deepcopy(cases)
+    for c in moved:
+        if c["set"] == "held_out":
+            c["value"] *= 1.5
+    assert fit(moved, _stub([])).to_dict() == base
+    # the check can fail: moving fitting values moves the constants
+    for c in moved:
+        if c["set"] == "fit":
+            c["value"] *= 1.5
+    again = fit(moved, _stub([])).to_dict()
+    assert again["software"] != base["software"]
+
+
+def test_the_real_fit_ignores_held_out_values(cases: list[dict]) -> None:
+    pick = [c for c in cases if c["id"] in ("h100x8-allreduce-ring", "h100x8-allreduce-nvls", "h100-2node-nic-ring",
+                                           "a100-2node-8hdr-allreduce-ring")]
+    first = fit(pick)
+    assert 0 < first.nvlink_eff <= 1 and 0 < first.net_eff <= 1
+    assert first.fitted_on["nvlink_eff"] == ["h100x8-allreduce-ring"]
+    assert first.fitted_on["net_eff"] == ["h100-2node-nic-ring"]
+    moved = copy.deepcopy(pick)
+    for c in moved:
+        if c["set"] == "held_out":
+            c["value"] *= 0.5
+    assert fit(moved).to_dict() == first.to_dict()
+
+
+def test_a_missing_preset_is_reported_not_dropped(cases: list[dict]) -> None:
+    c = copy.deepcopy(next(x for x in cases if x["id"] == "h100x8-allreduce-ring"))
+    c["topology"] = {"preset": "no-such-server"}
+    pr = predict(c, Constants.defaults())
+    assert pr.value is None and pr.status.startswith("not expressible") and "no-such-server" in pr.status
+    c["topology"] = {"preset": "no-such-server", "standin": {"preset": "dgx-h100"}}
+    pr = predict(c, Constants.defaults())
+    assert pr.value and "stand-in dgx-h100" in pr.info["note"]
+
+
+def test_a_case_without_a_source_is_refused(tmp_path: Path, cases: list[dict]) -> None:
+    bad = copy.deepcopy(cases[:2])
+    del bad[1]["source"]["url"]
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump({"cases": bad}))
+    with pytest.raises(ConfigError, match="source.url"):
+        load_cases(p)
+
+
+def _small(cases: list[dict]) -> list[dict]:
+    ids = ("h100x8-allreduce-ring", "h100x8-allreduce-nvls", "h100-2node-nic-ring", "a100-2node-8hdr-allreduce-ring",
+           "bridge-25.11-h100-llama3-8b-fp8", "bridge-25.11-h100-llama3-70b-fp8", "megascale-175b-12288")
+    return [c for c in cases if c["id"] in ids]
+
+
+def test_the_report_has_both_sets_and_the_gaps(cases: list[dict]) -> None:
+    res = evaluate(cases=_small(cases))
+    text = markdown(res, "ringflow validate --published")
+    for part in ("## Fitting set", "## Held-out set", "## Fitted constants", "## Not expressible yet",
+                 "megascale-175b-12288", "optimistic", "pessimistic"):
+        assert part in text
+    held = [r for r in res["rows"] if r["set"] == "held_out" and r["error"] is not None]
+    assert held and all(r["error"] == pytest.approx(r["predicted"] / r["published"] - 1) for r in held)
+    assert res["summary"]["held_out"]["all"]["n"] == len(held)
+
+
+def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:
+    data = tmp_path / "cases.yaml"
+    data.write_text(yaml.safe_dump({"cases": _small(cases)}))
+    report, out = tmp_path / "published.md", tmp_path / "published.json"
+    res = CliRunner().invoke(build_app(), ["validate", "--published", "--data", str(data), "--report", str(report),
+                                           "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "held-out set" in res.output and "fitted constants" in res.output
+    assert "## Held-out set" in report.read_text()
+    assert {r["id"] for r in json.loads(out.read_text())["rows"]} == {c["id"] for c in _small(cases)}

@@ -1,0 +1,67 @@
+"""The native executor's reductions against NumPy's, element for element, for every dtype and op it takes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringflow.runtime import hotpath, native
+from ringflow.runtime.ops import BITWISE_OPS, SUPPORTED_DTYPES, UFUNCS, check_dtype
+
+needs_hot = pytest.mark.skipif(native._hotpath is None, reason="native executor not built (no C compiler at install)")
+
+
+def _dtype(name: str) -> np.dtype:
+    from ringflow.runtime.ops import BFLOAT16
+    return BFLOAT16 if name == "bfloat16" else np.dtype(name)  # type: ignore[return-value]
+
+
+def _values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, n).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    x = (rng.standard_normal(n) * 100).astype(np.float32).astype(dtype)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, 1e-8], dtype=np.float32).astype(dtype)
+    k = min(n, special.size)
+    x[rng.permutation(n)[:k]] = special[:k]
+    return x
+
+
+CASES = [(d, op) for d in SUPPORTED_DTYPES for op in UFUNCS if op != "avg"
+         and not (op in BITWISE_OPS and _dtype(d).kind not in "biu")]
+
+
+@needs_hot
+@pytest.mark.parametrize("dtype_name,op", CASES)
+@settings(max_examples=5, deadline=None)
+@given(n=st.integers(0, 700), seed=st.integers(0, 2**16))
+def test_native_reduction_equals_numpy(dtype_name: str, op: str, n: int, seed: int) -> None:
+    dtype = check_dtype(_dtype(dtype_name))
+    a, b = _values(dtype, n, seed), _values(dtype, n, seed + 1)
+    want = np.empty_like(a)
+    with np.errstate(all="ignore"):
+        UFUNCS[op](a, b, out=want)
+    got = np.full_like(a, 7) if n else np.empty_like(a)
+    native._hotpath.reduce_into(hotpath._DTYPES[dtype], hotpath.OPS[op], got.ctypes.data, a.ctypes.data,
+                                b.ctypes.data, n)
+    if dtype.kind == "f" or dtype == _dtype("bfloat16"):
+        wf, gf = want.astype(np.float64), got.astype(np.float64)
+        same = (wf == gf) | (np.isnan(wf) & np.isnan(gf))
+        assert same.all(), (dtype_name, op, a[~same][:4], b[~same][:4], want[~same][:4], got[~same][:4])
+    else:
+        assert np.array_equal(got, want), (dtype_name, op)
+
+
+def test_every_supported_dtype_and_op_has_a_native_code() -> None:
+    assert {np.dtype(_dtype(d)) for d in SUPPORTED_DTYPES} == set(hotpath._DTYPES)
+    assert set(UFUNCS) == set(hotpath.OPS)
+
+
+def test_the_knob_turns_the_native_executor_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGFLOW_NATIVE", "0")
+    assert not native.hot_available()
+    assert hotpath.build([], np.dtype(np.float32), "sum") is hotpath.UNSUITED
