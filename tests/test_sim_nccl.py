@@ -118,6 +118,8 @@ def test_multinode_rules_nvls_tree_pat_collnet() -> None:
     cl = build_cluster("dgx-h100", 4)
     sys_ = nt.system_for(cl, 32)
     assert sys_.nnodes == 4 and sys_.nics_per_node == 8
+    assert sys_.run_channels() == 2 * 8                    # NCCL: one searched channel per NIC, doubled
+    assert nt.system_for(load_topology("dgx-h100"), 8).run_channels() == 24   # nccl#578, #1367
     c = nt.choose(sys_, AR, 64 << 20)
     assert ("nvls", "simple") not in c.candidates        # NVLS across servers needs CollNet (SHARP)
     assert ("nvls_tree", "simple") in c.candidates
@@ -188,3 +190,14 @@ def test_pxn_all_to_all_never_crosses_rails() -> None:
     for r, _step, op in s.ops():
         if op.kind == OpKind.SEND and op.peer is not None and (r < 4) != (op.peer < 4):
             assert r % 4 == op.peer % 4      # inter-server messages stay on their rail
+
+
+def test_pat_is_chosen_and_simulated_with_one_gpu_per_node() -> None:
+    cl = build_cluster("dgx-h100", 8)
+    eps = [cl.gpus(host=h)[0] for h in range(8)]
+    rows = nt.nccl_rows(cl, AG, [64 << 10], 8, endpoints=eps)
+    # NCCL 2.23+: PAT (Simple) for mid-size all-gathers at one GPU per node: log2(8) network steps
+    assert (rows[0]["algorithm"], rows[0]["protocol"]) == ("pat", "simple")
+    assert rows[0]["sim_time_us"] is not None and rows[0]["sim_time_us"] > 0
+    big = nt.choose(nt.system_for(cl, 8, endpoints=eps), AG, 64 << 20)
+    assert big.algorithm == "ring" and big.candidates[("pat", "simple")] > big.time_us   # PAT's 0.75 bandwidth

@@ -59,3 +59,19 @@ def test_plan_json_and_bad_input():
     assert "checked 0 of the top 3 within --check-budget 0 s" in out
     bad = _run("train", "--recompute", "sometimes", "--nodes", "1", "--pp", "1", ok=False)
     assert bad.returncode == 2 and "recompute" in bad.stderr
+
+
+def test_train_uneven_stages_moe_and_mfu_peak():
+    d = json.loads(_run("train", "--model", "qwen3-235b-a22b", "--topo", "dgx-h100", "--nodes", "4", "--tp", "2",
+                        "--pp", "4", "--ep", "4", "--etp", "1", "--first-stage-layers", "22",
+                        "--last-stage-layers", "22", "--seq-len", "2048", "--global-batch", "8",
+                        "--precision", "fp8", "--mfu-peak", "fp8", "--capacity-factor", "1.25",
+                        "--software", "megatron-core-2025", "--comm", "alpha-beta", "--json").stdout)
+    assert d["layout"]["stage_layers"] == [] and d["mfu_peak"] == "fp8" and d["peak_tflops"] > 1500
+    assert len(d["stage_times_s"]) == 4 and d["comm_bytes_per_step"]["ep"] > 0
+    assert d["step_time_s"] == pytest.approx(sum(d["breakdown"].values()), rel=1e-9)
+    bad = _run("train", "--model", "llama3-405b", "--nodes", "16", "--tp", "8", "--pp", "16", "--comm",
+               "alpha-beta", ok=False)
+    assert bad.returncode != 0 and "--first-stage-layers 7 --last-stage-layers 7" in bad.stderr
+    bad = _run("train", "--model", "llama3-8b", "--nodes", "1", "--pp", "2", "--stage-layers", "16,x", ok=False)
+    assert bad.returncode != 0 and "--stage-layers" in bad.stderr

@@ -149,14 +149,20 @@ def _validate_host(model_path: str | None, ranks: list[int], transports: str, ca
 
 
 def _validate_published(data: str | None, report: str | None, json_print: bool, out: str | None) -> None:
+    from rich.markup import escape
+
     from ..workload import published_report as pr
     from ..workload.published import evaluate
     res = evaluate(data)
-    print_table("fitted constants (fitting set only)", pr.CONST_HEADER, pr.constant_rows(res))
+
+    def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+        print_table(title, header, [[escape(str(x)) for x in r] for r in rows])
+    table("fitted constants (fitting set only)", pr.CONST_HEADER, pr.constant_rows(res))
     for which in ("fit", "held_out"):
-        print_table(f"{which.replace('_', '-')} set: predicted vs published", pr.CASE_HEADER, pr.case_rows(res, which))
-    print_table("summary per set and GPU generation", pr.GROUP_HEADER, pr.group_rows(res))
-    print_table("targets", ["target", "this run", "status", "cases missing it"], pr.target_rows(res))
+        table(f"{which.replace('_', '-')} set: predicted vs published", pr.CASE_HEADER, pr.case_rows(res, which))
+    table("summary per set and GPU generation", pr.GROUP_HEADER, pr.group_rows(res))
+    table("targets", ["target", "this run", "status", "cases missing it"], pr.target_rows(res))
+    table("fitted constants vs library defaults", pr.COMPARE_HEADER, pr.compare_rows(res))
     if report:
         pr.write_markdown(report, res, _command_line())
         console.print(f"wrote {report}")

@@ -53,6 +53,9 @@ def traffic_command(
     gpus: int = typer.Option(8, "--gpus", min=1, help="G of the closed-form 1-D rows"),
     tp: int = typer.Option(1, "--tp", min=1), pp: int = typer.Option(1, "--pp", min=1),
     dp: int = typer.Option(1, "--dp", min=1),
+    cp: int = typer.Option(1, "--cp", min=1, help="context parallelism of the exact 3-D job"),
+    ep: int = typer.Option(1, "--ep", min=1, help="expert parallelism of the exact 3-D job (MoE models)"),
+    cp_comm: str = typer.Option("p2p", "--cp-comm", help="p2p, a2a or allgather"),
     formula: str = typer.Option("seed", "--formula", help="seed (the closed-form formulas), exact (ringflow's "
                                 "algorithms on --topo), or both"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset for --formula exact"),
@@ -103,8 +106,11 @@ def traffic_command(
         if formula == "exact":
             out["rows"] = ex
             out["totals"] = {r["mode"]: r["total_bytes"] for r in ex}
-        if three_d:
-            lay = Layout(tp=tp, pp=pp, dp=dp, global_batch=dp, micro_batch=1)
+        if three_d or cp > 1:
+            lay = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, cp_comm=cp_comm, global_batch=dp, micro_batch=1,
+                         seq_len=m.seq_len, sequence_parallel=tp > 1)
+            if cp > 1 or ep > 1:
+                lay.check_model(m)
             t3 = cluster_for(topo, max(1, math.ceil(lay.gpus / per_server)), None, fabric)
             e3 = [r.to_dict() for r in exact_3d(m, tokens, steps, lay, t3)]
             tot3 = sum(r["total_bytes"] for r in e3)

@@ -28,7 +28,7 @@ from ..algorithms.plan import compile_plan
 from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
-from . import native
+from . import hotpath, native
 from .collectives import CollectiveCalls
 from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
@@ -62,12 +62,14 @@ def _data_ptr(obj: Any) -> int | None:
 class _Prepared:
     """Everything a repeated call needs, computed once per (collective, count, dtype, op, root, in-place)."""
 
-    __slots__ = ("schedule", "plan", "sig", "desc", "ufunc", "has_scratch", "bound")
+    __slots__ = ("schedule", "plan", "sig", "desc", "ufunc", "has_scratch", "bound", "hot")
 
     def __init__(self, schedule: Schedule, plan: Any, sig: int, desc: str, ufunc: Any, has_scratch: bool) -> None:
         self.schedule, self.plan, self.sig, self.desc = schedule, plan, sig, desc
         self.ufunc, self.has_scratch = ufunc, has_scratch
         self.bound: Any = None  # the binding of the last small call, reused while its arrays are the same
+        # the native plans (hotpath.Prepared); None until built, hotpath.UNSUITED where they cannot run
+        self.hot: hotpath.Prepared | bool | None = None
 
 
 class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
@@ -370,25 +372,29 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
                           self.rank, self._checks, self._streams)
         small = ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes
-        keep = bool(ident) and (small or self._native)   # a native plan is worth keeping at any size
+        if self._native:
+            hot = prep.hot
+            if hot is None:
+                hot = prep.hot = hotpath.prepare(prep.plan, ctx, dtype, opname)
+            if hot:
+                scratch = self._scratch_for(dtype, prep.plan.scratch_elems) if prep.has_scratch else out
+                bases = (out.ctypes.data if inplace else inp.ctypes.data, out.ctypes.data, scratch.ctypes.data)
+                hotpath.execute(hot, ctx, bases, self._transport.regions.packed)  # type: ignore[arg-type]
+                self._last_native = (prep, hot, ctx, bases, scratch)
+                return
         bound = prep.bound
-        if keep and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
+        if small and ident and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
                 and (not prep.has_scratch or bound.refs[2] is self._scratch.get(dtype)) \
                 and bound.refs[3] == _data_ptr(ident[0]) and bound.refs[4] == _data_ptr(ident[1]):
             run_bound(bound, ctx, prep.ufunc)  # same user arrays as last time: reuse the binding
-            if bound.hot:
-                self._last_native = (prep, bound, ctx)
             return
         arrays = {Buffer.IN: out if inplace else inp, Buffer.OUT: out}
         if prep.has_scratch:
             arrays[Buffer.SCRATCH] = self._scratch_for(dtype, prep.plan.scratch_elems)
         bound = bind(prep.plan, ctx, arrays, prep.ufunc,
-                     (*ident, self._scratch.get(dtype), _data_ptr(ident[0]), _data_ptr(ident[1])) if ident else (),
-                     opname)
-        prep.bound = bound if keep else None
+                     (*ident, self._scratch.get(dtype), _data_ptr(ident[0]), _data_ptr(ident[1])) if ident else ())
+        prep.bound = bound if (small and ident) else None
         run_bound(bound, ctx, prep.ufunc)
-        if keep and bound.hot:
-            self._last_native = (prep, bound, ctx)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,
                 timeout: float | None = None, async_op: bool = False) -> Any:

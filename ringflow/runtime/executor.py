@@ -27,7 +27,6 @@ import numpy as np
 from ..algorithms.plan import Plan
 from ..algorithms.schedule import Buffer, OpKind
 from ..errors import RemoteError, RingflowError, Timeout
-from . import hotpath
 from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
@@ -228,18 +227,14 @@ class Bound:
     repeated call (same arrays) so the next call only posts the messages.
     """
 
-    __slots__ = ("plan", "steps", "refs", "dtype", "opname", "hot", "hot_check")
+    __slots__ = ("plan", "steps", "refs")
 
-    def __init__(self, plan: Plan, steps: list, refs: tuple, dtype: np.dtype, opname: str | None) -> None:
-        self.plan, self.steps, self.refs, self.dtype, self.opname = plan, steps, refs, dtype, opname
-        # the native plans of this binding: None until built, hotpath.UNSUITED where the native executor
-        # cannot run them (a TCP peer, an unsupported dtype, RINGFLOW_NATIVE=0)
-        self.hot: hotpath.NativePlan | bool | None = None
-        self.hot_check: hotpath.NativePlan | bool | None = None
+    def __init__(self, plan: Plan, steps: list, refs: tuple) -> None:
+        self.plan, self.steps, self.refs = plan, steps, refs
 
 
 def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable,
-         refs: tuple = (), opname: str | None = None) -> Bound:
+         refs: tuple = ()) -> Bound:
     """Resolve every transfer and local op of `plan` to connections and views of `arrays`."""
     t = ctx.transport
     u8 = {b: a.view(np.uint8) for b, a in arrays.items()}
@@ -270,32 +265,21 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
             locs.append((lo.kind == OpKind.COPY, arrays[lo.dst][lo.dst_off:lo.dst_off + lo.n],
                          arrays[lo.src][lo.src_off:lo.src_off + lo.n]))
         steps.append((sends, recvs, locs))
-    return Bound(plan, steps, refs, dtype, opname)
+    return Bound(plan, steps, refs)
 
 
-def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable,
-             opname: str | None = None) -> None:
+def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable) -> None:
     """Execute a compiled plan on flat typed arrays (IN/OUT/SCRATCH)."""
-    run_bound(bind(plan, ctx, arrays, ufunc, opname=opname), ctx, ufunc)
+    run_bound(bind(plan, ctx, arrays, ufunc), ctx, ufunc)
 
 
 def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
-    """Execute a bound plan: natively when every peer is on shared memory, else per step in Python."""
+    """Execute a bound plan: per step post every message, drive them, then the local ops."""
     plan = bound.plan
     n = ctx.nranks
     # big transfers may be striped, which only is safe once every rank agreed on the sizes
     self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
-    check = ctx.checks and n > 1 and not self_check
-    if bound.hot is None:
-        bound.hot = hotpath.build(bound.steps, bound.dtype, bound.opname)
-    if bound.hot and check and bound.hot_check is None:
-        bound.hot_check = hotpath.build_check(ctx.transport, [p for p in range(n) if p != ctx.rank],
-                                              ctx.description, ctx.deadline)
-    hot = bound.hot
-    if isinstance(hot, hotpath.NativePlan) and (not check or isinstance(bound.hot_check, hotpath.NativePlan)):
-        _run_native(hot, bound.hot_check if check else None, ctx, self_check)
-        return
-    if check:
+    if ctx.checks and n > 1 and not self_check:
         check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
     sig, seq = ctx.sig, ctx.op_seq
     for si, (sends, recvs, locs) in enumerate(bound.steps):
@@ -318,21 +302,6 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
                 copy_into(dst, src)
             else:
                 ufunc(dst, src, out=dst)
-
-
-def _run_native(hot: hotpath.NativePlan, hot_check: hotpath.NativePlan | bool | None, ctx: CallContext,
-                self_check: bool) -> None:
-    """The native executor's run of a call: the argument check (if the plan does not check itself), the steps."""
-    if isinstance(hot_check, hotpath.NativePlan):
-        bad = hotpath.run(hot_check, ctx, "argument check")
-        if bad:
-            raise bad[0][1].error(ctx.description)
-    bad = hotpath.run(hot, ctx, "collective step")
-    if bad:
-        si, mismatch = bad[0]
-        if ctx.checks and si == 0 and self_check and ctx.nranks > 1:
-            raise mismatch.error(ctx.description)
-        raise _Broken(mismatch)
 
 
 class _Broken(RingflowError):

@@ -1,12 +1,12 @@
 """The repeated-call fast path: a collective called again with the same arrays skips straight to its native plan.
 
 A training loop calls the same collectives on the same buffers over and over. The first such call
-goes the whole way (argument checks, tuner, plan, binding, native plan); when it ran natively, its
-prepared state is remembered under (collective, id(x), id(out), op or root). The next call with
-the very same objects (same storage for tensors) only bumps the sequence number, sets the deadline
-and runs the native plan: the argument check across ranks still happens, inside the plan's first
-messages or its check exchange. Anything unusual (async_op, a timeout, a failed communicator, a
-pending async call, an output the call allocates) takes the full path.
+goes the whole way (argument checks, tuner, plan, native plan); when it ran natively, it is
+remembered under (collective, id(x), id(out), op or root) with its buffers' addresses. The next
+call with the very same objects (same storage for tensors) only bumps the sequence number, sets the
+deadline and runs the native plan: the argument check across ranks still happens, inside the
+plan's first messages or its check exchange. Anything unusual (async_op, a timeout, a failed
+communicator, a pending async call, an output the call allocates) takes the full path.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..algorithms.schedule import Collective
-from .executor import CallContext, run_bound
+from . import hotpath
+from .executor import CallContext
 from .ops import finish_avg
 from .transport.manager import LANE_COLL
 
@@ -34,11 +35,11 @@ def _ptr(obj: Any) -> int | None:
 class FastCall:
     """One remembered call: the objects it was made with and everything needed to run it again."""
 
-    __slots__ = ("x", "out", "ptrs", "prep", "bound", "ctx", "fn", "result", "meta", "description")
+    __slots__ = ("x", "out", "ptrs", "prep", "hot", "ctx", "fn", "result", "meta", "description")
 
-    def __init__(self, x: Any, out: Any, prep: Any, bound: Any, ctx: CallContext, fn: Callable[[float], None],
-                 result: Any, meta: tuple, description: str) -> None:
-        self.x, self.out, self.prep, self.bound, self.ctx, self.fn = x, out, prep, bound, ctx, fn
+    def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
+                 fn: Callable[[float], None], result: Any, meta: tuple, description: str) -> None:
+        self.x, self.out, self.prep, self.hot, self.ctx, self.fn = x, out, prep, hot, ctx, fn
         self.ptrs = (_ptr(x), _ptr(out))
         self.result, self.meta, self.description = result, meta, description
 
@@ -57,21 +58,20 @@ class FastCalls:
         _destroyed: bool
         _lanes: list[Any]
         _rec: Any
-        _scratch: dict[np.dtype, np.ndarray]
+        _transport: Any
         _guard: Callable[..., None]
         last_schedule: Any
 
     _fast: dict[tuple, FastCall]
-    _last_native: tuple | None = None   # (prep, bound, ctx) of the latest call that ran a kept native plan
+    _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
     def _fast_run(self, key: tuple) -> Any:
         """Run the call remembered under `key` again, or MISS."""
         f = self._fast.get(key)
         if f is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy:
             return MISS
-        prep, bound = f.prep, f.bound
-        if prep.bound is not bound or (f.ptrs[0] is not None and (_ptr(f.x), _ptr(f.out)) != f.ptrs) \
-                or (prep.has_scratch and bound.refs[2] is not self._scratch.get(bound.dtype)):
+        prep = f.prep
+        if prep.hot is not f.hot or (f.ptrs[0] is not None and (_ptr(f.x), _ptr(f.out)) != f.ptrs):
             del self._fast[key]
             return MISS
         ctx = f.ctx
@@ -92,15 +92,16 @@ class FastCalls:
         last, self._last_native = self._last_native, None
         if key is None or last is None:
             return
-        prep, bound, ctx = last
+        prep, hot, ctx, bases, scratch = last
         avg = opname == "avg" and (coll != Collective.REDUCE or self.rank == root)
-        n, ufunc = self.size, prep.ufunc
+        n, regions = self.size, self._transport.regions
 
         def fn(deadline: float) -> None:
-            run_bound(bound, ctx, ufunc)
+            hotpath.execute(hot, ctx, bases, regions.packed)
             if avg:
                 finish_avg(out_flat, n)
 
         if len(self._fast) >= FAST_MAX_ENTRIES:
             self._fast.clear()
-        self._fast[key] = FastCall(x, out, prep, bound, ctx, fn, result, meta, coll.value)
+        self._fast[key] = FastCall(x, out, prep, hot, ctx, fn, result, meta, coll.value)
+        fn.scratch = scratch  # type: ignore[attr-defined]  # the scratch array the addresses point into lives on

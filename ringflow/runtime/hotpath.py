@@ -1,10 +1,12 @@
-"""Runs a bound plan on the native executor (native/_hotpath.c) when every peer is on shared memory.
+"""Runs a compiled plan on the native executor (native/_hotpath.c) when every peer is on shared memory.
 
-`build` turns a binding (executor.bind: per step the connections, views and sinks) into a native
-plan once; `run` executes it with the GIL released, resuming after each bounded sleep to check
-what only Python knows (abort, failure, peers that left, the deadline), and turns the native return
-codes into ringflow's typed errors. A plan the native executor cannot take (a TCP peer, a
-connection its peer has not created yet, pending Python sends on a connection) runs in Python.
+`build` turns a compiled plan (algorithms.plan: per step the transfers and local ops, as byte
+ranges of the call's IN / OUT / SCRATCH buffers) and its connections into a native plan, once per
+call shape: a call passes only its buffers' addresses. `run` executes it with the GIL released,
+resuming after each bounded sleep to check what only Python knows (abort, failure, peers that left,
+the deadline), and turns the native return codes into ringflow's typed errors. A plan the native
+executor cannot take (a TCP peer, an unsupported dtype, RINGFLOW_NATIVE=0) runs in Python; so does
+a call whose connections a peer has not created yet (the next call tries again).
 """
 from __future__ import annotations
 
@@ -14,17 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.plan import Plan
+from ..algorithms.schedule import Buffer, OpKind
 from ..errors import ProtocolError, RemoteError, Timeout
 from . import native
+from .executor import GOODBYE_GRACE_S, STRIPE_MIN_BYTES, CallContext, _Broken
 from .ops import BFLOAT16
 from .transport import cma
 from .transport.base import Mismatch
 from .transport.frames import Kind
-from .transport.shm import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID, ZERO_COPY_MIN_BYTES, ShmIn, ShmOut
+from .transport.shm import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID, ShmIn, ShmOut
 
 T_SEND, T_RECV, T_RECV_REDUCE, T_COPY, T_REDUCE = range(5)
 RC_DONE, RC_STALLED, RC_MISMATCH, RC_PROTOCOL, RC_CMA, RC_REGION = range(6)
-NCOLS = 16
+NCOLS = 18
 
 _DTYPES = {np.dtype(n): i for i, n in enumerate(
     ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16"))}
@@ -35,6 +40,10 @@ OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "
 UNSUITED = False  # a binding the native executor can never take (build() caches this instead of a plan)
 
 
+BUF_INDEX = {Buffer.IN: 0, Buffer.OUT: 1, Buffer.SCRATCH: 2}
+OWN = 3   # the plan's own payload (the argument check's description)
+
+
 class _Rows:
     """The rows of a native plan as it is assembled (one int64 row of NCOLS per op)."""
 
@@ -42,7 +51,6 @@ class _Rows:
         self.rows: list[list[int]] = []
         self.starts: list[int] = [0]
         self.bells: list[bytes] = []
-        self.keep: list[Any] = []
         self.last: dict[int, int] = {}   # connection control address -> its latest op in this step
 
     def bell(self, address: bytes) -> int:
@@ -50,24 +58,28 @@ class _Rows:
             self.bells.append(address)
         return self.bells.index(address)
 
-    def add(self, typ: int, *, kind: int = int(Kind.DATA), peer: int = -1, ctl: int = 0, nslots: int = 0,
-            slot_bytes: int = 0, data: int = 0, src: int = 0, nbytes: int = 0, want: int = 0, cma_min: int = 0,
-            pipelined: bool = False, bell: int = -1, snapshot: bool = False, ref: int = 0) -> None:
-        prev = self.last.get(ctl, -1) if ctl else -1
-        if ctl:
+    def add(self, typ: int, *, kind: int = int(Kind.DATA), peer: int = -1, conn: Any = None, dst: tuple[int, int] =
+            (0, 0), src: tuple[int, int] = (0, 0), nbytes: int = 0, want: int = 0, cma_min: int = 0,
+            pipelined: bool = False, snapshot: bool = False) -> None:
+        ctl = nslots = slot_bytes = 0
+        bell = prev = -1
+        if conn is not None:
+            ctl, nslots, slot_bytes, bell = conn.m.addr, conn.m.nslots, conn.m.slot_bytes, self.bell(conn.peer_bell)
+            prev = self.last.get(ctl, -1)
             self.last[ctl] = len(self.rows)
-        self.rows.append([typ, kind, peer, prev, ctl, nslots, slot_bytes, data, src, nbytes, want, cma_min,
-                          int(pipelined), bell, int(snapshot), ref])
+        self.rows.append([typ, kind, peer, prev, ctl, nslots, slot_bytes, dst[0], dst[1], src[0], src[1], nbytes, want,
+                          cma_min, int(pipelined), bell, int(snapshot), 0])
 
     def end_step(self) -> None:
         self.starts.append(len(self.rows))
         self.last.clear()
 
-    def plan(self, dtype: np.dtype, opname: str | None, conns: list[Any]) -> Any:
+    def plan(self, dtype: np.dtype, opname: str | None, conns: list[Any], own: np.ndarray | None = None) -> NativePlan:
         rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, NCOLS)
         starts = np.asarray(self.starts, dtype=np.int32)
         hp = native._hotpath.plan(rows.tobytes(), starts.tobytes(), self.bells, _DTYPES[dtype],
-                                  OPS.get(opname or "sum", 0), dtype.itemsize, (self.keep, conns))
+                                  OPS.get(opname or "sum", 0), dtype.itemsize,
+                                  int(own.ctypes.data) if own is not None else 0, (own, conns))
         return NativePlan(hp, conns)
 
 
@@ -80,53 +92,40 @@ class NativePlan:
         self.hp, self.conns = hp, conns
 
 
-def _addr(a: np.ndarray) -> int:
-    return int(a.ctypes.data) if a.size else 0
+def _mapped(c: Any) -> bool:
+    """A shared-memory connection the native executor can drive now (mapped, no Python op queued)."""
+    return c.m is not None and not c.queue
 
 
-def _conn_ok(c: Any) -> bool:
-    return isinstance(c, (ShmOut, ShmIn)) and c.m is not None and not c.queue
-
-
-def _send(r: _Rows, c: ShmOut, view: np.ndarray, snap: bool, lone: bool, cold: bool, kind: int = int(Kind.DATA)) \
-        -> None:
-    """One send row: by reference when it lies in a comm.alloc region, else by slots or single copy."""
-    ref = 0
-    n = int(view.shape[0])
-    if n >= ZERO_COPY_MIN_BYTES and c.regions is not None and not snap:
-        found = c.regions.find(view)
-        if found is not None:
-            ref = ((found[0] + 1) << 48) | found[1]
-    r.keep.append(view)
-    r.add(T_SEND, kind=kind, peer=c.peer, ctl=c.m.addr, nslots=c.m.nslots, slot_bytes=c.m.slot_bytes,
-          data=_addr(view), nbytes=n, cma_min=CMA_COPY_MIN_BYTES if cold else CMA_MIN_BYTES,
-          pipelined=lone and c.spare_core, bell=r.bell(c.peer_bell), snapshot=snap, ref=ref)
-
-
-def build(steps: list, dtype: np.dtype, opname: str | None) -> NativePlan | bool | None:
-    """A native plan of a binding's steps; UNSUITED if it can never run natively, None if not yet (a peer's
-    connection not created yet, Python sends pending): then this call runs in Python."""
+def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: str | None) -> NativePlan | bool | None:
+    """The native plan of a compiled plan (any arrays: their addresses are given per call); UNSUITED if it can never
+    run natively, None if not yet (a peer has not created its side of a connection): this call then runs in Python."""
     if not native.hot_available() or dtype not in _DTYPES:
         return UNSUITED
-    r, conns = _Rows(), []
-    for sends, recvs, locs in steps:
-        for c, *_ in sends + recvs:
+    if any(transport.kind(p) != "shm" for p in plan.peers):
+        return UNSUITED
+    r, conns, isz = _Rows(), [], dtype.itemsize
+    for step in plan.steps:
+        sends = [(x, transport.out(x.peer, x.key, deadline)) for x in step.xfers if x.kind == OpKind.SEND]
+        recvs = [(x, transport.inn(x.peer, x.key)) for x in step.xfers if x.kind != OpKind.SEND]
+        for _, c in sends + recvs:
             if not isinstance(c, (ShmOut, ShmIn)):
                 return UNSUITED
-            if not _conn_ok(c):
+            if not _mapped(c):
                 return None
             conns.append(c)
-        for c, view, snap, lone, cold in sends:
-            _send(r, c, view, snap, lone, cold)
-        for c, sink, nb in recvs:
-            reduce = sink.ufunc is not None
-            r.keep.append(sink)
-            r.add(T_RECV_REDUCE if reduce else T_RECV, peer=c.peer, ctl=c.m.addr, nslots=c.m.nslots,
-                  slot_bytes=c.m.slot_bytes, data=_addr(sink.dst_u8), src=_addr(sink.src_t) if reduce else 0,
-                  nbytes=nb, want=nb, bell=r.bell(c.peer_bell))
-        for is_copy, dst, src in locs:
-            r.keep += [dst, src]
-            r.add(T_COPY if is_copy else T_REDUCE, data=_addr(dst), src=_addr(src), nbytes=int(dst.nbytes))
+        for x, c in sends:
+            r.add(T_SEND, peer=x.peer, conn=c, dst=(BUF_INDEX[x.buf], x.off), nbytes=x.nbytes,
+                  cma_min=CMA_COPY_MIN_BYTES if x.cold_copy else CMA_MIN_BYTES, pipelined=x.lone and c.spare_core,
+                  snapshot=x.snapshot)
+        for x, c in recvs:
+            red = x.kind == OpKind.RECV_REDUCE
+            src = (BUF_INDEX[x.src_buf], x.src_off) if red and x.src_buf is not None else (0, 0)
+            r.add(T_RECV_REDUCE if red else T_RECV, peer=x.peer, conn=c, dst=(BUF_INDEX[x.buf], x.off), src=src,
+                  nbytes=x.nbytes, want=x.nbytes)
+        for lo in step.locals:
+            r.add(T_COPY if lo.kind == OpKind.COPY else T_REDUCE, dst=(BUF_INDEX[lo.dst], lo.dst_off * isz),
+                  src=(BUF_INDEX[lo.src], lo.src_off * isz), nbytes=lo.n * isz)
         r.end_step()
     return r.plan(dtype, opname, conns)
 
@@ -139,28 +138,72 @@ def build_check(transport: Any, peers: list[int], description: str, deadline: fl
     ins = [transport.inn(p, "c0") for p in peers]
     if not all(isinstance(c, (ShmOut, ShmIn)) for c in outs + ins):
         return UNSUITED
-    if not all(_conn_ok(c) for c in outs + ins):
+    if not all(_mapped(c) for c in outs + ins):
         return None
     r = _Rows()
     payload = np.frombuffer(description.encode(), dtype=np.uint8).copy()
     for c in outs:
-        _send(r, c, payload, False, False, False, kind=int(Kind.CHECK))
+        r.add(T_SEND, kind=int(Kind.CHECK), peer=c.peer, conn=c, dst=(OWN, 0), nbytes=payload.size,
+              cma_min=CMA_MIN_BYTES)
     for c in ins:
-        r.add(T_RECV, kind=int(Kind.CHECK), peer=c.peer, ctl=c.m.addr, nslots=c.m.nslots, slot_bytes=c.m.slot_bytes,
-              want=-1, bell=r.bell(c.peer_bell))
+        r.add(T_RECV, kind=int(Kind.CHECK), peer=c.peer, conn=c, want=-1)
     r.end_step()
-    return r.plan(np.dtype(np.uint8), None, outs + ins)
+    return r.plan(np.dtype(np.uint8), None, outs + ins, own=payload)
 
 
-def run(plan: NativePlan, ctx: Any, what: str) -> list[tuple[int, Mismatch]]:
-    """Run a native plan to its end; [(step, mismatch)] if a step received a message of another call."""
+class Prepared:
+    """The native plans of one call shape: the steps, and the argument check where the steps do not check."""
+
+    __slots__ = ("steps", "check")
+
+    def __init__(self, steps: NativePlan, check: NativePlan | None) -> None:
+        self.steps, self.check = steps, check
+
+
+def needs_check(plan: Plan, ctx: CallContext) -> bool:
+    """True if this call is preceded by the argument check exchange (the plan's first step does not check)."""
+    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
+    return ctx.checks and ctx.nranks > 1 and not self_check
+
+
+def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None) -> Prepared | bool | None:
+    """Both native plans of a call shape; UNSUITED or None (not yet) as `build`."""
+    steps = build(plan, ctx.transport, ctx.deadline, dtype, opname)
+    if not isinstance(steps, NativePlan):
+        return steps
+    check = None
+    if needs_check(plan, ctx):
+        c = build_check(ctx.transport, [p for p in range(ctx.nranks) if p != ctx.rank], ctx.description, ctx.deadline)
+        if not isinstance(c, NativePlan):
+            return c
+        check = c
+    return Prepared(steps, check)
+
+
+def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes) -> None:
+    """One call on the native executor: the argument check (if the plan does not check itself), then the steps."""
+    if prep.check is not None:
+        bad = run(prep.check, ctx, bases, spans)
+        if bad:
+            raise bad[0][1].error(ctx.description)
+    bad = run(prep.steps, ctx, bases, spans)
+    if bad:
+        si, mismatch = bad[0]
+        if ctx.checks and si == 0 and prep.check is None and ctx.nranks > 1:
+            raise mismatch.error(ctx.description)
+        raise _Broken(mismatch)
+
+
+def run(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes = b"") -> list[tuple[int, Mismatch]]:
+    """Run a native plan on this call's (IN, OUT, SCRATCH) addresses; [(step, mismatch)] if a step received a
+    message of another call."""
     hp = plan.hp
     hp.reset()
     w = ctx.waiter
     hot_s = w.hot_s if ctx.ll else 0.0
     fd = w.bell.fd
     while True:
-        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, fd, hot_s, w.spin_s)
+        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, fd, hot_s, w.spin_s, bases[0], bases[1], bases[2], spans)
         if rc == RC_DONE:
             return []
         if rc == RC_MISMATCH:
@@ -168,7 +211,7 @@ def run(plan: NativePlan, ctx: Any, what: str) -> list[tuple[int, Mismatch]]:
                     for peer, got, want, sig, detail in hp.mismatches()]
         if rc == RC_STALLED:
             w.failure()
-            _check_stalled(hp, w.departed, ctx.deadline, what)
+            _check_stalled(hp, w.departed, ctx.deadline, ctx.description)
         elif rc == RC_REGION:
             op, peer, _, rid = hp.error()
             conn = _conn_of(plan, peer, ShmIn)
@@ -184,7 +227,6 @@ def _conn_of(plan: NativePlan, peer: int, kind: type) -> Any:
 
 def _check_stalled(hp: Any, departed: Mapping[int, float] | None, deadline: float, what: str) -> None:
     """After a sleep without progress: a peer that left, or the deadline passed, ends the call."""
-    from .executor import GOODBYE_GRACE_S
     peers = sorted(set(hp.pending()))
     now = time.monotonic()
     if departed:

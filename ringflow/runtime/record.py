@@ -76,6 +76,7 @@ def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
     and the one below it (instead of walking every frame in between: each frame object costs) is enough
     unless an internal frame sits between two external ones, which ringflow's own entry points never do."""
     d = _depth.get(kind)
+    f: Any
     if d is not None:
         try:
             f = sys._getframe(d)

@@ -97,6 +97,11 @@ class NcclSystem:
         """Searched channels of the graph: one per NIC across nodes, else the intra-node count."""
         return max(1, self.nics_per_node) if self.nnodes > 1 else self.nchannels_intra
 
+    def run_channels(self) -> int:
+        """Channels NCCL runs: the searched ones doubled (2 per NIC across servers, 24 on an NVSwitch server;
+        https://github.com/NVIDIA/nccl/issues/524)."""
+        return 2 * self.channels()
+
     def per_channel(self, algo: str) -> tuple[float, float]:
         """(bwIntra, bwInter) per channel of the algorithm's graph."""
         nch = self.channels()
@@ -305,17 +310,20 @@ def system_for(topo: Any, nranks: int, endpoints: Sequence[str] | None = None, p
 
 
 # ------------------------------------------------------------------------------------------------ sim rows
-SIMULATED = ("ring", "tree", "nvls")   # NCCL choices ringflow's simulator also runs (the others: NCCL's model only)
+# NCCL choices ringflow's simulator also runs; the switch schedules (nvls_tree, collnet_*) are NCCL's model only
+SIMULATED = ("ring", "tree", "nvls", "pat")
 
 
 def nccl_rows(topo: Any, collective: Collective | str, sizes: Sequence[int], nranks: int, *, dtype: str = "float32",
-              engine: str = "analytic", params: Any = None, collnet: bool = False) -> list[dict[str, Any]]:
-    """One row per size: NCCL's choice, its predicted time (nccl-tests' time, algbw, busbw) and, for ring, tree
-    and NVLS, ringflow's simulation of the same algorithm and protocol (`sim_time_us`, else None)."""
+              engine: str = "analytic", params: Any = None, collnet: bool = False,
+              endpoints: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """One row per size: NCCL's choice, its predicted time (nccl-tests' time, algbw, busbw) and, for SIMULATED
+    algorithms, ringflow's simulation of the same algorithm and protocol (`sim_time_us`, else None).
+    `endpoints` places the ranks (default: the topology's first `nranks` endpoints)."""
     from .api import itemsize_of, simulate, simulate_table, table_for
     from .results import busbw_factor, count_for_size
     coll = Collective.parse(collective)
-    sys_ = system_for(topo, nranks, params=params, collnet=collnet)
+    sys_ = system_for(topo, nranks, endpoints, params=params, collnet=collnet)
     item = itemsize_of(dtype)
     rows = []
     for size in sizes:
@@ -324,16 +332,18 @@ def nccl_rows(topo: Any, collective: Collective | str, sizes: Sequence[int], nra
         if ch.algorithm in SIMULATED and nranks > 1:
             if ch.algorithm == "nvls":
                 sim_us = simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
-                                  params=params).time_us
+                                  params=params, endpoints=endpoints).time_us
             else:
-                tab = table_for(topo, coll, nranks, ch.algorithm)
+                tab = table_for(topo, coll, nranks, ch.algorithm, endpoints=endpoints,
+                                nchannels=sys_.run_channels() if ch.algorithm == "ring" else None)
                 sim_us = simulate_table(topo, tab, size, engine=engine, dtype=dtype, params=params,
-                                        protocol=ch.protocol).time_us
+                                        protocol=ch.protocol, endpoints=endpoints).time_us
         algbw = size / (ch.time_us * 1e3) if ch.time_us > 0 else 0.0
         rows.append({"collective": coll.value, "nranks": nranks, "size_bytes": int(size),
                      "count": count_for_size(coll, nranks, size, item), "dtype": dtype,
                      "time_us": round(ch.time_us, 4), "algbw_GBps": round(algbw, 4),
                      "busbw_GBps": round(algbw * busbw_factor(coll, nranks), 4), "wrong": None,
                      "algorithm": ch.algorithm, "engine": "nccl-model", "protocol": ch.protocol,
-                     "sim_time_us": None if sim_us is None else round(sim_us, 4), "source": NCCL_TUNING_SOURCE})
+                     "sim_time_us": None if sim_us is None else round(sim_us, 4),
+                     "nchannels": sys_.run_channels(), "source": NCCL_TUNING_SOURCE})
     return rows

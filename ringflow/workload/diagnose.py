@@ -12,10 +12,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ..errors import InvalidArgument
 from .recorded import load
-from .replay import compute_gaps, per_rank, replay, steps_of
+from .replay import compute_gaps, origin_ns, per_rank, replay, steps_of
 
 Call = dict[str, Any]
+ESTIMATED_RANKS = 8   # ranks (the worst by measured wait caused) whose step time without them is replayed
 
 
 def _sig(c: Call) -> tuple:
@@ -165,8 +167,16 @@ def _follows(ref: dict[int, Call], s: int, c: Call) -> bool:
 
 
 def stragglers(trace: dict[str, Any], estimate: bool = True) -> dict[str, Any]:
-    """Per rank over completed collectives: times it arrived last, and the wait it caused the others (s);
-    with, for the worst ranks, the replayed step time had they computed like the others' median."""
+    """Per rank over completed collectives: how often it arrived last, and the wait it caused the others: how
+    much sooner each collective would have started, times the ranks waiting in it, had this rank computed as
+    long as the other members' median before it (arrival order alone also reflects how late each rank was
+    released from the previous call, which is not its fault). With `estimate`, the worst ranks' replayed step
+    time had they computed like the others."""
+    gap: dict[tuple, float] = {}
+    t0 = origin_ns(trace)
+    for r, cs in per_rank(trace).items():
+        for c, g in zip(cs, compute_gaps(cs, t0), strict=True):
+            gap[(r, c["comm"], c["lane"], c["seq"])] = g
     last: dict[int, int] = defaultdict(int)
     caused: dict[int, float] = defaultdict(float)
     n_ops = 0
@@ -180,9 +190,14 @@ def stragglers(trace: dict[str, Any], estimate: bool = True) -> dict[str, Any]:
             if any(c.get("status") != "ok" or c.get("start_ns") is None for c in cs):
                 continue
             n_ops += 1
-            late = max(cs, key=lambda c: c["start_ns"])
-            last[int(late["rank"])] += 1
-            caused[int(late["rank"])] += sum(late["start_ns"] - c["start_ns"] for c in cs) / 1e9
+            start = {int(c["rank"]): c["start_ns"] / 1e9 for c in cs}
+            gs = {r: gap.get((r, ns, "coll", s), 0.0) for r in start}
+            t_last = max(start.values())
+            last[max(start, key=lambda r: start[r])] += 1
+            for r in start:
+                others = [start[o] for o in start if o != r]
+                as_others = start[r] - gs[r] + statistics.median(gs[o] for o in start if o != r)
+                caused[r] += max(0.0, t_last - max(max(others), as_others)) * len(others)
     ranks = sorted({int(c["rank"]) for c in trace["calls"]})
     table = sorted(({"rank": r, "arrived_last": last[r], "wait_caused_s": caused[r]} for r in ranks),
                    key=lambda e: (-e["wait_caused_s"], -e["arrived_last"], e["rank"]))
@@ -192,29 +207,32 @@ def stragglers(trace: dict[str, Any], estimate: bool = True) -> dict[str, Any]:
     if estimate and nsteps and n_ops:
         try:
             base = replay(trace)
-        except Exception as exc:  # noqa: BLE001 - the ranking stands without the estimate
+        except InvalidArgument as exc:   # the ranking stands without the estimate
             out["estimate_error"] = str(exc)
             return out
         out["replayed_step_s"] = base.makespan_s / nsteps
-        for e in table[:3]:
-            if e["wait_caused_s"] > 0:
-                e["step_s_without"] = replay(trace, gaps=_as_others(trace, e["rank"])).makespan_s / nsteps
+        for e in table[:ESTIMATED_RANKS]:
+            e["step_s_without"] = replay(trace, gaps=_as_others(trace, int(e["rank"]))).makespan_s / nsteps
+        # the replay has no release skew (every member leaves a collective together), so it tells a rank
+        # whose compute holds the step from one that was only released late: rank by what fixing it saves
+        table.sort(key=lambda e: (-(out["replayed_step_s"] - e.get("step_s_without", out["replayed_step_s"])),
+                                  -e["wait_caused_s"], e["rank"]))
     return out
 
 
 def _as_others(trace: dict[str, Any], rank: int) -> dict[int, list[float]]:
     """Rank's compute gaps replaced, call by call, by the median gap of the other ranks before the same operation."""
     calls = per_rank(trace)
+    t0 = origin_ns(trace)
     gap_of: dict[tuple, list[float]] = defaultdict(list)
     for r, cs in calls.items():
         if r != rank:
-            for c, g in zip(cs, compute_gaps(cs)):
+            for c, g in zip(cs, compute_gaps(cs, t0), strict=True):
                 gap_of[(c["comm"], c["lane"], c["seq"])].append(g)
     own = calls[rank]
-    mine = compute_gaps(own)
-    return {rank: [statistics.median(gap_of[(c["comm"], c["lane"], c["seq"])]) if gap_of.get((c["comm"], c["lane"],
-                                                                                             c["seq"])) else g
-                   for c, g in zip(own, mine)]}
+    keys = [(c["comm"], c["lane"], c["seq"]) for c in own]
+    return {rank: [statistics.median(gap_of[k]) if gap_of.get(k) else g
+                   for k, g in zip(keys, compute_gaps(own, t0), strict=True)]}
 
 
 def diagnose(path: str | Path) -> dict[str, Any]:
@@ -236,8 +254,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  waiting: ranks {_ranges(h['waiting'])} ({', '.join(h['waiting_status'])}) at "
                      f"{'; '.join(h['waiting_sites'])}")
         for m in h["missing"]:
-            where = f"; last call #{m['last_seq']} {m.get('last_op')} at {m.get('last_site')} ({m.get('last_status')})" \
-                if m.get("last_seq") is not None else f" ({m.get('last_status')})"
+            where = (f"; last call #{m['last_seq']} {m.get('last_op')} at {m.get('last_site')} "
+                     f"({m.get('last_status')})") if m.get("last_seq") is not None else f" ({m.get('last_status')})"
             src = f" [from {m['source']}]" if m.get("source") else ""
             lines.append(f"  never entered: rank {m['rank']}{where}{src}")
         if not h["missing"]:

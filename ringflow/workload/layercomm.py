@@ -42,6 +42,7 @@ class CommCall:
     calls: float
     group: int          # group size
     hides_under: str = ""   # "gemm" (TP overlap), "attention" (ring attention), "compute" (EP overlap), ""
+    forward_share: float = 0.5  # the share of `calls` in the forward pass (the rest: backward)
 
     @property
     def wire_bytes(self) -> float:
@@ -87,11 +88,11 @@ def _cp_calls(model: ModelSpec, L: Layout, n_layers: int, tokens: float) -> list
     kv = tokens * (model.kv_hidden + model.v_width) * ACT_BYTES / kv_split
     rec = 1 if L.recompute == "full" else 0
     if L.cp_comm == "p2p":
-        return [CommCall("cp", "sendrecv", kv, (3 + rec) * (L.cp - 1) * n_layers, 2, "attention")]
+        return [CommCall("cp", "sendrecv", kv, (3 + rec) * (L.cp - 1) * n_layers, 2, "attention", 1 / 3)]
     if L.cp_comm == "a2a":
         qkv = tokens * (model.q_width / L.tp + (model.kv_hidden + model.v_width) / kv_split) * ACT_BYTES
         o = tokens * model.heads * model.v_dim / L.tp * ACT_BYTES
         return [CommCall("cp", "all_to_all", qkv, (2 + rec) * n_layers, L.cp),
                 CommCall("cp", "all_to_all", o, (2 + rec) * n_layers, L.cp)]
-    return [CommCall("cp", "all_gather", kv * L.cp, (1 + rec) * n_layers, L.cp),
-            CommCall("cp", "reduce_scatter", kv * L.cp, n_layers, L.cp)]
+    return [CommCall("cp", "all_gather", kv * L.cp, (1 + rec) * n_layers, L.cp, "", 1.0),
+            CommCall("cp", "reduce_scatter", kv * L.cp, n_layers, L.cp, "", 0.0)]

@@ -10,7 +10,8 @@ consecutive ranks.
 Pipeline stages hold ``layers / pp`` layers each, or an uneven split: ``first_stage_layers`` /
 ``last_stage_layers`` (Megatron-Core ``--decoder-first/last-pipeline-num-layers``: the other stages split the rest
 evenly) or an explicit ``stage_layers`` list. The embedding sits on the first stage, the final norm and the
-output layer on the last.
+output layer on the last. With interleaving (v virtual stages per GPU) every stage needs at least v layers;
+its chunks may differ by one layer (Megatron-Core's ``--pipeline-model-parallel-layout``).
 """
 from __future__ import annotations
 
@@ -140,11 +141,11 @@ class Layout:
             raise ConfigError(f"tp={self.tp} does not divide heads={model.heads} / kv_heads={model.kv_heads}",
                               "choose a TP degree that divides the attention heads")
         self.stage_layer_counts(model)
-        if self.ep > 1 and model.experts % self.ep:
-            raise ConfigError(f"ep={self.ep} does not divide experts={model.experts}", "choose ep dividing experts")
         if (self.ep > 1 or self.etp) and not model.is_moe:
             raise ConfigError(f"ep={self.ep} / etp={self.etp} for the dense model {model.name}",
                               "expert parallelism needs a MoE model (experts > 1): drop --ep / --etp")
+        if self.ep > 1 and model.experts % self.ep:
+            raise ConfigError(f"ep={self.ep} does not divide experts={model.experts}", "choose ep dividing experts")
         if self.capacity_factor and not model.is_moe:
             raise ConfigError(f"capacity_factor for the dense model {model.name}", "drop --capacity-factor")
         if model.is_moe and model.moe_ffn % self.expert_tp:
@@ -206,9 +207,9 @@ def _stage_counts(L: Layout, layers: int) -> tuple[int, ...]:
                     if x else "give every stage's layers with --stage-layers") + ", or choose pp dividing the layers"
             raise ConfigError(f"layers={layers} not divisible by pp={p}", hint)
         counts = (layers // p,) * p
-    if v > 1 and any(c % v for c in counts):
-        raise ConfigError(f"interleave={v} needs every stage's layers divisible by it; stages hold {list(counts)}",
-                          "choose --interleave dividing each stage's layers, or --interleave 1")
+    if v > 1 and min(counts) < v:
+        raise ConfigError(f"interleave={v} needs at least {v} layers on every stage; stages hold {list(counts)}",
+                          f"choose --interleave <= {min(counts)}, or --interleave 1")
     return tuple(counts)
 
 

@@ -33,7 +33,7 @@ DATA_PATH = Path(__file__).resolve().parents[1] / "data" / "published.yaml"
 KINDS = ("collective", "training")
 SETS = ("fit", "held_out")
 METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu")
-TOPOLOGY_KEYS = ("preset", "nodes", "nic_gbps", "keep_nics", "nvlink_links", "standin", "fabric")
+TOPOLOGY_KEYS = ("preset", "nodes", "nic_gbps", "keep_nics", "nvlink_links", "nic_fabric", "standin", "fabric")
 TOPOLOGY_GAPS = {"nvl_partition": "NVLink partitions of NVL72 racks joined by InfiniBand"}
 COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
 TRAINING_ROUNDS = 5     # refinement steps of each era's software factor (its effect on throughput is sublinear)
@@ -162,8 +162,8 @@ def _build(spec: dict[str, Any], gpus: int | None) -> tuple[Any, str]:
         note = f"stand-in {standin['preset']} for missing preset {spec['preset']}"
         spec = {**{k: v for k, v in spec.items() if k not in ("standin", "preset")}, **standin}
     base = load_topology(spec["preset"])
-    if spec.get("nvlink_links") or spec.get("keep_nics"):
-        base = _modified(base, spec.get("nvlink_links"), spec.get("keep_nics"))
+    if spec.get("nvlink_links") or spec.get("keep_nics") or spec.get("nic_fabric"):
+        base = _modified(base, spec.get("nvlink_links"), spec.get("keep_nics"), spec.get("nic_fabric"))
     per_server = len(base.endpoints())
     nodes = int(spec.get("nodes") or (math.ceil(gpus / per_server) if gpus else 1))
     if gpus and nodes * per_server < gpus:
@@ -177,9 +177,12 @@ def _build(spec: dict[str, Any], gpus: int | None) -> tuple[Any, str]:
     return topo, note
 
 
-def _modified(base: Any, nvlink_links: int | None, keep_nics: int | None) -> Any:
-    """A copy with `nvlink_links` NVLinks per GPU (same per-link rate) and/or only `keep_nics` of its NICs."""
+def _modified(base: Any, nvlink_links: int | None, keep_nics: int | None, nic_fabric: str | None = None) -> Any:
+    """A copy with `nvlink_links` NVLinks per GPU (same per-link rate), only `keep_nics` of its NICs, and/or NICs
+    on another fabric ('ethernet' for RoCE)."""
     topo = base.copy()
+    for n in topo.nics() if nic_fabric else ():
+        topo.graph.nodes[n]["fabric"] = nic_fabric
     if nvlink_links:
         for _u, _v, d in topo.graph.edges(data=True):
             if d.get("tier") == "nvlink" and d.get("nlinks") and not d.get("c2c"):
@@ -206,6 +209,8 @@ def predict(case: dict[str, Any], consts: Constants) -> Prediction:
         return Prediction(None, f"not expressible: {exc}")
     except (InvalidArgument, NotImplementedError) as exc:
         return Prediction(None, f"not expressible: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a fault in the model is reported with the case, not fatal to the run
+        return Prediction(None, f"model error: {type(exc).__name__}: {exc}")
 
 
 def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
@@ -296,11 +301,14 @@ def _eff_ceiling() -> float:
 # ---- evaluation ------------------------------------------------------------------------------------------------
 def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None = None,
              predictor: Predictor = predict) -> dict[str, Any]:
-    """Fit on the fitting half, predict every case, and summarise the errors per set and per generation."""
+    """Fit on the fitting half, predict every case, and summarise the errors per set and per generation; the
+    same statistics with nothing fitted (the library's defaults) show what the fitted constants buy."""
     cases = cases if cases is not None else load_cases(path)
     consts = fit(cases, predictor)
     rows = [_row(c, predictor(c, consts)) for c in cases]
+    plain = [_row(c, predictor(c, Constants.defaults())) for c in cases]
     return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
+            "unfitted": {s: _stats([r for r in plain if r["set"] == s]) for s in SETS},
             "split_rule": split_sets.__doc__, "data": str(path or DATA_PATH)}
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-CASE_HEADER = ["case", "gen", "metric", "published", "predicted", "error", "direction", "status"]
-GROUP_HEADER = ["set", "kind", "generation", "cases", "MAE", "max |error|", "worst", "mean signed", "not expr."]
+CASE_HEADER = ["case", "gen", "metric", "published", "predicted", "error", "direction", "algorithm", "status"]
+GROUP_HEADER = ["set", "kind", "generation", "cases", "MAE", "max abs error", "worst", "mean signed", "not expr."]
 CONST_HEADER = ["constant", "value", "library default", "fitted on (fitting set only)"]
 METRIC_UNITS = {"busbw_GBps": "busbw GB/s", "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU",
                 "hw_tflops_per_gpu": "HW TFLOP/s/GPU", "mfu": "MFU"}
@@ -35,8 +35,9 @@ def case_rows(result: dict[str, Any], which: str) -> list[list[str]]:
         if r["set"] != which:
             continue
         status = _short(r["status"]) if r["status"] != "ok" else ("ok, " + r["standin"] if r["standin"] else "ok")
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         out.append([r["id"], r["generation"], METRIC_UNITS[r["metric"]], _num(r["published"]), _num(r["predicted"]),
-                    "-" if r["error"] is None else f"{r['error']:+.1%}", _direction(r["error"]), status])
+                    err, _direction(r["error"]), r["algorithm"], status])
     return out
 
 
@@ -65,9 +66,24 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
     eras = sorted({r["era"] for r in result["rows"] if r["era"]})
     for era in eras:
         k = c["software"].get(era)
-        rows.append([f"software_factor[{era}]", "1 (not fitted)" if k is None else f"{k:.3f}", "1",
+        rows.append([f"software_factor ({era})", "1 (not fitted)" if k is None else f"{k:.3f}", "1",
                      ", ".join(fitted.get(f"software[{era}]", [])) or "no expressible fitting case"])
     return rows
+
+
+def compare_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Fitted constants against the library's defaults (nothing fitted), per set."""
+    out = []
+    for which in ("fit", "held_out"):
+        for label, st in (("fitted", result["summary"][which]["all"]), ("library defaults",
+                                                                          result["unfitted"][which])):
+            out.append([which, label, str(st.get("n", 0)), f"{st['mae']:.1%}" if st.get("n") else "-",
+                        f"{st['max_abs']:.1%}" if st.get("n") else "-",
+                        f"{st['mean_signed']:+.1%}" if st.get("n") else "-"])
+    return out
+
+
+COMPARE_HEADER = ["set", "constants", "cases", "MAE", "max abs error", "mean signed"]
 
 
 def target_rows(result: dict[str, Any]) -> list[list[str]]:
@@ -77,7 +93,7 @@ def target_rows(result: dict[str, Any]) -> list[list[str]]:
 
 
 def not_expressible(result: dict[str, Any]) -> list[list[str]]:
-    """The cases the model cannot describe yet and what is missing."""
+    """The cases the model cannot describe yet (or fails on) and what is missing."""
     return [[r["id"], r["set"], r["status"].removeprefix("not expressible: ")]
             for r in result["rows"] if r["status"] != "ok"]
 
@@ -98,8 +114,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
              f"{n - n_fit} held out). Error = predicted / published - 1: positive is optimistic (the model "
              "predicts more bandwidth or throughput than was measured), negative pessimistic.", "",
              "## Method", "",
-             "- Split (fixed before any prediction, `split_sets`): within each (kind, GPU generation) group, in file "
-             "order, the cases alternate fit, held out, fit, ...",
+             "- Split (`split_sets`, a rule fixed before any prediction): within each (kind, GPU generation) group, in "
+             "file order, the cases alternate fit, held out, fit, ...; a case added later goes at the end of the file, "
+             "so no earlier case changes set.",
              "- Fitted on the fitting set only (`published.fit`), each by a few multiplicative steps toward a "
              "geometric mean of published / predicted of 1 over its own fitting cases: the NVLink efficiency (from "
              "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers) and one "
@@ -111,6 +128,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "one server within 5 %.", "",
              "## Fitted constants", "", *_md_table(CONST_HEADER, constant_rows(result)),
              "## Targets", "", *_md_table(["target", "this run", "status", "cases missing it"], target_rows(result)),
+             "## Fitted against nothing fitted", "", *_md_table(COMPARE_HEADER, compare_rows(result)),
              "## Summary per GPU generation", "", *_md_table(GROUP_HEADER, group_rows(result)),
              "## Held-out set", "", *_md_table(CASE_HEADER, case_rows(result, "held_out")),
              "## Fitting set", "", *_md_table(CASE_HEADER, case_rows(result, "fit")),

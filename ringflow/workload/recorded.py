@@ -56,7 +56,8 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
     """Every rank's files in a record (or dump) directory, by global rank."""
     d = Path(directory)
     if not d.is_dir():
-        raise InvalidArgument(f"{d} is not a directory", "give the directory RINGFLOW_RECORD or RINGFLOW_DUMP_DIR named")
+        raise InvalidArgument(f"{d} is not a directory",
+                              "give the directory RINGFLOW_RECORD or RINGFLOW_DUMP_DIR named")
     ranks: dict[int, _Rank] = {}
     for p in sorted(d.glob("rank*.jsonl")):
         rows = _jsonl(p)

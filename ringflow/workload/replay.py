@@ -42,9 +42,15 @@ def per_rank(trace: dict[str, Any]) -> dict[int, list[Call]]:
     return dict(out)
 
 
-def compute_gaps(calls: list[Call]) -> list[float]:
-    """Seconds of compute before each call: from the previous call's end (blocking) or issue (async)."""
-    gaps, ready = [], 0   # the first gap runs from the trace's origin (the earliest call of any rank)
+def origin_ns(trace: dict[str, Any]) -> int:
+    """The trace's origin: its earliest call issue of any rank."""
+    return min((c["enq_ns"] for c in trace["calls"] if c.get("enq_ns") is not None), default=0)
+
+
+def compute_gaps(calls: list[Call], origin: int = 0) -> list[float]:
+    """Seconds of compute before each call: from the previous call's end (blocking) or issue (async); the
+    first from `origin` (ns)."""
+    gaps, ready = [], origin
     for c in calls:
         gaps.append(max(0.0, (c["enq_ns"] - ready) / 1e9))
         ready = c["enq_ns"] if c.get("async") or not c.get("end_ns") else c["end_ns"]
@@ -86,7 +92,8 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
             members[instance_key(c)].append(c)
     measured = measured_durations(trace) if duration is None else {}
     dur = duration or (lambda k, cs: measured.get(k, 0.0))
-    g = {r: (gaps or {}).get(r) or compute_gaps(cs) for r, cs in calls.items()}
+    t0 = origin_ns(trace)
+    g = {r: (gaps or {}).get(r) or compute_gaps(cs, t0) for r, cs in calls.items()}
     pos = dict.fromkeys(calls, 0)
     clock = dict.fromkeys(calls, 0.0)
     lane_free: dict[tuple[int, str], float] = defaultdict(float)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidArgument
-from .layout import Layout, group_endpoints, rank_groups
+from .layercomm import stage_calls
+from .layout import Layout, expert_groups, first_groups, group_endpoints, rank_groups
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from .models import ModelSpec
 
@@ -168,7 +169,40 @@ def exact_3d(model: ModelSpec, tokens: float, steps: float, layout: Layout, topo
         c = call_cost(topo, "all_reduce", 2 * P / (tp * pp), group_endpoints(topo, groups.dp[0]))
         r.add(c, steps * tp * pp, True)
         rows.append(r)
-    return rows
+    return rows + (exact_cp_ep(model, tokens, steps, layout, topo) if layout.cp > 1 or layout.ep > 1 else [])
+
+
+_PATTERN = {"cp": "context parallel", "ep": "expert all-to-all", "etp": "expert-TP gather/scatter"}
+
+
+def exact_cp_ep(model: ModelSpec, tokens: float, steps: float, layout: Layout, topo: Any) -> list[ExactRow]:
+    """CP, EP and expert-TP traffic per epoch: `layercomm.stage_calls` of every stage, priced by the simulator.
+
+    The epoch's t/dp tokens per replica and step are spread over the layout's micro-batches (bytes scale with
+    tokens); every group of a stage sends the same, so one call is simulated per kind.
+    """
+    L = layout
+    fg, eg = first_groups(L), expert_groups(L)
+    reps = {"cp": fg.cp[0], "ep": fg.ep[0], "etp": eg["etp"]}
+    scale = tokens / steps / L.dp / (L.microbatches * L.micro_batch * L.seq_len)
+    rows: dict[str, ExactRow] = {}
+    costs: dict[tuple, CallCost] = {}
+    for stage in range(L.pp):
+        for c in stage_calls(model, L, stage):
+            if c.dim not in reps or c.group < 2:
+                continue
+            key = (c.dim, c.collective, c.nbytes)
+            if key not in costs:
+                eps = group_endpoints(topo, reps[c.dim][:2] if c.collective == "sendrecv" else reps[c.dim])
+                costs[key] = call_cost(topo, c.collective, c.nbytes * scale, eps)
+            n = L.tp * L.cp * L.dp  # GPUs of a stage; every rank sends its own message of a point-to-point pass
+            groups = n if c.collective == "sendrecv" else n / c.group
+            calls = c.calls * L.microbatches * steps * groups
+            note = f"{L.cp_comm}, groups of {L.cp}" if c.dim == "cp" else f"groups of {c.group}"
+            row = rows.setdefault(c.dim, ExactRow(c.dim.upper(), _PATTERN[c.dim], note=note))
+            row.add(costs[key], calls * c.forward_share, False)
+            row.add(costs[key], calls * (1 - c.forward_share), True)
+    return list(rows.values())
 
 
 def _one_per_server(topo: Any, n: int) -> list[str]:

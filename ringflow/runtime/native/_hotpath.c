@@ -166,10 +166,12 @@ typedef struct {
     char *slots;
     uint64_t nslots, slot_bytes;
     char *data, *src;           /* data: what is sent / where it lands; src: the reduce's other operand */
+    int dbuf, sbuf;             /* which call buffer (0 IN, 1 OUT, 2 SCRATCH, 3 the plan's own) each lies in */
+    int64_t doff, soff;         /* and at which byte offset */
     int64_t nbytes, want;       /* want < 0: an argument-check message of any size, discarded */
     int64_t cma_min;            /* a send from here up goes by address when the receiver can read it */
     int pipelined, bell, snapshot;
-    uint64_t ref_rid, ref_off;  /* a send from a comm.alloc region: (region id + 1, offset); 0: none */
+    uint64_t ref_rid, ref_off;  /* a send from a comm.alloc region: (region id + 1, offset); 0: none (per call) */
     char *snap;                 /* the snapshot of a send whose source this step overwrites */
     char *region;               /* the peer's alloc region this receive reads (set by Python) */
     uint64_t region_rid, region_size;
@@ -193,6 +195,9 @@ typedef struct {
     int nbells;
     char *bounce;
     int64_t bounce_bytes;
+    char *base[4];                 /* this call's IN, OUT and SCRATCH addresses, and the plan's own payload */
+    const uint64_t *spans;         /* this call's comm.alloc regions: (start, end, region id) triples */
+    int64_t nspans;
     int step;                      /* the step to resume at */
     int step_started;
     int err_op;                    /* the op an error or a region request is about */
@@ -459,7 +464,18 @@ static void start_step(HotPlan *p, int s, uint64_t sig, uint64_t op_seq)
         hop_t *o = &p->ops[k];
         o->done = 0, o->first = 1, o->drain = 0, o->off = 0, o->posted = 0, o->bad = 0, o->detail_len = 0;
         o->total = o->nbytes;
+        o->data = p->base[o->dbuf] + o->doff;
+        o->src = p->base[o->sbuf] + o->soff;
         if (o->type == T_SEND) {
+            o->ref_rid = o->ref_off = 0;
+            if (o->nbytes >= ZERO_COPY_MIN_BYTES && !o->snapshot)
+                for (int64_t j = 0; j < p->nspans; j++) {
+                    uint64_t a = (uint64_t)(uintptr_t)o->data, e = a + (uint64_t)o->nbytes;
+                    if (p->spans[3 * j] <= a && e <= p->spans[3 * j + 1]) {
+                        o->ref_rid = p->spans[3 * j + 2] + 1, o->ref_off = a - p->spans[3 * j];
+                        break;
+                    }
+                }
             o->slice = slice_bytes(o->nbytes, (int64_t)o->slot_bytes);
             o->got_sig = sig & 0xFFFFFFFFull;
             o->got_total = op_seq;
@@ -510,14 +526,19 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
     return woke;
 }
 
-/* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s) -> rc */
+/* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s, in_addr, out_addr, scratch_addr, spans) -> rc */
 static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
 {
-    unsigned long long sig, op_seq;
+    unsigned long long sig, op_seq, in_addr, out_addr, scratch_addr;
     double deadline, hot_s, spin_s;
     int bell;
-    if (!PyArg_ParseTuple(args, "KKdidd", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s))
+    Py_buffer spans;
+    if (!PyArg_ParseTuple(args, "KKdiddKKKy*", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s, &in_addr, &out_addr,
+                          &scratch_addr, &spans))
         return NULL;
+    p->base[0] = (char *)(uintptr_t)in_addr, p->base[1] = (char *)(uintptr_t)out_addr;
+    p->base[2] = (char *)(uintptr_t)scratch_addr;
+    p->spans = (const uint64_t *)spans.buf, p->nspans = spans.len / 24;
     int rc = RC_DONE;
     Py_BEGIN_ALLOW_THREADS
     while (p->step < p->nsteps) {
@@ -579,6 +600,8 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
     __atomic_add_fetch(&n_runs, 1, __ATOMIC_RELAXED);
 out:
     Py_END_ALLOW_THREADS
+    p->spans = NULL, p->nspans = 0;
+    PyBuffer_Release(&spans);
     return PyLong_FromLong(rc);
 }
 
@@ -680,7 +703,8 @@ static void HotPlan_dealloc(HotPlan *p)
 }
 
 static PyMethodDef HotPlan_methods[] = {
-    {"run", (PyCFunction)HotPlan_run, METH_VARARGS, "run(sig, op_seq, deadline, bell_fd, hot_s, spin_s) -> rc"},
+    {"run", (PyCFunction)HotPlan_run, METH_VARARGS,
+     "run(sig, op_seq, deadline, bell_fd, hot_s, spin_s, in, out, scratch, spans) -> rc"},
     {"at", (PyCFunction)HotPlan_at, METH_NOARGS, "the step the next run resumes at"},
     {"reset", (PyCFunction)HotPlan_reset, METH_NOARGS, "start the next call at step 0"},
     {"pending", (PyCFunction)HotPlan_pending, METH_NOARGS, "peers of the step being run"},
@@ -699,17 +723,19 @@ static PyTypeObject HotPlanType = {
     .tp_methods = HotPlan_methods,
 };
 
-#define NCOLS 16
+#define NCOLS 18
 /* plan(ops: bytes of int64 rows of NCOLS, step_start: bytes of int32, bells: list of bytes, dtype, op, itemsize,
- *      keep) -> HotPlan
- * row: type, kind, peer, prev, ctl, nslots, slot_bytes, data, src, nbytes, want, cma_min, pipelined, bell,
- *      snapshot, ref (rid + 1) << 48 | offset ... (ref_rid and ref_off packed: see hotpath.py) */
+ *      own: address of the plan's own payload (buffer 3), keep) -> HotPlan
+ * row: type, kind, peer, prev, ctl, nslots, slot_bytes, dbuf, doff, sbuf, soff, nbytes, want, cma_min,
+ *      pipelined, bell, snapshot, unused */
 static PyObject *make_plan(PyObject *self, PyObject *args)
 {
     Py_buffer rows, starts;
     PyObject *bells, *keep;
     int dtype, op, itemsize;
-    if (!PyArg_ParseTuple(args, "y*y*O!iiiO", &rows, &starts, &PyList_Type, &bells, &dtype, &op, &itemsize, &keep))
+    unsigned long long own;
+    if (!PyArg_ParseTuple(args, "y*y*O!iiiKO", &rows, &starts, &PyList_Type, &bells, &dtype, &op, &itemsize, &own,
+                          &keep))
         return NULL;
     HotPlan *p = NULL;
     int nops = (int)(rows.len / (NCOLS * 8)), nsteps = (int)(starts.len / 4) - 1;
@@ -728,6 +754,8 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
     p->bounce = NULL, p->bounce_bytes = 0, p->keep = NULL;
     p->nops = nops, p->nsteps = nsteps, p->dtype = dtype, p->op = op, p->itemsize = itemsize;
     p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
+    p->base[0] = p->base[1] = p->base[2] = NULL, p->base[3] = (char *)(uintptr_t)own;
+    p->spans = NULL, p->nspans = 0;
     if (!p->ops || !p->step_start || !p->bells || !p->bell_len) {
         PyErr_NoMemory();
         goto fail;
@@ -752,10 +780,13 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
         o->ctl = (volatile uint64_t *)(uintptr_t)r[4];
         o->nslots = (uint64_t)r[5], o->slot_bytes = (uint64_t)r[6];
         o->slots = (char *)(uintptr_t)r[4] + DATA_OFF;
-        o->data = (char *)(uintptr_t)r[7], o->src = (char *)(uintptr_t)r[8];
-        o->nbytes = r[9], o->want = r[10], o->cma_min = r[11], o->pipelined = (int)r[12], o->bell = (int)r[13];
-        o->snapshot = (int)r[14];
-        o->ref_rid = (uint64_t)r[15] >> 48, o->ref_off = (uint64_t)r[15] & 0xFFFFFFFFFFFFull;
+        o->dbuf = (int)r[7], o->doff = r[8], o->sbuf = (int)r[9], o->soff = r[10];
+        o->nbytes = r[11], o->want = r[12], o->cma_min = r[13], o->pipelined = (int)r[14], o->bell = (int)r[15];
+        o->snapshot = (int)r[16];
+        if (o->dbuf < 0 || o->dbuf > 3 || o->sbuf < 0 || o->sbuf > 3) {
+            PyErr_SetString(PyExc_ValueError, "bad buffer index");
+            goto fail;
+        }
         if (o->type <= T_RECV_REDUCE && (o->nslots < 2 || o->slot_bytes < 64)) {
             PyErr_SetString(PyExc_ValueError, "bad connection geometry");
             goto fail;

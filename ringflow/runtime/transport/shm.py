@@ -151,6 +151,7 @@ class Regions:
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix  # f"ringflow-{job}-{uid}-{rank}-a"; region r is prefix + str(r)
         self.spans: list[tuple[int, int, int]] = []  # (start address, end address, region id)
+        self.packed = b""  # the spans as uint64 triples, for the native executor
         self.maps: list[mmap.mmap] = []
         self.zero_copy_sends = 0
 
@@ -165,6 +166,7 @@ class Regions:
     def register(self, rid: int, start: int, nbytes: int) -> None:
         """Remember where region rid is mapped in this process."""
         self.spans.append((start, start + nbytes, rid))
+        self.packed = np.asarray(self.spans, dtype=np.uint64).tobytes()
 
     def find(self, src_u8: np.ndarray) -> tuple[int, int] | None:
         """(region id, offset) if src lies inside one region, else None."""

@@ -1,0 +1,129 @@
+"""The call recorder: `ringflow record` of a real run (collectives, point-to-point, async calls, a sub-group),
+`ringflow record merge`, the flight recorder (comm.dump(), SIGUSR1), and the replay of a recording."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringflow.errors import InvalidArgument
+from ringflow.workload.recorded import load, merge
+from ringflow.workload.replay import instance_key, replay
+
+HERE = Path(__file__).resolve().parent
+RANKS = HERE / "record_ranks.py"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-rank run of the `mixed` scenario, recorded by `ringflow record` around `ringflow run`."""
+    d = tmp_path_factory.mktemp("rec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGFLOW_RECORD", "RINGFLOW_DUMP"))}
+    env["PYTHONPATH"] = str(HERE.parent) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-m", "ringflow", "record", "-o", str(d), "--", sys.executable, "-m",
+                        "ringflow", "run", "-n", "3", "--no-bind", "--", sys.executable, str(RANKS), "mixed",
+                        "--steps", str(STEPS)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return d
+
+
+def test_every_rank_writes_its_calls_and_rank_zero_a_manifest(recording: Path) -> None:
+    manifest = json.loads((recording / "manifest.json").read_text())
+    assert manifest["world_size"] == 3 and manifest["files"] == ["rank0.jsonl", "rank1.jsonl", "rank2.jsonl"]
+    for r in range(3):
+        rows = [json.loads(ln) for ln in (recording / f"rank{r}.jsonl").read_text().splitlines()]
+        assert rows[0]["kind"] == "process" and rows[0]["rank"] == r
+        calls = [c for c in rows if c["kind"] == "call"]
+        colls = [c for c in calls if c["lane"] == "coll" and c["comm"] == manifest["world"]]
+        # per step: all_reduce, broadcast, all_gather, async all_reduce; then the final barrier
+        assert [c["op"] for c in colls] == ["all_reduce", "broadcast", "all_gather", "all_reduce"] * STEPS + \
+            ["barrier"]
+        assert [c["seq"] for c in colls] == list(range(len(colls)))
+        for c in calls:
+            assert c["status"] == "ok" and 0 < c["enq_ns"] <= c["start_ns"] <= c["end_ns"], c
+            assert c["site"].startswith(str(RANKS)), c["site"]   # the user's line, not ringflow's
+        first = colls[0]
+        assert (first["dtype"], first["count"], first["nbytes"], first["redop"]) == ("float32", 1024, 4096, "sum")
+        assert first["algo"] and colls[1]["root"] == 1 and colls[3]["async"] and colls[3]["dtype"] == "float64"
+        sends = [c for c in calls if c["lane"] == "send"]
+        recvs = [c for c in calls if c["lane"] == "recv"]
+        assert [c["peer"] for c in sends] == [(r + 1) % 3] * STEPS and [c["tag"] for c in recvs] == [3] * STEPS
+        assert [c["seq"] for c in recvs] == list(range(STEPS)) and all(c["async"] for c in recvs)
+        sub = [c for c in calls if c["comm"] != manifest["world"]]
+        assert len(sub) == (STEPS if r % 2 == 0 else 0)
+
+
+def test_merge_puts_groups_in_global_ranks_and_every_rank_on_one_clock(recording: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "ringflow", "record", "merge", str(recording), "-o",
+                        str(recording / "t.json")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    trace = load(recording / "t.json")
+    assert trace == json.loads(json.dumps(merge(recording)))
+    assert trace["clock"] == "barrier"
+    world = trace["world"]
+    assert trace["groups"][world] == [0, 1, 2]
+    (sub,) = [ns for ns in trace["groups"] if ns != world]
+    assert trace["groups"][sub] == [0, 2]
+    # one clock: every member of a collective starts it before any member ends it
+    by: dict[tuple, list[dict]] = {}
+    for c in trace["calls"]:
+        by.setdefault(instance_key(c), []).append(c)
+    for k, cs in by.items():
+        assert len(cs) == (2 if k[0] == "p2p" or k[1] == sub else 3), k
+        assert max(c["start_ns"] for c in cs) <= min(c["end_ns"] for c in cs), k
+    sends = [c for c in trace["calls"] if c["lane"] == "send"]
+    assert all(c["peer_rank"] == (c["rank"] + 1) % 3 for c in sends)
+
+
+def test_replaying_a_recording_with_its_measured_durations_gives_its_length(recording: Path) -> None:
+    trace = merge(recording)
+    rep = replay(trace)
+    actual = (max(c["end_ns"] for c in trace["calls"]) - min(c["enq_ns"] for c in trace["calls"])) / 1e9
+    # waits on async calls are not recorded (the replay never blocks on them): it may only be shorter
+    assert 0.5 * actual < rep.makespan_s <= actual * 1.05, (rep.makespan_s, actual)
+    assert len(rep.ops) == len({instance_key(c) for c in trace["calls"]})
+    longer = replay(trace, compute_scale=2.0)
+    assert longer.makespan_s > rep.makespan_s
+    assert sum(longer.compute_s.values()) == pytest.approx(2 * sum(rep.compute_s.values()))
+
+
+def test_flight_records_are_written_by_comm_dump_and_sigusr1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ringflow
+    monkeypatch.setenv("RINGFLOW_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("RINGFLOW_FLIGHT_RECORDER", "4")
+    comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
+    try:
+        x = np.ones(8, np.float32)
+        for _ in range(6):
+            comm.all_reduce(x)
+        comm.broadcast(x, root=0)
+        path = Path(comm.dump())
+        doc = json.loads(path.read_text())
+        (c,) = [c for c in doc["comms"] if c["comm"] == comm.ns]
+        assert [k["op"] for k in c["calls"]] == ["all_reduce"] * 3 + ["broadcast"]   # the last 4 calls
+        assert [k["seq"] for k in c["calls"]] == [3, 4, 5, 6] and doc["reason"] == "comm.dump()"
+        path.unlink()
+        if signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL and doc.get("rank") is not None:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert json.loads(path.read_text())["reason"] == "SIGUSR1"
+    finally:
+        comm.destroy()
+
+
+def test_bad_inputs_are_typed_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="no rank"):
+        merge(tmp_path)
+    with pytest.raises(InvalidArgument, match="not a directory"):
+        merge(tmp_path / "nope")
+    (tmp_path / "x.json").write_text('{"format": "other"}')
+    with pytest.raises(InvalidArgument, match="not a ringflow trace"):
+        load(tmp_path / "x.json")
+    p = subprocess.run([sys.executable, "-m", "ringflow", "record", "--", "true"], capture_output=True, text=True)
+    assert p.returncode == 2 and "-o DIR" in p.stderr
