@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ringflow.cli import build_app
-from ringflow.errors import ConfigError
+from ringflow.errors import ConfigError, InvalidArgument
 from ringflow.workload.published import (
     SETS,
     Constants,
@@ -146,3 +146,13 @@ def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:
     assert "held-out set" in res.output and "fitted constants" in res.output
     assert "## Held-out set" in report.read_text()
     assert {r["id"] for r in json.loads(out.read_text())["rows"]} == {c["id"] for c in _small(cases)}
+
+
+def test_nccl_chooser_takes_nccls_choice_for_default_cases(cases: list[dict]) -> None:
+    res = evaluate(cases=_small(cases), chooser="nccl")
+    rows = {r["id"]: r for r in res["rows"]}
+    assert rows["h100x8-allreduce-nvls"]["algorithm"].startswith("nccl: ")     # NCCL's default in the source
+    assert not rows["h100x8-allreduce-ring"]["algorithm"].startswith("nccl")   # NCCL_ALGO=RING stays forced
+    assert res["constants"]["chooser"] == "nccl"
+    with pytest.raises(InvalidArgument, match="chooser"):
+        fit(cases, chooser="fastest")

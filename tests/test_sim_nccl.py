@@ -201,3 +201,19 @@ def test_pat_is_chosen_and_simulated_with_one_gpu_per_node() -> None:
     assert rows[0]["sim_time_us"] is not None and rows[0]["sim_time_us"] > 0
     big = nt.choose(nt.system_for(cl, 8, endpoints=eps), AG, 64 << 20)
     assert big.algorithm == "ring" and big.candidates[("pat", "simple")] > big.time_us   # PAT's 0.75 bandwidth
+
+
+def test_switch_schedules_simulate_on_the_cluster() -> None:
+    from ringflow.sim.api import simulate
+    from ringflow.sim.nvls import simulate_switch_algorithm, switch_nodes
+    cl = build_cluster("dgx-h100", 2)
+    size = 64 << 20
+    ring = simulate(cl, AR, size, algorithm="ring", nranks=16)
+    sharp = simulate_switch_algorithm(cl, "collnet_direct", 16, size)
+    tree = simulate_switch_algorithm(cl, "nvls_tree", 16, size)
+    assert sharp.nranks == tree.nranks == 16 and len(sharp.rank_finish_us) == 16
+    nic = {r: {d["tier"]: d["bytes"] for d in res.tiers()}["nic"] for r, res in (("ring", ring), ("sharp", sharp))}
+    assert nic["sharp"] < 0.75 * nic["ring"]     # the switch sums: each server sends its partial once
+    s = registry.get_schedule(AR, "nvls_tree", 16, host_groups=[list(range(8)), list(range(8, 16))])
+    assert switch_nodes(cl, s, cl.endpoints()[:16]) == ["h0/nvsw0", "h1/nvsw0"]
+    assert tree.time_us > 0

@@ -70,3 +70,9 @@ def test_bad_specs_name_the_problem(tmp_path):
     with pytest.raises(InvalidArgument, match="unknown model"):
         load_model("no-such-model")
     assert "llama3-70b" in preset_names()
+
+
+def test_every_preset_cites_its_source():
+    for name in preset_names():
+        src = load_model(name).source
+        assert "http" in src, name

@@ -84,6 +84,8 @@ def validate_command(
     published: bool = typer.Option(False, "--published", help="published nccl-tests and training throughputs vs "
                                    "the simulator and the training model (fitted on half, checked on the rest)"),
     data: str | None = typer.Option(None, "--data", help="--published: cases file (default: the packaged one)"),
+    nccl: bool = typer.Option(False, "--nccl", help="--published: collectives without a forced algorithm take "
+                              "NCCL's own choice (as ringflow sim --nccl) instead of the simulator's"),
 ) -> None:
     """Check a model against measurements: --host (this host's cost model), --gpu or --multihost (the simulator),
     --published (published measurements, held out)."""
@@ -91,10 +93,10 @@ def validate_command(
         raise InvalidArgument("choose one of --host, --gpu, --multihost, --published", "e.g. ringflow validate --host")
     if plot and not gpu:
         raise InvalidArgument("--plot draws the --gpu references", "add --gpu")
-    if data and not published:
-        raise InvalidArgument("--data is the --published cases file", "add --published")
+    if (data or nccl) and not published:
+        raise InvalidArgument("--data and --nccl go with --published", "add --published")
     if published:
-        _validate_published(data, report, json_print, out)
+        _validate_published(data, report, json_print, out, "nccl" if nccl else "sim")
         return
     from . import sim_cmds
     if gpu:
@@ -148,12 +150,13 @@ def _validate_host(model_path: str | None, ranks: list[int], transports: str, ca
         print_json(res)
 
 
-def _validate_published(data: str | None, report: str | None, json_print: bool, out: str | None) -> None:
+def _validate_published(data: str | None, report: str | None, json_print: bool, out: str | None,
+                        chooser: str) -> None:
     from rich.markup import escape
 
     from ..workload import published_report as pr
     from ..workload.published import evaluate
-    res = evaluate(data)
+    res = evaluate(data, chooser=chooser)
 
     def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print_table(title, header, [[escape(str(x)) for x in r] for r in rows])

@@ -80,3 +80,70 @@ def register(app: typer.Typer) -> None:
             print_json(report)
         else:
             print(render(report))
+
+    @app.command("replay")
+    def replay_cmd(
+        trace_path: str = typer.Argument(..., metavar="TRACE", help="A trace (`ringflow record merge`) or a record "
+                                         "directory."),
+        topo: str = typer.Option("dgx-h100", "--topo", help="A preset (replicated over --nodes) or a topology file."),
+        nodes: int = typer.Option(1, "--nodes", min=1, help="Servers of the preset."),
+        fabric: str = typer.Option("rail", "--fabric", help="Cluster fabric: rail or fat-tree."),
+        mapping: str = typer.Option("block", "--map", help="Rank placement: block, round-robin, or a JSON file "
+                                    "listing one endpoint per rank."),
+        compute_scale: float = typer.Option(1.0, "--compute-scale", min=0.0, help="Factor on every recorded "
+                                            "compute gap."),
+        engine: str = typer.Option("flow", "--engine", help="Simulator engine: flow or analytic."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        plot: str | None = typer.Option(None, "--plot", help="Write a per-rank timeline image here (PNG/SVG)."),
+        chrome: str | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace here."),
+    ) -> None:
+        """Predict a recorded job's step time on a modelled cluster: its compute gaps (scaled) and every call
+        simulated on the GPUs its ranks are placed on."""
+        from ..topology import PRESETS, load_topology
+        from ..workload.recorded import load
+        from ..workload.replay_sim import chrome_trace, replay_on
+        from ..workload.validation import cluster_for
+        trace = load(trace_path)
+        if topo.partition(":")[0] in PRESETS:
+            t = cluster_for(topo, nodes, None, fabric)
+        else:
+            t = load_topology(topo)
+        res = replay_on(trace, t, mapping=mapping, hosts=nodes, compute_scale=compute_scale, engine=engine)
+        rep = res.pop("replay")
+        if chrome:
+            write_json(chrome, chrome_trace(rep))
+        if plot:
+            _plot(rep, plot)
+        if json_out:
+            print_json(res)
+            return
+        from .common import print_table
+        print_table(f"replay of {trace_path} on {topo} x {nodes} ({len(res['placement'])} ranks, map {mapping})",
+                    ["step", "time (ms)", "comm share", "exposed comm (ms)"],
+                    [[r["step"], f"{r['time_s'] * 1e3:.3f}", f"{r['comm_share']:.0%}",
+                      f"{r['exposed_comm_s'] * 1e3:.3f}"] for r in res["steps"]])
+        console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms")
+        if res["busiest_links"]:
+            print_table("busiest links", ["link", "tier", "bytes", "mean util"],
+                        [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util']:.1%}"]
+                         for r in res["busiest_links"]])
+
+
+def _plot(rep: object, path: str) -> None:
+    """A per-rank timeline of the replay (blocking calls dark, asynchronous ones light)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    issues = getattr(rep, "issues")
+    ops = getattr(rep, "ops")
+    fig, ax = plt.subplots(figsize=(10, 0.3 * len(issues) + 1.5))
+    for r, iss in issues.items():
+        for k, _t, blocking in iss:
+            s, e = ops[k]
+            ax.barh(r, max(e - s, 1e-9) * 1e3, left=s * 1e3, color="tab:blue" if blocking else "tab:cyan")
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("rank")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+

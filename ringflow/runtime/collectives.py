@@ -97,10 +97,8 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
         fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op and timeout is None else None
-        if fk is not None and fk in self._fast:
-            r = self._fast_run(fk)
-            if r is not MISS:
-                return r
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
         self._same_type(xb, ob, "all_reduce")
@@ -118,10 +116,8 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
         fk = ("broadcast", id(x), root) if type(root) is int and not async_op and timeout is None else None
-        if fk is not None and fk in self._fast:
-            r = self._fast_run(fk)
-            if r is not MISS:
-                return r
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         return self._coll(Collective.BROADCAST, xb, xb, xb.flat.size, None, self._root(root), async_op, timeout, x,
                           fast_key=fk)
@@ -138,13 +134,17 @@ class CollectiveCalls(FastCalls):
     def reduce(self, x: Any, root: int, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                timeout: float | None = None) -> Any:
         """Reduce x across ranks into root's x (or `out`); other ranks' buffers are scratch."""
+        fk = ("reduce", id(x), id(out), op, root) \
+            if type(op) is str and type(root) is int and not async_op and timeout is None else None
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
         self._same_type(xb, ob, "reduce")
         if ob.flat.size != xb.flat.size:
             raise InvalidArgument(f"reduce: out has {ob.flat.size} elements, x has {xb.flat.size}")
         return self._coll(Collective.REDUCE, xb, ob, xb.flat.size, parse_op(op), self._root(root), async_op,
-                          timeout, out if out is not None else x)
+                          timeout, out if out is not None else x, fast_key=fk)
 
     def _gather_out(self, xb: Buf, out: Any, what: str) -> tuple[Buf, Any]:
         if out is None:
@@ -169,10 +169,8 @@ class CollectiveCalls(FastCalls):
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Concatenate every rank's x on axis 0, on every rank."""
         fk = ("all_gather", id(x), id(out)) if out is not None and not async_op and timeout is None else None
-        if fk is not None and fk in self._fast:
-            r = self._fast_run(fk)
-            if r is not MISS:
-                return r
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         ob, out = self._gather_out(xb, out, "all_gather")
         return self._coll(Collective.ALL_GATHER, xb, ob, xb.flat.size, None, None, async_op, timeout, out,
@@ -224,10 +222,8 @@ class CollectiveCalls(FastCalls):
         """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
         fk = ("reduce_scatter", id(x), id(out), op) \
             if out is not None and type(op) is str and not async_op and timeout is None else None
-        if fk is not None and fk in self._fast:
-            r = self._fast_run(fk)
-            if r is not MISS:
-                return r
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         ob, out, count = self._split_out(xb, out, "reduce_scatter")
         return self._coll(Collective.REDUCE_SCATTER, xb, ob, count, parse_op(op), None, async_op, timeout, out,
@@ -266,6 +262,10 @@ class CollectiveCalls(FastCalls):
                    recv_counts: Sequence[int] | None = None, async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
+        fk = ("all_to_all", id(x), id(out)) if out is not None and send_counts is None and recv_counts is None \
+            and not async_op and timeout is None else None
+        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            return r
         xb = Buf(x, "x")
         n = self.size
         if send_counts is None and recv_counts is None:
@@ -278,7 +278,8 @@ class CollectiveCalls(FastCalls):
             self._same_type(xb, ob, "all_to_all")
             if ob.flat.size != xb.flat.size:
                 raise InvalidArgument("all_to_all: out must have the size of x")
-            return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size // n, None, None, async_op, timeout, out)
+            return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size // n, None, None, async_op, timeout, out,
+                              fast_key=fk)
         row = int(np.prod(xb.shape[1:])) if len(xb.shape) > 1 else 1
         sc = self._counts(send_counts, "send_counts")
         if sum(sc) * row != xb.flat.size:

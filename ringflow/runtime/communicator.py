@@ -103,6 +103,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
         self._native = native.hot_available()
         self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
+        self._fast_seen: set = set()
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}
         deadline = time.monotonic() + self.timeout

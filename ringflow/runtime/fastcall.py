@@ -35,11 +35,13 @@ def _ptr(obj: Any) -> int | None:
 class FastCall:
     """One remembered call: the objects it was made with and everything needed to run it again."""
 
-    __slots__ = ("x", "out", "ptrs", "prep", "hot", "ctx", "fn", "result", "meta", "description")
+    __slots__ = ("x", "out", "ptrs", "prep", "hot", "ctx", "bases", "scratch", "fn", "result", "meta", "description")
 
     def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
-                 fn: Callable[[float], None], result: Any, meta: tuple, description: str) -> None:
+                 bases: tuple[int, int, int], scratch: np.ndarray, fn: Callable[[float], None], result: Any,
+                 meta: tuple, description: str) -> None:
         self.x, self.out, self.prep, self.hot, self.ctx, self.fn = x, out, prep, hot, ctx, fn
+        self.bases, self.scratch = bases, scratch  # the scratch array the addresses point into lives on
         self.ptrs = (_ptr(x), _ptr(out))
         self.result, self.meta, self.description = result, meta, description
 
@@ -63,6 +65,7 @@ class FastCalls:
         last_schedule: Any
 
     _fast: dict[tuple, FastCall]
+    _fast_seen: set[tuple]   # keys called once (an id may be reused by a later object: that only costs a call)
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
     def _fast_run(self, key: tuple) -> Any:
@@ -92,6 +95,11 @@ class FastCalls:
         last, self._last_native = self._last_native, None
         if key is None or last is None:
             return
+        if key not in self._fast_seen:   # remembered from its second call on: one-off arrays are not kept alive
+            if len(self._fast_seen) >= FAST_MAX_ENTRIES:
+                self._fast_seen.clear()
+            self._fast_seen.add(key)
+            return
         prep, hot, ctx, bases, scratch = last
         avg = opname == "avg" and (coll != Collective.REDUCE or self.rank == root)
         n, regions = self.size, self._transport.regions
@@ -103,5 +111,4 @@ class FastCalls:
 
         if len(self._fast) >= FAST_MAX_ENTRIES:
             self._fast.clear()
-        self._fast[key] = FastCall(x, out, prep, hot, ctx, fn, result, meta, coll.value)
-        fn.scratch = scratch  # type: ignore[attr-defined]  # the scratch array the addresses point into lives on
+        self._fast[key] = FastCall(x, out, prep, hot, ctx, bases, scratch, fn, result, meta, coll.value)

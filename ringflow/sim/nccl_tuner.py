@@ -310,8 +310,30 @@ def system_for(topo: Any, nranks: int, endpoints: Sequence[str] | None = None, p
 
 
 # ------------------------------------------------------------------------------------------------ sim rows
-# NCCL choices ringflow's simulator also runs; the switch schedules (nvls_tree, collnet_*) are NCCL's model only
-SIMULATED = ("ring", "tree", "nvls", "pat")
+# NCCL choices ringflow's simulator also runs (all of NCCL's, the switch schedules through `nvls.simulate_switch_*`)
+SIMULATED = ("ring", "tree", "nvls", "pat", "nvls_tree", "collnet_direct", "collnet_chain")
+
+
+def _simulated_us(topo: Any, coll: Collective, ch: NcclChoice, sys_: NcclSystem, size: int, nranks: int,
+                  endpoints: Sequence[str] | None, params: Any, engine: str, dtype: str) -> float | None:
+    """ringflow's simulation of NCCL's choice; None where the simulator does not run it (NVLS across servers)."""
+    from .api import simulate, simulate_table, table_for
+    if ch.algorithm not in SIMULATED or nranks < 2:
+        return None
+    try:
+        if ch.algorithm in ("nvls_tree", "collnet_direct", "collnet_chain"):
+            from .nvls import simulate_switch_algorithm
+            return float(simulate_switch_algorithm(topo, ch.algorithm, nranks, size, endpoints=endpoints,
+                                                   params=params, engine=engine, dtype=dtype).time_us)
+        if ch.algorithm == "nvls":
+            return simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
+                            params=params, endpoints=endpoints).time_us
+        tab = table_for(topo, coll, nranks, ch.algorithm, endpoints=endpoints,
+                        nchannels=sys_.run_channels() if ch.algorithm == "ring" else None)
+        return simulate_table(topo, tab, size, engine=engine, dtype=dtype, params=params, protocol=ch.protocol,
+                              endpoints=endpoints).time_us
+    except InvalidArgument:
+        return None
 
 
 def nccl_rows(topo: Any, collective: Collective | str, sizes: Sequence[int], nranks: int, *, dtype: str = "float32",
@@ -320,7 +342,7 @@ def nccl_rows(topo: Any, collective: Collective | str, sizes: Sequence[int], nra
     """One row per size: NCCL's choice, its predicted time (nccl-tests' time, algbw, busbw) and, for SIMULATED
     algorithms, ringflow's simulation of the same algorithm and protocol (`sim_time_us`, else None).
     `endpoints` places the ranks (default: the topology's first `nranks` endpoints)."""
-    from .api import itemsize_of, simulate, simulate_table, table_for
+    from .api import itemsize_of
     from .results import busbw_factor, count_for_size
     coll = Collective.parse(collective)
     sys_ = system_for(topo, nranks, endpoints, params=params, collnet=collnet)
@@ -328,16 +350,7 @@ def nccl_rows(topo: Any, collective: Collective | str, sizes: Sequence[int], nra
     rows = []
     for size in sizes:
         ch = choose(sys_, coll, size)
-        sim_us: float | None = None
-        if ch.algorithm in SIMULATED and nranks > 1:
-            if ch.algorithm == "nvls":
-                sim_us = simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
-                                  params=params, endpoints=endpoints).time_us
-            else:
-                tab = table_for(topo, coll, nranks, ch.algorithm, endpoints=endpoints,
-                                nchannels=sys_.run_channels() if ch.algorithm == "ring" else None)
-                sim_us = simulate_table(topo, tab, size, engine=engine, dtype=dtype, params=params,
-                                        protocol=ch.protocol, endpoints=endpoints).time_us
+        sim_us = _simulated_us(topo, coll, ch, sys_, size, nranks, endpoints, params, engine, dtype)
         algbw = size / (ch.time_us * 1e3) if ch.time_us > 0 else 0.0
         rows.append({"collective": coll.value, "nranks": nranks, "size_bytes": int(size),
                      "count": count_for_size(coll, nranks, size, item), "dtype": dtype,

@@ -18,8 +18,9 @@ more than the ring's, so for large buffers NVLS is slower there (300 against 350
 busbw on 8 H100s, https://github.com/NVIDIA/nccl/issues/1506) and NCCL, like the simulator's own
 choice, keeps the ring; NVLS wins only where the ring's n - 1 steps of latency dominate.
 
-The runtime cannot run it (CPU ranks have no switch that adds), so it is a transfer table only,
-as `fastpath` builds for huge rings:
+The runtime cannot run it (CPU ranks have no switch that adds). The engines run it as a transfer table,
+as `fastpath` builds for huge rings (the verified schedule of the same movement, with the switch as a
+participant, is `algorithms.nccl_nvls`):
 - C chunks, C + 1 steps: step t reduces chunk t and multicasts chunk t - 1 (the pipeline);
 - each switch operation is a set of rows marked `in_switch`: 1, the rows that the switch
   reduces into one stream to their receiver; 2, the rows that it copies from one sender. A row
@@ -32,6 +33,10 @@ as `fastpath` builds for huge rings:
 The chunk count is chosen per call like a protocol: the fastest of `NVLS_CHUNKS` at that size.
 Only one server's NVSwitch domain (NCCL's NVLS across servers needs CollNet / SHARP switches, not
 modelled): the simulator refuses NVLS elsewhere with a clear error.
+
+Schedules with switch participants (NVLS-Tree, CollNet) run through `simulate_switch_schedule`: each
+switch is placed on a topology node (`switch_nodes`), its adds are free, its NVLink transfers run at the
+NVLS efficiency.
 """
 from __future__ import annotations
 
@@ -142,3 +147,86 @@ def switch_weights(table: TransferTable, f_transfer: np.ndarray, p_flow: np.ndar
     _, inv, cnt = np.unique(key, axis=1, return_inverse=True, return_counts=True)
     w[on] = 1.0 / cnt[inv.reshape(-1)]
     return w
+
+
+# ----------------------------------------------------------------------------- schedules with switch participants
+def switch_nodes(topo: Any, schedule: Any, endpoints: Sequence[str]) -> list[str]:
+    """The topology node that plays each switch participant of `schedule`: per server the NVSwitch for NVLS-Tree
+    (switch h serves host group h), the network switch nearest to every rank (the SHARP aggregation root) for
+    CollNet."""
+    if schedule.algorithm == "nvls_tree":
+        groups = schedule_groups(schedule)
+        out = []
+        for g in groups:
+            hit = nvls_switch(topo, [endpoints[r] for r in g])
+            if hit is None:
+                raise InvalidArgument("nvls_tree needs an NVLS-capable NVSwitch in every server",
+                                      "use --topo dgx-h100 (Hopper or later) servers")
+            out.append(hit[0])
+        return out
+    g = topo.graph
+    nets = [v for v in g if _val(g.nodes[v].get("kind")) == "net_switch"]
+    if not nets:
+        raise InvalidArgument(f"{schedule.algorithm} needs a network switch (IB SHARP)", "use --nodes 2 or more")
+    hops = {v: max(len(topo.path(e, v)) for e in endpoints[:schedule.nranks]) for v in nets}
+    return [min(nets, key=lambda v: (hops[v], int(g.nodes[v].get("tier", 0)), v))] * schedule.nswitches
+
+
+def schedule_groups(schedule: Any) -> list[list[int]]:
+    """The host groups an NVLS-Tree schedule was built on: the ranks that talk to each switch."""
+    n = schedule.nranks
+    groups: dict[int, set[int]] = {}
+    for r, _step, op in schedule.ops():
+        if r < n and op.peer is not None and op.peer >= n:
+            groups.setdefault(op.peer - n, set()).add(r)
+    return [sorted(groups[h]) for h in sorted(groups)]
+
+
+def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpoints: Sequence[str] | None = None,
+                             params: Any = None, engine: str = "analytic", dtype: str = "float32",
+                             protocol: str | None = "simple") -> Any:
+    """Simulate an all-reduce schedule with switch participants (nvls_tree, collnet_*): each switch is a node of
+    the topology (`switch_nodes`), its adds are free, and its NVLink transfers run at NVLS efficiency."""
+    import dataclasses
+
+    from .api import endpoints_of, simulate_table
+    from .params import params_for
+    from .transfers import from_schedule
+    if schedule.collective != Collective.ALL_REDUCE or not schedule.nswitches:
+        raise InvalidArgument(f"{schedule.algorithm}: only all-reduce schedules with switches go this way",
+                              "simulate other schedules with simulate_schedule")
+    n = schedule.nranks
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:n]
+    sw = switch_nodes(topo, schedule, eps)
+    prm = params if params is not None else params_for(topo)
+    if schedule.algorithm.startswith("nvls"):   # switch operations at NCCL's NVLS efficiency
+        gen = int(topo.graph.nodes[sw[0]]["generation"])
+        eff = dict(prm.link_efficiency)
+        eff["nvlink"] = eff.get("nvlink", 1.0) * efficiency(prm, gen)
+        prm = dataclasses.replace(prm, link_efficiency=eff)
+    tab = from_schedule(schedule)
+    keep = tab.lrank < n                         # in-network adds cost no GPU time
+    tab = dataclasses.replace(tab, nranks=schedule.nparticipants, lrank=tab.lrank[keep], lstep=tab.lstep[keep],
+                              lcopy=tab.lcopy[keep], lreduce=tab.lreduce[keep])
+    res = simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm, endpoints=eps[:n] + sw,
+                         protocol=protocol)
+    return dataclasses.replace(res, nranks=n, rank_finish_us=res.rank_finish_us[:n])
+
+
+def simulate_switch_algorithm(topo: Any, algorithm: str, nranks: int, size_bytes: int, *,
+                              endpoints: Sequence[str] | None = None, params: Any = None, engine: str = "analytic",
+                              dtype: str = "float32") -> Any:
+    """The registry's `algorithm` all-reduce (nvls_tree, collnet_direct, collnet_chain) on the topology's servers,
+    its pipeline segment count chosen per call like NVLS's chunks (the fastest of NVLS_CHUNKS up to 32)."""
+    from ..algorithms import registry
+    from .api import endpoints_of
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
+    groups = [list(g) for g in topo.host_groups(eps[:nranks])]
+    best = None
+    for c in (k for k in NVLS_CHUNKS if k <= 32):
+        s = registry.get_schedule(Collective.ALL_REDUCE, algorithm, nranks, nsegs=c, host_groups=groups)
+        res = simulate_switch_schedule(topo, s, size_bytes, endpoints=eps, params=params, engine=engine, dtype=dtype)
+        if best is None or res.time_us < best.time_us:
+            best = res
+            best.notes.append(f"{algorithm}: {c} pipeline segments (fastest of those tried)")
+    return best

@@ -34,6 +34,7 @@ KINDS = ("collective", "training")
 SETS = ("fit", "held_out")
 METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu")
 TOPOLOGY_KEYS = ("preset", "nodes", "nic_gbps", "keep_nics", "nvlink_links", "nic_fabric", "standin", "fabric")
+CHOOSERS = ("sim", "nccl")
 TOPOLOGY_GAPS = {"nvl_partition": "NVLink partitions of NVL72 racks joined by InfiniBand"}
 COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
 TRAINING_ROUNDS = 5     # refinement steps of each era's software factor (its effect on throughput is sublinear)
@@ -51,12 +52,15 @@ class Constants:
     net_eff: float
     software: dict[str, float] = field(default_factory=dict)
     fitted_on: dict[str, list[str]] = field(default_factory=dict)
+    chooser: str = "sim"   # collectives without a forced algorithm: the simulator's choice, or NCCL's ("nccl")
 
     @classmethod
-    def defaults(cls) -> Constants:
+    def defaults(cls, chooser: str = "sim") -> Constants:
         """The library's own values (simulator link efficiencies, software factor 1)."""
         from ..sim.params import DEFAULT_LINK_EFFICIENCY
-        return cls(DEFAULT_LINK_EFFICIENCY["nvlink"], DEFAULT_LINK_EFFICIENCY["ib"])
+        if chooser not in CHOOSERS:
+            raise InvalidArgument(f"chooser {chooser!r}", f"use one of {', '.join(CHOOSERS)}")
+        return cls(DEFAULT_LINK_EFFICIENCY["nvlink"], DEFAULT_LINK_EFFICIENCY["ib"], chooser=chooser)
 
     def sim_overrides(self) -> dict[str, Any]:
         """Simulator parameter overrides carrying the link efficiencies."""
@@ -65,7 +69,7 @@ class Constants:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values and fitting sets."""
         return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
-                "fitted_on": {k: list(v) for k, v in self.fitted_on.items()}}
+                "fitted_on": {k: list(v) for k, v in self.fitted_on.items()}, "chooser": self.chooser}
 
 
 @dataclass(frozen=True)
@@ -218,11 +222,30 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     topo, note = build_topology(case["topology"])
     c = case["collective"]
     eps = [topo.gpus(h)[0] for h in topo.hosts()] if c.get("endpoints") == "gpu0" else None
+    link = "nvlink" if len(topo.hosts()) == 1 else "net"
+    if c.get("algorithm") is None and consts.chooser == "nccl":
+        busbw, algo = _nccl_busbw(topo, c, eps, consts)
+        return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note})
     res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
                    nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
-    link = "nvlink" if len(topo.hosts()) == 1 else "net"
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
                                                     "link_class": link, "note": note})
+
+
+def _nccl_busbw(topo: Any, c: dict[str, Any], eps: list[str] | None, consts: Constants) -> tuple[float, str]:
+    """Bus bandwidth of NCCL's own choice (`ringflow sim --nccl`): simulated when the simulator runs that
+    algorithm, else NCCL's tuning model's figure."""
+    from ..sim.nccl_tuner import nccl_rows
+    from ..sim.params import params_for
+    from ..sim.results import busbw_factor
+    size = int(c["size_bytes"])
+    n = c.get("nranks") or (len(eps) if eps else len(topo.endpoints()))
+    row = nccl_rows(topo, c["collective"], [size], n, params=params_for(topo, consts.sim_overrides()),
+                    endpoints=eps)[0]
+    algo = f"nccl: {row['algorithm']}/{row['protocol']}"
+    if row.get("sim_time_us"):
+        return size / (row["sim_time_us"] * 1e3) * busbw_factor(c["collective"], n), algo + " (simulated)"
+    return float(row["busbw_GBps"]), algo + " (NCCL model)"
 
 
 def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
@@ -260,10 +283,10 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def fit(cases: list[dict[str, Any]], predictor: Predictor = predict) -> Constants:
+def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: str = "sim") -> Constants:
     """Fit the constants on the cases marked ``set: fit`` (the held-out cases are never read)."""
     fit_cases = [c for c in cases if c["set"] == "fit"]
-    consts = Constants.defaults()
+    consts = Constants.defaults(chooser)
     colls = [c for c in fit_cases if c["kind"] == "collective"]
     for _ in range(COLLECTIVE_ROUNDS if colls else 0):
         ratios: dict[str, list[float]] = {"nvlink": [], "net": []}
@@ -300,13 +323,14 @@ def _eff_ceiling() -> float:
 
 # ---- evaluation ------------------------------------------------------------------------------------------------
 def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None = None,
-             predictor: Predictor = predict) -> dict[str, Any]:
+             predictor: Predictor = predict, chooser: str = "sim") -> dict[str, Any]:
     """Fit on the fitting half, predict every case, and summarise the errors per set and per generation; the
-    same statistics with nothing fitted (the library's defaults) show what the fitted constants buy."""
+    same statistics with nothing fitted (the library's defaults) show what the fitted constants buy. `chooser`
+    'nccl' gives collectives without a forced algorithm NCCL's own choice (`ringflow sim --nccl`)."""
     cases = cases if cases is not None else load_cases(path)
-    consts = fit(cases, predictor)
+    consts = fit(cases, predictor, chooser)
     rows = [_row(c, predictor(c, consts)) for c in cases]
-    plain = [_row(c, predictor(c, Constants.defaults())) for c in cases]
+    plain = [_row(c, predictor(c, Constants.defaults(chooser))) for c in cases]
     return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
             "unfitted": {s: _stats([r for r in plain if r["set"] == s]) for s in SETS},
             "split_rule": split_sets.__doc__, "data": str(path or DATA_PATH)}

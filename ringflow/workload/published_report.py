@@ -35,6 +35,8 @@ def case_rows(result: dict[str, Any], which: str) -> list[list[str]]:
         if r["set"] != which:
             continue
         status = _short(r["status"]) if r["status"] != "ok" else ("ok, " + r["standin"] if r["standin"] else "ok")
+        if r.get("fits_in_memory") is False:
+            status += " (the memory model says it does not fit)"
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         out.append([r["id"], r["generation"], METRIC_UNITS[r["metric"]], _num(r["published"]), _num(r["predicted"]),
                     err, _direction(r["error"]), r["algorithm"], status])
@@ -122,8 +124,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers) and one "
              "software factor per training software era (`EfficiencyModel.software_factor`). Held-out values are "
              "never read by the fit.",
-             "- Collectives: `ringflow.sim` (analytic engine) with the fitted link efficiencies. Training: "
-             "`workload.step_time` with the alpha-beta communication model and the fitted constants.",
+             "- Collectives: `ringflow.sim` (analytic engine) with the fitted link efficiencies; a case without a "
+             "forced algorithm (NCCL's default in the source) takes " + (
+                 "NCCL's own choice from its tuning model (`--nccl`, as `ringflow sim --nccl`), simulated where "
+                 "the simulator runs that algorithm" if result["constants"].get("chooser") == "nccl" else
+                 "the simulator's own choice") + ". Training: `workload.step_time` with the alpha-beta "
+             "communication model and the fitted constants.",
              "- Targets: held-out mean absolute error <= 7 %, every held-out case within 15 %, every collective on "
              "one server within 5 %.", "",
              "## Fitted constants", "", *_md_table(CONST_HEADER, constant_rows(result)),

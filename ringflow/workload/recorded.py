@@ -3,13 +3,14 @@
 A trace is a dict (JSON): ``groups`` (communicator namespace -> its members' global ranks, in group-rank
 order), ``ranks`` (global rank -> host and pid), ``calls`` (every call of every rank, times in ns on one
 clock) and ``flight`` (global rank -> why and when its flight record was written, and what its peers said).
-Clocks: when every rank recorded the barrier at the world communicator's creation, each rank's times are
-taken relative to the moment it left that barrier ("barrier"); otherwise (flight records only) each rank's
-monotonic clock is converted to the wall clock it noted at start ("wall").
+Clocks: ranks of one host share its monotonic clock; when every rank recorded the barrier at the world
+communicator's creation, hosts are aligned by the moment their ranks left it ("barrier"); otherwise
+(flight records only) each rank's monotonic clock is converted to the wall clock it noted at start ("wall").
 """
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,13 @@ def _offsets(ranks: dict[int, _Rank]) -> tuple[str, dict[int, int]]:
     """Per rank: what to subtract from its monotonic times to put it on the common clock."""
     world = _world(ranks)
     if world is not None and all(r.comms.get(world, {}).get("barrier_ns") for r in ranks.values()):
-        return "barrier", {g: int(r.comms[world]["barrier_ns"]) for g, r in ranks.items()}
+        # ranks of one host share its monotonic clock (exact); hosts are aligned by when their ranks left the
+        # barrier (the median of each host's ranks)
+        hosts: dict[str, list[int]] = {}
+        for g, r in ranks.items():
+            hosts.setdefault(str(r.process.get("hostname")), []).append(int(r.comms[world]["barrier_ns"]))
+        return "barrier", {g: int(statistics.median(hosts[str(r.process.get("hostname"))]))
+                           for g, r in ranks.items()}
     off = {g: int(r.process.get("mono0_ns", 0)) - int(r.process.get("wall0_ns", 0)) for g, r in ranks.items()}
     return "wall", off
 

@@ -76,6 +76,8 @@ class Replay:
     ops: dict[Key, tuple[float, float]] = field(default_factory=dict)
     comm_s: dict[int, float] = field(default_factory=dict)      # per rank: time blocked in calls
     compute_s: dict[int, float] = field(default_factory=dict)   # per rank: compute gaps played
+    # per rank, each call: (operation, issue time, blocking) in issue order
+    issues: dict[int, list[tuple[Key, float, bool]]] = field(default_factory=dict)
 
 
 def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] | None = None, *,
@@ -113,7 +115,9 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
                 issued[k][r] = clock[r]
                 pos[r] += 1
                 progress = True
-                if not (c.get("async") and c.get("end_ns")):
+                blocking = not (c.get("async") and c.get("end_ns"))
+                out.issues.setdefault(r, []).append((k, clock[r], blocking))
+                if blocking:
                     blocked[r] = k
                 _complete(k, members[k], issued, lane_free, dur, out)
             if r in blocked and blocked[r] in out.ops:

@@ -118,7 +118,8 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
     for c in calls:
         if c.dim not in groups:
             continue
-        s = c.calls * comm.time_s(c.collective, c.nbytes, groups[c.dim], topo) * f("tp" if c.dim == "etp" else c.dim)
+        grp = groups[c.dim][:2] if c.collective == "sendrecv" else groups[c.dim]  # a ring pass: neighbour pairs
+        s = c.calls * comm.time_s(c.collective, c.nbytes, grp, topo) * f("tp" if c.dim == "etp" else c.dim)
         key = "ep" if c.dim == "etp" else c.dim
         under = c.hides_under
         if (under == "gemm" and L.overlap_tp) or under == "attention" or (under == "compute" and L.overlap_ep):

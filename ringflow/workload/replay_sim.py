@@ -1,0 +1,171 @@
+"""Replay a recorded trace on a modelled cluster: ranks placed on its GPUs, each operation simulated.
+
+Each collective is simulated on the endpoints its members were placed on (the simulator's tuner picks the
+algorithm for that placement and size), each send/recv pair as one message between its two endpoints;
+results are cached per (operation, size, endpoints). Operations are simulated one at a time: two groups
+whose operations overlap in time do not slow each other down here. Compute gaps are the recorded ones
+times `compute_scale` (the recording host's compute, not the GPU's: scale it to the ratio you expect).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument
+from .replay import Call, Key, Replay, per_rank, replay, steps_of
+
+MAPS = ("block", "round-robin")
+GATHERED = ("all_gather", "gather")   # the recorded count is one rank's part; the simulator's size is all parts
+
+
+def size_bytes_of(op: str, nbytes: int, nranks: int) -> int:
+    """The simulator's (nccl-tests') size of a call whose input on each rank is `nbytes`."""
+    return nbytes * nranks if op in GATHERED else nbytes
+
+
+def placement(nranks: int, endpoints: list[str], mapping: str, hosts: int) -> list[str]:
+    """The endpoint of each global rank: `block` (rank r on endpoint r, hosts filled in turn), `round-robin`
+    (rank r on host r mod hosts), or a JSON file listing one endpoint name per rank."""
+    if nranks > len(endpoints):
+        raise InvalidArgument(f"the trace has {nranks} ranks but the cluster only {len(endpoints)} GPUs",
+                              "add --nodes, or record fewer ranks")
+    if mapping == "block":
+        return endpoints[:nranks]
+    if mapping == "round-robin":
+        per = len(endpoints) // max(1, hosts)
+        return [endpoints[(r % hosts) * per + r // hosts] for r in range(nranks)]
+    p = Path(mapping)
+    if not p.exists():
+        raise InvalidArgument(f"--map {mapping!r} is neither {' nor '.join(MAPS)} nor a file",
+                              "give block, round-robin, or a JSON list of endpoint names, one per rank")
+    names = json.loads(p.read_text())
+    if not isinstance(names, list) or len(names) < nranks or any(n not in endpoints for n in names[:nranks]):
+        raise InvalidArgument(f"{p} must list {nranks} endpoint names of the cluster",
+                              f"endpoints look like {endpoints[0]!r}")
+    return [str(n) for n in names[:nranks]]
+
+
+class SimDurations:
+    """Operation durations from the simulator, cached; adds up every link's bytes for the busiest links."""
+
+    def __init__(self, topo: Any, trace: dict[str, Any], where: list[str], engine: str = "flow") -> None:
+        self.topo, self.trace, self.where, self.engine = topo, trace, where, engine
+        self._cache: dict[tuple, Any] = {}
+        self.link_bytes: dict[int, np.ndarray] = {}
+        self.fabrics: dict[int, Any] = {}
+
+    def result(self, k: Key, cs: list[Call]) -> Any:
+        """The simulator's result for one operation (None: nothing to simulate)."""
+        from ..sim.api import simulate
+        c0 = cs[0]
+        if k[0] == "p2p":
+            src, dst = int(k[2]), int(k[3])
+            key: tuple = ("sendrecv", int(c0.get("nbytes") or 0), self.where[src], self.where[dst])
+            if key not in self._cache:
+                self._cache[key] = simulate(self.topo, "sendrecv", key[1], algorithm="p2p", engine=self.engine,
+                                            endpoints=[key[2], key[3]], root=0)
+            return self._cache[key]
+        members = [m for m in self.trace["groups"].get(k[1], []) if m is not None]
+        if len(members) < 2:
+            return None
+        op = str(c0["op"])
+        nbytes = max(int(c.get("nbytes") or 0) for c in cs)
+        eps = tuple(self.where[m] for m in members)
+        root = c0.get("root")
+        key = (op, nbytes, eps, root)
+        if key not in self._cache:
+            self._cache[key] = simulate(self.topo, op, size_bytes_of(op, nbytes, len(members)), engine=self.engine,
+                                        dtype=str(c0.get("dtype") or "float32"), endpoints=list(eps),
+                                        root=int(root) if root is not None else 0)
+        return self._cache[key]
+
+    def __call__(self, k: Key, cs: list[Call]) -> float:
+        res = self.result(k, cs)
+        if res is None:
+            return 0.0
+        if res.fabric is not None:
+            fid = id(res.fabric)
+            self.fabrics[fid] = res.fabric
+            acc = self.link_bytes.get(fid)
+            self.link_bytes[fid] = res.link_bytes.astype(float) if acc is None else acc + res.link_bytes
+        return float(res.time_us) / 1e6
+
+    def busiest(self, span_s: float, k: int = 5) -> list[dict[str, Any]]:
+        """The k links that carried the most bytes over the replay, with their mean utilisation over `span_s`."""
+        rows = []
+        for fid, b in self.link_bytes.items():
+            fab = self.fabrics[fid]
+            name = getattr(fab.topo, "label", lambda n: n)
+            for i in np.argsort(-b)[:k]:
+                if b[i] > 0:
+                    util = float(b[i] / (fab.line_Bpus[i] * span_s * 1e6)) if span_s > 0 else 0.0
+                    rows.append({"link": f"{name(fab.edges[i][0])}->{name(fab.edges[i][1])}",
+                                 "tier": fab.link_tier[i], "bytes": float(b[i]), "util": util})
+        return sorted(rows, key=lambda r: -r["bytes"])[:k]
+
+
+def step_rows(trace: dict[str, Any], rep: Replay) -> list[dict[str, Any]]:
+    """Per step (between successive calls from the step marker's site on the lowest rank): its predicted
+    time, the share of rank-time spent in operations, and the exposed communication (time ranks were
+    blocked in a call, mean over ranks)."""
+    site, n = steps_of(trace)
+    calls = per_rank(trace)
+    if not calls or not n:
+        return []
+    low = min(calls)
+    marks = [t for (k, t, _), c in zip(rep.issues[low], calls[low], strict=True) if c["site"] == site
+             and c["lane"] == "coll"]
+    edges = [*marks, rep.makespan_s]
+    busy: dict[int, list[tuple[float, float, bool]]] = defaultdict(list)
+    for r, iss in rep.issues.items():
+        for k, t, blocking in iss:
+            s, e = rep.ops[k]
+            busy[r].append((s if not blocking else t, e, blocking))
+    rows = []
+    for i in range(len(edges) - 1):
+        a, b = edges[i], edges[i + 1]
+        span = b - a
+        if span <= 0:
+            continue
+        in_ops = exposed = 0.0
+        for ivs in busy.values():
+            for s, e, blocking in ivs:
+                o = max(0.0, min(e, b) - max(s, a))
+                in_ops += o
+                exposed += o if blocking else 0.0
+        nr = max(1, len(busy))
+        rows.append({"step": i, "time_s": span, "comm_share": min(1.0, in_ops / (nr * span)),
+                     "exposed_comm_s": exposed / nr})
+    return rows
+
+
+def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts: int = 1,
+              compute_scale: float = 1.0, engine: str = "flow") -> dict[str, Any]:
+    """Replay `trace` on `topo` (see the module doc): per-step rows, totals and the busiest links."""
+    from ..sim.api import endpoints_of
+    nranks = max((int(r) for r in trace["ranks"]), default=-1) + 1
+    nranks = max(nranks, int(trace.get("world_size") or 0))
+    where = placement(nranks, endpoints_of(topo), mapping, hosts)
+    dur = SimDurations(topo, trace, where, engine)
+    rep = replay(trace, dur, compute_scale=compute_scale)
+    rows = step_rows(trace, rep)
+    return {"ranks": nranks, "placement": where, "makespan_s": rep.makespan_s, "steps": rows,
+            "step_s": (sum(r["time_s"] for r in rows) / len(rows)) if rows else rep.makespan_s,
+            "compute_s": rep.compute_s, "blocked_s": rep.comm_s, "busiest_links": dur.busiest(rep.makespan_s),
+            "replay": rep}
+
+
+def chrome_trace(rep: Replay) -> dict[str, Any]:
+    """The replay as a Chrome / Perfetto trace: per rank, its operations (blocking ones and async ones)."""
+    ev: list[dict[str, Any]] = []
+    for r, iss in rep.issues.items():
+        for k, t, blocking in iss:
+            s, e = rep.ops[k]
+            name = f"{k[0]} {k[1]} #{k[-1]}" if k[0] == "coll" else f"p2p {k[2]}->{k[3]} #{k[-1]}"
+            ev.append({"name": name, "ph": "X", "pid": 0, "tid": r, "ts": s * 1e6, "dur": (e - s) * 1e6,
+                       "cat": "blocking" if blocking else "async", "args": {"issued_us": t * 1e6}})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}

@@ -1,0 +1,98 @@
+"""`ringflow replay`: a synthetic trace replayed on a modelled cluster takes exactly the compute it records plus
+the simulator's time for each of its operations; placement and the CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringflow.errors import InvalidArgument
+from ringflow.sim.api import endpoints_of, simulate
+from ringflow.workload.recorded import TRACE_FORMAT
+from ringflow.workload.replay_sim import placement, replay_on
+from ringflow.workload.validation import cluster_for
+
+N = 8
+GAP_S = 1e-3
+STEPS = 3
+OPS = [("all_reduce", 1 << 20), ("all_gather", 1 << 14)]
+
+
+def synthetic(n: int = N, steps: int = STEPS, p2p_bytes: int = 0) -> dict:
+    """n ranks that compute GAP_S before each call; per step the OPS, then (optionally) rank 0 sends to rank n-1."""
+    calls = []
+    for r in range(n):
+        t, seq = 0, 0
+        for s in range(steps):
+            for op, nbytes in OPS:
+                t += int(GAP_S * 1e9)
+                calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": seq, "op": op, "dtype": "float32",
+                              "count": nbytes // 4, "nbytes": nbytes, "root": None, "async": False, "status": "ok",
+                              "site": "train.py:10" if op == "all_reduce" else "train.py:11",
+                              "enq_ns": t, "start_ns": t, "end_ns": t + 1})
+                t += 1
+                seq += 1
+            if p2p_bytes and r in (0, n - 1):
+                t += int(GAP_S * 1e9)
+                snd = r == 0
+                calls.append({"rank": r, "comm": "w", "lane": "send" if snd else "recv", "seq": s, "op":
+                              "send" if snd else "recv", "dtype": "uint8", "count": p2p_bytes, "nbytes": p2p_bytes,
+                              "peer": n - 1 if snd else 0, "peer_rank": n - 1 if snd else 0, "tag": 0,
+                              "async": False, "status": "ok", "site": "train.py:12", "enq_ns": t, "start_ns": t,
+                              "end_ns": t + 1})
+                t += 1
+    return {"format": TRACE_FORMAT, "clock": "barrier", "world": "w", "world_size": n, "groups": {"w": list(range(n))},
+            "ranks": {str(r): {} for r in range(n)}, "calls": calls, "flight": {}}
+
+
+@pytest.mark.parametrize("nodes,mapping", [(1, "block"), (2, "round-robin")])
+def test_replay_of_a_synthetic_trace_equals_the_simulators_answer(nodes: int, mapping: str) -> None:
+    topo = cluster_for("dgx-h100", nodes)
+    res = replay_on(synthetic(), topo, mapping=mapping, hosts=nodes)
+    eps = placement(N, endpoints_of(topo), mapping, nodes)
+    per_step = sum(GAP_S + simulate(topo, op, nbytes * (N if op == "all_gather" else 1), engine="flow",
+                                    endpoints=eps).time_us / 1e6 for op, nbytes in OPS)
+    # the trace starts at its first call: the compute before it is not part of the replay
+    assert res["makespan_s"] == pytest.approx(STEPS * per_step - GAP_S, rel=1e-9)
+    assert [r["step"] for r in res["steps"]] == list(range(STEPS))
+    for row in res["steps"][:-1]:   # from one all-reduce to the next
+        assert row["time_s"] == pytest.approx(per_step, rel=1e-9)
+        assert row["exposed_comm_s"] == pytest.approx(per_step - 2 * GAP_S, rel=1e-9)
+    assert res["busiest_links"] and res["busiest_links"][0]["bytes"] > 0
+    if mapping == "round-robin":   # ranks alternate between the two servers
+        assert [e.split("/")[0] for e in eps[:4]] == ["h0", "h1", "h0", "h1"]
+
+
+def test_a_send_recv_pair_takes_the_simulated_message_time() -> None:
+    topo = cluster_for("dgx-h100", 2)
+    res = replay_on(synthetic(p2p_bytes=1 << 20), topo, mapping="round-robin", hosts=2)
+    eps = placement(N, endpoints_of(topo), "round-robin", 2)
+    base = replay_on(synthetic(), topo, mapping="round-robin", hosts=2)["makespan_s"]
+    msg = simulate(topo, "sendrecv", 1 << 20, algorithm="p2p", engine="flow", endpoints=[eps[0], eps[N - 1]],
+                   root=0).time_us / 1e6
+    # ranks 0 and n-1 compute GAP_S more and then exchange one message, every step; the others wait for them
+    assert res["makespan_s"] == pytest.approx(base + STEPS * (GAP_S + msg), rel=1e-9)
+
+
+def test_placement_errors_and_the_cli(tmp_path: Path) -> None:
+    eps = [f"h0/gpu{i}" for i in range(8)]
+    with pytest.raises(InvalidArgument, match="only 8 GPUs"):
+        placement(9, eps, "block", 1)
+    with pytest.raises(InvalidArgument, match="neither"):
+        placement(2, eps, "nope", 1)
+    f = tmp_path / "map.json"
+    f.write_text(json.dumps(["h0/gpu3", "h0/gpu1"]))
+    assert placement(2, eps, str(f), 1) == ["h0/gpu3", "h0/gpu1"]
+    tr = tmp_path / "trace.json"
+    tr.write_text(json.dumps(synthetic(n=4, steps=2)))
+    chrome = tmp_path / "chrome.json"
+    p = subprocess.run([sys.executable, "-m", "ringflow", "replay", str(tr), "--topo", "dgx-h100", "--nodes", "2",
+                        "--json", "--trace", str(chrome)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert len(out["steps"]) == 2 and out["placement"] == ["h0/gpu0", "h0/gpu1", "h0/gpu2", "h0/gpu3"]
+    ev = json.loads(chrome.read_text())["traceEvents"]
+    assert len(ev) == 4 * 2 * len(OPS) and {e["tid"] for e in ev} == {0, 1, 2, 3}
