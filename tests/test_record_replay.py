@@ -96,3 +96,74 @@ def test_placement_errors_and_the_cli(tmp_path: Path) -> None:
     assert len(out["steps"]) == 2 and out["placement"] == ["h0/gpu0", "h0/gpu1", "h0/gpu2", "h0/gpu3"]
     ev = json.loads(chrome.read_text())["traceEvents"]
     assert len(ev) == 4 * 2 * len(OPS) and {e["tid"] for e in ev} == {0, 1, 2, 3}
+
+
+def test_same_host_replay_prices_each_collective_with_the_host_model() -> None:
+    from ringflow.workload.replay_host import HostDurations, communication_time
+
+    class Stub:
+        """A cost model that charges 100 us per call and notes what it was asked."""
+        margin = 0.0
+        seen: list = []
+
+        def supports(self, nranks: int) -> bool:
+            return True
+
+        def predict_us(self, schedule, shape, inplace: bool) -> float:
+            self.seen.append((schedule.collective.value, schedule.algorithm, shape.count, shape.itemsize, inplace))
+            return 100.0
+
+    trace = synthetic(n=4, steps=2)
+    for c in trace["calls"]:
+        if c["op"] == "all_reduce":
+            c["algo"] = "ring"
+    stub = Stub()
+    dur = HostDurations(stub, trace)
+    assert communication_time(trace, dur) == pytest.approx(2 * len(OPS) * 100e-6)
+    assert ("all_reduce", "ring", (1 << 20) // 4, 4, True) in stub.seen
+    assert any(s[0] == "all_gather" and s[2] == (1 << 14) // 4 and not s[4] for s in stub.seen)
+
+
+def test_grow_replicates_the_job_as_data_parallel_copies() -> None:
+    from ringflow.workload.replay_sim import grow
+    t = synthetic(n=4, steps=2, p2p_bytes=1 << 10)
+    g = grow(t, 3)
+    assert g["world_size"] == 12 and g["groups"]["w"] == list(range(12)) and len(g["calls"]) == 3 * len(t["calls"])
+    sends = [c for c in g["calls"] if c["lane"] == "send"]
+    assert sorted((c["rank"], c["peer_rank"]) for c in sends) == sorted([(0, 3), (4, 7), (8, 11)] * 2)
+    topo = cluster_for("dgx-h100", 2)
+    small, big = replay_on(t, topo, mapping="block", hosts=2), replay_on(g, topo, mapping="block", hosts=2)
+    # the world all-reduce now spans 12 GPUs on two servers: it cannot be faster than on 4 GPUs of one
+    assert big["makespan_s"] >= small["makespan_s"] and len(big["placement"]) == 12
+    with pytest.raises(InvalidArgument):
+        grow(t, 0)
+
+
+def test_concurrent_operations_of_the_data_parallel_copies_contend_for_the_fabric(tmp_path: Path) -> None:
+    from ringflow.topology import build_cluster
+    from ringflow.workload.contention import dimension_factor
+    from ringflow.workload.replay_sim import grow
+    nbytes, steps, copies = 1 << 24, 2, 8
+    calls = []
+    for r in (0, 1):   # rank 0 sends to rank 1 after GAP_S of compute, every step
+        for s in range(steps):
+            t = int((s + 1) * GAP_S * 1e9)
+            calls.append({"rank": r, "comm": "w", "lane": "send" if r == 0 else "recv", "seq": s,
+                          "op": "send" if r == 0 else "recv", "dtype": "uint8", "count": nbytes, "nbytes": nbytes,
+                          "peer": 1 - r, "peer_rank": 1 - r, "tag": 0, "async": False, "status": "ok",
+                          "site": "pp.py:3", "enq_ns": t, "start_ns": t, "end_ns": t + 1})
+    trace = grow({"format": TRACE_FORMAT, "clock": "barrier", "world": "w", "world_size": 2,
+                  "groups": {"w": [0, 1]}, "ranks": {"0": {}, "1": {}}, "calls": calls, "flight": {}}, copies)
+    topo = build_cluster("dgx-h100", 8, fabric="fat-tree", oversubscription=4.0, radix=16)
+    eps = endpoints_of(topo)
+    where = [eps[k] if r == 0 else eps[7 * 8 + k] for k in range(copies) for r in (0, 1)]   # server 0 -> 7
+    f = tmp_path / "map.json"
+    f.write_text(json.dumps(where))
+    alone = replay_on(trace, topo, mapping=str(f), contention=False)
+    together = replay_on(trace, topo, mapping=str(f))
+    pairs = [[where[2 * k], where[2 * k + 1]] for k in range(copies)]
+    factor = dimension_factor(topo, "sendrecv", nbytes, pairs)["factor"]
+    msg = simulate(topo, "sendrecv", nbytes, algorithm="p2p", engine="flow", endpoints=pairs[0], root=0).time_us / 1e6
+    assert factor > 1.5   # eight messages through a 4:1 oversubscribed spine
+    assert together["contention"]["operations_slowed"] == copies * steps
+    assert together["makespan_s"] == pytest.approx(alone["makespan_s"] + steps * msg * (factor - 1), rel=1e-6)

@@ -5,25 +5,47 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from ..errors import InvalidArgument
 from .common import console, print_json, write_json
 
+if TYPE_CHECKING:
+    from ..workload.replay import Replay
+
 MERGE_USAGE = "ringflow record merge DIR [-o TRACE.json]"
+CHAKRA_USAGE = "ringflow record chakra TRACE -o DIR [--name NAME]"
+
+
+def _option(args: list[str], names: tuple[str, ...], usage: str) -> tuple[str | None, list[str]]:
+    """Take `--opt VALUE` out of args."""
+    for n in names:
+        if n in args:
+            i = args.index(n)
+            if i + 1 >= len(args):
+                raise InvalidArgument(f"{n} needs a value", usage)
+            return args[i + 1], args[:i] + args[i + 2:]
+    return None, args
+
+
+def _chakra(args: list[str]) -> None:
+    """`record chakra TRACE -o DIR`: the trace as Chakra execution traces, one `<name>.<rank>.et` per rank."""
+    from ..workload.chakra import export
+    from ..workload.recorded import load
+    out, args = _option(args, ("-o", "--out"), CHAKRA_USAGE)
+    name, args = _option(args, ("--name",), CHAKRA_USAGE)
+    if out is None or len(args) != 1:
+        raise InvalidArgument(f"record chakra takes one trace and -o DIR, got {args}", CHAKRA_USAGE)
+    paths = export(load(args[0]), out, name or "ringflow")
+    console.print(f"wrote {len(paths)} Chakra files ({paths[0].name} ...) into {out}")
 
 
 def _merge(args: list[str]) -> None:
     """`record merge DIR [-o FILE]`: one trace from a recording (default DIR/trace.json)."""
     from ..workload.recorded import merge
-    out = None
-    if "-o" in args or "--out" in args:
-        i = args.index("-o") if "-o" in args else args.index("--out")
-        if i + 1 >= len(args):
-            raise InvalidArgument("-o needs a file name", MERGE_USAGE)
-        out = args[i + 1]
-        args = args[:i] + args[i + 2:]
+    out, args = _option(args, ("-o", "--out"), MERGE_USAGE)
     if len(args) != 1:
         raise InvalidArgument(f"record merge takes one directory, got {args}", MERGE_USAGE)
     trace = merge(args[0])
@@ -42,12 +64,12 @@ def register(app: typer.Typer) -> None:
     def record_cmd(
         out: str | None = typer.Option(None, "-o", "--out", help="Directory the ranks write their records to."),
         program: list[str] = typer.Argument(..., help="the launcher command (e.g. ringflow run -n 4 python "
-                                            "train.py), or `merge DIR [-o FILE]`"),
+                                            "train.py), `merge DIR [-o FILE]`, or `chakra TRACE -o DIR`"),
     ) -> None:
         """Record every call of every rank of a launcher command into DIR (RINGFLOW_RECORD); `record merge DIR`
-        joins the ranks' files into one trace."""
-        if program and program[0] == "merge":
-            _merge(program[1:])
+        joins the ranks' files into one trace; `record chakra TRACE -o DIR` exports it as Chakra files."""
+        if program and program[0] in ("merge", "chakra"):
+            (_merge if program[0] == "merge" else _chakra)(program[1:])
             return
         if not out:
             raise InvalidArgument("ringflow record needs -o DIR", "ringflow record -o DIR -- <launcher command>")
@@ -83,8 +105,8 @@ def register(app: typer.Typer) -> None:
 
     @app.command("replay")
     def replay_cmd(
-        trace_path: str = typer.Argument(..., metavar="TRACE", help="A trace (`ringflow record merge`) or a record "
-                                         "directory."),
+        trace_path: str = typer.Argument(..., metavar="TRACE", help="A trace (`ringflow record merge`), a record "
+                                         "directory, or Chakra files (a .et file or a directory of them)."),
         topo: str = typer.Option("dgx-h100", "--topo", help="A preset (replicated over --nodes) or a topology file."),
         nodes: int = typer.Option(1, "--nodes", min=1, help="Servers of the preset."),
         fabric: str = typer.Option("rail", "--fabric", help="Cluster fabric: rail or fat-tree."),
@@ -93,22 +115,35 @@ def register(app: typer.Typer) -> None:
         compute_scale: float = typer.Option(1.0, "--compute-scale", min=0.0, help="Factor on every recorded "
                                             "compute gap."),
         engine: str = typer.Option("flow", "--engine", help="Simulator engine: flow or analytic."),
+        grow_dp: int = typer.Option(1, "--grow", min=1, help="Replay N data-parallel copies of the recorded job: "
+                                    "world collectives span all copies, everything else stays in its copy."),
+        step_site: str | None = typer.Option(None, "--step", help="Part of the file:line that starts a step "
+                                             "(default: the world collective repeated most often)."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         plot: str | None = typer.Option(None, "--plot", help="Write a per-rank timeline image here (PNG/SVG)."),
         chrome: str | None = typer.Option(None, "--trace", help="Write a Chrome/Perfetto trace here."),
+        contention: bool = typer.Option(True, "--contention/--no-contention", help="Simulate overlapping "
+                                        "operations of the same kind together (flow engine) and replay again."),
+        host_model: str | None = typer.Option(None, "--host-model", help="Instead of a cluster: price the "
+                                              "collectives with this `ringflow calibrate` file and compare the "
+                                              "communication time with the recorded one."),
     ) -> None:
         """Predict a recorded job's step time on a modelled cluster: its compute gaps (scaled) and every call
         simulated on the GPUs its ranks are placed on."""
         from ..topology import PRESETS, load_topology
         from ..workload.recorded import load
-        from ..workload.replay_sim import chrome_trace, replay_on
+        from ..workload.replay_sim import chrome_trace, grow, replay_on
         from ..workload.validation import cluster_for
-        trace = load(trace_path)
+        trace = grow(load(trace_path), grow_dp)
+        if host_model:
+            _same_host(trace, host_model, json_out)
+            return
         if topo.partition(":")[0] in PRESETS:
             t = cluster_for(topo, nodes, None, fabric)
         else:
             t = load_topology(topo)
-        res = replay_on(trace, t, mapping=mapping, hosts=nodes, compute_scale=compute_scale, engine=engine)
+        res = replay_on(trace, t, mapping=mapping, hosts=nodes, compute_scale=compute_scale, engine=engine,
+                        step_site=step_site, contention=contention)
         rep = res.pop("replay")
         if chrome:
             write_json(chrome, chrome_trace(rep))
@@ -122,20 +157,40 @@ def register(app: typer.Typer) -> None:
                     ["step", "time (ms)", "comm share", "exposed comm (ms)"],
                     [[r["step"], f"{r['time_s'] * 1e3:.3f}", f"{r['comm_share']:.0%}",
                       f"{r['exposed_comm_s'] * 1e3:.3f}"] for r in res["steps"]])
-        console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms")
+        cont = res["contention"]
+        console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms; "
+                      f"contention slowed {cont['operations_slowed']} operations (at most x{cont['max_factor']:.2f})")
         if res["busiest_links"]:
             print_table("busiest links", ["link", "tier", "bytes", "mean util"],
                         [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util']:.1%}"]
                          for r in res["busiest_links"]])
 
 
-def _plot(rep: object, path: str) -> None:
+def _same_host(trace: dict, path: str, json_out: bool) -> None:
+    """`replay --host-model`: recorded vs modelled communication time, and the replayed run length."""
+    from ..runtime.plugins import load_cost_model
+    from ..workload.replay import replay
+    from ..workload.replay_host import HostDurations, communication_time
+    shm = len({v.get("hostname") for v in trace["ranks"].values()}) <= 1
+    dur = HostDurations(load_cost_model(path, "shm" if shm else "tcp"), trace)
+    rec, pred = communication_time(trace), communication_time(trace, dur)
+    replayed = replay(trace, dur).makespan_s
+    out = {"recorded_comm_s": rec, "predicted_comm_s": pred, "error": pred / rec - 1 if rec > 0 else None,
+           "replayed_s": replayed}
+    if json_out:
+        print_json(out)
+    else:
+        err = f"{(pred / rec - 1) * 100:+.1f} %" if rec > 0 else "-"
+        console.print(f"communication: recorded {rec * 1e3:.3f} ms, host model {pred * 1e3:.3f} ms ({err}); "
+                      f"replayed run {replayed * 1e3:.3f} ms")
+
+
+def _plot(rep: Replay, path: str) -> None:
     """A per-rank timeline of the replay (blocking calls dark, asynchronous ones light)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    issues = getattr(rep, "issues")
-    ops = getattr(rep, "ops")
+    issues, ops = rep.issues, rep.ops
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(issues) + 1.5))
     for r, iss in issues.items():
         for k, _t, blocking in iss:

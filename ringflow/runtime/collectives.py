@@ -47,9 +47,9 @@ class CollectiveCalls(FastCalls):
         if opname is not None:
             check_op(opname, out.flat.dtype)
         meta = (coll, x.flat.dtype, x.flat.size, root, opname)
-        if fast_key is not None and not async_op and timeout is None:
+        if fast_key is not None and not async_op:
             self._last_native = None
-            r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), False, None,
+            r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), False, timeout,
                           coll.value, result, meta=meta)
             self._fast_remember(fast_key, x.orig, out.orig, out.flat, coll, opname, root, result, meta)
             return r
@@ -96,8 +96,8 @@ class CollectiveCalls(FastCalls):
     def all_reduce(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
-        fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+        fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
@@ -115,8 +115,8 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: Literal[True], timeout: float | None = ...) -> Work: ...
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
-        fk = ("broadcast", id(x), root) if type(root) is int and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+        fk = ("broadcast", id(x), root) if type(root) is int and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         return self._coll(Collective.BROADCAST, xb, xb, xb.flat.size, None, self._root(root), async_op, timeout, x,
@@ -135,8 +135,8 @@ class CollectiveCalls(FastCalls):
                timeout: float | None = None) -> Any:
         """Reduce x across ranks into root's x (or `out`); other ranks' buffers are scratch."""
         fk = ("reduce", id(x), id(out), op, root) \
-            if type(op) is str and type(root) is int and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            if type(op) is str and type(root) is int and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
@@ -168,8 +168,8 @@ class CollectiveCalls(FastCalls):
               timeout: float | None = ...) -> Work: ...
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Concatenate every rank's x on axis 0, on every rank."""
-        fk = ("all_gather", id(x), id(out)) if out is not None and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+        fk = ("all_gather", id(x), id(out)) if out is not None and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         ob, out = self._gather_out(xb, out, "all_gather")
@@ -221,8 +221,8 @@ class CollectiveCalls(FastCalls):
                        timeout: float | None = None) -> Any:
         """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
         fk = ("reduce_scatter", id(x), id(out), op) \
-            if out is not None and type(op) is str and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            if out is not None and type(op) is str and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         ob, out, count = self._split_out(xb, out, "reduce_scatter")
@@ -263,8 +263,8 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
         fk = ("all_to_all", id(x), id(out)) if out is not None and send_counts is None and recv_counts is None \
-            and not async_op and timeout is None else None
-        if fk is not None and (r := self._fast_run(fk)) is not MISS:
+            and not async_op else None
+        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         n = self.size

@@ -436,7 +436,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         """Write this process's flight records (the last calls of each communicator) to `path`, default
         RINGFLOW_DUMP_DIR (or RINGFLOW_RECORD)/flight-rank<R>.json; the path written, None if nowhere."""
         if self._rec is None:
-            raise InvalidUsage("the flight recorder is off", "set RINGFLOW_FLIGHT_RECORDER to a positive count")
+            raise InvalidUsage("the flight recorder is off", "set RINGFLOW_DUMP_DIR (where flight records go) and "
+                               "RINGFLOW_FLIGHT_RECORDER to a positive count before creating the communicator")
         p = dump_all("comm.dump()", path)
         return None if p is None else str(p)
 

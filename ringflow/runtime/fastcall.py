@@ -5,8 +5,8 @@ goes the whole way (argument checks, tuner, plan, native plan); when it ran nati
 remembered under (collective, id(x), id(out), op or root) with its buffers' addresses. The next
 call with the very same objects (same storage for tensors) only bumps the sequence number, sets the
 deadline and runs the native plan: the argument check across ranks still happens, inside the
-plan's first messages or its check exchange. Anything unusual (async_op, a timeout, a failed
-communicator, a pending async call, an output the call allocates) takes the full path.
+plan's first messages or its check exchange. Anything unusual (async_op, a failed communicator, a
+pending async call, an output the call allocates) takes the full path.
 """
 from __future__ import annotations
 
@@ -68,10 +68,11 @@ class FastCalls:
     _fast_seen: set[tuple]   # keys called once (an id may be reused by a later object: that only costs a call)
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
-    def _fast_run(self, key: tuple) -> Any:
-        """Run the call remembered under `key` again, or MISS."""
+    def _fast_run(self, key: tuple, timeout: float | None) -> Any:
+        """Run the call remembered under `key` again (within `timeout` s, default the communicator's), or MISS."""
         f = self._fast.get(key)
-        if f is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy:
+        if f is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
+                or (timeout is not None and not timeout > 0):
             return MISS
         prep = f.prep
         if prep.hot is not f.hot or (f.ptrs[0] is not None and (_ptr(f.x), _ptr(f.out)) != f.ptrs):
@@ -81,7 +82,7 @@ class FastCalls:
         seq = self._op_seq
         self._op_seq = seq + 1
         ctx.op_seq = seq
-        ctx.deadline = deadline = time.monotonic() + self.timeout
+        ctx.deadline = deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self._last_call, self._in_call = (seq, prep.desc), True
         self.last_schedule = prep.schedule
         guard = self._guard if self._rec is None else \

@@ -16,6 +16,7 @@ import glob
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,12 +47,18 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def rank_env(rank: int, nprocs: int, store_addr: str, secret: str, job_id: str,
-             base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of one rank."""
+             base: dict[str, str] | None = None, torch_port: int | None = None) -> dict[str, str]:
+    """The environment of one rank: ringflow's variables, and torchrun's (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: rank 0 serves torch's store on `torch_port`) unless set, so
+    `torch.distributed.init_process_group("ringflow")` works unchanged under `ringflow run`."""
     env = dict(os.environ if base is None else base)
     env.update({"RINGFLOW_RANK": str(rank), "RINGFLOW_WORLD_SIZE": str(nprocs), "RINGFLOW_LOCAL_RANK": str(rank),
                 "RINGFLOW_STORE_ADDR": store_addr, "RINGFLOW_SECRET": secret, "RINGFLOW_JOB_ID": job_id,
                 "PYTHONUNBUFFERED": "1"})
+    if torch_port is not None and "MASTER_PORT" not in env:
+        env.update({"RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank),
+                    "LOCAL_WORLD_SIZE": str(nprocs), "MASTER_ADDR": store_addr.rpartition(":")[0],
+                    "MASTER_PORT": str(torch_port)})
     if nprocs > 1:
         # like torchrun: one BLAS/OpenMP thread per rank unless the user chose, or N ranks x N threads thrash
         for var in THREAD_VARS:
@@ -60,6 +67,13 @@ def rank_env(rank: int, nprocs: int, store_addr: str, secret: str, job_id: str,
 
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on `host` now (the OS's pick), for a server a rank starts a moment later."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _pump(stream: IO[bytes], prefix: bytes, out: IO[bytes], lock: threading.Lock) -> None:
@@ -114,6 +128,7 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     job_id = "j" + secrets.token_hex(5)
     server = StoreServer("127.0.0.1", 0, secret)
     addr = f"{server.address[0]}:{server.address[1]}"
+    torch_port = free_port(server.address[0])
     cores = binding(nprocs, bind)
     lock = threading.Lock()
     handlers = _catch_stop_signals()
@@ -122,7 +137,7 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     code = 0
     try:
         for r in range(nprocs):
-            env = rank_env(r, nprocs, addr, secret, job_id)
+            env = rank_env(r, nprocs, addr, secret, job_id, torch_port=torch_port)
             if extra_env:
                 env.update(extra_env)
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -37,7 +37,7 @@ from ..errors import InvalidArgument
 log = logging.getLogger("ringflow.runtime")
 
 FORMAT = "ringflow-record/1"
-FLUSH_EVERY = 8192   # calls kept before the record file is written (also at destroy, exit and on errors)
+FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
 LANES = ("coll", "send", "recv")
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
 _now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
@@ -47,8 +47,10 @@ LANE, SEQ, META, DESC, T_ENQ, T_START, T_END, CODE, LINE, STATUS, ALGO, ASYNC = 
 
 
 def _is_internal(filename: str) -> bool:
-    """Frames of ringflow itself and of torch are skipped when looking for the user's call site."""
-    return filename.startswith(_PKG) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<frozen")
+    """Frames of ringflow itself, of torch and of a worker thread's start are skipped when looking for the
+    user's call site."""
+    return filename.startswith(_PKG) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<frozen") \
+        or filename.endswith(f"{os.sep}threading.py")
 
 
 _internal: dict[CodeType, bool] = {}
@@ -68,35 +70,73 @@ def call_site(depth: int = 2) -> tuple[CodeType | None, int]:
     return None, 0
 
 
-_depth: dict[Any, int] = {}
+# frames looked at for a call site: a user's line is a few frames above ringflow's entry point, and calls made
+# from deep inside a framework (a benchmark driver, torch's autograd thread) have none worth the walk
+MAX_WALK = 12
+_sites: dict[CodeType, int] = {}   # code 4 frames up -> depth of the user's frame there, or -1
 
 
 def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
-    """call_site(3) with a guess: the user's frame was `_depth[kind]` frames up last time; checking that frame
-    and the one below it (instead of walking every frame in between: each frame object costs) is enough
-    unless an internal frame sits between two external ones, which ringflow's own entry points never do."""
-    d = _depth.get(kind)
-    f: Any
-    if d is not None:
-        try:
-            f = sys._getframe(d)
-            code = f.f_code
-            if _internal.get(code) is False and _internal.get(sys._getframe(d - 1).f_code) is True:
-                return code, f.f_lineno
-        except ValueError:
-            pass
-    f = sys._getframe(2)
+    """The call site of the operation the recorder is entered for (`kind`: its name; unused, kept for callers).
+
+    The path from the user's line to here is the same for every call made from the same place, so the depth
+    of the user's frame (or that there is none within MAX_WALK frames) is remembered per code object 4 frames
+    up (the user's own function on the repeated-call path): a repeated call looks at one or two frames instead
+    of walking and materialising all of them. On a worker thread with no user frame: the site `with_site`
+    noted when the job was queued."""
+    try:
+        f: Any = sys._getframe(4)
+    except ValueError:   # a shallow stack
+        f = None
+    if f is not None:
+        d = _sites.get(f.f_code)
+        if d is not None:
+            if d < 0:
+                return getattr(_queued, "site", None) or (None, 0)
+            g = f if d == 4 else sys._getframe(d)
+            if _internal.get(g.f_code) is False:
+                return g.f_code, g.f_lineno
+    d = _walk()
+    if f is not None:
+        if len(_sites) > 4096:
+            _sites.clear()
+        _sites[f.f_code] = d
+    if d >= 0:
+        g = sys._getframe(d)
+        return g.f_code, g.f_lineno
+    return getattr(_queued, "site", None) or (None, 0)
+
+
+def _walk() -> int:
+    """Depth (from call_site_of's frame) of the first frame outside ringflow and torch; -1 if none is near."""
+    f: Any = sys._getframe(3)   # _walk's caller is call_site_of: its depth 2 is our 3
     n = 2
-    while f is not None:
+    while f is not None and n < MAX_WALK:
         code = f.f_code
         inside = _internal.get(code)
         if inside is None:
             inside = _internal[code] = _is_internal(code.co_filename)
         if not inside:
-            _depth[kind] = n
-            return code, f.f_lineno
+            return n
         f, n = f.f_back, n + 1
-    return None, 0
+    return -1
+
+
+_queued = threading.local()   # on a worker thread: the call site of the job it runs (`with_site`)
+
+
+def with_site(job: Callable[[], Any]) -> Callable[[], Any]:
+    """`job`, remembering the caller's call site for the recorder when another thread runs it (the torch
+    backend's lanes queue asynchronous operations this way)."""
+    site = call_site(2)
+
+    def run() -> Any:
+        _queued.site = site
+        try:
+            return job()
+        finally:
+            _queued.site = None
+    return run
 
 
 def site_text(code: CodeType | None, line: int) -> str:
@@ -128,6 +168,7 @@ class _Process:
         self.recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
         self.mono0, self.wall0 = _now(), time.time_ns()
         self.hooked = False
+        self.told = False   # said once that flight records go nowhere without a directory
 
     def open_record(self, directory: str, rank: int) -> None:
         """Open DIR/rank<R>.jsonl (once per process) with its header line."""
@@ -296,29 +337,36 @@ def row(ns: str, e: list[Any]) -> dict[str, Any]:
     return r
 
 
-_frags: dict[tuple, str] = {}
+_frags: dict[tuple, tuple[str, Any]] = {}
 
 
 def line_of(ns: str, e: list[Any]) -> str:
-    """row() as one JSON line, built from a cached fragment of everything but the sequence number and times."""
-    key = (ns, e[LANE], e[META], e[DESC], e[CODE], e[LINE], e[STATUS], e[ALGO], e[ASYNC], bool(e[T_END]))
-    frag = _frags.get(key)
-    if frag is None:
+    """row() as one JSON line, built from a cached fragment of everything but the sequence number and times.
+
+    The cache is keyed by object ids (hashing enums and dtypes costs more than the formatting); each entry
+    keeps its objects alive so that their ids stay theirs."""
+    m = e[META]
+    objs = (m, e[CODE])
+    key = (ns, e[LANE], e[DESC], e[LINE], e[STATUS], e[ALGO], e[ASYNC], e[T_END] != 0, id(e[CODE]),
+           *((id(m[0]), id(m[1]), m[2], m[3], m[4]) if m else ()))
+    hit = _frags.get(key)
+    if hit is None:
         r = row(ns, e)
         for k in ("kind", "seq", "enq_ns", "start_ns", "end_ns"):
             del r[k]
-        frag = _frags[key] = json.dumps(r, separators=(",", ":"))[1:]
+        hit = _frags[key] = (json.dumps(r, separators=(",", ":"))[1:], objs)
         if len(_frags) > 65536:
             _frags.clear()
-    return f'{{"kind":"call","seq":{e[SEQ]},"enq_ns":{e[T_ENQ]},"start_ns":{e[T_START]},"end_ns":{e[T_END]},{frag}\n'
+    return f'{{"kind":"call","seq":{e[SEQ]},"enq_ns":{e[T_ENQ]},"start_ns":{e[T_START]},"end_ns":{e[T_END]},{hit[0]}\n'
 
 
 def attach(comm: Any) -> Recorder | None:
     """The recorder of a new communicator (None when both the flight recorder and recording are off).
 
     Recording aligns clocks: every rank passes a barrier and notes when it left it."""
-    ring_n = int(config.get("FLIGHT_RECORDER"))
     record_dir = str(config.get("RECORD") or "")
+    # the ring costs every call about a microsecond: kept only where its records can be written
+    ring_n = int(config.get("FLIGHT_RECORDER")) if dump_dir() is not None else 0
     if ring_n <= 0 and not record_dir:
         return None
     rec = Recorder(comm, ring_n, record_dir)
@@ -358,7 +406,9 @@ def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | 
     if path is None:
         d = dump_dir()
         if d is None:
-            log.warning("ringflow: flight record not written (%s): set RINGFLOW_DUMP_DIR", reason)
+            if not _proc.told:
+                _proc.told = True
+                log.info("ringflow: flight record not written (%s): set RINGFLOW_DUMP_DIR to keep it", reason)
             return None
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"flight-rank{_proc.rank if _proc.rank is not None else os.getpid()}.json"
@@ -367,7 +417,7 @@ def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | 
            "hostname": socket.gethostname(), "reason": reason, "mono_ns": _now(), "wall_ns": time.time_ns(),
            "mono0_ns": _proc.mono0, "wall0_ns": _proc.wall0, "comms": [r.flight() for r in recs]}
     p = Path(path)
-    tmp = p.with_name(p.name + f".{os.getpid()}.tmp")
+    tmp = p.with_name(p.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, p)
     log.warning("ringflow: flight record written to %s (%s)", p, reason)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidUsage, RingflowError
+from ..runtime.record import with_site
 
 
 def backend_error(exc: BaseException, what: str) -> dist.DistBackendError:
@@ -159,7 +160,7 @@ class Lane:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}", daemon=True)
                 self._thread.start()
-        self._q.put((job, work))
+        self._q.put((with_site(job), work))   # the recorder notes the caller's line, not the worker's
         return work
 
     def _loop(self) -> None:

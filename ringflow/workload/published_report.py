@@ -96,7 +96,7 @@ def target_rows(result: dict[str, Any]) -> list[list[str]]:
 
 def not_expressible(result: dict[str, Any]) -> list[list[str]]:
     """The cases the model cannot describe yet (or fails on) and what is missing."""
-    return [[r["id"], r["set"], r["status"].removeprefix("not expressible: ")]
+    return [[r["id"], r["set"], _short(r["status"].removeprefix("not expressible: "))]
             for r in result["rows"] if r["status"] != "ok"]
 
 
@@ -138,7 +138,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "## Summary per GPU generation", "", *_md_table(GROUP_HEADER, group_rows(result)),
              "## Held-out set", "", *_md_table(CASE_HEADER, case_rows(result, "held_out")),
              "## Fitting set", "", *_md_table(CASE_HEADER, case_rows(result, "fit")),
-             "## Not expressible yet", "", *_md_table(["case", "set", "what is missing"], not_expressible(result)),
+             "## Not expressible yet (or failing in the model)", "",
+             *_md_table(["case", "set", "what is missing"], not_expressible(result)),
              "## Cases and sources", "",
              *_md_table(["case", "system", "source", "where", "assumed"],
                         [[r["id"], r["system"], r["url"], r["where"], r["assumed"]] for r in result["rows"]])]

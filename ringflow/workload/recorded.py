@@ -99,7 +99,7 @@ def _offsets(ranks: dict[int, _Rank]) -> tuple[str, dict[int, int]]:
         # ranks of one host share its monotonic clock (exact); hosts are aligned by when their ranks left the
         # barrier (the median of each host's ranks)
         hosts: dict[str, list[int]] = {}
-        for g, r in ranks.items():
+        for r in ranks.values():
             hosts.setdefault(str(r.process.get("hostname")), []).append(int(r.comms[world]["barrier_ns"]))
         return "barrier", {g: int(statistics.median(hosts[str(r.process.get("hostname"))]))
                            for g, r in ranks.items()}
@@ -155,8 +155,13 @@ def merge(directory: str | Path) -> dict[str, Any]:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """A trace: a merged trace file, or a record/dump directory (merged on the fly)."""
+    """A trace: a merged trace file, a record/dump directory (merged on the fly), or Chakra files (a `.et`
+    file or a directory of them)."""
     p = Path(path)
+    if (p.is_dir() and not any(p.glob("rank*.jsonl")) and not any(p.glob("flight-rank*.json"))
+            and any(p.glob("*.et"))) or p.suffix == ".et":
+        from .chakra import import_files
+        return import_files(p)
     if p.is_dir():
         return merge(p)
     if not p.exists():

@@ -11,7 +11,7 @@ optimistic where the recorded program waited on a Work.
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,15 +146,38 @@ def _complete(k: Key, cs: list[Call], issued: dict[Key, dict[int, float]],
     out.ops[k] = (start, end)
 
 
-def steps_of(trace: dict[str, Any]) -> tuple[str | None, int]:
-    """The step marker (the call site the lowest rank's world collectives repeat most) and how often it recurs."""
+def step_key(c: Call) -> tuple[str, str, int]:
+    """What marks a step: a collective's call site, operation and size (DDP's buckets from one line differ)."""
+    return (str(c["site"]), str(c["op"]), int(c.get("nbytes") or 0))
+
+
+def step_marks(trace: dict[str, Any], marker: str | None = None) -> tuple[tuple[str, str, int] | None, list[int]]:
+    """The step marker and the indices (into the lowest rank's calls, `per_rank` order) where steps begin.
+
+    A step begins at each call with the marker's (site, operation, size) among the lowest rank's world
+    collectives. The marker is the key called most often (the earliest on ties: the first bucket of a DDP
+    step), among those whose site contains `marker` when given."""
     world = trace.get("world")
     calls = per_rank(trace)
     if not calls:
-        return None, 0
-    low = min(calls)
-    sites = Counter(c["site"] for c in calls[low] if c["lane"] == "coll" and (world is None or c["comm"] == world))
-    if not sites:
-        return None, 0
-    site, n = sites.most_common(1)[0]
-    return site, n
+        return None, []
+    own = calls[min(calls)]
+    seen: dict[tuple[str, str, int], list[int]] = {}
+    for i, c in enumerate(own):
+        if c["lane"] == "coll" and (world is None or c["comm"] == world):
+            seen.setdefault(step_key(c), []).append(i)
+    if marker is not None:
+        seen = {k: v for k, v in seen.items() if marker in k[0]}
+        if not seen:
+            raise InvalidArgument(f"no world collective of the lowest rank was called from a site matching "
+                                  f"{marker!r}", "give part of a file:line the trace records (see diagnose)")
+    if not seen:
+        return None, []
+    best = max(seen, key=lambda k: len(seen[k]))   # dicts keep insertion order: the earliest wins ties
+    return best, seen[best]
+
+
+def steps_of(trace: dict[str, Any], marker: str | None = None) -> tuple[str | None, int]:
+    """The step marker (as "site: operation") and the number of steps."""
+    key, marks = step_marks(trace, marker)
+    return (None if key is None else f"{key[0]}: {key[1]} of {key[2]} bytes"), len(marks)

@@ -2,9 +2,12 @@
 
 Each collective is simulated on the endpoints its members were placed on (the simulator's tuner picks the
 algorithm for that placement and size), each send/recv pair as one message between its two endpoints;
-results are cached per (operation, size, endpoints). Operations are simulated one at a time: two groups
-whose operations overlap in time do not slow each other down here. Compute gaps are the recorded ones
-times `compute_scale` (the recording host's compute, not the GPU's: scale it to the ratio you expect).
+results are cached per (operation, size, endpoints). Contention: after a first replay, operations of the
+same kind and size that overlap in time on different GPUs (the data-parallel copies' pipeline sends, every
+tensor-parallel group's all-reduce) are simulated together on the flow engine (`contention.
+dimension_factor`), and the replay is run again with each one's duration times that slowdown; operations of
+different kinds that overlap do not slow each other down here. Compute gaps are the recorded ones times
+`compute_scale` (the recording host's compute, not the GPU's: scale it to the ratio you expect).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from .replay import Call, Key, Replay, per_rank, replay, steps_of
+from .replay import Call, Key, Replay, instance_key, per_rank, replay, step_marks
 
 MAPS = ("block", "round-robin")
 GATHERED = ("all_gather", "gather")   # the recorded count is one rank's part; the simulator's size is all parts
@@ -83,6 +86,12 @@ class SimDurations:
                                         root=int(root) if root is not None else 0)
         return self._cache[key]
 
+    def endpoints(self, k: Key) -> list[str]:
+        """The GPUs an operation runs on."""
+        if k[0] == "p2p":
+            return [self.where[int(k[2])], self.where[int(k[3])]]
+        return [self.where[m] for m in self.trace["groups"].get(k[1], []) if m is not None]
+
     def __call__(self, k: Key, cs: list[Call]) -> float:
         res = self.result(k, cs)
         if res is None:
@@ -108,18 +117,55 @@ class SimDurations:
         return sorted(rows, key=lambda r: -r["bytes"])[:k]
 
 
-def step_rows(trace: dict[str, Any], rep: Replay) -> list[dict[str, Any]]:
-    """Per step (between successive calls from the step marker's site on the lowest rank): its predicted
-    time, the share of rank-time spent in operations, and the exposed communication (time ranks were
-    blocked in a call, mean over ranks)."""
-    site, n = steps_of(trace)
+def contention_factors(topo: Any, rep: Replay, dur: SimDurations, members: dict[Key, list[Call]],
+                       max_groups: int = 64) -> dict[Key, float]:
+    """Per operation: its slowdown when run together with the operations of the same kind and size that
+    overlap it in the replay `rep` on other GPUs (1 when alone)."""
+    from .contention import dimension_factor
+    kinds: dict[tuple, list[Key]] = defaultdict(list)
+    for k, cs in members.items():
+        if k in rep.ops and rep.ops[k][1] > rep.ops[k][0]:
+            op = "sendrecv" if k[0] == "p2p" else str(cs[0]["op"])
+            kinds[(op, max(int(c.get("nbytes") or 0) for c in cs), len(dur.endpoints(k)))].append(k)
+    out: dict[Key, float] = {}
+    cache: dict[tuple, float] = {}
+    for (op, nbytes, n), ks in kinds.items():
+        if n < 2 or len(ks) < 2:
+            continue
+        ks.sort(key=lambda k: rep.ops[k][0])
+        i = 0
+        while i < len(ks):   # sweep: the operations that start before the first of a cluster ends
+            end = rep.ops[ks[i]][1]
+            j = i + 1
+            while j < len(ks) and rep.ops[ks[j]][0] < end:
+                j += 1
+            cluster: list[list[str]] = []
+            used: set[str] = set()
+            for k in ks[i:j]:
+                eps = dur.endpoints(k)
+                if not used.intersection(eps):
+                    cluster.append(eps)
+                    used.update(eps)
+            if len(cluster) > 1:
+                key = (op, nbytes, tuple(tuple(e) for e in cluster))
+                if key not in cache:
+                    size = size_bytes_of(op, nbytes, n) if op != "sendrecv" else nbytes
+                    cache[key] = float(dimension_factor(topo, op, size, cluster, max_groups)["factor"])
+                for k in ks[i:j]:
+                    out[k] = cache[key]
+            i = j
+    return out
+
+
+def step_rows(trace: dict[str, Any], rep: Replay, marker: str | None = None) -> list[dict[str, Any]]:
+    """Per step (`replay.step_marks`, on the lowest rank): its predicted time, the share of rank-time spent
+    in operations, and the exposed communication (time ranks were blocked in a call, mean over ranks)."""
+    _, idx = step_marks(trace, marker)
     calls = per_rank(trace)
-    if not calls or not n:
+    if not calls or not idx:
         return []
     low = min(calls)
-    marks = [t for (k, t, _), c in zip(rep.issues[low], calls[low], strict=True) if c["site"] == site
-             and c["lane"] == "coll"]
-    edges = [*marks, rep.makespan_s]
+    edges = [*(rep.issues[low][i][1] for i in idx), rep.makespan_s]
     busy: dict[int, list[tuple[float, float, bool]]] = defaultdict(list)
     for r, iss in rep.issues.items():
         for k, t, blocking in iss:
@@ -143,8 +189,41 @@ def step_rows(trace: dict[str, Any], rep: Replay) -> list[dict[str, Any]]:
     return rows
 
 
+def grow(trace: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The trace run as `replicas` data-parallel copies of itself: copy k's rank r is rank k*n + r (n: the
+    recorded world size); its sub-groups and point-to-point calls stay inside the copy, and collectives on the
+    world communicator span every copy with the same bytes per rank (a data-parallel gradient all-reduce)."""
+    if replicas < 1:
+        raise InvalidArgument(f"--grow {replicas}", "give the number of data-parallel copies, >= 1")
+    if replicas == 1:
+        return trace
+    world = trace.get("world")
+    n = int(trace.get("world_size") or len(trace["ranks"]))
+    groups: dict[str, list[Any]] = {}
+    for ns, members in trace["groups"].items():
+        if ns == world:
+            groups[ns] = list(range(n * replicas))
+        else:
+            for k in range(replicas):
+                groups[f"{ns}@{k}"] = [None if m is None else m + k * n for m in members]
+    calls = []
+    for k in range(replicas):
+        for c in trace["calls"]:
+            d = dict(c, rank=int(c["rank"]) + k * n)
+            if c["comm"] != world:
+                d["comm"] = f"{c['comm']}@{k}"
+            if c.get("peer_rank") is not None:
+                d["peer_rank"] = int(c["peer_rank"]) + k * n
+                if c["comm"] == world:
+                    d["peer"] = d["peer_rank"]
+            calls.append(d)
+    return dict(trace, groups=groups, world_size=n * replicas, calls=calls,
+                ranks={str(int(r) + k * n): v for k in range(replicas) for r, v in trace["ranks"].items()})
+
+
 def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts: int = 1,
-              compute_scale: float = 1.0, engine: str = "flow") -> dict[str, Any]:
+              compute_scale: float = 1.0, engine: str = "flow", step_site: str | None = None,
+              contention: bool = True) -> dict[str, Any]:
     """Replay `trace` on `topo` (see the module doc): per-step rows, totals and the busiest links."""
     from ..sim.api import endpoints_of
     nranks = max((int(r) for r in trace["ranks"]), default=-1) + 1
@@ -152,8 +231,20 @@ def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts
     where = placement(nranks, endpoints_of(topo), mapping, hosts)
     dur = SimDurations(topo, trace, where, engine)
     rep = replay(trace, dur, compute_scale=compute_scale)
-    rows = step_rows(trace, rep)
+    factors: dict[Key, float] = {}
+    if contention:
+        members: dict[Key, list[Call]] = defaultdict(list)
+        for c in trace["calls"]:
+            if c.get("enq_ns") is not None:
+                members[instance_key(c)].append(c)
+        factors = contention_factors(topo, rep, dur, members)
+        if any(f > 1.0 for f in factors.values()):
+            dur.link_bytes.clear()
+            rep = replay(trace, lambda k, cs: dur(k, cs) * factors.get(k, 1.0), compute_scale=compute_scale)
+    rows = step_rows(trace, rep, step_site)
+    slowed = [f for f in factors.values() if f > 1.0]
     return {"ranks": nranks, "placement": where, "makespan_s": rep.makespan_s, "steps": rows,
+            "contention": {"operations_slowed": len(slowed), "max_factor": max(slowed, default=1.0)},
             "step_s": (sum(r["time_s"] for r in rows) / len(rows)) if rows else rep.makespan_s,
             "compute_s": rep.compute_s, "blocked_s": rep.comm_s, "busiest_links": dur.busiest(rep.makespan_s),
             "replay": rep}

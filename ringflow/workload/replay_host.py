@@ -1,0 +1,66 @@
+"""Replay a recording on the host it came from: each collective priced by the host cost model that
+`ringflow calibrate` wrote (docs/hostmodel.md), to check the replay against what the run measured.
+
+The schedule priced is the one the runtime's flat tuner picks for the call (`algorithms.selection.
+pick_schedule`; the recorded algorithm when the tuner would pick another); point-to-point calls, which the
+model does not price, keep their recorded durations.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..algorithms.layout import CallShape
+from ..algorithms.registry import get_schedule
+from ..algorithms.schedule import Collective
+from ..algorithms.selection import CostModel, pick_schedule
+from ..errors import InvalidArgument
+from .replay import Call, Key, measured_durations
+
+SINGLE_RING_BYTES = 256 * 2**10   # the runtime's default RINGFLOW_SINGLE_RING_THRESHOLD
+
+
+class HostDurations:
+    """Operation durations from a host cost model (collectives) and the recording (point-to-point)."""
+
+    def __init__(self, model: CostModel, trace: dict[str, Any]) -> None:
+        self.model, self.trace = model, trace
+        self.measured = measured_durations(trace)
+        self._cache: dict[tuple, float] = {}
+
+    def __call__(self, k: Key, cs: list[Call]) -> float:
+        c0 = cs[0]
+        members = [m for m in self.trace["groups"].get(k[1], []) if m is not None]
+        if k[0] != "coll" or len(members) < 2 or c0["op"] == "barrier":
+            return self.measured.get(k, 0.0)
+        n = len(members)
+        coll = Collective.parse(str(c0["op"]))
+        nbytes = max(int(c.get("nbytes") or 0) for c in cs)
+        itemsize = max(1, nbytes // max(1, int(c0.get("count") or 1)))
+        root = c0.get("root")
+        key = (coll, nbytes, n, root, c0.get("algo"))
+        if key not in self._cache:
+            if not self.model.supports(n):
+                raise InvalidArgument(f"the host model was not calibrated for {n} ranks",
+                                      f"calibrate with {n} among --ranks")
+            count = nbytes // itemsize // (n if coll in (Collective.REDUCE_SCATTER, Collective.SCATTER,
+                                                         Collective.ALL_TO_ALL) else 1)
+            call_bytes = count * itemsize * (n if coll.per_rank_sized else 1)
+            inplace = coll in (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.REDUCE)
+            sched = pick_schedule(coll, call_bytes, n, root, itemsize, inplace, SINGLE_RING_BYTES)
+            if c0.get("algo") and sched.algorithm != c0["algo"]:
+                sched = get_schedule(coll, str(c0["algo"]), n, root=root)
+            self._cache[key] = self.model.predict_us(sched, CallShape(coll, n, count, itemsize), inplace) / 1e6
+        return self._cache[key]
+
+
+def communication_time(trace: dict[str, Any], durations: Any | None = None) -> float:
+    """Total seconds of the trace's collectives (each counted once): recorded, or as `durations` prices them."""
+    from .replay import instance_key
+    ops: dict[Key, list[Call]] = {}
+    for c in trace["calls"]:
+        if c["lane"] == "coll" and c.get("status") == "ok":
+            ops.setdefault(instance_key(c), []).append(c)
+    if durations is None:
+        m = measured_durations(trace)
+        return sum(m.get(k, 0.0) for k in ops)
+    return sum(durations(k, cs) for k, cs in ops.items())
