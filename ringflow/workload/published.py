@@ -5,8 +5,9 @@ end-to-end training throughputs (predicted by `step_time`), each with its source
 halves them, fixed before any prediction: within each (kind, GPU generation) group, in file order, cases
 alternate fit, held_out, fit, ...
 
-Fitted constants, each from the fitting half only (`fit`), each a multiplicative refinement toward a geometric
-mean of published / predicted of 1 over its fitting cases:
+Fitted constants, each from the fitting half only (`fit`), each a multiplicative refinement toward a median of
+published / predicted of 1 over its fitting cases (the median, so that one case the model gets badly wrong does
+not move a constant every other case shares):
 
 - ``nvlink_eff``: achievable fraction of the NVLink line rate (simulator ``link_efficiency['nvlink']``), from the
   collectives inside one NVLink domain;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -279,8 +281,10 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
 Predictor = Callable[[dict[str, Any], Constants], Prediction]
 
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+def _centre(ratios: list[float]) -> float:
+    """The median of published / predicted: one far-off fitting case (a model gap, not noise) cannot drag a
+    constant that every other case shares."""
+    return statistics.median(ratios)
 
 
 def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: str = "sim") -> Constants:
@@ -299,7 +303,7 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
                 used[cls].append(c["id"])
         for cls, attr in (("nvlink", "nvlink_eff"), ("net", "net_eff")):
             if ratios[cls]:
-                setattr(consts, attr, min(1.0, getattr(consts, attr) * _geomean(ratios[cls])))
+                setattr(consts, attr, min(1.0, getattr(consts, attr) * _centre(ratios[cls])))
                 consts.fitted_on[attr] = used[cls]
     eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"})
     for era in eras:
@@ -309,7 +313,7 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
             ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]
             if not ok:
                 break
-            k = consts.software.get(era, 1.0) * _geomean([c["value"] / pr.value for c, pr in ok])
+            k = consts.software.get(era, 1.0) * _centre([c["value"] / pr.value for c, pr in ok])
             consts.software[era] = min(k, 1.0 / _eff_ceiling())
             consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
     return consts

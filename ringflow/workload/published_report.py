@@ -120,7 +120,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "file order, the cases alternate fit, held out, fit, ...; a case added later goes at the end of the file, "
              "so no earlier case changes set.",
              "- Fitted on the fitting set only (`published.fit`), each by a few multiplicative steps toward a "
-             "geometric mean of published / predicted of 1 over its own fitting cases: the NVLink efficiency (from "
+             "median of published / predicted of 1 over its own fitting cases: the NVLink efficiency (from "
              "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers) and one "
              "software factor per training software era (`EfficiencyModel.software_factor`). Held-out values are "
              "never read by the fit.",
