@@ -64,4 +64,5 @@ def test_every_supported_dtype_and_op_has_a_native_code() -> None:
 def test_the_knob_turns_the_native_executor_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGFLOW_NATIVE", "0")
     assert not native.hot_available()
-    assert hotpath.build([], np.dtype(np.float32), "sum") is hotpath.UNSUITED
+    from ringflow.algorithms.plan import Plan
+    assert hotpath.build(Plan((), 0, True), None, 0.0, np.dtype(np.float32), "sum") is hotpath.UNSUITED

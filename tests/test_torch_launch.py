@@ -64,8 +64,12 @@ def test_torchrun(n: int) -> None:
     assert all(d["shm_peers"] == [p for p in range(n) if p != d["rank"]] for d in res)   # one host: shared memory
 
 
-def test_ringflow_run(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "ringflow", "run", "-n", "2", RANKS, "basic", f"file://{tmp_path / 'init'}"]
+@pytest.mark.parametrize("init", ["env", "file"])
+def test_ringflow_run(tmp_path: Path, init: str) -> None:
+    """`ringflow run` exports torchrun's variables: init_process_group("ringflow") needs no arguments; an explicit
+    file:// rendezvous works too."""
+    how = "env://" if init == "env" else f"file://{tmp_path / 'init'}"
+    cmd = [sys.executable, "-m", "ringflow", "run", "-n", "2", RANKS, "basic", how]
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     _check_basic(_results(proc.stdout), 2)

@@ -30,7 +30,7 @@ from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
 from . import hotpath, native
 from .collectives import CollectiveCalls
-from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
+from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, log_trace, run_bound
 from .groups import Groups
 from .identity import set_default
 from .objects import ObjectCalls
@@ -101,7 +101,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
-        self._native = native.hot_available()
+        self._native = native.hot_available() and not log_trace   # TRACE logs every step: the Python executor
         self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
         self._fast_seen: set = set()
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
