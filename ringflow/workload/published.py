@@ -37,6 +37,7 @@ SETS = ("fit", "held_out")
 METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu")
 TOPOLOGY_KEYS = ("preset", "nodes", "nic_gbps", "keep_nics", "nvlink_links", "nic_fabric", "standin", "fabric")
 CHOOSERS = ("sim", "nccl")
+SWITCH_ALGORITHMS = ("nvls_tree", "collnet_direct", "collnet_chain")
 TOPOLOGY_GAPS = {"nvl_partition": "NVLink partitions of NVL72 racks joined by InfiniBand"}
 COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
 TRAINING_ROUNDS = 5     # refinement steps of each era's software factor (its effect on throughput is sublinear)
@@ -228,8 +229,17 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     if c.get("algorithm") is None and consts.chooser == "nccl":
         busbw, algo = _nccl_busbw(topo, c, eps, consts)
         return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note})
-    res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
-                   nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
+    if c.get("algorithm") in SWITCH_ALGORITHMS:   # NCCL's switch schedules run through sim.nvls
+        from ..sim.nvls import simulate_switch_algorithm
+        from ..sim.params import params_for
+        if c["collective"] != "all_reduce":
+            raise NotExpressible(f"{c['algorithm']} is simulated for all_reduce only")
+        n = c.get("nranks") or (len(eps) if eps else len(topo.endpoints()))
+        res = simulate_switch_algorithm(topo, c["algorithm"], n, int(c["size_bytes"]), endpoints=eps,
+                                        params=params_for(topo, consts.sim_overrides()))
+    else:
+        res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
+                       nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
                                                     "link_class": link, "note": note})
 

@@ -616,6 +616,18 @@ static PyObject *HotPlan_reset(HotPlan *p, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* append a new reference to a list (taking it); -1 with the list released on failure */
+static int append_new(PyObject *list, PyObject *item)
+{
+    if (!item || PyList_Append(list, item)) {
+        Py_XDECREF(item);
+        Py_DECREF(list);
+        return -1;
+    }
+    Py_DECREF(item);
+    return 0;
+}
+
 /* the step being run: (peer, done) of each transfer, for naming who a timeout waits on */
 static PyObject *HotPlan_pending(HotPlan *p, PyObject *Py_UNUSED(ignored))
 {
@@ -624,15 +636,8 @@ static PyObject *HotPlan_pending(HotPlan *p, PyObject *Py_UNUSED(ignored))
         return out;
     for (int k = p->step_start[p->step]; k < p->step_start[p->step + 1]; k++) {
         hop_t *o = &p->ops[k];
-        if (o->type <= T_RECV_REDUCE && !(p->step_started && o->done)) {
-            PyObject *v = PyLong_FromLong(o->peer);
-            if (!v || PyList_Append(out, v)) {
-                Py_XDECREF(v);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(v);
-        }
+        if (o->type <= T_RECV_REDUCE && !(p->step_started && o->done) && append_new(out, PyLong_FromLong(o->peer)))
+            return NULL;
     }
     return out;
 }
@@ -648,14 +653,9 @@ static PyObject *HotPlan_mismatches(HotPlan *p, PyObject *Py_UNUSED(ignored))
         hop_t *o = &p->ops[k];
         if (!o->bad)
             continue;
-        PyObject *t = Py_BuildValue("(iLLKy#)", o->peer, (long long)o->got_total, (long long)o->want,
-                                    (unsigned long long)o->got_sig, o->detail, (Py_ssize_t)o->detail_len);
-        if (!t || PyList_Append(out, t)) {
-            Py_XDECREF(t);
-            Py_DECREF(out);
+        if (append_new(out, Py_BuildValue("(iLLKy#)", o->peer, (long long)o->got_total, (long long)o->want,
+                                          (unsigned long long)o->got_sig, o->detail, (Py_ssize_t)o->detail_len)))
             return NULL;
-        }
-        Py_DECREF(t);
     }
     return out;
 }
