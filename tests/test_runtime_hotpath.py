@@ -66,3 +66,29 @@ def test_the_knob_turns_the_native_executor_off(monkeypatch: pytest.MonkeyPatch)
     assert not native.hot_available()
     from ringflow.algorithms.plan import Plan
     assert hotpath.build(Plan((), 0, True), None, 0.0, np.dtype(np.float32), "sum") is hotpath.UNSUITED
+
+
+def test_early_local_ops_touch_nothing_the_step_moves() -> None:
+    """A local op runs early (overlapping the step's transfers) only if no transfer of the step reads or writes
+    its bytes; in place, IN and OUT are one buffer."""
+    from ringflow.algorithms.layout import CallShape
+    from ringflow.algorithms.plan import compile_plan
+    from ringflow.algorithms.registry import get_schedule
+    from ringflow.algorithms.schedule import Collective
+    ag = get_schedule(Collective.ALL_GATHER, "bruck", 2)
+    step = compile_plan(ag, CallShape(Collective.ALL_GATHER, 2, 1024, 4, None), 0, False).steps[0]
+    assert [lo.kind.name for lo in step.locals] == ["COPY"]
+    assert hotpath.early_locals(step, 4, inplace=False) == [True]    # own block IN -> OUT, disjoint from the move
+    assert hotpath.early_locals(step, 4, inplace=True) == [False]    # in place, OUT[own block] is what is sent
+    for coll, alg in ((Collective.ALL_REDUCE, "recursive_doubling"), (Collective.ALL_REDUCE, "ring"),
+                      (Collective.ALL_TO_ALL, "pairwise"), (Collective.REDUCE_SCATTER, "halving_doubling")):
+        sch = get_schedule(coll, alg, 4)
+        for inplace in (False, True):
+            plan = compile_plan(sch, CallShape(coll, 4, 4096, 4, None), 1, inplace)
+            for st in plan.steps:
+                flags = hotpath.early_locals(st, 4, inplace)
+                moved = [(x.buf, x.off, x.off + x.nbytes) for x in st.xfers]
+                for lo, early in zip(st.locals, flags, strict=True):
+                    if early:   # the destination overlaps no transfer's bytes (same buffer naming as the plan)
+                        assert not any(b == lo.dst and a < lo.dst_off * 4 + lo.n * 4 and lo.dst_off * 4 < e
+                                       for b, a, e in moved)

@@ -376,7 +376,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if self._native:
             hot = prep.hot
             if hot is None:
-                hot = prep.hot = hotpath.prepare(prep.plan, ctx, dtype, opname)
+                hot = prep.hot = hotpath.prepare(prep.plan, ctx, dtype, opname, inplace)
             if hot:
                 scratch = self._scratch_for(dtype, prep.plan.scratch_elems) if prep.has_scratch else out
                 bases = (out.ctypes.data if inplace else inp.ctypes.data, out.ctypes.data, scratch.ctypes.data)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.plan import Plan
+from ..algorithms.plan import Plan, StepPlan
 from ..algorithms.schedule import Buffer, OpKind
 from ..errors import ProtocolError, RemoteError, Timeout
 from . import native
@@ -60,7 +60,7 @@ class _Rows:
 
     def add(self, typ: int, *, kind: int = int(Kind.DATA), peer: int = -1, conn: Any = None, dst: tuple[int, int] =
             (0, 0), src: tuple[int, int] = (0, 0), nbytes: int = 0, want: int = 0, cma_min: int = 0,
-            pipelined: bool = False, snapshot: bool = False) -> None:
+            pipelined: bool = False, snapshot: bool = False, early: bool = False) -> None:
         ctl = nslots = slot_bytes = 0
         bell = prev = -1
         if conn is not None:
@@ -68,7 +68,7 @@ class _Rows:
             prev = self.last.get(ctl, -1)
             self.last[ctl] = len(self.rows)
         self.rows.append([typ, kind, peer, prev, ctl, nslots, slot_bytes, dst[0], dst[1], src[0], src[1], nbytes, want,
-                          cma_min, int(pipelined), bell, int(snapshot), 0])
+                          cma_min, int(pipelined), bell, int(snapshot), int(early)])
 
     def end_step(self) -> None:
         self.starts.append(len(self.rows))
@@ -97,7 +97,40 @@ def _mapped(c: Any) -> bool:
     return c.m is not None and not c.queue
 
 
-def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: str | None) -> NativePlan | bool | None:
+Range = tuple[int, int, int]   # (buffer index, first byte, end byte)
+
+
+def _hits(r: Range, others: list[Range]) -> bool:
+    return any(r[0] == o[0] and r[1] < o[2] and o[1] < r[2] for o in others)
+
+
+def early_locals(step: StepPlan, isz: int, inplace: bool) -> list[bool]:
+    """Which local ops of a step may run as soon as its receives passed their checks, overlapping the rest of
+    the step's data movement: those that touch no byte a transfer of the step reads or writes, nor one an earlier
+    local op left for the end touches (so listed order holds wherever it matters)."""
+    def rng(b: Buffer, off: int, n: int) -> Range:
+        i = BUF_INDEX[b]
+        return (BUF_INDEX[Buffer.OUT] if inplace and i == BUF_INDEX[Buffer.IN] else i, off, off + n)
+    written = [rng(x.buf, x.off, x.nbytes) for x in step.xfers if x.kind != OpKind.SEND]
+    read = [rng(x.buf, x.off, x.nbytes) for x in step.xfers if x.kind == OpKind.SEND]
+    read += [rng(x.src_buf, x.src_off, x.nbytes) for x in step.xfers
+             if x.kind == OpKind.RECV_REDUCE and x.src_buf is not None]
+    late_dst: list[Range] = []
+    late_src: list[Range] = []
+    out = []
+    for lo in step.locals:
+        d = rng(lo.dst, lo.dst_off * isz, lo.n * isz)
+        src = rng(lo.src, lo.src_off * isz, lo.n * isz)
+        ok = not _hits(d, written + read + late_dst + late_src) and not _hits(src, written + late_dst)
+        if not ok:
+            late_dst.append(d)
+            late_src.append(src)
+        out.append(ok)
+    return out
+
+
+def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: str | None,
+          inplace: bool = True) -> NativePlan | bool | None:
     """The native plan of a compiled plan (any arrays: their addresses are given per call); UNSUITED if it can never
     run natively, None if not yet (a peer has not created its side of a connection): this call then runs in Python."""
     if not native.hot_available() or dtype not in _DTYPES:
@@ -123,9 +156,9 @@ def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: 
             src = (BUF_INDEX[x.src_buf], x.src_off) if red and x.src_buf is not None else (0, 0)
             r.add(T_RECV_REDUCE if red else T_RECV, peer=x.peer, conn=c, dst=(BUF_INDEX[x.buf], x.off), src=src,
                   nbytes=x.nbytes, want=x.nbytes)
-        for lo in step.locals:
+        for lo, early in zip(step.locals, early_locals(step, isz, inplace), strict=True):
             r.add(T_COPY if lo.kind == OpKind.COPY else T_REDUCE, dst=(BUF_INDEX[lo.dst], lo.dst_off * isz),
-                  src=(BUF_INDEX[lo.src], lo.src_off * isz), nbytes=lo.n * isz)
+                  src=(BUF_INDEX[lo.src], lo.src_off * isz), nbytes=lo.n * isz, early=early)
         r.end_step()
     return r.plan(dtype, opname, conns)
 
@@ -166,9 +199,10 @@ def needs_check(plan: Plan, ctx: CallContext) -> bool:
     return ctx.checks and ctx.nranks > 1 and not self_check
 
 
-def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None) -> Prepared | bool | None:
+def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None,
+            inplace: bool) -> Prepared | bool | None:
     """Both native plans of a call shape; UNSUITED or None (not yet) as `build`."""
-    steps = build(plan, ctx.transport, ctx.deadline, dtype, opname)
+    steps = build(plan, ctx.transport, ctx.deadline, dtype, opname, inplace)
     if not isinstance(steps, NativePlan):
         return steps
     check = None

@@ -171,6 +171,7 @@ typedef struct {
     int64_t nbytes, want;       /* want < 0: an argument-check message of any size, discarded */
     int64_t cma_min;            /* a send from here up goes by address when the receiver can read it */
     int pipelined, bell, snapshot;
+    int early;                  /* a local op that may run once the step's receives passed their checks */
     uint64_t ref_rid, ref_off;  /* a send from a comm.alloc region: (region id + 1, offset); 0: none (per call) */
     char *snap;                 /* the snapshot of a send whose source this step overwrites */
     char *region;               /* the peer's alloc region this receive reads (set by Python) */
@@ -200,6 +201,7 @@ typedef struct {
     int64_t nspans;
     int step;                      /* the step to resume at */
     int step_started;
+    int early_ran;                 /* the step's early local ops have run */
     int err_op;                    /* the op an error or a region request is about */
     int64_t err_code;
     PyObject *keep;                /* arrays this plan points into */
@@ -526,6 +528,35 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
     return woke;
 }
 
+/* True once every receive of step s has passed its header check (kind, signature, size) without a mismatch:
+ * from then on the step's early local ops may run while the rest of the data moves */
+static int checked(HotPlan *p, int s)
+{
+    for (int k = p->step_start[s]; k < p->step_start[s + 1]; k++) {
+        hop_t *o = &p->ops[k];
+        if ((o->type == T_RECV || o->type == T_RECV_REDUCE) && (o->first || o->bad))
+            return 0;
+    }
+    return 1;
+}
+
+/* the local copies and reductions of step s that are (early = 1) or are not (0) marked early, in listed order */
+static int run_locals(HotPlan *p, int s, int early)
+{
+    for (int k = p->step_start[s]; k < p->step_start[s + 1]; k++) {
+        hop_t *o = &p->ops[k];
+        if (o->early != early)
+            continue;
+        if (o->type == T_COPY) {
+            memmove(o->data, o->src, (size_t)o->nbytes);
+        } else if (o->type == T_REDUCE && reduce(p->dtype, p->op, o->data, o->data, o->src, o->nbytes / p->itemsize)) {
+            p->err_op = k;
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s, in_addr, out_addr, scratch_addr, spans) -> rc */
 static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
 {
@@ -546,6 +577,7 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
         if (!p->step_started) {
             start_step(p, s, sig, op_seq);
             p->step_started = 1;
+            p->early_ran = 0;
         }
         int pending = 0, moved = 0;
         for (int k = lo; k < hi; k++) {
@@ -568,6 +600,11 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
             moved |= r == 0;
             pending += !o->done;
         }
+        if (!p->early_ran && checked(p, s)) {
+            run_locals(p, s, 1);
+            p->early_ran = 1;
+            continue;
+        }
         if (pending) {
             if (!moved && !wait_some(p, s, bell, hot_s, spin_s, deadline)) {
                 rc = RC_STALLED;
@@ -584,15 +621,9 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
             rc = RC_MISMATCH;
             goto out;
         }
-        for (int k = lo; k < hi; k++) {
-            hop_t *o = &p->ops[k];
-            if (o->type == T_COPY)
-                memmove(o->data, o->src, (size_t)o->nbytes);
-            else if (o->type == T_REDUCE && reduce(p->dtype, p->op, o->data, o->data, o->src, o->nbytes / p->itemsize)) {
-                p->err_op = k;
-                rc = RC_PROTOCOL;
-                goto out;
-            }
+        if (run_locals(p, s, 0)) {
+            rc = RC_PROTOCOL;
+            goto out;
         }
         p->step++;
         p->step_started = 0;
@@ -727,7 +758,7 @@ static PyTypeObject HotPlanType = {
 /* plan(ops: bytes of int64 rows of NCOLS, step_start: bytes of int32, bells: list of bytes, dtype, op, itemsize,
  *      own: address of the plan's own payload (buffer 3), keep) -> HotPlan
  * row: type, kind, peer, prev, ctl, nslots, slot_bytes, dbuf, doff, sbuf, soff, nbytes, want, cma_min,
- *      pipelined, bell, snapshot, unused */
+ *      pipelined, bell, snapshot, early */
 static PyObject *make_plan(PyObject *self, PyObject *args)
 {
     Py_buffer rows, starts;
@@ -782,7 +813,7 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
         o->slots = (char *)(uintptr_t)r[4] + DATA_OFF;
         o->dbuf = (int)r[7], o->doff = r[8], o->sbuf = (int)r[9], o->soff = r[10];
         o->nbytes = r[11], o->want = r[12], o->cma_min = r[13], o->pipelined = (int)r[14], o->bell = (int)r[15];
-        o->snapshot = (int)r[16];
+        o->snapshot = (int)r[16], o->early = (int)r[17];
         if (o->dbuf < 0 || o->dbuf > 3 || o->sbuf < 0 || o->sbuf > 3) {
             PyErr_SetString(PyExc_ValueError, "bad buffer index");
             goto fail;
