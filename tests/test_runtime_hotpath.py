@@ -85,10 +85,10 @@ def test_early_local_ops_touch_nothing_the_step_moves() -> None:
         sch = get_schedule(coll, alg, 4)
         for inplace in (False, True):
             plan = compile_plan(sch, CallShape(coll, 4, 4096, 4, None), 1, inplace)
-            for st in plan.steps:
-                flags = hotpath.early_locals(st, 4, inplace)
-                moved = [(x.buf, x.off, x.off + x.nbytes) for x in st.xfers]
-                for lo, early in zip(st.locals, flags, strict=True):
+            for stp in plan.steps:
+                flags = hotpath.early_locals(stp, 4, inplace)
+                moved = [(x.buf, x.off, x.off + x.nbytes) for x in stp.xfers]
+                for lo, early in zip(stp.locals, flags, strict=True):
                     if early:   # the destination overlaps no transfer's bytes (same buffer naming as the plan)
                         assert not any(b == lo.dst and a < lo.dst_off * 4 + lo.n * 4 and lo.dst_off * 4 < e
                                        for b, a, e in moved)
