@@ -217,3 +217,18 @@ def test_switch_schedules_simulate_on_the_cluster() -> None:
     s = registry.get_schedule(AR, "nvls_tree", 16, host_groups=[list(range(8)), list(range(8, 16))])
     assert switch_nodes(cl, s, cl.endpoints()[:16]) == ["h0/nvsw0", "h1/nvsw0"]
     assert tree.time_us > 0
+
+
+def test_simulate_takes_switch_algorithms_by_name() -> None:
+    """sim.api.simulate places a switch algorithm's switches like `ringflow sim --nccl` does; other collectives
+    get a typed error naming the fix."""
+    from ringflow.errors import InvalidArgument
+    from ringflow.sim.api import simulate
+    from ringflow.sim.nvls import simulate_switch_algorithm
+    from ringflow.topology.cluster import build_cluster
+    topo = build_cluster("dgx-h100", 2)
+    got = simulate(topo, "all_reduce", 64 * 2**20, algorithm="nvls_tree")
+    want = simulate_switch_algorithm(topo, "nvls_tree", 16, 64 * 2**20)
+    assert got.time_us == want.time_us > 0
+    with pytest.raises(InvalidArgument, match="all_reduce only"):
+        simulate(topo, "all_gather", 64 * 2**20, algorithm="nvls_tree")

@@ -286,10 +286,22 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
                      params=prm, timeline=timeline, progress=progress, endpoints=endpoints)
         res.notes.append(f"nvls: {best} pipeline chunks (fastest of {len(NVLS_CHUNKS)})")
         return res
+    if algo in SWITCH_ALGORITHMS:   # switches take part in the schedule: placed on the topology's switches
+        from ..errors import InvalidArgument
+        from .nvls import simulate_switch_algorithm
+        if Collective(collective) != Collective.ALL_REDUCE or timeline or progress:
+            raise InvalidArgument(f"{algo} is simulated for all_reduce only, without timeline or progress",
+                                  "simulate all_reduce, or choose another algorithm for this collective")
+        return simulate_switch_algorithm(topo, algo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
+                                         dtype=dtype)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
                           timeline=timeline, progress=progress, endpoints=endpoints)
+
+
+# algorithms whose schedules have switch participants (in-network reduction): sim/nvls.py places the switches
+SWITCH_ALGORITHMS = ("nvls_tree", "collnet_direct", "collnet_chain")
 
 
 __all__ = ["simulate", "simulate_schedule", "simulate_table", "schedule_for", "table_for", "choose_algorithm",
