@@ -1,6 +1,7 @@
 """What the call recorder costs: per call (a one-rank communicator, so the call itself is a few microseconds)
-and on the step time of a 4-rank NumPy DDP training loop, with the flight recorder off, on (the default)
-and with RINGFLOW_RECORD. Modes alternate over `--rounds` so drifting machine load hits each alike.
+and on the step time of a 4-rank NumPy DDP training loop, with the flight recorder off (the default), on
+(RINGFLOW_DUMP_DIR set) and with RINGFLOW_RECORD. Modes alternate over `--rounds` so drifting machine load
+hits each alike.
 
     python benchmarks/record_overhead.py [--rounds 3] [--steps 40]
 """
@@ -17,7 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"off": {"RINGFLOW_FLIGHT_RECORDER": "0"}, "flight": {}, "record": {"RINGFLOW_RECORD": "<tmp>"}}
+MODES = {"off": {"RINGFLOW_FLIGHT_RECORDER": "0"}, "flight": {"RINGFLOW_DUMP_DIR": "<tmp>"},
+         "record": {"RINGFLOW_RECORD": "<tmp>"}}
 
 
 def per_call_us(calls: int) -> float:
