@@ -214,10 +214,19 @@ static void ring(HotPlan *p, int b)
 {
     if (b < 0 || b >= p->nbells)
         return;
-    if (bell_fd < 0)
-        bell_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (bell_fd >= 0)
-        (void)sendto(bell_fd, "\1", 1, MSG_DONTWAIT, (struct sockaddr *)&p->bells[b], p->bell_len[b]);
+    int fd = __atomic_load_n(&bell_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0) { /* one sending socket per process; two threads racing to make it keep the first */
+        int mine = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), none = -1;
+        if (mine < 0)
+            return;
+        if (__atomic_compare_exchange_n(&bell_fd, &none, mine, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            fd = mine;
+        } else {
+            close(mine);
+            fd = none;
+        }
+    }
+    (void)sendto(fd, "\1", 1, MSG_DONTWAIT, (struct sockaddr *)&p->bells[b], p->bell_len[b]);
 }
 
 static inline uint64_t ld(volatile uint64_t *w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
