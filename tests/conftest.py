@@ -1,5 +1,5 @@
-"""Shared test set-up: the resilience tests' rank-side programs and their shared-memory leak check, and
-busy-looping processes for the host-load tests."""
+"""Shared test set-up: the resilience tests' rank-side programs and their shared-memory leak check,
+busy-looping processes for the host-load tests, and collecting the output of rank processes."""
 from __future__ import annotations
 
 import subprocess
@@ -37,3 +37,21 @@ def busy_loops() -> Iterator[Callable[[int], None]]:
     for p in procs:
         p.kill()
         p.wait(timeout=30)
+
+
+def outputs_of(procs: list[subprocess.Popen], timeout_s: float,
+               ok: Callable[[subprocess.Popen, str], bool] = lambda p, err: p.returncode == 0) -> list[str]:
+    """The stdout of every rank process (text mode) once it ended `ok`; a rank that failed fails the test with its
+    output; processes still running when the test stops are killed."""
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout_s)
+            assert ok(p, err), f"rank failed (rc {p.returncode}):\n{out}\n{err[-4000:]}"
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs

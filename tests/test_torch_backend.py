@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import outputs_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                 reason="torch (optional extra) is not installed")
@@ -37,21 +38,12 @@ def launch(tmp_path: Path, n: int, argv: list[str], *, torchrun_env: bool = Fals
             cmd = [sys.executable, *argv, str(r), str(n), str(init)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout_s)
-            # torch 2.13's gloo can abort in C++ teardown after the script has finished ("terminate called
-            # without an active exception", SIGABRT at exit); the script's results are complete by then
-            teardown_abort = p.returncode == -6 and "terminate called without an active exception" in err
-            assert p.returncode == 0 or teardown_abort, f"{argv} rank failed (rc {p.returncode}):\n{out}\n{err[-4000:]}"
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+
+    def ok(p: subprocess.Popen, err: str) -> bool:
+        # torch 2.13's gloo can abort in C++ teardown after the script has finished ("terminate called
+        # without an active exception", SIGABRT at exit); the script's results are complete by then
+        return p.returncode == 0 or (p.returncode == -6 and "terminate called without an active exception" in err)
+    return outputs_of(procs, timeout_s, ok)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import outputs_of  # noqa: E402
 
 from ringflow.testing import netns
 
@@ -86,17 +87,7 @@ def test_two_hosts_shared_memory_inside_tcp_between() -> None:
                                   env={**ENV, "RANK": str(r), "WORLD_SIZE": str(len(hosts))},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r, h in enumerate(hosts)]
-        outs = []
-        try:
-            for p in procs:
-                out, err = p.communicate(timeout=120)
-                assert p.returncode == 0, f"{out}\n{err[-4000:]}"
-                outs.append(out)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        outs = outputs_of(procs, 120)
     res = _results("\n".join(outs))
     _check_basic(res, 3)
     assert [d["shm_peers"] for d in res] == [[1], [0], []]
