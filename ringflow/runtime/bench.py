@@ -70,7 +70,7 @@ def median_call_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest: 
     """Median over samples of the slowest rank's mean time per call; (seconds, samples).
 
     The one timing loop of every benchmark here (ringflow, Gloo and Open MPI baselines, calibration):
-    warm-up calls (the last one sizes the batch, agreed by all ranks through `slowest`), then
+    warm-up calls (the fastest sizes the batch, agreed by all ranks through `slowest`), then
     samples of a barrier and `batch_size` back-to-back calls."""
     times = call_samples_s(call, barrier, slowest, warmup=warmup, iters=iters, quick=quick, clock=clock)
     return float(np.median(times)), len(times)
@@ -81,11 +81,11 @@ def call_samples_s(call: Callable[[], Any], barrier: Callable[[], Any], slowest:
                    clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """`median_call_s`'s samples, seconds per call; with `share` > 1 a 1/share part of their
     count (`iters`, or the default; at least 3), for a row timed in that many passes."""
-    one = 0.0
+    one = float("inf")
     for _ in range(max(1, warmup)):
         t0 = clock()
         call()
-        one = clock() - t0
+        one = min(one, clock() - t0)   # one descheduled warm-up call must not shrink the batch to a single call
     one = slowest(one)
     m = batch_size(one)
     n = iters or default_iters(one, m)
