@@ -55,10 +55,11 @@ def worker(out: str) -> None:
     for _ in range(20):
         comm.all_reduce(x, op="max")
     timed("same array: comm.all_reduce(x)", lambda: comm.all_reduce(x, op="max"))
+    # the remembered call, taken before the new arrays below crowd the repeated-call table
+    fast = next((f for k, f in comm._fast.items() if k[0] == "all_reduce" and k[1] == id(x)), None)
     timed("making the array alone", lambda: np.ones(2, np.float32))
     timed("new array: comm.all_reduce(np.ones(2))", lambda: comm.all_reduce(np.ones(2, np.float32), op="max"))
     rows["new array: comm.all_reduce(np.ones(2))"] -= rows["making the array alone"]
-    fast = next((f for k, f in comm._fast.items() if k[0] == "all_reduce" and k[1] == id(x)), None)
     if fast is not None:
         ctx, hot, regions, bases = fast.ctx, fast.hot, comm._transport.regions, fast.bases
         hp, w = hot.steps.hp, comm._waiters[LANE_COLL]
