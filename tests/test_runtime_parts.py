@@ -182,9 +182,10 @@ def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_p
 def test_call_samples_take_their_share_of_the_default_count() -> None:
     """A row timed in `share` passes takes ceil(1/share) of the samples it would take in one (at least 3)."""
     from ringflow.runtime.bench import batch_size, call_samples_s, default_iters
-    clock = iter(np.arange(0.0, 1e4, 1e-3)).__next__   # every clock read 1 ms after the last
+    tick = 2.0 ** -10   # every clock read about 1 ms after the last, exactly (a binary fraction: no rounding)
+    clock = iter(np.arange(0.0, 1e4, tick)).__next__
     one = call_samples_s(lambda: None, lambda: None, lambda s: s, clock=clock)
-    full = default_iters(1e-3, batch_size(1e-3))
+    full = default_iters(tick, batch_size(tick))
     assert len(one) == full
     assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=4, clock=clock)) == -(-full // 4)
     assert len(call_samples_s(lambda: None, lambda: None, lambda s: s, share=1000, clock=clock)) == 3
