@@ -10,12 +10,12 @@ leaves nothing behind)::
     word 32 set to 1 by the receiver if it can read the sender's memory (single copy, `cma`)
     word 40 the sender's next slot | 41 the sender's next message number | 48 the receiver's
     from byte 512: one 64-byte header per slot: flag (= slot number + 1, written after the data),
-        message seq, message nbytes, slice offset, sig, kind, op_seq, tag | slice bytes << 32
+        message seq, message nbytes, slice offset, sig, kind, op_seq, tag
     from byte 4096: nslots data slots of slot_bytes each
 
 A message of N bytes is cut into slices of at most slot_bytes (a message that fits one slot into a
-few slices of at least MIN_SLICE_BYTES, `slice_bytes`; the native executor cuts finer: the slice size
-rides in the slot header, so a receiver follows its sender); the sender copies a slice into a free slot
+few slices of at least MIN_SLICE_BYTES, `slice_bytes`, the rule both ends and both executors follow); the
+sender copies a slice into a free slot
 (one copy) and raises its flag; the receiver copies or reduces it straight from the
 slot into the destination (``np.add(src, slot, out=dst)``) and advances `tail`. Small messages
 ride with their flag in one slot (the LL idea). With `nslots` slots in flight, copy and reduce of
@@ -319,7 +319,7 @@ class ShmSend(XferOp):
             c[b + 4] = self.sig
             c[b + 5] = self.kind
             c[b + 6] = self.op_seq
-            c[b + 7] = self.tag | (self.slice << 32)
+            c[b + 7] = self.tag
             c[b] = h + 1
             o.head = h + 1
             self.off = off + n
@@ -356,12 +356,8 @@ class ShmIn:
 
     @property
     def head(self) -> int:
+        """The next slot to read: the tail this receiver publishes to its sender."""
         return int(self.m.ctl[W_TAIL]) if self.m is not None else 0
-
-    @head.setter
-    def head(self, v: int) -> None:
-        assert self.m is not None  # only a mapped connection moves
-        self.m.ctl[W_TAIL] = v
 
     @property
     def msg_seq(self) -> int:
@@ -479,7 +475,6 @@ class ShmRecv(XferOp):
                 if not self.drain:
                     self._consume_reference(c, rid, off, total)
                 self.off = total
-                i.head = h + 1
                 c[W_TAIL] = h + 1
                 moved = self.moved = True
                 self.done = True
@@ -489,7 +484,6 @@ class ShmRecv(XferOp):
                     doorbell.ring(i.peer_bell)
                 return True
             self._consume_slice(c, b, m.slots[s], off, total)
-            i.head = h + 1
             c[W_TAIL] = h + 1
             moved = self.moved = True
             if self.off >= total:
@@ -533,12 +527,7 @@ class ShmRecv(XferOp):
     def _first(self, c: memoryview, b: int, total: int, slot_bytes: int) -> None:
         self.first = False
         self.total = total
-        sl = c[b + 7] >> 32   # the sender's slice size; 0: the shared rule
-        if sl > slot_bytes:
-            raise ProtocolError(f"shared-memory message from rank {self.i.peer} claims {sl}-byte slices "
-                                f"in {slot_bytes}-byte slots",
-                                "a peer process is corrupt or from another ringflow version")
-        self.slice = sl or slice_bytes(total, slot_bytes)
+        self.slice = slice_bytes(total, slot_bytes)
         if c[b + 1] != self.i.msg_seq:
             raise ProtocolError(f"out-of-sequence message from rank {self.i.peer} on shared memory: "
                                 f"seq {c[b + 1]}, expected {self.i.msg_seq}", "the connection cannot be trusted")
