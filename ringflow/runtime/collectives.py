@@ -18,7 +18,7 @@ from ..errors import InvalidArgument
 from .executor import CallContext, Waiter, check_exchange, describe
 from .fastcall import MISS, FastCalls
 from .native import copy_into
-from .ops import Buf, check_op, empty_like_input, finish_avg, parse_op
+from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op
 from .transport.frames import call_signature
 from .transport.manager import LANE_COLL, Transport
 from .work import Work
@@ -47,14 +47,14 @@ class CollectiveCalls(FastCalls):
         if opname is not None:
             check_op(opname, out.flat.dtype)
         meta = (coll, x.flat.dtype, x.flat.size, root, opname)
-        if fast_key is not None and not async_op:
+        remember = fast_key is not None and not async_op
+        if remember:
             self._last_native = None
-            r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), False, timeout,
-                          coll.value, result, meta=meta)
+        r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), async_op, timeout,
+                      coll.value, result, meta=meta)
+        if remember:
             self._fast_remember(fast_key, x.orig, out.orig, out.flat, coll, opname, root, result, meta)
-            return r
-        return self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), async_op, timeout,
-                         coll.value, result, meta=meta)
+        return r
 
     def _coll_fn(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
                  splits: tuple[tuple[int, ...], ...] | None) -> Callable[[float], None]:
@@ -67,7 +67,7 @@ class CollectiveCalls(FastCalls):
                 return
             self._execute(None, Collective.ALL_TO_ALLV if splits is not None else coll, count, x.flat, out.flat,
                           opname, root, deadline, splits, (x.orig, out.orig))
-            if opname == "avg" and (coll != Collective.REDUCE or self.rank == root):
+            if averages_here(coll, opname, self.rank, root):
                 finish_avg(out.flat, self.size)
         return fn
 

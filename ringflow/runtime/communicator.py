@@ -377,10 +377,10 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             hot = prep.hot
             if hot is None:
                 hot = prep.hot = hotpath.prepare(prep.plan, ctx, dtype, opname, inplace)
-            if hot:
+            if isinstance(hot, hotpath.Prepared):
                 scratch = self._scratch_for(dtype, prep.plan.scratch_elems) if prep.has_scratch else out
                 bases = (out.ctypes.data if inplace else inp.ctypes.data, out.ctypes.data, scratch.ctypes.data)
-                hotpath.execute(hot, ctx, bases, self._transport.regions.packed)  # type: ignore[arg-type]
+                hotpath.execute(hot, ctx, bases, self._transport.regions.packed)
                 self._last_native = (prep, hot, ctx, bases, scratch)
                 return
         bound = prep.bound

@@ -118,10 +118,7 @@ class Waiter:
                     return
             left = deadline - time.monotonic()
             if left <= 0:
-                peers = sorted({op.peer for op in pending})
-                raise Timeout(f"{what} timed out waiting for ranks {peers}",
-                              "a peer is slow, stuck or called a different collective; raise timeout= or "
-                              "RINGFLOW_TIMEOUT, or check every rank calls the same sequence")
+                raise timed_out(what, sorted({op.peer for op in pending}))
             fds = [fd for op in pending for fd in op.fds]
             self.bell.sleep(min(left, doorbell.SLEEP_CAP_S if shm else 0.5), fds)
         finally:
@@ -139,10 +136,22 @@ class Waiter:
         gone = sorted({op.peer for op in pending if now - self.departed.get(op.peer, now) >= GOODBYE_GRACE_S})
         if not gone or any(op.ready() for op in shm) or _sockets_ready(pending, 0.0):
             return
-        raise RemoteError(f"{what}: rank {gone[0]} left the communicator (destroy() or the end of its `with` block) "
-                          f"while this call waited on it", rank=gone[0],
-                          hint="every rank must make the same collective calls before destroying; this communicator "
-                               "cannot complete them: shrink() it or create a new one")
+        raise departed(what, gone[0])
+
+
+def timed_out(what: str, peers: list[int]) -> Timeout:
+    """The error of a call whose deadline passed while it waited on `peers` (both executors)."""
+    return Timeout(f"{what} timed out waiting for ranks {peers}",
+                   "a peer is slow, stuck or called a different collective; raise timeout= or "
+                   "RINGFLOW_TIMEOUT, or check every rank calls the same sequence")
+
+
+def departed(what: str, peer: int) -> RemoteError:
+    """The error of a call still waiting on a peer that said goodbye (both executors)."""
+    return RemoteError(f"{what}: rank {peer} left the communicator (destroy() or the end of its `with` block) "
+                       f"while this call waited on it", rank=peer,
+                       hint="every rank must make the same collective calls before destroying; this communicator "
+                            "cannot complete them: shrink() it or create a new one")
 
 
 def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:
@@ -268,6 +277,13 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
     return Bound(plan, steps, refs)
 
 
+def needs_check(plan: Plan, ctx: CallContext) -> bool:
+    """True if the call opens with the CHECK exchange: its plan's first step does not check every pair of ranks
+    (big transfers may be striped, which is only safe once every rank agreed on the sizes)."""
+    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
+    return ctx.checks and ctx.nranks > 1 and not self_check
+
+
 def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable) -> None:
     """Execute a compiled plan on flat typed arrays (IN/OUT/SCRATCH)."""
     run_bound(bind(plan, ctx, arrays, ufunc), ctx, ufunc)
@@ -277,9 +293,8 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
     """Execute a bound plan: per step post every message, drive them, then the local ops."""
     plan = bound.plan
     n = ctx.nranks
-    # big transfers may be striped, which only is safe once every rank agreed on the sizes
-    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
-    if ctx.checks and n > 1 and not self_check:
+    check = needs_check(plan, ctx)
+    if check:
         check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
     sig, seq = ctx.sig, ctx.op_seq
     for si, (sends, recvs, locs) in enumerate(bound.steps):
@@ -294,14 +309,21 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
             drive(ops + rops if ops else rops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
             for op in rops:
                 if op.mismatch is not None:
-                    if ctx.checks and si == 0 and self_check and n > 1:
-                        raise op.mismatch.error(ctx.description)
-                    raise _Broken(op.mismatch)
+                    raise step_mismatch(op.mismatch, ctx, si, check)
         for is_copy, dst, src in locs:
             if is_copy:
                 copy_into(dst, src)
             else:
                 ufunc(dst, src, out=dst)
+
+
+def step_mismatch(mismatch: Mismatch, ctx: CallContext, step: int, checked: bool) -> RingflowError:
+    """The error for a message of another call found in `step`: in the first step of a plan that checks itself
+    no data has moved yet (InvalidArgument, the communicator stays usable); otherwise the channels are out of
+    step (`_Broken`). `checked`: the call opened with the CHECK exchange."""
+    if ctx.checks and step == 0 and not checked and ctx.nranks > 1:
+        return mismatch.error(ctx.description)
+    return _Broken(mismatch)
 
 
 class _Broken(RingflowError):

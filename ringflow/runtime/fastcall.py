@@ -19,7 +19,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from . import hotpath
 from .executor import CallContext
-from .ops import finish_avg
+from .ops import averages_here, finish_avg
 from .transport.manager import LANE_COLL
 
 MISS = object()        # the fast path does not apply: take the full path
@@ -102,7 +102,7 @@ class FastCalls:
             self._fast_seen.add(key)
             return
         prep, hot, ctx, bases, scratch = last
-        avg = opname == "avg" and (coll != Collective.REDUCE or self.rank == root)
+        avg = averages_here(coll, opname, self.rank, root)
         n, regions = self.size, self._transport.regions
 
         def fn(deadline: float) -> None:

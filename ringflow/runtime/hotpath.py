@@ -18,9 +18,9 @@ import numpy as np
 
 from ..algorithms.plan import Plan, StepPlan
 from ..algorithms.schedule import Buffer, OpKind
-from ..errors import ProtocolError, RemoteError, Timeout
+from ..errors import ProtocolError
 from . import native
-from .executor import GOODBYE_GRACE_S, STRIPE_MIN_BYTES, CallContext, _Broken
+from .executor import GOODBYE_GRACE_S, CallContext, departed, needs_check, step_mismatch, timed_out
 from .ops import BFLOAT16
 from .transport import cma
 from .transport.base import Mismatch
@@ -193,12 +193,6 @@ class Prepared:
         self.steps, self.check = steps, check
 
 
-def needs_check(plan: Plan, ctx: CallContext) -> bool:
-    """True if this call is preceded by the argument check exchange (the plan's first step does not check)."""
-    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
-    return ctx.checks and ctx.nranks > 1 and not self_check
-
-
 def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None,
             inplace: bool) -> Prepared | bool | None:
     """Both native plans of a call shape; UNSUITED or None (not yet) as `build`."""
@@ -223,9 +217,7 @@ def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans
     bad = run(prep.steps, ctx, bases, spans)
     if bad:
         si, mismatch = bad[0]
-        if ctx.checks and si == 0 and prep.check is None and ctx.nranks > 1:
-            raise mismatch.error(ctx.description)
-        raise _Broken(mismatch)
+        raise step_mismatch(mismatch, ctx, si, prep.check is not None)
 
 
 def run(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes = b"") -> list[tuple[int, Mismatch]]:
@@ -259,21 +251,16 @@ def _conn_of(plan: NativePlan, peer: int, kind: type) -> Any:
     return next(c for c in plan.conns if c.peer == peer and isinstance(c, kind))
 
 
-def _check_stalled(hp: Any, departed: Mapping[int, float] | None, deadline: float, what: str) -> None:
+def _check_stalled(hp: Any, departed_at: Mapping[int, float] | None, deadline: float, what: str) -> None:
     """After a sleep without progress: a peer that left, or the deadline passed, ends the call."""
     peers = sorted(set(hp.pending()))
     now = time.monotonic()
-    if departed:
-        gone = [p for p in peers if now - departed.get(p, now) >= GOODBYE_GRACE_S]
+    if departed_at:
+        gone = [p for p in peers if now - departed_at.get(p, now) >= GOODBYE_GRACE_S]
         if gone:
-            raise RemoteError(f"{what}: rank {gone[0]} left the communicator (destroy() or the end of its `with` "
-                              f"block) while this call waited on it", rank=gone[0],
-                              hint="every rank must make the same collective calls before destroying; this "
-                                   "communicator cannot complete them: shrink() it or create a new one")
+            raise departed(what, gone[0])
     if now >= deadline:
-        raise Timeout(f"{what} timed out waiting for ranks {peers}",
-                      "a peer is slow, stuck or called a different collective; raise timeout= or "
-                      "RINGFLOW_TIMEOUT, or check every rank calls the same sequence")
+        raise timed_out(what, peers)
 
 
 def _raise(plan: NativePlan, rc: int) -> None:

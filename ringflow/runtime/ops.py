@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
 
 try:  # bfloat16 lives in ml_dtypes (a dependency); keep the import soft for odd installs
@@ -53,6 +54,12 @@ def check_op(opname: str | None, dtype: np.dtype) -> None:
         raise InvalidArgument(f"{opname} on {dtype}", "bitwise ops need an integer or bool array")
     if opname == "avg" and dtype.kind == "b":
         raise InvalidArgument("avg on bool", "use sum or max (any) or min or prod (all) on bool")
+
+
+def averages_here(coll: Collective, opname: str | None, rank: int, root: int | None) -> bool:
+    """True if this rank turns its result's sum into an average ("avg": every rank, except off the root of a
+    reduce, whose buffer is scratch there)."""
+    return opname == "avg" and (coll != Collective.REDUCE or rank == root)
 
 
 def finish_avg(out: np.ndarray, nranks: int) -> None:

@@ -197,6 +197,7 @@ typedef struct {
     char *bounce;
     int64_t bounce_bytes;
     char *base[4];                 /* this call's IN, OUT and SCRATCH addresses, and the plan's own payload */
+    uint64_t sig, op_seq;          /* this call's signature (32 bits, as on the wire) and sequence number */
     const uint64_t *spans;         /* this call's comm.alloc regions: (start, end, region id) triples */
     int64_t nspans;
     int step;                      /* the step to resume at */
@@ -258,9 +259,9 @@ static int send_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off)
         b[1] = c[W_SSEQ];
         b[2] = (uint64_t)o->total;
         b[3] = off;
-        b[4] = o->got_sig; /* the caller's sig (stored there at start) */
+        b[4] = p->sig;
         b[5] = (uint64_t)o->kind | (rid << 32);
-        b[6] = o->got_total; /* op_seq */
+        b[6] = p->op_seq;
         b[7] = 0;
         st(&b[0], h + 1);
         c[W_SHEAD] = o->posted = h + 1;
@@ -300,9 +301,9 @@ static int send_progress(HotPlan *p, hop_t *o)
         b[1] = c[W_SSEQ];
         b[2] = (uint64_t)o->total;
         b[3] = (uint64_t)o->off;
-        b[4] = o->got_sig;
+        b[4] = p->sig;
         b[5] = (uint64_t)o->kind;
-        b[6] = o->got_total;
+        b[6] = p->op_seq;
         b[7] = 0;
         st(&b[0], h + 1);
         c[W_SHEAD] = h + 1;
@@ -469,7 +470,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void start_step(HotPlan *p, int s, uint64_t sig, uint64_t op_seq)
+static void start_step(HotPlan *p, int s)
 {
     for (int k = p->step_start[s]; k < p->step_start[s + 1]; k++) {
         hop_t *o = &p->ops[k];
@@ -488,8 +489,6 @@ static void start_step(HotPlan *p, int s, uint64_t sig, uint64_t op_seq)
                     }
                 }
             o->slice = slice_bytes(o->nbytes, (int64_t)o->slot_bytes);
-            o->got_sig = sig & 0xFFFFFFFFull;
-            o->got_total = op_seq;
             if (o->snapshot)
                 memcpy(o->snap, o->data, (size_t)o->nbytes);
         } else if (o->type == T_COPY || o->type == T_REDUCE) {
@@ -576,6 +575,7 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKdiddKKKy*", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s, &in_addr, &out_addr,
                           &scratch_addr, &spans))
         return NULL;
+    p->sig = sig & 0xFFFFFFFFull, p->op_seq = op_seq;
     p->base[0] = (char *)(uintptr_t)in_addr, p->base[1] = (char *)(uintptr_t)out_addr;
     p->base[2] = (char *)(uintptr_t)scratch_addr;
     p->spans = (const uint64_t *)spans.buf, p->nspans = spans.len / 24;
@@ -584,7 +584,7 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
     while (p->step < p->nsteps) {
         int s = p->step, lo = p->step_start[s], hi = p->step_start[s + 1];
         if (!p->step_started) {
-            start_step(p, s, sig, op_seq);
+            start_step(p, s);
             p->step_started = 1;
             p->early_ran = 0;
         }
