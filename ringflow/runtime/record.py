@@ -56,18 +56,29 @@ def _is_internal(filename: str) -> bool:
 _internal: dict[CodeType, bool] = {}
 
 
+def _inside(code: CodeType) -> bool:
+    """True for code of ringflow itself, of torch or of a thread's start (cached per code object)."""
+    inside = _internal.get(code)
+    if inside is None:
+        inside = _internal[code] = _is_internal(code.co_filename)
+    return inside
+
+
+def _first_outside(f: Any, limit: int) -> tuple[Any, int]:
+    """The first of `limit` frames from f outward whose code is outside ringflow and torch, and how many frames up
+    from f it is; (None, -1) if none is."""
+    n = 0
+    while f is not None and n < limit:
+        if not _inside(f.f_code):
+            return f, n
+        f, n = f.f_back, n + 1
+    return None, -1
+
+
 def call_site(depth: int = 2) -> tuple[CodeType | None, int]:
     """(code object, line) of the first frame outside ringflow and torch, `depth` frames up."""
-    f: Any = sys._getframe(depth)
-    while f is not None:
-        code = f.f_code
-        inside = _internal.get(code)
-        if inside is None:
-            inside = _internal[code] = _is_internal(code.co_filename)
-        if not inside:
-            return code, f.f_lineno
-        f = f.f_back
-    return None, 0
+    f, _ = _first_outside(sys._getframe(depth), sys.maxsize)
+    return (f.f_code, f.f_lineno) if f is not None else (None, 0)
 
 
 # frames looked at for a call site: a user's line is a few frames above ringflow's entry point, and calls made
@@ -96,30 +107,14 @@ def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
             g = f if d == 4 else sys._getframe(d)
             if _internal.get(g.f_code) is False:
                 return g.f_code, g.f_lineno
-    d = _walk()
+    g, n = _first_outside(sys._getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
     if f is not None:
         if len(_sites) > 4096:
             _sites.clear()
-        _sites[f.f_code] = d
-    if d >= 0:
-        g = sys._getframe(d)
+        _sites[f.f_code] = n + 2 if g is not None else -1
+    if g is not None:
         return g.f_code, g.f_lineno
     return getattr(_queued, "site", None) or (None, 0)
-
-
-def _walk() -> int:
-    """Depth (from call_site_of's frame) of the first frame outside ringflow and torch; -1 if none is near."""
-    f: Any = sys._getframe(3)   # _walk's caller is call_site_of: its depth 2 is our 3
-    n = 2
-    while f is not None and n < MAX_WALK:
-        code = f.f_code
-        inside = _internal.get(code)
-        if inside is None:
-            inside = _internal[code] = _is_internal(code.co_filename)
-        if not inside:
-            return n
-        f, n = f.f_back, n + 1
-    return -1
 
 
 _queued = threading.local()   # on a worker thread: the call site of the job it runs (`with_site`)
