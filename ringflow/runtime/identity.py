@@ -39,26 +39,25 @@ def _unknown(what: str) -> InvalidArgument:
                            "ringflow.init(rank=, world_size=) first")
 
 
-def get_rank(env: Mapping[str, str] | None = None) -> int:
-    """This process's rank in its job."""
+def _job_field(attr: str, index: int, what: str, env: Mapping[str, str] | None) -> int:
+    """comm.<attr> of the default communicator, else field `index` of the launcher's (rank, size, local)."""
     c = _comm()
     if c is not None:
-        return int(c.rank)
-    rank = _launcher(os.environ if env is None else env)[0]
-    if rank is None:
-        raise _unknown("rank")
-    return rank
+        return int(getattr(c, attr))
+    v = _launcher(os.environ if env is None else env)[index]
+    if v is None:
+        raise _unknown(what)
+    return v
+
+
+def get_rank(env: Mapping[str, str] | None = None) -> int:
+    """This process's rank in its job."""
+    return _job_field("rank", 0, "rank", env)
 
 
 def get_world_size(env: Mapping[str, str] | None = None) -> int:
     """The number of ranks in the job."""
-    c = _comm()
-    if c is not None:
-        return int(c.size)
-    size = _launcher(os.environ if env is None else env)[1]
-    if size is None:
-        raise _unknown("world size")
-    return size
+    return _job_field("size", 1, "world size", env)
 
 
 def local_rank(env: Mapping[str, str] | None = None) -> int:
