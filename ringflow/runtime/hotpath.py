@@ -92,9 +92,12 @@ class NativePlan:
         self.hp, self.conns = hp, conns
 
 
-def _mapped(c: Any) -> bool:
-    """A shared-memory connection the native executor can drive now (mapped, no Python op queued)."""
-    return c.m is not None and not c.queue
+def _drivable(conns: list[Any]) -> bool | None:
+    """True if the native executor can drive these connections now (shared memory, mapped, no Python op queued);
+    UNSUITED if one is not shared memory, None if one is not ready yet."""
+    if not all(isinstance(c, (ShmOut, ShmIn)) for c in conns):
+        return UNSUITED
+    return True if all(c.m is not None and not c.queue for c in conns) else None
 
 
 Range = tuple[int, int, int]   # (buffer index, first byte, end byte)
@@ -141,12 +144,11 @@ def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: 
     for step in plan.steps:
         sends = [(x, transport.out(x.peer, x.key, deadline)) for x in step.xfers if x.kind == OpKind.SEND]
         recvs = [(x, transport.inn(x.peer, x.key)) for x in step.xfers if x.kind != OpKind.SEND]
-        for _, c in sends + recvs:
-            if not isinstance(c, (ShmOut, ShmIn)):
-                return UNSUITED
-            if not _mapped(c):
-                return None
-            conns.append(c)
+        step_conns = [c for _, c in sends + recvs]
+        ready = _drivable(step_conns)
+        if ready is not True:
+            return ready
+        conns += step_conns
         for x, c in sends:
             r.add(T_SEND, peer=x.peer, conn=c, dst=(BUF_INDEX[x.buf], x.off), nbytes=x.nbytes,
                   cma_min=CMA_COPY_MIN_BYTES if x.cold_copy else CMA_MIN_BYTES, pipelined=x.lone and c.spare_core,
@@ -169,10 +171,9 @@ def build_check(transport: Any, peers: list[int], description: str, deadline: fl
         return UNSUITED
     outs = [transport.out(p, "c0", deadline) for p in peers]
     ins = [transport.inn(p, "c0") for p in peers]
-    if not all(isinstance(c, (ShmOut, ShmIn)) for c in outs + ins):
-        return UNSUITED
-    if not all(_mapped(c) for c in outs + ins):
-        return None
+    ready = _drivable(outs + ins)
+    if ready is not True:
+        return ready
     r = _Rows()
     payload = np.frombuffer(description.encode(), dtype=np.uint8).copy()
     for c in outs:
