@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ringflow.errors import InvalidArgument
-from ringflow.workload.recorded import load, merge
+from ringflow.workload.recorded import call_rows, load, merge
 from ringflow.workload.replay import instance_key, replay
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +40,7 @@ def test_every_rank_writes_its_calls_and_rank_zero_a_manifest(recording: Path) -
     for r in range(3):
         rows = [json.loads(ln) for ln in (recording / f"rank{r}.jsonl").read_text().splitlines()]
         assert rows[0]["kind"] == "process" and rows[0]["rank"] == r
-        calls = [c for c in rows if c["kind"] == "call"]
+        calls = call_rows(rows, recording / f"rank{r}.jsonl")   # packed call lines expanded by their descriptions
         colls = [c for c in calls if c["lane"] == "coll" and c["comm"] == manifest["world"]]
         # per step: all_reduce, broadcast, all_gather, async all_reduce; then the final barrier
         assert [c["op"] for c in colls] == ["all_reduce", "broadcast", "all_gather", "all_reduce"] * STEPS + \

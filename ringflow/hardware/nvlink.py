@@ -91,5 +91,13 @@ NVSWITCH_GENERATIONS: dict[int, NvswitchGen] = {g.gen: g for g in [
     NvswitchGen(4, "GB200 NVL72", 5, 72, 900.0, "NVIDIA GB200 NVL72 datasheet (2024)"),
 ]}
 
+# In-switch (NVLink SHARP) reduction rate of one NVSwitch chip, in 32-bit adds per second (x 1e9): an NVLS
+# reduction of n inputs costs the switches n - 1 adds per 32-bit word. Gen 3: 400 GFLOPS FP32 per chip (Hot Chips
+# 34, 2022, "The NVLink-Network Switch", A. Ishii and R. Wells, https://hc34.hotchips.org/; quoted in
+# https://github.com/NVIDIA/nccl/issues/1455, description by shh2000: "SHArP ALU @nvswitch3 has 400GFLOPS@float32").
+# Gen 4 (NVLink5 switch chip): no published figure; assumed equal to gen 3 (`SimParams.nvls_reduce_gflops`
+# overrides it). 16-bit data is assumed to pack two values per 32-bit add, so the cap is the same in bytes.
+NVSWITCH_REDUCE_GFLOPS: dict[int, float] = {3: 400.0, 4: 400.0}
+
 # NVLink-C2C (Grace <-> Blackwell/Hopper): 900 GB/s bidirectional (NVIDIA Grace Hopper / GB200 datasheets).
 NVLINK_C2C_GBPS_PER_DIR = 450.0

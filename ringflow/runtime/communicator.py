@@ -236,16 +236,24 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         """Run fn(deadline) on a lane, synchronously or as a Work; `meta` describes the call to the recorder."""
         self._usable()
         ln = self._lanes[lane]
-        guard = self._guard if self._rec is None else self._rec.guard(lane, description, meta, async_op, self._guard)
+        rec = self._rec
         if async_op:
+            e = None if rec is None else rec.enter(lane, description, meta, True)
+
             def job() -> None:
                 self._usable()
-                guard(fn, self._deadline(timeout), lane)
+                if rec is None or e is None:
+                    self._guard(fn, self._deadline(timeout), lane)
+                else:
+                    rec.run(e, self._guard, fn, self._deadline(timeout), lane)
             return ln.submit(job, Work(description, result))
         deadline = self._deadline(timeout)
         if ln.busy:
             ln.quiesce(deadline)
-        guard(fn, deadline, lane)
+        if rec is None:
+            self._guard(fn, deadline, lane)
+        else:
+            rec.call(lane, description, meta, self._guard, fn, deadline)
         return result
 
     def _guard(self, fn, deadline: float, lane: int) -> None:

@@ -85,9 +85,11 @@ class FastCalls:
         ctx.deadline = deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         self._last_call, self._in_call = (seq, prep.desc), True
         self.last_schedule = prep.schedule
-        guard = self._guard if self._rec is None else \
-            self._rec.guard(LANE_COLL, f.description, f.meta, False, self._guard)
-        guard(f.fn, deadline, LANE_COLL)
+        rec = self._rec
+        if rec is None:
+            self._guard(f.fn, deadline, LANE_COLL)
+        else:
+            rec.call(LANE_COLL, f.description, f.meta, self._guard, f.fn, deadline)
         return f.result
 
     def _fast_remember(self, key: tuple | None, x: Any, out: Any, out_flat: np.ndarray, coll: Collective,

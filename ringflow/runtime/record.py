@@ -1,7 +1,7 @@
 """Call recorder and flight recorder: what every collective and point-to-point call of a rank did, and when.
 
-Every communicator keeps its last RINGFLOW_FLIGHT_RECORDER calls in a ring (always on: a deque append per
-call); a timeout, a failed peer, SIGUSR1 or `comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record
+Where RINGFLOW_DUMP_DIR or RINGFLOW_RECORD says where records go, every communicator keeps its last
+RINGFLOW_FLIGHT_RECORDER calls in a ring (a deque append per call); a timeout, a failed peer, SIGUSR1 or `comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record
 directory) as ``flight-rank<R>.json``. With RINGFLOW_RECORD=DIR every call is also kept and written to
 ``DIR/rank<R>.jsonl`` (R: the global rank), and world rank 0 writes ``DIR/manifest.json``.
 `ringflow record merge` and `ringflow diagnose` (ringflow.workload.recorded) read them; docs/record.md
@@ -14,6 +14,7 @@ point-to-point ``("send"|"recv", dtype, elements, peer, tag)``.
 from __future__ import annotations
 
 import atexit
+import base64
 import collections
 import json
 import logging
@@ -41,6 +42,7 @@ FLUSH_EVERY = 1024   # calls kept before the record file is written (also at des
 LANES = ("coll", "send", "recv")
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
 _now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
+_getframe = sys._getframe
 
 # one entry per call, a list (filled in as the call progresses):
 LANE, SEQ, META, DESC, T_ENQ, T_START, T_END, CODE, LINE, STATUS, ALGO, ASYNC = range(12)
@@ -87,8 +89,8 @@ MAX_WALK = 12
 _sites: dict[CodeType, int] = {}   # code 4 frames up -> depth of the user's frame there, or -1
 
 
-def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
-    """The call site of the operation the recorder is entered for (`kind`: its name; unused, kept for callers).
+def call_site_of() -> tuple[CodeType | None, int]:
+    """The call site of the operation the recorder is entered for.
 
     The path from the user's line to here is the same for every call made from the same place, so the depth
     of the user's frame (or that there is none within MAX_WALK frames) is remembered per code object 4 frames
@@ -96,7 +98,7 @@ def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
     of walking and materialising all of them. On a worker thread with no user frame: the site `with_site`
     noted when the job was queued."""
     try:
-        f: Any = sys._getframe(4)
+        f: Any = _getframe(4)
     except ValueError:   # a shallow stack
         f = None
     if f is not None:
@@ -104,10 +106,10 @@ def call_site_of(kind: Any) -> tuple[CodeType | None, int]:
         if d is not None:
             if d < 0:
                 return getattr(_queued, "site", None) or (None, 0)
-            g = f if d == 4 else sys._getframe(d)
+            g = f if d == 4 else _getframe(d)
             if _internal.get(g.f_code) is False:
                 return g.f_code, g.f_lineno
-    g, n = _first_outside(sys._getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
+    g, n = _first_outside(_getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
     if f is not None:
         if len(_sites) > 4096:
             _sites.clear()
@@ -160,6 +162,8 @@ class _Process:
         self.rank: int | None = None
         self.record_dir: Path | None = None
         self.file: Any = None
+        # call description -> (id in the record file, its objects)
+        self.descs: dict[tuple, tuple[int, tuple]] = {}
         self.recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
         self.mono0, self.wall0 = _now(), time.time_ns()
         self.hooked = False
@@ -176,6 +180,35 @@ class _Process:
         self.write([{"kind": "process", "format": FORMAT, "rank": rank, "pid": os.getpid(),
                      "hostname": socket.gethostname(), "mono0_ns": self.mono0, "wall0_ns": self.wall0,
                      "argv": sys.argv}])
+
+    def write_calls(self, ns: str, entries: list[list[Any]]) -> None:
+        """Calls as one line ``{"kind": "calls", "rows": B}``, B the base64 of little-endian int64 quintuples
+        (seq, enq_ns, start_ns, end_ns, desc); a description's fields go once in a ``{"kind": "desc", "id": desc,
+        ...}`` line before its first call. Formatting numbers as text would cost the recorded call more than
+        the rest of the recording does; `recorded.read_dir` expands both."""
+        if self.file is None or not entries:
+            return
+        with self.lock:
+            descs, new = self.descs, []
+            flat: list[int] = []
+            put = flat.append   # five appends and one conversion cost less than building a tuple per call
+            for e in entries:
+                _lane, seq, m, desc, enq, start, end, code, line, status, algo, async_ = e
+                key = (ns, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]), m[2],
+                       m[3], m[4]) if m else desc_key(ns, e)
+                d = descs.get(key)
+                if d is None:
+                    d = descs[key] = (len(descs), (m, code, algo))
+                    new.append(json.dumps({"kind": "desc", "id": d[0], **desc_row(ns, e)}, separators=(",", ":"))
+                               + "\n")
+                put(seq)
+                put(enq)
+                put(start)
+                put(end)
+                put(d[0])
+            rows = base64.b64encode(np.array(flat, dtype="<i8").tobytes()).decode("ascii")
+            self.file.write("".join(new) + f'{{"kind":"calls","rows":"{rows}"}}\n')
+            self.file.flush()
 
     def write(self, rows: list[dict[str, Any]]) -> None:
         self.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
@@ -223,10 +256,9 @@ class Recorder:
         self.reason = ""
 
     # -------------------------------------------------------------- the hot path
-    def guard(self, lane: int, description: str, meta: tuple | None, async_op: bool,
-              guard: Callable[[Any, float, int], None]) -> Callable[[Any, float, int], None]:
-        """A replacement for Communicator._guard that records this call's start, end and outcome."""
-        code, line = call_site_of(meta[0] if meta else description)
+    def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
+        """Note a call as it is issued (its entry is in the ring at once, so a hang shows it); `run` times it."""
+        code, line = call_site_of()
         if lane == 0:
             seq = self.coll_seq
             self.coll_seq = seq + 1
@@ -241,21 +273,54 @@ class Recorder:
             pending.append(e)
             if len(pending) >= FLUSH_EVERY:
                 self.flush()
+        return e
 
-        def recorded(fn: Any, deadline: float, lane_: int) -> None:
-            e[T_START] = _now()
-            if lane_ == 0:
-                self.last = e
-            try:
-                guard(fn, deadline, lane_)
-            except BaseException as exc:
-                e[T_END], e[STATUS] = _now(), type(exc).__name__
-                self.failed(exc)
-                raise
-            e[T_END] = _now()
-            if lane_ == 0 and self.size > 1 and meta is not None and meta[0] != "barrier":
-                e[ALGO] = self.comm.last_schedule.algorithm
-        return recorded
+    def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None],
+             fn: Any, deadline: float) -> None:
+        """`enter` and `run` for a synchronous call (one call frame fewer: the recorder is on every call)."""
+        code, line = call_site_of()
+        if lane == 0:
+            seq = self.coll_seq
+            self.coll_seq = seq + 1
+        else:
+            key = (lane, meta[3], meta[4]) if meta else (lane, description)
+            seq = self.seqs.get(key, 0)
+            self.seqs[key] = seq + 1
+        t = _now()
+        e = [lane, seq, meta, description, t, t, 0, code, line, "", None, False]
+        self.ring.append(e)
+        pending = self.pending
+        if pending is not None:
+            pending.append(e)
+            if len(pending) >= FLUSH_EVERY:
+                self.flush()
+        if lane == 0:
+            self.last = e
+        try:
+            guard(fn, deadline, lane)
+        except BaseException as exc:
+            e[T_END], e[STATUS] = _now(), type(exc).__name__
+            self.failed(exc)
+            raise
+        e[T_END] = _now()
+        if lane == 0 and self.size > 1:
+            e[ALGO] = self.comm.last_schedule
+
+    def run(self, e: list[Any], guard: Callable[[Any, float, int], None], fn: Any, deadline: float,
+            lane: int) -> None:
+        """Run the call `e` describes through the communicator's `guard`, noting its start, end and outcome."""
+        e[T_START] = _now()
+        if lane == 0:
+            self.last = e
+        try:
+            guard(fn, deadline, lane)
+        except BaseException as exc:
+            e[T_END], e[STATUS] = _now(), type(exc).__name__
+            self.failed(exc)
+            raise
+        e[T_END] = _now()
+        if lane == 0 and self.size > 1:
+            e[ALGO] = self.comm.last_schedule   # its name is read when the entry is written
 
     # -------------------------------------------------------------- off the hot path
     def status(self) -> dict[str, object]:
@@ -278,13 +343,13 @@ class Recorder:
             return
         done = [e for e in p if e[T_END]]
         self.pending = [e for e in p if not e[T_END]]
-        _proc.write_text("".join(line_of(self.ns, e) for e in done))
+        _proc.write_calls(self.ns, done)
 
     def close(self) -> None:
         """The communicator is destroyed: write everything, in-flight calls included."""
         p = self.pending
         if p:
-            _proc.write_text("".join(line_of(self.ns, e) for e in p))
+            _proc.write_calls(self.ns, p)
             self.pending = []
 
     def failed(self, exc: BaseException) -> None:
@@ -307,6 +372,12 @@ class Recorder:
         return out
 
 
+def _algo(e: list[Any]) -> str | None:
+    """The algorithm a collective ran (None for barriers, one-rank calls and calls that did not finish)."""
+    s, m = e[ALGO], e[META]
+    return None if s is None or (m and m[0] == "barrier") else str(s.algorithm)
+
+
 def _op(e: list[Any]) -> str:
     m = e[META]
     return str(getattr(m[0], "value", m[0])) if m else str(e[DESC])
@@ -326,33 +397,28 @@ def row(ns: str, e: list[Any]) -> dict[str, Any]:
         r.update({"dtype": None if dt is None else dt.name, "count": int(m[2]),
                   "nbytes": 0 if dt is None else int(m[2]) * dt.itemsize})
         if e[LANE] == 0:
-            r.update({"root": m[3], "redop": m[4], "algo": e[ALGO]})
+            r.update({"root": m[3], "redop": m[4], "algo": _algo(e)})
         else:
             r.update({"peer": int(m[3]), "tag": int(m[4])})
     return r
 
 
-_frags: dict[tuple, tuple[str, Any]] = {}
+def desc_key(ns: str, e: list[Any]) -> tuple:
+    """What a call shares with other calls of the same description: everything but its sequence number and times.
 
-
-def line_of(ns: str, e: list[Any]) -> str:
-    """row() as one JSON line, built from a cached fragment of everything but the sequence number and times.
-
-    The cache is keyed by object ids (hashing enums and dtypes costs more than the formatting); each entry
-    keeps its objects alive so that their ids stay theirs."""
+    Object ids, not the objects, go in (hashing enums and dtypes costs more than the rest of the call); the
+    description table keeps the objects alive, so their ids stay theirs."""
     m = e[META]
-    objs = (m, e[CODE])
-    key = (ns, e[LANE], e[DESC], e[LINE], e[STATUS], e[ALGO], e[ASYNC], e[T_END] != 0, id(e[CODE]),
-           *((id(m[0]), id(m[1]), m[2], m[3], m[4]) if m else ()))
-    hit = _frags.get(key)
-    if hit is None:
-        r = row(ns, e)
-        for k in ("kind", "seq", "enq_ns", "start_ns", "end_ns"):
-            del r[k]
-        hit = _frags[key] = (json.dumps(r, separators=(",", ":"))[1:], objs)
-        if len(_frags) > 65536:
-            _frags.clear()
-    return f'{{"kind":"call","seq":{e[SEQ]},"enq_ns":{e[T_ENQ]},"start_ns":{e[T_START]},"end_ns":{e[T_END]},{hit[0]}\n'
+    return (ns, e[DESC], e[LINE], e[STATUS], id(e[ALGO]), e[ASYNC], e[T_END] != 0, id(e[CODE]),
+            *((id(m[0]), id(m[1]), m[2], m[3], m[4]) if m else ()))
+
+
+def desc_row(ns: str, e: list[Any]) -> dict[str, Any]:
+    """row() without the sequence number and times: the fields a description line carries."""
+    r = row(ns, e)
+    for k in ("kind", "seq", "enq_ns", "start_ns", "end_ns"):
+        del r[k]
+    return r
 
 
 def attach(comm: Any) -> Recorder | None:

@@ -118,6 +118,13 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
+    if tab.in_switch is not None and tab.algorithm == "nvls":
+        from .nvls import reduce_bound_us
+        floor = reduce_bound_us(topo, eps, tab.collective, tab.nranks, count_bytes, prm)
+        if floor > t_us:
+            notes.append(f"nvls: bound by the NVSwitch adders ({floor:.0f} us against {t_us:.0f} us on the links)")
+            finish = np.maximum(np.asarray(finish, dtype=float), floor)
+            t_us = floor
     check_us = prm.cpu.check_us
     if checked and check_us:
         t_us, finish = t_us + check_us, np.asarray(finish) + check_us
@@ -220,12 +227,15 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
     ranks; above, the fastest of the fast-path algorithms under the analytic engine (the tuner
     builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce,
     reduce-scatter or all-gather inside one NVLS-capable NVSwitch domain takes NVLS where the simulator
-    finds it faster (sim.nvls)."""
+    finds it faster (sim.nvls); an all-reduce over several such servers with two or more ranks on each
+    takes NVLS-Tree where it is faster (NCCL's default across Hopper servers, `nvls_tree_faster`)."""
     coll = Collective.parse(collective)
     flat, flat_us = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
     from .nvls import NVLS_COLLECTIVES, nvls_switch
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     if coll not in NVLS_COLLECTIVES or nvls_switch(topo, eps[:nranks]) is None:
+        if nvls_tree_faster(topo, coll, nranks, size_bytes, flat, flat_us, dtype, params, eps):
+            return "nvls_tree"
         return flat
     # NCCL's default inside a Hopper server: NVLS where it is faster than the flat choice
     prm = params or params_for(topo)
@@ -234,6 +244,29 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
         return simulate(topo, coll, size_bytes, algorithm=algo, nranks=nranks, dtype=dtype, params=prm,
                         endpoints=endpoints).time_us
     return "nvls" if time_us("nvls") < (time_us(flat) if flat_us is None else flat_us) else flat
+
+
+def nvls_tree_faster(topo: Any, coll: Collective, nranks: int, size_bytes: int, flat: str, flat_us: float | None,
+                     dtype: str, params: SimParams | None, eps: list[str]) -> bool:
+    """True where an all-reduce spans several servers, each with an NVLS-capable NVSwitch and two or more of the
+    ranks, and NVLS-Tree beats the flat choice (groups up to TUNER_MAX_RANKS ranks, for the cost of the trial)."""
+    from .nvls import nvls_switch, simulate_switch_algorithm
+    if coll != Collective.ALL_REDUCE or nranks > TUNER_MAX_RANKS or not hasattr(topo, "host_groups"):
+        return False
+    groups = topo.host_groups(eps[:nranks])
+    if len(groups) < 2 or min(len(g) for g in groups) < 2 or \
+            any(nvls_switch(topo, [eps[r] for r in g]) is None for g in groups):
+        return False
+    prm = params or params_for(topo)
+    try:
+        tree_us = simulate_switch_algorithm(topo, "nvls_tree", nranks, size_bytes, endpoints=eps, params=prm,
+                                            dtype=dtype).time_us
+    except InvalidArgument:
+        return False
+    if flat_us is None:
+        flat_us = simulate(topo, coll, size_bytes, algorithm=flat, nranks=nranks, dtype=dtype, params=prm,
+                           endpoints=eps).time_us
+    return tree_us < flat_us
 
 
 def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtype: str,

@@ -85,6 +85,27 @@ def efficiency(params: Any, generation: int) -> float:
     return params.nvls_efficiency or NVLS_EFFICIENCY[generation]
 
 
+def reduce_bound_us(topo: Any, endpoints: Sequence[str], collective: Collective, nranks: int, count_bytes: float,
+                    params: Any) -> float:
+    """The floor the switches' adders put under an NVLS reduction: n - 1 adds per 32-bit word of the reduced buffer,
+    spread over the domain's NVSwitch chips at `params.nvls_reduce_gflops` (else the catalog's rate) each; 0 where
+    nothing is reduced in the switch. Beyond one server's 8 GPUs it, not the links, paces NVLS (72 GPUs on 18
+    chips reduce no faster than 8 on 2)."""
+    from ..hardware.nvlink import NVSWITCH_REDUCE_GFLOPS
+    if collective not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER) or nranks < 2:
+        return 0.0
+    hit = nvls_switch(topo, endpoints[:nranks])
+    if hit is None:
+        return 0.0
+    node, gen = hit
+    rate = params.nvls_reduce_gflops or NVSWITCH_REDUCE_GFLOPS.get(gen)
+    if not rate:
+        return 0.0
+    chips = int(topo.graph.nodes[node].get("chips") or 1)
+    buffer_bytes = count_bytes * (nranks if collective == Collective.REDUCE_SCATTER else 1)
+    return (nranks - 1) * buffer_bytes / 4.0 / (chips * rate * 1e9) * 1e6
+
+
 def _require_collective(collective: Collective) -> None:
     """InvalidArgument unless NVLS implements `collective` (NVLS_COLLECTIVES)."""
     if collective not in NVLS_COLLECTIVES:

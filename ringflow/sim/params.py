@@ -91,6 +91,9 @@ class SimParams:
     # NVLS switch operations (`sim.nvls`) move their bytes at this fraction of the NVLink rate the other
     # algorithms get; None: NCCL's own figure for the NVSwitch generation (`nvls.NVLS_EFFICIENCY`).
     nvls_efficiency: float | None = None
+    # NVLS in-switch reduction rate per NVSwitch chip in 32-bit adds per second x 1e9; None: the hardware
+    # catalog's figure for the generation (`hardware.nvlink.NVSWITCH_REDUCE_GFLOPS`).
+    nvls_reduce_gflops: float | None = None
     # Flow engine: above this many transfers, consecutive steps with the same (sender, receiver,
     # channel) pattern are merged into one (bytes added, per-message costs multiplied): exact
     # without contention, an approximation of the timeline with it (docs/simulator.md).

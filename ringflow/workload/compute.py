@@ -160,6 +160,19 @@ def _stage_index(layout: Layout, stage: str | int) -> int:
     return named[stage]
 
 
+def expert_roofline_s(flops: float, params: float, weight_bytes: float, rate: float, mem_Bps: float,
+                      grad_bytes: int = 4) -> tuple[float, float]:
+    """(forward, backward) seconds of the routed-expert GEMMs of a micro-batch: each pass the longer of its FLOPs
+    at the GEMM rate and its weight traffic at HBM bandwidth (forward reads the `params` local expert weights of
+    `weight_bytes` each; backward reads them for the input gradient and reads and writes the `grad_bytes` main
+    gradient). Few tokens per expert (small micro-batches over many experts) make the weights set the time."""
+    if not flops:
+        return 0.0, 0.0
+    fwd = max(flops / rate, params * weight_bytes / mem_Bps)
+    bwd = max(2 * flops / rate, params * (weight_bytes + 2 * grad_bytes) / mem_Bps)
+    return fwd, bwd
+
+
 def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
                      eff: EfficiencyModel | None = None, stage: str | int = "middle") -> MicrobatchTimes:
     """Compute time of one micro-batch on one GPU of a pipeline stage (an index, or 'first', 'middle',
@@ -187,8 +200,14 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
               for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
     rate = peak * eff_g
-    t_fwd = work / rate + 2 * act / mem_Bps
-    t_bwd = 2 * work / rate + 4 * act / mem_Bps
+    # routed experts: a roofline per pass, their GEMM FLOPs against the bytes of the local experts' weights
+    # (read forward; read, and the FP32 main gradient read and written, backward)
+    x_flops = tokens * ex * (1.0 + pad) / t
+    x_params = n_moe * model.routed_expert_params() / (layout.expert_tp * layout.ep)
+    x_fwd, x_bwd = expert_roofline_s(x_flops, x_params, 1 if layout.precision == "fp8" else 2, rate, mem_Bps,
+                                     layout.grad_bytes)
+    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps
+    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
         t_rec = rec_flops / rate + 2 * act / mem_Bps

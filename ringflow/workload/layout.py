@@ -59,13 +59,15 @@ class Layout:
     fp8_params: bool = False             # FP8 training keeps weights only in FP8 (Megatron --fp8-param-gather)
     overlap_ep: bool = False             # MoE all-to-alls hidden under another micro-batch's compute (DeepSeek's
                                          # DualPipe, Megatron --overlap-moe-expert-parallel-comm)
+    offload_layers: int = 0              # layers per pipeline stage whose stored activations go to host memory
+                                         # (Megatron --cpu-offloading-num-layers); the copies hide under compute
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "global_batch", "seq_len", "interleave"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise ConfigError(f"layout {f}={v!r} must be an integer >= 1", f"set --{f.replace('_', '-')} >= 1")
-        for f in ("etp", "first_stage_layers", "last_stage_layers"):
+        for f in ("etp", "first_stage_layers", "last_stage_layers", "offload_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 0:
                 raise ConfigError(f"layout {f}={v!r} must be an integer >= 0", f"set --{f.replace('_', '-')} >= 0")

@@ -11,6 +11,9 @@ stores the ``a s^2`` scores) removes the score term just as selective recomputat
 the top_k dispatched copies of its input and the intermediates of top_k (x the capacity factor, padded) plus
 the shared experts; MLA's compressed latents are computed by un-split projections, so every TP rank keeps them.
 
+Activation offloading (Megatron ``--cpu-offloading-num-layers``, `Layout.offload_layers`): that many of a stage's
+layers move their stored activations to host memory and back for the backward pass; they count nothing here.
+
 Pipeline: with 1F1B stage i holds ``min(p - i, m)`` micro-batches in flight; interleaved (v chunks per stage)
 ``(p - i - 1) 2 + (v - 1) p + 1`` chunks (Megatron's warm-up count), which for stage 0 is Korthikanti et al.'s
 ``L (1 + (p-1)/(p v))`` (Sec. 4.2.3). Every stage is checked (uneven splits, embedding on the first, logits on
@@ -21,6 +24,10 @@ weights ``w = 2`` B (bf16), gradients ``g`` B (4: Megatron's fp32 main grads; 2 
 ``o = 12`` B (fp32 master copy + Adam m and v). Per GPU with data-parallel degree d:
 stage 0: (w+g+o) P; stage 1: (w+g) P + o P/d; stage 2: w P + (g+o) P/d; stage 3 (FSDP): (w+g+o) P/d.
 Dense weights shard over dp x cp, expert weights over the expert-data-parallel degree (tp cp dp / (etp ep)).
+
+FP8 activations: Transformer Engine keeps the FP8-quantised input of every FP8 GEMM for its weight gradient
+(QKV, attention-output, MLP-input and down-projection inputs: 1 byte an element, not 2); norm inputs, Q/K/V for
+the attention backward and the up-projection outputs stay 16-bit.
 
 FP8 (Transformer Engine on Hopper): the BF16 weights stay and TE adds an FP8 copy of every GEMM weight *and
 its transpose* (Hopper's FP8 GEMMs take only the TN layout, so ``Float8Tensor`` keeps both by default: TE
@@ -108,19 +115,24 @@ def activation_bytes_per_layer(model: ModelSpec, layout: Layout, recompute: str 
     if r == "full":
         return 2.0 * s * b * h / (t if sp else 1)
     drop = 1 if model.dropout else 0
-    # replicated across TP ranks unless sequence parallel: norms inputs (2 x 2sbh), QKV input 2sbh,
-    # MLP input 2sbh, two dropout masks sbh each
-    replicated = (4 + 2 + 2 + 2 * drop) * s * b * h
-    # split across TP ranks: Q, K, V, the attention output (input of O); MLP intermediates
-    attn = 2 * (model.q_width + model.kv_hidden + model.v_width + model.heads * model.v_dim) * s * b
-    gate = 3 if model.gated_mlp else 2
+    # GEMM inputs kept for the weight gradient: 2 bytes, or 1 under FP8 (Transformer Engine saves the quantised
+    # input of an FP8 GEMM, not its 16-bit source)
+    g_in = 1 if layout.precision == "fp8" else 2
     moe = model.is_moe if index is None else model.is_moe_layer(index)
+    # replicated across TP ranks unless sequence parallel: norms inputs (2 x 2sbh), QKV input, MLP input (an MoE
+    # layer's router input stays 16-bit), two dropout masks sbh each
+    replicated = (4 + g_in + (2 if moe else g_in) + 2 * drop) * s * b * h
+    # split across TP ranks: Q, K, V (16-bit, for the attention backward), the attention output (input of O);
+    # MLP intermediates: the up (and gate) projection output 16-bit, the down projection's input a GEMM input
+    attn = (2 * (model.q_width + model.kv_hidden + model.v_width) + g_in * model.heads * model.v_dim) * s * b
+    gate = 2 if model.gated_mlp else 1
+    per_ffn = 2 * gate + g_in
     if moe:
         pad = layout.capacity_factor or 1.0
-        mlp = gate * 2 * s * b * model.moe_ffn * (model.top_k * pad + model.shared_experts) + \
-            2 * s * b * h * model.top_k * pad  # dispatched copies of the input
+        mlp = per_ffn * s * b * model.moe_ffn * (model.top_k * pad + model.shared_experts) + \
+            g_in * s * b * h * model.top_k * pad  # dispatched copies of the input (the experts' GEMM input)
     else:
-        mlp = gate * 2 * s * b * model.ffn_hidden
+        mlp = per_ffn * s * b * model.ffn_hidden
     # MLA latents (un-split down projections): input and output of their norms, and the shared rope key
     latent = 2 * s * b * (2 * (model.q_lora_rank + model.kv_lora_rank) + model.qk_rope_head_dim) \
         if model.is_mla else 0.0
@@ -196,6 +208,8 @@ def stage_memory(model: ModelSpec, layout: Layout, stage: int, capacity_bytes: f
     n_dense, n_moe = _stage_layers(model, L, stage)
     per_mb = n_dense * (activation_bytes_per_layer(model, L, index=0) if n_dense else 0.0) + \
         n_moe * (activation_bytes_per_layer(model, L, index=model.layers - 1) if n_moe else 0.0)
+    if L.offload_layers:  # offloaded layers keep nothing on the GPU once their copy to the host is done
+        per_mb *= 1.0 - min(L.offload_layers, n_dense + n_moe) / max(n_dense + n_moe, 1)
     act = per_mb * inflight_microbatches(L, stage)
     if L.recompute == "full":  # one layer's full activations are rebuilt during its backward
         act += activation_bytes_per_layer(model, L, "none")

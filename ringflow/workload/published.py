@@ -13,6 +13,9 @@ not move a constant every other case shares):
   collectives inside one NVLink domain;
 - ``net_eff``: achievable fraction of the NIC line rate (``link_efficiency['ib']`` and ``['ethernet']``), from the
   collectives across servers;
+- ``nvls_reduce_gflops``: the in-switch reduction rate of one NVSwitch chip (simulator ``nvls_reduce_gflops``),
+  from the NVLS collectives that rate bounds (NVSwitch gen 4, whose rate is not published); the nvlink_eff fit
+  leaves those cases out, since the links do not pace them;
 - ``software[era]``: the framework's GEMM-efficiency multiplier (`EfficiencyModel.software_factor`) per training
   software era, from that era's training cases.
 
@@ -54,6 +57,7 @@ class Constants:
     nvlink_eff: float
     net_eff: float
     software: dict[str, float] = field(default_factory=dict)
+    nvls_reduce_gflops: float = 0.0   # 0: the hardware catalog's per-generation figure
     fitted_on: dict[str, list[str]] = field(default_factory=dict)
     chooser: str = "sim"   # collectives without a forced algorithm: the simulator's choice, or NCCL's ("nccl")
 
@@ -67,11 +71,16 @@ class Constants:
 
     def sim_overrides(self) -> dict[str, Any]:
         """Simulator parameter overrides carrying the link efficiencies."""
-        return {"link_efficiency": {"nvlink": self.nvlink_eff, "ib": self.net_eff, "ethernet": self.net_eff}}
+        out: dict[str, Any] = {"link_efficiency": {"nvlink": self.nvlink_eff, "ib": self.net_eff,
+                                                   "ethernet": self.net_eff}}
+        if self.nvls_reduce_gflops:
+            out["nvls_reduce_gflops"] = self.nvls_reduce_gflops
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values and fitting sets."""
         return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
+                "nvls_reduce_gflops": self.nvls_reduce_gflops,
                 "fitted_on": {k: list(v) for k, v in self.fitted_on.items()}, "chooser": self.chooser}
 
 
@@ -240,6 +249,8 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     else:
         res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
                        nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
+    if any("NVSwitch adders" in n for n in res.notes):
+        link = "nvls_reduce"
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
                                                     "link_class": link, "note": note})
 
@@ -303,8 +314,8 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
     consts = Constants.defaults(chooser)
     colls = [c for c in fit_cases if c["kind"] == "collective"]
     for _ in range(COLLECTIVE_ROUNDS if colls else 0):
-        ratios: dict[str, list[float]] = {"nvlink": [], "net": []}
-        used: dict[str, list[str]] = {"nvlink": [], "net": []}
+        ratios: dict[str, list[float]] = {"nvlink": [], "net": [], "nvls_reduce": []}
+        used: dict[str, list[str]] = {"nvlink": [], "net": [], "nvls_reduce": []}
         for c in colls:
             pr = predictor(c, consts)
             if pr.value is not None and pr.value > 0:
@@ -315,6 +326,11 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
             if ratios[cls]:
                 setattr(consts, attr, min(1.0, getattr(consts, attr) * _centre(ratios[cls])))
                 consts.fitted_on[attr] = used[cls]
+        if ratios["nvls_reduce"]:
+            consts.nvls_reduce_gflops = (consts.nvls_reduce_gflops or _catalog_reduce_gflops()) * \
+                _centre(ratios["nvls_reduce"])
+            consts.fitted_on["nvls_reduce_gflops"] = sorted(set(consts.fitted_on.get("nvls_reduce_gflops", [])
+                                                                + used["nvls_reduce"]))
     eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"})
     for era in eras:
         mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
@@ -327,6 +343,12 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
             consts.software[era] = min(k, 1.0 / _eff_ceiling())
             consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
     return consts
+
+
+def _catalog_reduce_gflops() -> float:
+    """The catalog's NVSwitch gen-4 reduction rate (the generation whose rate bounds NVLS in the cases)."""
+    from ..hardware.nvlink import NVSWITCH_REDUCE_GFLOPS
+    return NVSWITCH_REDUCE_GFLOPS[4]
 
 
 def _eff_ceiling() -> float:
@@ -353,7 +375,8 @@ def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None 
 def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
     err = pr.value / c["value"] - 1.0 if pr.value is not None else None
     topo = c.get("topology") or {}
-    one_server = c["kind"] == "collective" and pr.info.get("link_class") == "nvlink" and not topo.get("nodes")
+    one_server = c["kind"] == "collective" and pr.info.get("link_class") in ("nvlink", "nvls_reduce") \
+        and not topo.get("nodes")
     return {"id": c["id"], "kind": c["kind"], "generation": c["generation"], "era": c.get("era", ""),
             "set": c["set"], "metric": c["metric"], "published": float(c["value"]), "predicted": pr.value,
             "error": err, "status": pr.status, "system": c.get("system", ""), "url": c["source"]["url"],

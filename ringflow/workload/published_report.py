@@ -58,13 +58,18 @@ def group_rows(result: dict[str, Any]) -> list[list[str]]:
 
 def constant_rows(result: dict[str, Any]) -> list[list[str]]:
     """The fitted constants, the library's defaults and the fitting cases each came from."""
+    from ..hardware.nvlink import NVSWITCH_REDUCE_GFLOPS
     from ..sim.params import DEFAULT_LINK_EFFICIENCY
     c = result["constants"]
     fitted = c["fitted_on"]
     rows = [["nvlink_eff (sim link_efficiency nvlink)", f"{c['nvlink_eff']:.3f}",
              f"{DEFAULT_LINK_EFFICIENCY['nvlink']:.3f}", ", ".join(fitted.get("nvlink_eff", [])) or "not fitted"],
             ["net_eff (sim link_efficiency ib, ethernet)", f"{c['net_eff']:.3f}",
-             f"{DEFAULT_LINK_EFFICIENCY['ib']:.3f}", ", ".join(fitted.get("net_eff", [])) or "not fitted"]]
+             f"{DEFAULT_LINK_EFFICIENCY['ib']:.3f}", ", ".join(fitted.get("net_eff", [])) or "not fitted"],
+            ["nvls_reduce_gflops (sim nvls_reduce_gflops, per NVSwitch chip)",
+             f"{c['nvls_reduce_gflops']:.0f}" if c.get("nvls_reduce_gflops") else f"{NVSWITCH_REDUCE_GFLOPS[4]:.0f} "
+             "(not fitted)", f"{NVSWITCH_REDUCE_GFLOPS[4]:.0f}",
+             ", ".join(fitted.get("nvls_reduce_gflops", [])) or "no fitting case bound by the switch adders"]]
     eras = sorted({r["era"] for r in result["rows"] if r["era"]})
     for era in eras:
         k = c["software"].get(era)
@@ -121,7 +126,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "so no earlier case changes set.",
              "- Fitted on the fitting set only (`published.fit`), each by a few multiplicative steps toward a "
              "median of published / predicted of 1 over its own fitting cases: the NVLink efficiency (from "
-             "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers) and one "
+             "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers), the "
+             "NVSwitch chip's in-switch reduction rate (from NVLS collectives that rate bounds) and one "
              "software factor per training software era (`EfficiencyModel.software_factor`). Held-out values are "
              "never read by the fit.",
              "- Collectives: `ringflow.sim` (analytic engine) with the fitted link efficiencies; a case without a "

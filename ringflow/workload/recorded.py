@@ -9,11 +9,14 @@ communicator's creation, hosts are aligned by the moment their ranks left it ("b
 """
 from __future__ import annotations
 
+import base64
 import json
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..errors import InvalidArgument
 
@@ -33,6 +36,28 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
             if n < len(lines):  # only the last line may be torn (the rank was killed while writing)
                 raise InvalidArgument(f"{path}:{n} is not JSON", "the record file is damaged; record again") from None
     return rows
+
+
+def call_rows(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """The call rows of a record file: each ``calls`` line's packed (seq, enq_ns, start_ns, end_ns, desc) rows
+    expanded with their description line's fields (runtime/record.py writes them)."""
+    descs: dict[int, dict[str, Any]] = {}
+    out = []
+    for r in rows:
+        kind = r.get("kind")
+        if kind == "desc":
+            descs[int(r["id"])] = {k: v for k, v in r.items() if k not in ("kind", "id")}
+        elif kind == "calls":
+            packed = np.frombuffer(base64.b64decode(r["rows"]), dtype="<i8").reshape(-1, 5)
+            for seq, enq, start, end, desc in packed.tolist():
+                d = descs.get(desc)
+                if d is None:
+                    raise InvalidArgument(f"{path}: a call refers to description {desc}, which no line defines",
+                                          "the record file is damaged; record again")
+                out.append({"kind": "call", "seq": seq, "enq_ns": enq, "start_ns": start, "end_ns": end, **d})
+        elif kind == "call":
+            out.append(r)
+    return out
 
 
 class _Rank:
@@ -68,7 +93,7 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
         rk = ranks.setdefault(int(head["rank"]), _Rank(int(head["rank"])))
         rk.process = head
         rk.comms.update({r["comm"]: r for r in rows if r.get("kind") == "comm"})
-        rk.add_calls(r for r in rows if r.get("kind") == "call")
+        rk.add_calls(call_rows(rows, p))
     for p in sorted(d.glob("flight-rank*.json")):
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("rank") is None:
