@@ -76,6 +76,26 @@ def test_ringflow_run(tmp_path: Path, init: str) -> None:
     _check_basic(_results(proc.stdout), 2)
 
 
+def test_recorded_torch_calls_name_the_user_line_and_keep_async_ops_async(tmp_path: Path) -> None:
+    """`ringflow record` around a torch job: a queued (async_op=True) all_reduce is recorded as asynchronous,
+    issued when the user's line queued it; every call carries the user's line in the rank script."""
+    from ringflow.workload.recorded import merge
+    cmd = [sys.executable, "-m", "ringflow", "record", "-o", str(tmp_path / "rec"), "--", sys.executable, "-m",
+           "ringflow", "run", "-n", "2", RANKS, "basic", "env://"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
+    assert all(d["async_sum"] == [2.0] * 4 for d in _results(proc.stdout))
+    calls = [c for c in merge(tmp_path / "rec")["calls"] if c["lane"] == "coll" and c["op"] != "barrier"]
+    assert {c["rank"] for c in calls} == {0, 1}
+    for r in (0, 1):
+        mine = sorted((c for c in calls if c["rank"] == r), key=lambda c: c["seq"])
+        assert [c["op"] for c in mine[-4:]] == ["all_reduce", "all_gather", "broadcast", "all_reduce"]
+        assert [c["async"] for c in mine[-4:]] == [False, False, False, True]
+        assert all(c["site"].startswith(RANKS) for c in mine[-4:]), [c["site"] for c in mine]
+        queued = mine[-1]
+        assert queued["enq_ns"] <= queued["start_ns"] <= queued["end_ns"]
+
+
 def test_two_hosts_shared_memory_inside_tcp_between() -> None:
     reason = netns.available()
     if reason is not None:

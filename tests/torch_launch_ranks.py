@@ -39,9 +39,12 @@ def basic(init_method: str) -> None:
     dist.all_gather_into_tensor(out, torch.tensor([rank, rank * 10.0]))
     b = torch.arange(3.0) if rank == 0 else torch.zeros(3)
     dist.broadcast(b, 0)
+    y = torch.ones(4)
+    work = dist.all_reduce(y, async_op=True)   # queued on the backend's worker thread
+    work.wait()
     dist.barrier()
     comm = dist.group.WORLD.comm
-    print(json.dumps({"rank": rank, "world": n, "sum": x.tolist(), "gathered": out.tolist(), "bcast": b.tolist(),
+    print(json.dumps({"rank": rank, "world": n, "sum": x.tolist(), "gathered": out.tolist(), "bcast": b.tolist(), "async_sum": y.tolist(),
                       "shm_peers": sorted(comm._transport.shm_peers), "backend": dist.get_backend()}), flush=True)
     dist.destroy_process_group()
 

@@ -37,7 +37,7 @@ from ..errors import InvalidArgument
 
 log = logging.getLogger("ringflow.runtime")
 
-FORMAT = "ringflow-record/1"
+FORMAT = "ringflow-record/2"   # 2: calls as packed rows of described calls
 FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
 LANES = ("coll", "send", "recv")
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
@@ -49,10 +49,10 @@ LANE, SEQ, META, DESC, T_ENQ, T_START, T_END, CODE, LINE, STATUS, ALGO, ASYNC = 
 
 
 def _is_internal(filename: str) -> bool:
-    """Frames of ringflow itself, of torch and of a worker thread's start are skipped when looking for the
-    user's call site."""
+    """Frames of ringflow itself, of torch, of the deprecation wrappers torch puts around some calls
+    (typing_extensions) and of a worker thread's start are skipped when looking for the user's call site."""
     return filename.startswith(_PKG) or f"{os.sep}torch{os.sep}" in filename or filename.startswith("<frozen") \
-        or filename.endswith(f"{os.sep}threading.py")
+        or filename.endswith((f"{os.sep}threading.py", f"{os.sep}typing_extensions.py"))
 
 
 _internal: dict[CodeType, bool] = {}
@@ -85,12 +85,13 @@ def call_site(depth: int = 2) -> tuple[CodeType | None, int]:
 
 # frames looked at for a call site: a user's line is a few frames above ringflow's entry point, and calls made
 # from deep inside a framework (a benchmark driver, torch's autograd thread) have none worth the walk
-MAX_WALK = 12
+MAX_WALK = 24   # torch's deprecated all_gather_into_tensor reaches the backend 16 frames below the user
 _sites: dict[CodeType, int] = {}   # code 4 frames up -> depth of the user's frame there, or -1
 
 
-def call_site_of() -> tuple[CodeType | None, int]:
-    """The call site of the operation the recorder is entered for.
+def call_site_of() -> tuple[CodeType | None, int, int]:
+    """(code, line, queued_ns) of the operation the recorder is entered for; queued_ns is 0 unless the call
+    runs a job another thread queued (`with_site`): then it is when the job was queued.
 
     The path from the user's line to here is the same for every call made from the same place, so the depth
     of the user's frame (or that there is none within MAX_WALK frames) is remembered per code object 4 frames
@@ -105,27 +106,29 @@ def call_site_of() -> tuple[CodeType | None, int]:
         d = _sites.get(f.f_code)
         if d is not None:
             if d < 0:
-                return getattr(_queued, "site", None) or (None, 0)
+                return getattr(_queued, "site", None) or (None, 0, 0)
             g = f if d == 4 else _getframe(d)
             if _internal.get(g.f_code) is False:
-                return g.f_code, g.f_lineno
+                return g.f_code, g.f_lineno, 0
     g, n = _first_outside(_getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
     if f is not None:
         if len(_sites) > 4096:
             _sites.clear()
         _sites[f.f_code] = n + 2 if g is not None else -1
     if g is not None:
-        return g.f_code, g.f_lineno
-    return getattr(_queued, "site", None) or (None, 0)
+        return g.f_code, g.f_lineno, 0
+    return getattr(_queued, "site", None) or (None, 0, 0)
 
 
-_queued = threading.local()   # on a worker thread: the call site of the job it runs (`with_site`)
+_queued = threading.local()   # on a worker thread: the call site of the job it runs and when it was queued
 
 
 def with_site(job: Callable[[], Any]) -> Callable[[], Any]:
-    """`job`, remembering the caller's call site for the recorder when another thread runs it (the torch
-    backend's lanes queue asynchronous operations this way)."""
-    site = call_site(2)
+    """`job`, remembering the caller's call site and the time for the recorder when another thread runs it (the
+    torch backend's lanes queue asynchronous operations this way): the call is recorded as the caller's
+    asynchronous call, issued when it was queued."""
+    code, line = call_site(2)
+    site = (code, line, _now())
 
     def run() -> Any:
         _queued.site = site
@@ -258,7 +261,7 @@ class Recorder:
     # -------------------------------------------------------------- the hot path
     def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
         """Note a call as it is issued (its entry is in the ring at once, so a hang shows it); `run` times it."""
-        code, line = call_site_of()
+        code, line, queued = call_site_of()
         if lane == 0:
             seq = self.coll_seq
             self.coll_seq = seq + 1
@@ -266,7 +269,7 @@ class Recorder:
             key = (lane, meta[3], meta[4]) if meta else (lane, description)
             seq = self.seqs.get(key, 0)
             self.seqs[key] = seq + 1
-        e = [lane, seq, meta, description, _now(), 0, 0, code, line, "", None, async_op]
+        e = [lane, seq, meta, description, queued or _now(), 0, 0, code, line, "", None, async_op or queued != 0]
         self.ring.append(e)
         pending = self.pending
         if pending is not None:
@@ -278,7 +281,7 @@ class Recorder:
     def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None],
              fn: Any, deadline: float) -> None:
         """`enter` and `run` for a synchronous call (one call frame fewer: the recorder is on every call)."""
-        code, line = call_site_of()
+        code, line, queued = call_site_of()
         if lane == 0:
             seq = self.coll_seq
             self.coll_seq = seq + 1
@@ -287,7 +290,7 @@ class Recorder:
             seq = self.seqs.get(key, 0)
             self.seqs[key] = seq + 1
         t = _now()
-        e = [lane, seq, meta, description, t, t, 0, code, line, "", None, False]
+        e = [lane, seq, meta, description, queued or t, t, 0, code, line, "", None, queued != 0]
         self.ring.append(e)
         pending = self.pending
         if pending is not None:

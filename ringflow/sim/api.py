@@ -325,6 +325,10 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
         if Collective(collective) != Collective.ALL_REDUCE or timeline or progress:
             raise InvalidArgument(f"{algo} is simulated for all_reduce only, without timeline or progress",
                                   "simulate all_reduce, or choose another algorithm for this collective")
+        have = len(endpoints) if endpoints is not None else len(endpoints_of(topo))
+        if not 2 <= n <= have:
+            raise InvalidArgument(f"{algo} on {n} ranks, but the ranks can be placed on {have} endpoints",
+                                  "simulate 2 or more ranks, at most one per endpoint (--nodes N for more)")
         return simulate_switch_algorithm(topo, algo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
                                          dtype=dtype)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,

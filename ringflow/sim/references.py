@@ -102,9 +102,12 @@ REFERENCES: tuple[Reference, ...] = (
               "haobaba5353, https://github.com/NVIDIA/nccl/issues/1047", _preset("dgx-h100"), 8 * GiB, "ring",
               collective="reduce_scatter"),
     Reference("A100x8", "8 x A100 SXM NVSwitch, all_reduce default, -e 4G", 232.54,
-              "https://github.com/NVIDIA/nccl-tests/issues/175", _preset("dgx-a100"), 4 * GiB, "ring"),
+              "lcw2, https://github.com/NVIDIA/nccl-tests/issues/175 and the same report in "
+              "https://github.com/NVIDIA/nccl/issues/1048 ('singleNode ... 232.54GB/s')", _preset("dgx-a100"),
+              4 * GiB, "ring"),
     Reference("A100 2 nodes x 4 HDR", "2 x (8 A100 + 4 x HDR 200G), all_reduce, large messages", 86.0,
-              "https://github.com/NVIDIA/nccl-tests/issues/175 (86 GB/s; 91 GB/s in "
+              "lcw2, https://github.com/NVIDIA/nccl-tests/issues/175 and https://github.com/NVIDIA/nccl/issues/1048 "
+              "(86 GB/s; 91 GB/s in "
               "https://github.com/NVIDIA/nccl-tests/issues/100)", _cluster("dgx-a100", 2, keep_nics=4),
               4 * GiB, "ring"),
     Reference("A100 3 nodes x 4 HDR", "3 x (8 A100 + 4 x HDR 200G), all_reduce, peak of -e 128M", 96.0,
