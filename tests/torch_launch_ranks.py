@@ -44,8 +44,9 @@ def basic(init_method: str) -> None:
     work.wait()
     dist.barrier()
     comm = dist.group.WORLD.comm
-    print(json.dumps({"rank": rank, "world": n, "sum": x.tolist(), "gathered": out.tolist(), "bcast": b.tolist(), "async_sum": y.tolist(),
-                      "shm_peers": sorted(comm._transport.shm_peers), "backend": dist.get_backend()}), flush=True)
+    print(json.dumps({"rank": rank, "world": n, "sum": x.tolist(), "gathered": out.tolist(), "bcast": b.tolist(),
+                      "async_sum": y.tolist(), "shm_peers": sorted(comm._transport.shm_peers),
+                      "backend": dist.get_backend()}), flush=True)
     dist.destroy_process_group()
 
 

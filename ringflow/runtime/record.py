@@ -1,9 +1,10 @@
 """Call recorder and flight recorder: what every collective and point-to-point call of a rank did, and when.
 
 Where RINGFLOW_DUMP_DIR or RINGFLOW_RECORD says where records go, every communicator keeps its last
-RINGFLOW_FLIGHT_RECORDER calls in a ring (a deque append per call); a timeout, a failed peer, SIGUSR1 or `comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record
-directory) as ``flight-rank<R>.json``. With RINGFLOW_RECORD=DIR every call is also kept and written to
-``DIR/rank<R>.jsonl`` (R: the global rank), and world rank 0 writes ``DIR/manifest.json``.
+RINGFLOW_FLIGHT_RECORDER calls in a ring (a deque append per call); a timeout, a failed peer, SIGUSR1 or
+`comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record directory) as ``flight-rank<R>.json``. With
+RINGFLOW_RECORD=DIR every call is also kept and written to ``DIR/rank<R>.jsonl`` (R: the global rank), and
+world rank 0 writes ``DIR/manifest.json``.
 `ringflow record merge` and `ringflow diagnose` (ringflow.workload.recorded) read them; docs/record.md
 describes the format.
 
