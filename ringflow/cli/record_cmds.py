@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -127,43 +127,97 @@ def register(app: typer.Typer) -> None:
         host_model: str | None = typer.Option(None, "--host-model", help="Instead of a cluster: price the "
                                               "collectives with this `ringflow calibrate` file and compare the "
                                               "communication time with the recorded one."),
+        compute_model: str | None = typer.Option(None, "--compute-model", help="The model the recorded job trains "
+                                                 "(a preset of `ringflow train` or a model file): each step's "
+                                                 "compute becomes the model's on the topology's GPU."),
+        model_layout: str = typer.Option("", "--model-layout", help="With --compute-model: the job's layout as "
+                                         "key=value pairs (tp, pp, micro_batch, global_batch, seq_len, precision, "
+                                         "recompute, ...); dp defaults to the replayed ranks / (tp x pp x cp)."),
+        software: str | None = typer.Option(None, "--software", help="With --compute-model: the software "
+                                            "profile (see `ringflow train --help`)."),
     ) -> None:
         """Predict a recorded job's step time on a modelled cluster: its compute gaps (scaled) and every call
         simulated on the GPUs its ranks are placed on."""
-        from ..topology import PRESETS, load_topology
         from ..workload.recorded import load
-        from ..workload.replay_sim import chrome_trace, grow, replay_on
-        from ..workload.validation import cluster_for
+        from ..workload.replay_sim import grow
         trace = grow(load(trace_path), grow_dp)
         if host_model:
             _same_host(trace, host_model, json_out)
             return
-        if topo.partition(":")[0] in PRESETS:
-            t = cluster_for(topo, nodes, None, fabric)
-        else:
-            t = load_topology(topo)
-        res = replay_on(trace, t, mapping=mapping, hosts=nodes, compute_scale=compute_scale, engine=engine,
-                        step_site=step_site, contention=contention)
-        rep = res.pop("replay")
-        if chrome:
-            write_json(chrome, chrome_trace(rep))
-        if plot:
-            _plot(rep, plot)
-        if json_out:
-            print_json(res)
-            return
-        from .common import print_table
-        print_table(f"replay of {trace_path} on {topo} x {nodes} ({len(res['placement'])} ranks, map {mapping})",
-                    ["step", "time (ms)", "comm share", "exposed comm (ms)"],
-                    [[r["step"], f"{r['time_s'] * 1e3:.3f}", f"{r['comm_share']:.0%}",
-                      f"{r['exposed_comm_s'] * 1e3:.3f}"] for r in res["steps"]])
-        cont = res["contention"]
-        console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms; "
-                      f"contention slowed {cont['operations_slowed']} operations (at most x{cont['max_factor']:.2f})")
-        if res["busiest_links"]:
-            print_table("busiest links", ["link", "tier", "bytes", "mean util"],
-                        [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util']:.1%}"]
-                         for r in res["busiest_links"]])
+        t = _cluster(topo, nodes, fabric)
+        gaps, from_model = None, None
+        if compute_model:
+            gaps, from_model = _model_gaps(trace, t, compute_model, model_layout, software, step_site,
+                                           compute_scale)
+        _replay_out(trace, t, dict(mapping=mapping, hosts=nodes, compute_scale=compute_scale, engine=engine,
+                                   step_site=step_site, contention=contention, gaps=gaps), from_model,
+                    chrome, plot, json_out, f"replay of {trace_path} on {topo} x {nodes} (map {mapping})")
+
+
+def _cluster(topo: str, nodes: int, fabric: str) -> Any:
+    """A preset replicated over `nodes` servers, or a topology file."""
+    from ..topology import PRESETS, load_topology
+    from ..workload.validation import cluster_for
+    if topo.partition(":")[0] in PRESETS:
+        return cluster_for(topo, nodes, None, fabric)
+    return load_topology(topo)
+
+
+def _replay_out(trace: dict, t: Any, kw: dict[str, Any], from_model: dict[str, Any] | None, chrome: str | None,
+                plot: str | None, json_out: bool, title: str) -> None:
+    """Run the replay and write what was asked: Chrome trace, plot, JSON or the table."""
+    from ..workload.replay_sim import chrome_trace, replay_on
+    res = replay_on(trace, t, **kw)
+    if from_model:
+        res["compute_model"] = from_model
+    rep = res.pop("replay")
+    if chrome:
+        write_json(chrome, chrome_trace(rep))
+    if plot:
+        _plot(rep, plot)
+    if json_out:
+        print_json(res)
+        return
+    _print_replay(res, f"{title}, {len(res['placement'])} ranks")
+
+
+def _print_replay(res: dict[str, Any], title: str) -> None:
+    """The replay's table: per step, then totals, contention and the busiest links."""
+    from .common import print_table
+    from_model = res.get("compute_model")
+    if from_model:
+        f = from_model["step_factors"]
+        console.print(f"compute from {from_model['model']}: {from_model['step_compute_s'] * 1e3:.3f} ms per GPU "
+                      f"per step (recorded compute scaled x{min(f):.3g} to x{max(f):.3g} per step)")
+    print_table(title, ["step", "time (ms)", "comm share", "exposed comm (ms)"],
+                [[r["step"], f"{r['time_s'] * 1e3:.3f}", f"{r['comm_share']:.0%}",
+                  f"{r['exposed_comm_s'] * 1e3:.3f}"] for r in res["steps"]])
+    cont = res["contention"]
+    console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms; "
+                  f"contention slowed {cont['operations_slowed']} operations (at most x{cont['max_factor']:.2f})")
+    if res["busiest_links"]:
+        print_table("busiest links", ["link", "tier", "bytes", "mean util"],
+                    [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util']:.1%}"] for r in res["busiest_links"]])
+
+
+def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, software: str | None,
+                step_site: str | None, compute_scale: float) -> tuple[dict[int, list[float]], dict[str, Any]]:
+    """`replay --compute-model`: the trace's compute gaps rescaled per step to the model's compute on topo's GPU."""
+    from ..workload.compute import gpu_of_topology
+    from ..workload.models import load_model
+    from ..workload.replay_compute import model_gaps, model_step_compute_s, parse_layout
+    if compute_scale != 1.0:
+        raise InvalidArgument("--compute-scale and --compute-model both set the compute time",
+                              "give one of them")
+    nranks = max(int(trace.get("world_size") or 0), max((int(r) for r in trace["ranks"]), default=-1) + 1)
+    lay = parse_layout(layout_text)
+    if "dp=" not in layout_text.replace(" ", ""):
+        lay = lay.with_(dp=max(1, nranks // (lay.tp * lay.pp * lay.cp)))
+    model = load_model(model_name)
+    step_s = model_step_compute_s(model, lay, gpu_of_topology(topo), software)
+    gaps, factors = model_gaps(trace, step_s, step_site)
+    return gaps, {"model": model.name, "layout": lay.to_dict(), "step_compute_s": step_s,
+                  "step_factors": factors}
 
 
 def _same_host(trace: dict, path: str, json_out: bool) -> None:

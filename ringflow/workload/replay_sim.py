@@ -223,14 +223,15 @@ def grow(trace: dict[str, Any], replicas: int) -> dict[str, Any]:
 
 def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts: int = 1,
               compute_scale: float = 1.0, engine: str = "flow", step_site: str | None = None,
-              contention: bool = True) -> dict[str, Any]:
-    """Replay `trace` on `topo` (see the module doc): per-step rows, totals and the busiest links."""
+              contention: bool = True, gaps: dict[int, list[float]] | None = None) -> dict[str, Any]:
+    """Replay `trace` on `topo` (see the module doc): per-step rows, totals and the busiest links; `gaps`
+    replaces the recorded compute gaps (`replay_compute.model_gaps`)."""
     from ..sim.api import endpoints_of
     nranks = max((int(r) for r in trace["ranks"]), default=-1) + 1
     nranks = max(nranks, int(trace.get("world_size") or 0))
     where = placement(nranks, endpoints_of(topo), mapping, hosts)
     dur = SimDurations(topo, trace, where, engine)
-    rep = replay(trace, dur, compute_scale=compute_scale)
+    rep = replay(trace, dur, gaps=gaps, compute_scale=compute_scale)
     factors: dict[Key, float] = {}
     if contention:
         members: dict[Key, list[Call]] = defaultdict(list)
@@ -240,7 +241,8 @@ def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts
         factors = contention_factors(topo, rep, dur, members)
         if any(f > 1.0 for f in factors.values()):
             dur.link_bytes.clear()
-            rep = replay(trace, lambda k, cs: dur(k, cs) * factors.get(k, 1.0), compute_scale=compute_scale)
+            rep = replay(trace, lambda k, cs: dur(k, cs) * factors.get(k, 1.0), gaps=gaps,
+                         compute_scale=compute_scale)
     rows = step_rows(trace, rep, step_site)
     slowed = [f for f in factors.values() if f > 1.0]
     return {"ranks": nranks, "placement": where, "makespan_s": rep.makespan_s, "steps": rows,
