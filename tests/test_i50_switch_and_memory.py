@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ringflow.algorithms.schedule import Collective
-from ringflow.errors import InvalidArgument
+from ringflow.errors import ConfigError, InvalidArgument
 from ringflow.hardware.nvlink import NVSWITCH_REDUCE_GFLOPS
 from ringflow.sim.api import choose_algorithm, simulate
 from ringflow.sim.nvls import nvls_switch, reduce_bound_us
@@ -96,7 +96,7 @@ def test_offloaded_layers_leave_the_gpu() -> None:
     half = stage_memory(m, base.with_(offload_layers=m.layers // 2), 0, 180e9).activations_bytes
     logits = 4.0 * 2 * 8192 * m.vocab
     assert half - logits == pytest.approx((full - logits) / 2)
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError, match="offload_layers"):
         base.with_(offload_layers=-1)
 
 
@@ -140,3 +140,16 @@ def test_fit_learns_the_switch_rate_from_bound_fitting_cases_only() -> None:
     assert k.nvls_reduce_gflops == pytest.approx(415.0)
     assert k.fitted_on["nvls_reduce_gflops"] == ["a"]
     assert k.sim_overrides()["nvls_reduce_gflops"] == pytest.approx(415.0)
+
+
+def test_nvlink_generations_scale_by_nccls_per_link_figures() -> None:
+    from ringflow.hardware.nvlink import nvlink_efficiency_scale
+    assert nvlink_efficiency_scale(4) == 1.0
+    assert nvlink_efficiency_scale(3) == pytest.approx((20.0 / 25.0) / (20.6 / 25.0))
+    assert nvlink_efficiency_scale(5) == pytest.approx((40.1 / 50.0) / (20.6 / 25.0))
+    assert nvlink_efficiency_scale(None) == 1.0
+    eff = {"link_efficiency": {"nvlink": 0.8}}
+    a100 = simulate(load_topology("dgx-a100"), "all_reduce", GiB, algorithm="ring", params=eff).busbw_GBps
+    h100 = simulate(load_topology("dgx-h100"), "all_reduce", GiB, algorithm="ring", params=eff).busbw_GBps
+    # the same ring on 12 x 25 and 18 x 25 GB/s of NVLink: busbw ratio = link ratio x the generation scale
+    assert a100 / h100 == pytest.approx(12 / 18 * nvlink_efficiency_scale(3), rel=0.02)

@@ -17,6 +17,7 @@ from ringflow.workload.replay import compute_gaps, origin_ns, per_rank
 from ringflow.workload.replay_compute import model_gaps, model_step_compute_s, parse_layout
 
 # per rank, per step: the compute before each of the step's two calls (ms); rank 1 computes more than rank 0
+CALLS = (("all_reduce", "train.py:10"), ("all_gather", "train.py:11"))
 GAPS_MS = {0: [[1.0, 3.0], [2.0, 2.0], [4.0, 1.0]], 1: [[2.0, 6.0], [3.0, 3.0], [5.0, 5.0]]}
 
 
@@ -26,7 +27,7 @@ def trace() -> dict:
     for r, steps in GAPS_MS.items():
         t, seq = 0, 0
         for gaps in steps:
-            for (op, site), gap_ms in zip((("all_reduce", "train.py:10"), ("all_gather", "train.py:11")), gaps):
+            for (op, site), gap_ms in zip(CALLS, gaps, strict=True):
                 t += int(gap_ms * 1e6)
                 calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": seq, "op": op, "dtype": "float32",
                               "count": 1024, "nbytes": 4096, "root": None, "async": False, "status": "ok",
@@ -50,7 +51,8 @@ def test_each_step_gets_the_models_compute_and_keeps_its_shape() -> None:
         mean = (sum(gaps[0][lo:hi]) + sum(gaps[1][lo:hi])) / 2
         assert mean == pytest.approx(target)
         for r in (0, 1):   # every gap of the step scaled by the same factor
-            assert [g / f for g, f in zip(gaps[r][lo:hi], rec[r][lo:hi])] == pytest.approx([factors[j]] * (hi - lo))
+            ratios = [g / f for g, f in zip(gaps[r][lo:hi], rec[r][lo:hi], strict=True)]
+            assert ratios == pytest.approx([factors[j]] * (hi - lo))
     mean_factor = sum(factors) / 3
     assert gaps[0][0] == pytest.approx(rec[0][0] * mean_factor)   # before the first marker: the mean factor
     assert gaps[1][0] == pytest.approx(rec[1][0] * mean_factor)
@@ -87,7 +89,7 @@ def test_cli_replays_with_the_models_compute(tmp_path: Path) -> None:
     for r in ("0", "1"):   # three steps of the model's compute (on average over ranks) plus the first gap
         first = (GAPS_MS[int(r)][0][0] - 1.0) / 1e3 * mean_factor   # the trace starts at its first call (1 ms)
         assert res["compute_s"][r] == pytest.approx(sum(
-            f * sum(x / 1e3 for x in g) for f, g in zip(cm["step_factors"], _step_gaps(int(r)))) + first)
+            f * sum(x / 1e3 for x in g) for f, g in zip(cm["step_factors"], _step_gaps(int(r)), strict=True)) + first)
     both = subprocess.run([sys.executable, "-m", "ringflow", "replay", str(path), "--compute-model", "llama3-8b",
                            "--compute-scale", "2"], capture_output=True, text=True, timeout=120)
     assert both.returncode != 0 and "--compute-scale" in both.stderr + both.stdout

@@ -91,6 +91,22 @@ NVSWITCH_GENERATIONS: dict[int, NvswitchGen] = {g.gen: g for g in [
     NvswitchGen(4, "GB200 NVL72", 5, 72, 900.0, "NVIDIA GB200 NVL72 datasheet (2024)"),
 ]}
 
+# What NCCL counts one NVLink of each generation as achieving, GB/s per direction (src/graph/topo.h,
+# SM60/SM70/SM80/SM90/SM100_NVLINK_BW = 18.0 / 20.0 / 20.0 / 20.6 / 40.1, https://github.com/NVIDIA/nccl/blob/master/
+# src/graph/topo.h; SM100 quoted in https://github.com/NVIDIA/nccl/issues/1807), keyed by NVLink generation.
+NCCL_NVLINK_GBPS: dict[int, float] = {1: 18.0, 2: 20.0, 3: 20.0, 4: 20.6, 5: 40.1}
+NVLINK_REFERENCE_GEN = 4   # the generation the simulator's NVLink efficiency is measured on (H100 ring busbw)
+
+
+def nvlink_efficiency_scale(gen: int | None) -> float:
+    """The achievable fraction of an NVLink of generation `gen` relative to the reference generation's, from
+    NCCL's per-link figures (A100 0.800 and B200 0.802 of line rate against H100's 0.824); 1 when unknown."""
+    if gen not in NCCL_NVLINK_GBPS or gen not in NVLINK_GENERATIONS:
+        return 1.0
+    ref = NCCL_NVLINK_GBPS[NVLINK_REFERENCE_GEN] / NVLINK_GENERATIONS[NVLINK_REFERENCE_GEN].link_GBps
+    return NCCL_NVLINK_GBPS[gen] / NVLINK_GENERATIONS[gen].link_GBps / ref
+
+
 # In-switch (NVLink SHARP) reduction rate of one NVSwitch chip, in 32-bit adds per second (x 1e9): an NVLS
 # reduction of n inputs costs the switches n - 1 adds per 32-bit word. Gen 3: 400 GFLOPS FP32 per chip (Hot Chips
 # 34, 2022, "The NVLink-Network Switch", A. Ishii and R. Wells, https://hc34.hotchips.org/; quoted in

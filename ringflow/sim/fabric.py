@@ -33,6 +33,14 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
+def _gen_scale(d: dict) -> float:
+    """An NVLink edge's efficiency relative to the reference generation's (NCCL's per-link figures)."""
+    if d.get("tier") != "nvlink" or not d.get("gen"):
+        return 1.0
+    from ..hardware.nvlink import nvlink_efficiency_scale
+    return nvlink_efficiency_scale(int(d["gen"]))
+
+
 class Fabric:
     """Links and routes of a topology for a given rank placement and parameters."""
 
@@ -50,7 +58,8 @@ class Fabric:
         self.link_type = [_val(d.get("type", "")) for _, _, d in edges]
         self.link_tier = [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges]
         self.line_Bpus = np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges])
-        eff = np.array([params.link_efficiency.get(t, 1.0) for t in self.link_type])
+        eff = np.array([params.link_efficiency.get(t, 1.0) * _gen_scale(d) for t, (_, _, d) in
+                        zip(self.link_type, edges, strict=True)])
         self.cap_Bpus = self.line_Bpus * eff
         if np.any(self.cap_Bpus <= 0):
             bad = [self.edges[i] for i in np.flatnonzero(self.cap_Bpus <= 0)[:3]]

@@ -17,7 +17,8 @@ Model (all constants below are settable through `EfficiencyModel`):
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
   are padded to capacity (GShard / Switch Transformer convention), else the balanced load (expert load
-  imbalance is not modelled). Expert GEMMs are grouped GEMMs over all local experts: same efficiency curve.
+  imbalance is not modelled). Expert GEMMs are grouped GEMMs over all local experts: same efficiency curve,
+  floored per pass by the local experts' weight traffic at HBM bandwidth (`expert_roofline_s`).
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 
