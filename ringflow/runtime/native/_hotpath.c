@@ -40,8 +40,9 @@
 #define KIND_CHECK 2
 #define ZERO_COPY_MIN_BYTES (64 * 1024)
 #define PIPELINE_MIN_BYTES (32ll * 1024 * 1024)
-#define MIN_SLICE_BYTES (64 * 1024)
-#define SLICES_PER_SLOT_MESSAGE 4
+/* the slicing rule of transport/shm.py (slice_bytes); Python sets both at import (configure) */
+static int64_t MIN_SLICE_BYTES = 64 * 1024;
+static int64_t SLICES_PER_SLOT_MESSAGE = 4;
 #define DETAIL_MAX 4096
 
 enum { T_SEND = 0, T_RECV = 1, T_RECV_REDUCE = 2, T_COPY = 3, T_REDUCE = 4 };
@@ -888,8 +889,23 @@ static PyObject *stats(PyObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("{sKsK}", "runs", n_runs, "cma_reads", n_cma_reads);
 }
 
+static PyObject *configure(PyObject *self, PyObject *args)
+{
+    long long min_slice, per_message;
+    if (!PyArg_ParseTuple(args, "LL", &min_slice, &per_message))
+        return NULL;
+    if (min_slice < 64 || per_message < 1) {
+        PyErr_SetString(PyExc_ValueError, "min_slice_bytes >= 64 and slices_per_message >= 1");
+        return NULL;
+    }
+    MIN_SLICE_BYTES = min_slice;
+    SLICES_PER_SLOT_MESSAGE = per_message;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
+    {"configure", configure, METH_VARARGS, "configure(min_slice_bytes, slices_per_message): shm.slice_bytes's rule"},
     {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
     {"reduce_into", reduce_into, METH_VARARGS, "out = a (op) b"},
     {NULL, NULL, 0, NULL},
