@@ -85,13 +85,21 @@ def test_merge_puts_groups_in_global_ranks_and_every_rank_on_one_clock(recording
             assert max(c["start_ns"] for c in cs) <= min(c["end_ns"] for c in cs), k
     sends = [c for c in trace["calls"] if c["lane"] == "send"]
     assert all(c["peer_rank"] == (c["rank"] + 1) % 3 for c in sends)
+    # every Work.wait() of the program: on its async all_reduce and on its irecv, at the user's line, each
+    # after the call it waits on
+    for r in range(3):
+        waits = [w for w in trace["waits"] if w["rank"] == r]
+        assert sorted(w["of"] for w in waits) == ["coll"] * STEPS + ["recv"] * STEPS, waits
+        assert all(w["site"].startswith(str(RANKS)) and w["start_ns"] <= w["end_ns"] for w in waits)
+        calls = {instance_key(c): c for c in trace["calls"] if c["rank"] == r}
+        for w in waits:
+            assert calls[instance_key(w)[1:]]["enq_ns"] <= w["enq_ns"]
 
 
 def test_replaying_a_recording_with_its_measured_durations_gives_its_length(recording: Path) -> None:
     trace = merge(recording)
     rep = replay(trace)
     actual = (max(c["end_ns"] for c in trace["calls"]) - min(c["enq_ns"] for c in trace["calls"])) / 1e9
-    # waits on async calls are not recorded (the replay never blocks on them): it may only be shorter
     assert 0.5 * actual < rep.makespan_s <= actual * 1.05, (rep.makespan_s, actual)
     assert len(rep.ops) == len({instance_key(c) for c in trace["calls"]})
     longer = replay(trace, compute_scale=2.0)

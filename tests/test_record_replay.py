@@ -167,3 +167,31 @@ def test_concurrent_operations_of_the_data_parallel_copies_contend_for_the_fabri
     assert factor > 1.5   # eight messages through a 4:1 oversubscribed spine
     assert together["contention"]["operations_slowed"] == copies * steps
     assert together["makespan_s"] == pytest.approx(alone["makespan_s"] + steps * msg * (factor - 1), rel=1e-6)
+
+
+@pytest.mark.parametrize("op_s,gap_s", [(5e-3, 1e-3), (1e-3, 5e-3)])
+def test_a_wait_on_an_async_call_blocks_until_its_operation_ends(op_s: float, gap_s: float) -> None:
+    """Each rank issues an async all-reduce, computes gap_s, waits on its Work, computes 1 ms: the wait holds
+    the rank until the operation ends, and not at all if it ended during the compute."""
+    from ringflow.workload.replay import replay
+    calls, waits = [], []
+    for r in range(2):
+        calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": 0, "op": "all_reduce", "dtype": "float32",
+                      "count": 4, "nbytes": 16, "root": None, "async": True, "status": "ok", "site": "t.py:1",
+                      "enq_ns": 0, "start_ns": 0, "end_ns": 1})
+        waits.append({"rank": r, "comm": "w", "lane": "wait", "of": "coll", "seq": 0, "op": "wait", "status": "ok",
+                      "site": "t.py:2", "async": False, "enq_ns": int(gap_s * 1e9), "start_ns": int(gap_s * 1e9),
+                      "end_ns": int(gap_s * 1e9) + 1})
+        calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": 1, "op": "barrier", "dtype": None,
+                      "count": 0, "nbytes": 0, "root": None, "async": False, "status": "ok", "site": "t.py:3",
+                      "enq_ns": int(gap_s * 1e9) + 1 + 1_000_000, "start_ns": 0, "end_ns": 0})
+        calls[-1]["start_ns"] = calls[-1]["end_ns"] = calls[-1]["enq_ns"]
+    trace = {"format": TRACE_FORMAT, "clock": "barrier", "world": "w", "world_size": 2, "groups": {"w": [0, 1]},
+             "ranks": {"0": {}, "1": {}}, "calls": calls, "waits": waits, "flight": {}}
+    rep = replay(trace, lambda k, cs: op_s if cs[0]["op"] == "all_reduce" else 0.0)
+    blocked = max(0.0, op_s - gap_s)
+    assert rep.comm_s[0] == pytest.approx(blocked, abs=1e-8)
+    assert rep.makespan_s == pytest.approx(max(op_s, gap_s) + 1e-3, abs=1e-8)
+    # without the waits only the barrier, queued behind the all-reduce on the collective lane, holds the rank
+    no_waits = replay(dict(trace, waits=[]), lambda k, cs: op_s if cs[0]["op"] == "all_reduce" else 0.0)
+    assert no_waits.comm_s[0] == pytest.approx(max(0.0, op_s - gap_s - 1e-3), abs=1e-8)

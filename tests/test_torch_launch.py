@@ -85,7 +85,8 @@ def test_recorded_torch_calls_name_the_user_line_and_keep_async_ops_async(tmp_pa
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-4000:]}"
     assert all(d["async_sum"] == [2.0] * 4 for d in _results(proc.stdout))
-    calls = [c for c in merge(tmp_path / "rec")["calls"] if c["lane"] == "coll" and c["op"] != "barrier"]
+    trace = merge(tmp_path / "rec")
+    calls = [c for c in trace["calls"] if c["lane"] == "coll" and c["op"] != "barrier"]
     assert {c["rank"] for c in calls} == {0, 1}
     for r in (0, 1):
         mine = sorted((c for c in calls if c["rank"] == r), key=lambda c: c["seq"])
@@ -94,6 +95,9 @@ def test_recorded_torch_calls_name_the_user_line_and_keep_async_ops_async(tmp_pa
         assert all(c["site"].startswith(RANKS) for c in mine[-4:]), [c["site"] for c in mine]
         queued = mine[-1]
         assert queued["enq_ns"] <= queued["start_ns"] <= queued["end_ns"]
+        (w,) = [w for w in trace["waits"] if w["rank"] == r and w["seq"] == queued["seq"]]   # work.wait() on it
+        assert (w["of"], w["site"].startswith(RANKS)) == ("coll", True)
+        assert queued["enq_ns"] <= w["enq_ns"] <= w["end_ns"]
 
 
 def test_two_hosts_shared_memory_inside_tcp_between() -> None:

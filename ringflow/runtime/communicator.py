@@ -10,6 +10,7 @@ the Transport (shared memory to same-host peers, TCP to others). Collectives pic
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -246,7 +247,10 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                     self._guard(fn, self._deadline(timeout), lane)
                 else:
                     rec.run(e, self._guard, fn, self._deadline(timeout), lane)
-            return ln.submit(job, Work(description, result))
+            work = Work(description, result)
+            if rec is not None and e is not None:
+                work.on_wait = functools.partial(rec.waited, e)
+            return ln.submit(job, work)
         deadline = self._deadline(timeout)
         if ln.busy:
             ln.quiesce(deadline)

@@ -25,8 +25,15 @@ from .ops import BFLOAT16
 from .transport import cma
 from .transport.base import Mismatch
 from .transport.frames import Kind
-from .transport.shm import (CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, MIN_SLICE_BYTES, SLICES_PER_SLOT_MESSAGE, W_PID, ShmIn,
-                            ShmOut)
+from .transport.shm import (
+    CMA_COPY_MIN_BYTES,
+    CMA_MIN_BYTES,
+    MIN_SLICE_BYTES,
+    SLICES_PER_SLOT_MESSAGE,
+    W_PID,
+    ShmIn,
+    ShmOut,
+)
 
 T_SEND, T_RECV, T_RECV_REDUCE, T_COPY, T_REDUCE = range(5)
 RC_DONE, RC_STALLED, RC_MISMATCH, RC_PROTOCOL, RC_CMA, RC_REGION = range(6)

@@ -40,7 +40,8 @@ log = logging.getLogger("ringflow.runtime")
 
 FORMAT = "ringflow-record/2"   # 2: calls as packed rows of described calls
 FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
-LANES = ("coll", "send", "recv")
+LANES = ("coll", "send", "recv", "wait")   # "wait": a wait on an asynchronous call's Work
+WAIT = 3
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
 _now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
 _getframe = sys._getframe
@@ -124,19 +125,20 @@ def call_site_of() -> tuple[CodeType | None, int, int]:
 _queued = threading.local()   # on a worker thread: the call site of the job it runs and when it was queued
 
 
-def with_site(job: Callable[[], Any]) -> Callable[[], Any]:
+def with_site(job: Callable[[], Any], sink: list[tuple[Recorder, list[Any]]] | None = None) -> Callable[[], Any]:
     """`job`, remembering the caller's call site and the time for the recorder when another thread runs it (the
     torch backend's lanes queue asynchronous operations this way): the call is recorded as the caller's
-    asynchronous call, issued when it was queued."""
+    asynchronous call, issued when it was queued; `sink` receives (recorder, entry) of the call it makes, for
+    noting a later wait on it (`Recorder.waited`)."""
     code, line = call_site(2)
     site = (code, line, _now())
 
     def run() -> Any:
-        _queued.site = site
+        _queued.site, _queued.sink = site, sink
         try:
             return job()
         finally:
-            _queued.site = None
+            _queued.site = _queued.sink = None
     return run
 
 
@@ -197,9 +199,9 @@ class _Process:
             flat: list[int] = []
             put = flat.append   # five appends and one conversion cost less than building a tuple per call
             for e in entries:
-                _lane, seq, m, desc, enq, start, end, code, line, status, algo, async_ = e
-                key = (ns, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]), m[2],
-                       m[3], m[4]) if m else desc_key(ns, e)
+                lane, seq, m, desc, enq, start, end, code, line, status, algo, async_ = e
+                key = (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]),
+                       m[2], m[3], m[4]) if m else desc_key(ns, e)
                 d = descs.get(key)
                 if d is None:
                     d = descs[key] = (len(descs), (m, code, algo))
@@ -292,6 +294,10 @@ class Recorder:
             self.seqs[key] = seq + 1
         t = _now()
         e = [lane, seq, meta, description, queued or t, t, 0, code, line, "", None, queued != 0]
+        if queued:
+            sink = getattr(_queued, "sink", None)
+            if sink is not None:
+                sink.append((self, e))
         self.ring.append(e)
         pending = self.pending
         if pending is not None:
@@ -325,6 +331,15 @@ class Recorder:
         e[T_END] = _now()
         if lane == 0 and self.size > 1:
             e[ALGO] = self.comm.last_schedule   # its name is read when the entry is written
+
+    def waited(self, e: list[Any], t0: int, t1: int) -> None:
+        """The program waited on the Work of asynchronous call `e` from t0 to t1 (ns): a "wait" entry naming it
+        (its lane, sequence number and metadata), so a replay blocks the rank there until the call ends."""
+        code, line = call_site(2)   # from Work.wait outward (not call_site_of's cache: its depths are the calls')
+        w = [WAIT, e[SEQ], e[META], LANES[e[LANE]], t0, t0, t1, code, line, "", None, False]
+        self.ring.append(w)
+        if self.pending is not None:
+            self.pending.append(w)
 
     # -------------------------------------------------------------- off the hot path
     def status(self) -> dict[str, object]:
@@ -396,6 +411,11 @@ def row(ns: str, e: list[Any]) -> dict[str, Any]:
                          "site": site_text(e[CODE], e[LINE]), "status": e[STATUS] or ("ok" if e[T_END] else
                                                                                       "in_flight"),
                          "async": e[ASYNC]}
+    if e[LANE] == WAIT:   # the waited call: its lane (in DESC), sequence number and, point-to-point, peer and tag
+        r.update({"op": "wait", "of": e[DESC]})
+        if e[DESC] != "coll" and m:
+            r.update({"peer": int(m[3]), "tag": int(m[4])})
+        return r
     if m:
         dt = np.dtype(m[1]) if m[1] is not None else None
         r.update({"dtype": None if dt is None else dt.name, "count": int(m[2]),
@@ -413,7 +433,7 @@ def desc_key(ns: str, e: list[Any]) -> tuple:
     Object ids, not the objects, go in (hashing enums and dtypes costs more than the rest of the call); the
     description table keeps the objects alive, so their ids stay theirs."""
     m = e[META]
-    return (ns, e[DESC], e[LINE], e[STATUS], id(e[ALGO]), e[ASYNC], e[T_END] != 0, id(e[CODE]),
+    return (ns, e[LANE], e[DESC], e[LINE], e[STATUS], id(e[ALGO]), e[ASYNC], e[T_END] != 0, id(e[CODE]),
             *((id(m[0]), id(m[1]), m[2], m[3], m[4]) if m else ()))
 
 

@@ -24,6 +24,7 @@ class Work:
         self._result = result
         self._exc: BaseException | None = None
         self._done = threading.Event()
+        self.on_wait: Callable[[int, int], None] | None = None   # the recorder's note of the first wait (ns)
 
     def _finish(self, exc: BaseException | None = None) -> None:
         self._exc = exc
@@ -31,7 +32,12 @@ class Work:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done (Timeout after `timeout` s); re-raises the operation's error; returns its result."""
-        if not self._done.wait(timeout):
+        note, self.on_wait = self.on_wait, None
+        if note is not None:
+            t0 = time.perf_counter_ns()
+            self._done.wait(timeout)
+            note(t0, time.perf_counter_ns())
+        if not self._done.wait(timeout if note is None else 0):
             raise Timeout(f"{self.description} not completed within {timeout}s",
                           "the operation is still running; wait longer or abort the communicator")
         if self._exc is not None:

@@ -325,6 +325,10 @@ def _simulated_us(topo: Any, coll: Collective, ch: NcclChoice, sys_: NcclSystem,
             from .nvls import simulate_switch_algorithm
             return float(simulate_switch_algorithm(topo, ch.algorithm, nranks, size, endpoints=endpoints,
                                                    params=params, engine=engine, dtype=dtype).time_us)
+        if ch.algorithm == "tree" and sys_.nnodes > 1 and coll == Collective.ALL_REDUCE:
+            from .nccl_tree import simulate_nccl_tree
+            return float(simulate_nccl_tree(topo, nranks, size, endpoints=endpoints, params=params, engine=engine,
+                                            dtype=dtype).time_us)
         if ch.algorithm == "nvls":
             return simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
                             params=params, endpoints=endpoints).time_us

@@ -48,3 +48,34 @@ def build_gb200_nvl72(topo: Topology, host: int = 0) -> None:
 def build_gb300_nvl72(topo: Topology, host: int = 0) -> None:
     """GB300 NVL72: 18 trays x (2 Grace + 4 B300), one NVLink5 domain, 72 x ConnectX-8 800G (one per GPU)."""
     build_nvl72(topo, host, "gb300-nvl72")
+
+
+def nvl_partition(rack: Topology, gpus: int) -> Topology:
+    """An NVLink partition of one NVL72 rack: the trays of its first `gpus` GPUs, the rest of the rack removed.
+
+    The NVLink fabric manager can cut an NVL72 rack into NVLink partitions; GPUs of one partition keep all their
+    NVLinks to every switch chip (full NVLink rate among themselves) and reach other partitions only through
+    their trays' scale-out NICs (NVIDIA, NVLink partitioning in the Fabric Manager user guide,
+    https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/). `build_cluster(partition, n)` joins n
+    such partitions by the NICs' fabric, e.g. the three NVL8 partitions of https://github.com/NVIDIA/nccl/issues/1801.
+    """
+    from ..errors import TopologyError
+    g = rack.graph
+    hosts = rack.hosts()
+    trays = {int(d["tray"]) for _, d in g.nodes(data=True) if d.get("tray") is not None}
+    per_tray = {t: sum(1 for x in rack.gpus() if g.nodes[x].get("tray") == t) for t in trays}
+    if len(hosts) != 1 or not trays:
+        raise TopologyError(f"topology {rack.name!r} is not one NVL72 rack with compute trays",
+                            "partition a one-rack preset such as gb200-nvl72 or gb300-nvl72")
+    tray_gpus = per_tray[min(trays)]
+    if not isinstance(gpus, int) or gpus < tray_gpus or gpus % tray_gpus or gpus > len(rack.gpus()):
+        raise TopologyError(f"NVLink partition of {gpus!r} GPUs on {rack.name!r}",
+                            f"give a multiple of the tray's {tray_gpus} GPUs up to {len(rack.gpus())}")
+    keep = set(sorted(trays)[:gpus // tray_gpus])
+    part = rack.copy()
+    part.graph.remove_nodes_from([n for n, d in g.nodes(data=True)
+                                  if d.get("tray") is not None and int(d["tray"]) not in keep])
+    part.name = f"{rack.name}-nvl{gpus}"
+    part.meta = {**(part.meta or {}), "nvl_partition": {"rack": rack.name, "gpus": gpus, "trays": sorted(keep)}}
+    part.invalidate()
+    return part

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,7 @@ class RingflowWork(dist.Work):
         self._done: threading.Event | None = None if done else threading.Event()
         self._src: torch.futures.Future | None = None
         self._future: torch._C.Future | None = None
+        self.recorded: list[tuple[Any, list[Any]]] = []   # (recorder, entry) of the call it ran, when recording
         if not done:
             self._src, self._future = _futures()
 
@@ -74,11 +76,15 @@ class RingflowWork(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until done; DistBackendError if it failed or did not finish within `timeout`."""
+        t0 = time.perf_counter_ns()
         if self._done is not None and not self._done.is_set():
             t = _seconds(timeout)
             if not self._done.wait(t):
                 raise dist.DistBackendError(f"ringflow {self.description}: Timeout: not completed within {t}s "
                                             "(fix: the operation is still running; wait longer or abort the group)")
+        if self.recorded:   # the recorder notes where the program waited on the queued call (the first wait)
+            rec, e = self.recorded.pop()
+            rec.waited(e, t0, time.perf_counter_ns())
         if self._exc is not None:
             raise backend_error(self._exc, self.description) from self._exc
         return True
@@ -160,7 +166,7 @@ class Lane:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}", daemon=True)
                 self._thread.start()
-        self._q.put((with_site(job), work))   # the recorder notes the caller's line, not the worker's
+        self._q.put((with_site(job, work.recorded), work))   # the recorder notes the caller's line, not the worker's
         return work
 
     def _loop(self) -> None:

@@ -72,7 +72,7 @@ class _Rank:
 
     def add_calls(self, rows: Iterable[dict[str, Any]]) -> None:
         for c in rows:
-            key = (c["comm"], c["lane"], c.get("peer"), c.get("tag"), c["seq"])
+            key = (c["comm"], c["lane"], c.get("of"), c.get("peer"), c.get("tag"), c["seq"])
             old = self.calls.get(key)
             if old is None or (not old.get("end_ns") and c.get("end_ns")):
                 self.calls[key] = c
@@ -162,6 +162,8 @@ def merge(directory: str | Path) -> dict[str, Any]:
             if c[k] is not None:
                 c[k] -= t0
     calls.sort(key=lambda c: (c["enq_ns"] if c["enq_ns"] is not None else 0, c["rank"]))
+    waits = [c for c in calls if c["lane"] == "wait"]
+    calls = [c for c in calls if c["lane"] != "wait"]
     flight = {}
     for g, r in ranks.items():
         if r.flight is not None:
@@ -170,7 +172,7 @@ def merge(directory: str | Path) -> dict[str, Any]:
                               "mono_ns": int(f["mono_ns"]) - off[g] - t0 if f.get("mono_ns") else None,
                               "peers": {c["comm"]: c.get("peers", {}) for c in f.get("comms", [])},
                               "dead": {c["comm"]: c.get("dead", []) for c in f.get("comms", [])}}
-    return {"format": TRACE_FORMAT, "clock": clock, "world": world,
+    return {"format": TRACE_FORMAT, "clock": clock, "world": world, "waits": waits,
             "world_size": sizes.get(world, len(ranks)) if world else len(ranks),
             "groups": {ns: [m.get(i) for i in range(sizes[ns])] for ns, m in sorted(groups.items())
                        for m in [groups[ns]]},

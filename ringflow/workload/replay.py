@@ -5,8 +5,8 @@ end of its previous blocking call, or the issue of its previous asynchronous one
 scaled by `compute_scale`). A collective starts once every member has issued it and each member's lane is
 free; a send/recv pair once both sides have. Its duration comes from `duration(instance)`: by default the
 recorded one (the time from the last arrival to the end), or a simulator's (`ringflow.workload.replay_sim`).
-Waits on asynchronous calls are not recorded, so a rank never blocks on them here: the replay is
-optimistic where the recorded program waited on a Work.
+A rank's wait on an asynchronous call's Work (recorded by the ringflow API) blocks it until that operation
+ends in the replay.
 """
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ Key = tuple
 
 def instance_key(c: Call) -> Key:
     """Which calls of different ranks form one operation: a collective's group and sequence number, or a
-    point-to-point pair's (sender, receiver, tag, sequence number)."""
+    point-to-point pair's (sender, receiver, tag, sequence number); a wait: ("wait", the waited operation's)."""
+    if c["lane"] == "wait":
+        return ("wait", *instance_key(dict(c, lane=c["of"])))
     if c["lane"] == "coll":
         return ("coll", c["comm"], c["seq"])
     src, dst = (c["rank"], c.get("peer_rank")) if c["lane"] == "send" else (c.get("peer_rank"), c["rank"])
@@ -40,6 +42,17 @@ def per_rank(trace: dict[str, Any]) -> dict[int, list[Call]]:
     for calls in out.values():
         calls.sort(key=lambda c: c["enq_ns"])
     return dict(out)
+
+
+def timeline(trace: dict[str, Any]) -> dict[int, list[Call]]:
+    """Each rank's calls and its waits on asynchronous calls' Works (`trace["waits"]`), in issue order."""
+    out = per_rank(trace)
+    for w in trace.get("waits") or []:
+        if w.get("enq_ns") is not None and int(w["rank"]) in out:
+            out[int(w["rank"])].append(w)
+    for calls in out.values():
+        calls.sort(key=lambda c: c["enq_ns"])
+    return out
 
 
 def origin_ns(trace: dict[str, Any]) -> int:
@@ -85,13 +98,14 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
     """Play the trace again (see the module doc); `gaps` replaces ranks' compute gaps (per rank, per call)."""
     if compute_scale < 0:
         raise InvalidArgument(f"compute_scale={compute_scale}", "give a factor >= 0")
-    calls = per_rank(trace)
+    calls = timeline(trace)
     if not calls:
         raise InvalidArgument("the trace holds no calls", "record a run that makes collective calls")
     members: dict[Key, list[Call]] = defaultdict(list)
     for cs in calls.values():
         for c in cs:
             members[instance_key(c)].append(c)
+
     measured = measured_durations(trace) if duration is None else {}
     dur = duration or (lambda k, cs: measured.get(k, 0.0))
     t0 = origin_ns(trace)
@@ -111,6 +125,12 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
                 gap = g[r][pos[r]] * compute_scale
                 clock[r] += gap
                 out.compute_s[r] += gap
+                if c["lane"] == "wait":   # blocks until the waited operation has ended (at once if it has)
+                    if instance_key(c)[1:] in members:   # else the call never ended: nothing to wait for
+                        blocked[r] = instance_key(c)[1:]
+                    pos[r] += 1
+                    progress = True
+                    continue
                 k = instance_key(c)
                 issued[k][r] = clock[r]
                 pos[r] += 1
@@ -121,7 +141,7 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
                     blocked[r] = k
                 _complete(k, members[k], issued, lane_free, dur, out)
             if r in blocked and blocked[r] in out.ops:
-                end = out.ops[blocked.pop(r)][1]
+                end = max(clock[r], out.ops[blocked.pop(r)][1])
                 out.comm_s[r] += end - clock[r]
                 clock[r] = end
                 progress = True

@@ -19,7 +19,7 @@ from ..errors import InvalidArgument
 from .compute import GpuSpec, efficiency_for, microbatch_times
 from .layout import Layout
 from .models import ModelSpec
-from .replay import compute_gaps, instance_key, origin_ns, per_rank, step_marks
+from .replay import compute_gaps, instance_key, origin_ns, per_rank, step_marks, timeline
 
 
 def parse_layout(text: str, **defaults: Any) -> Layout:
@@ -56,12 +56,12 @@ def model_gaps(trace: dict[str, Any], step_compute_s: float,
     `step_compute_s` (see the module doc); and the factor of each step."""
     if not step_compute_s > 0:
         raise InvalidArgument(f"step compute {step_compute_s} s", "the model must give a positive compute time")
-    calls = per_rank(trace)
+    calls = timeline(trace)
     _, marks = step_marks(trace, marker)
     if not marks:
         raise InvalidArgument("the trace has no step marker (no world collective)",
                               "record a training loop that makes a collective every step, or use --compute-scale")
-    own = calls[min(calls)]
+    own = per_rank(trace)[min(calls)]   # step_marks indexes the lowest rank's calls (waits left out)
     steps = [instance_key(own[i]) for i in marks]
     t0 = origin_ns(trace)
     gaps = {r: compute_gaps(cs, t0) for r, cs in calls.items()}
