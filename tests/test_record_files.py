@@ -175,6 +175,11 @@ def test_chakra_export_and_import_round_trip(recording: Path, tmp_path: Path) ->
     attrs = {a.name: a for a in coll.attr}
     assert attrs["comm_type"].int64_val == et_def_pb2.ALL_REDUCE and attrs["comm_size"].int64_val == 4096
     assert list(attrs["comm_group"].int64_list.values) == [0, 1, 2] and coll.data_deps
+    # a wait on a Work: the node after it depends on the waited (asynchronous) call's node
+    nodes = nodes_of[files[0]]
+    irecvs = [n.id for n in nodes if n.type == et_def_pb2.COMM_RECV_NODE]
+    assert len(irecvs) == STEPS
+    assert all(any(i in n.data_deps for n in nodes if n.id > i) for i in irecvs)
     bare_trace = import_files(tmp_path / "bare")
 
     def shape(t: dict) -> list[tuple]:

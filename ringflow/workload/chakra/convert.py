@@ -20,7 +20,7 @@ from typing import Any
 
 from ...errors import InvalidArgument
 from ..recorded import TRACE_FORMAT
-from ..replay import compute_gaps, origin_ns, per_rank
+from ..replay import compute_gaps, instance_key, origin_ns, timeline
 from ..replay_sim import size_bytes_of
 
 COMM_TYPES = {"all_reduce": 0, "reduce": 1, "all_gather": 2, "gather": 3, "scatter": 4, "broadcast": 5,
@@ -82,25 +82,35 @@ def export(trace: dict[str, Any], directory: str | Path, name: str = "ringflow")
     groups = trace["groups"]
     t0 = origin_ns(trace)
     paths = []
-    for rank, calls in sorted(per_rank(trace).items()):
+    for rank, calls in sorted(timeline(trace).items()):
+        waits = [c for c in calls if c["lane"] == "wait"]
         meta = pb.GlobalMetadata(version=CHAKRA_VERSION)
         meta.attr.extend([_attr(pb, "ringflow.format", string_val=TRACE_FORMAT),
                           _attr(pb, "ringflow.rank", int64_val=rank),
                           _attr(pb, "ringflow.trace", string_val=json.dumps(
-                              {k: v for k, v in trace.items() if k != "calls"}))])
+                              {k: v for k, v in trace.items() if k not in ("calls", "waits")})),
+                          _attr(pb, "ringflow.waits", string_val=json.dumps(waits))])
         out = [_varint(meta.ByteSize()) + meta.SerializeToString()]
         nid, chain = 0, None
+        ids: dict[tuple, int] = {}     # this rank's operations -> their node
+        waited: list[int] = []         # nodes a wait since the last node was on: the next node depends on them
         for c, gap in zip(calls, compute_gaps(calls, t0), strict=True):
-            deps: list[int] = [] if chain is None else [chain]
+            deps: list[int] = ([] if chain is None else [chain]) + waited
             if gap > 0:
                 comp = pb.Node(id=nid, name="compute", type=pb.COMP_NODE, data_deps=deps,
                                start_time_micros=max(0, (c["enq_ns"] - t0) // 1000 - int(gap * 1e6)),
                                duration_micros=int(round(gap * 1e6)))
                 comp.attr.append(_attr(pb, "is_cpu_op", bool_val=False))
                 out.append(_varint(comp.ByteSize()) + comp.SerializeToString())
-                deps, chain, nid = [nid], nid, nid + 1
+                deps, chain, nid, waited = [nid], nid, nid + 1, []
+            if c["lane"] == "wait":
+                if instance_key(c)[1:] in ids:
+                    waited.append(ids[instance_key(c)[1:]])
+                continue
+            waited = []
             node = _comm_node(pb, nid, c, deps, groups, t0)
             out.append(_varint(node.ByteSize()) + node.SerializeToString())
+            ids[instance_key(c)] = nid
             if not c.get("async"):
                 chain = nid
             nid += 1
@@ -155,6 +165,7 @@ def import_files(paths: list[Path] | str | Path) -> dict[str, Any]:
     if not files:
         raise InvalidArgument(f"no .et files in {paths}", "export with `ringflow record chakra` or give .et files")
     calls: list[dict[str, Any]] = []
+    waits: list[dict[str, Any]] = []
     base: dict[str, Any] | None = None
     groups: dict[str, list[int]] = {}
     ranks: list[int] = []
@@ -169,10 +180,12 @@ def import_files(paths: list[Path] | str | Path) -> dict[str, Any]:
         ranks.append(rank)
         if base is None and "ringflow.trace" in mattr:
             base = json.loads(mattr["ringflow.trace"])
+        waits.extend(json.loads(mattr.get("ringflow.waits") or "[]"))
         nodes = [pb.Node.FromString(b) for b in msgs[1:]]
         calls.extend(_calls_of(pb, rank, nodes, groups))
     if base is not None:
-        return dict(base, calls=sorted(calls, key=lambda c: (c["enq_ns"], c["rank"])))
+        return dict(base, calls=sorted(calls, key=lambda c: (c["enq_ns"], c["rank"])),
+                    waits=sorted(waits, key=lambda c: (c["enq_ns"], c["rank"])))
     world = sorted(ranks)
     for c in calls:
         if c["comm"] == "":
