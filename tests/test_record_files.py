@@ -187,3 +187,24 @@ def test_chakra_export_and_import_round_trip(recording: Path, tmp_path: Path) ->
                        c["start_ns"] // 1000) for c in t["calls"])
     assert shape(bare_trace) == shape(trace)
     assert all(bare_trace["groups"][ns] == members for ns, members in trace["groups"].items())
+
+
+def test_call_sites_stay_right_when_one_entry_point_is_reached_from_different_depths(tmp_path: Path) -> None:
+    """The remembered depth of the user's frame (per code object) is checked before it is used: a call through
+    a user wrapper, then straight from module level (a shallower stack), each get their own line."""
+    code = ("import numpy as np, ringflow\n"
+            "from ringflow.runtime import record\n"
+            "def wrapper(comm, x):\n"
+            "    return comm.all_reduce(x)\n"
+            "comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')\n"
+            "x, lines = np.ones(4), []\n"
+            "for i in range(3):\n"
+            "    wrapper(comm, x); lines.append(comm._rec.ring[-1][record.LINE])\n"
+            "    comm.all_reduce(x); lines.append(comm._rec.ring[-1][record.LINE])\n"
+            "    comm.all_reduce(np.ones(2)); lines.append(comm._rec.ring[-1][record.LINE])\n"
+            "print(lines)\n"
+            "comm.destroy()\n")
+    env = {**os.environ, "RINGFLOW_DUMP_DIR": str(tmp_path), "PYTHONPATH": str(HERE.parent)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == [4, 9, 10] * 3

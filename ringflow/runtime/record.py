@@ -109,9 +109,14 @@ def call_site_of() -> tuple[CodeType | None, int, int]:
         if d is not None:
             if d < 0:
                 return getattr(_queued, "site", None) or (None, 0, 0)
-            g = f if d == 4 else _getframe(d)
-            if _internal.get(g.f_code) is False:
-                return g.f_code, g.f_lineno, 0
+            g = f   # the remembered depth holds if the frames below it are ringflow's or torch's, and it is not
+            for _ in range(d - 4):
+                if g is None or _internal.get(g.f_code) is not True:
+                    break
+                g = g.f_back
+            else:
+                if g is not None and _internal.get(g.f_code) is False:
+                    return g.f_code, g.f_lineno, 0
     g, n = _first_outside(_getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
     if f is not None:
         if len(_sites) > 4096:
