@@ -99,7 +99,7 @@ def test_placement_errors_and_the_cli(tmp_path: Path) -> None:
 
 
 def test_same_host_replay_prices_each_collective_with_the_host_model() -> None:
-    from ringflow.workload.replay_host import HostDurations, communication_time
+    from ringflow.workload.replay_host import HostDurations, communication_time, exposed_time
 
     class Stub:
         """A cost model that charges 100 us per call and notes what it was asked."""
@@ -122,6 +122,8 @@ def test_same_host_replay_prices_each_collective_with_the_host_model() -> None:
     assert communication_time(trace, dur) == pytest.approx(2 * len(OPS) * 100e-6)
     assert ("all_reduce", "ring", (1 << 20) // 4, 4, True) in stub.seen
     assert any(s[0] == "all_gather" and s[2] == (1 << 14) // 4 and not s[4] for s in stub.seen)
+    # exposed communication: the synthetic calls are blocking and take 1 ns from issue to end
+    assert exposed_time(trace) == pytest.approx(2 * len(OPS) * 1e-9)
 
 
 def test_grow_replicates_the_job_as_data_parallel_copies() -> None:

@@ -224,19 +224,23 @@ def _same_host(trace: dict, path: str, json_out: bool) -> None:
     """`replay --host-model`: recorded vs modelled communication time, and the replayed run length."""
     from ..runtime.plugins import load_cost_model
     from ..workload.replay import replay
-    from ..workload.replay_host import HostDurations, communication_time
+    from ..workload.replay_host import HostDurations, communication_time, exposed_time
     shm = len({v.get("hostname") for v in trace["ranks"].values()}) <= 1
     dur = HostDurations(load_cost_model(path, "shm" if shm else "tcp"), trace)
     rec, pred = communication_time(trace), communication_time(trace, dur)
-    replayed = replay(trace, dur).makespan_s
+    rep = replay(trace, dur)
+    rec_exp, pred_exp = exposed_time(trace), sum(rep.comm_s.values()) / max(1, len(rep.comm_s))
     out = {"recorded_comm_s": rec, "predicted_comm_s": pred, "error": pred / rec - 1 if rec > 0 else None,
-           "replayed_s": replayed}
+           "recorded_exposed_s": rec_exp, "predicted_exposed_s": pred_exp,
+           "exposed_error": pred_exp / rec_exp - 1 if rec_exp > 0 else None, "replayed_s": rep.makespan_s}
     if json_out:
         print_json(out)
     else:
-        err = f"{(pred / rec - 1) * 100:+.1f} %" if rec > 0 else "-"
-        console.print(f"communication: recorded {rec * 1e3:.3f} ms, host model {pred * 1e3:.3f} ms ({err}); "
-                      f"replayed run {replayed * 1e3:.3f} ms")
+        def err(p: float, r: float) -> str:
+            return f"{(p / r - 1) * 100:+.1f} %" if r > 0 else "-"
+        console.print(f"communication: recorded {rec * 1e3:.3f} ms, host model {pred * 1e3:.3f} ms ({err(pred, rec)})"
+                      f"; exposed per rank: recorded {rec_exp * 1e3:.3f} ms, replayed {pred_exp * 1e3:.3f} ms "
+                      f"({err(pred_exp, rec_exp)}); replayed run {rep.makespan_s * 1e3:.3f} ms")
 
 
 def _plot(rep: Replay, path: str) -> None:

@@ -64,3 +64,13 @@ def communication_time(trace: dict[str, Any], durations: Any | None = None) -> f
         m = measured_durations(trace)
         return sum(m.get(k, 0.0) for k in ops)
     return sum(durations(k, cs) for k, cs in ops.items())
+
+
+def exposed_time(trace: dict[str, Any]) -> float:
+    """Mean seconds per rank the recorded program spent blocked in communication: its blocking calls and its
+    waits on asynchronous calls, each from issue to end."""
+    from .replay import timeline
+    per = [sum((c["end_ns"] - c["enq_ns"]) / 1e9 for c in cs
+               if c.get("end_ns") and c.get("enq_ns") is not None and (c["lane"] == "wait" or not c.get("async")))
+           for cs in timeline(trace).values()]
+    return sum(per) / len(per) if per else 0.0
