@@ -268,7 +268,8 @@ class Recorder:
 
     # -------------------------------------------------------------- the hot path
     def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
-        """Note a call as it is issued (its entry is in the ring at once, so a hang shows it); `run` times it."""
+        """Note a call as it is issued (its entry is in the ring at once, so a hang shows it); `run` times it.
+        A job another thread queued (`with_site`) is the queuing caller's asynchronous call, issued then."""
         code, line, queued = call_site_of()
         if lane == 0:
             seq = self.coll_seq
@@ -278,27 +279,6 @@ class Recorder:
             seq = self.seqs.get(key, 0)
             self.seqs[key] = seq + 1
         e = [lane, seq, meta, description, queued or _now(), 0, 0, code, line, "", None, async_op or queued != 0]
-        self.ring.append(e)
-        pending = self.pending
-        if pending is not None:
-            pending.append(e)
-            if len(pending) >= FLUSH_EVERY:
-                self.flush()
-        return e
-
-    def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None],
-             fn: Any, deadline: float) -> None:
-        """`enter` and `run` for a synchronous call (one call frame fewer: the recorder is on every call)."""
-        code, line, queued = call_site_of()
-        if lane == 0:
-            seq = self.coll_seq
-            self.coll_seq = seq + 1
-        else:
-            key = (lane, meta[3], meta[4]) if meta else (lane, description)
-            seq = self.seqs.get(key, 0)
-            self.seqs[key] = seq + 1
-        t = _now()
-        e = [lane, seq, meta, description, queued or t, t, 0, code, line, "", None, queued != 0]
         if queued:
             sink = getattr(_queued, "sink", None)
             if sink is not None:
@@ -309,17 +289,12 @@ class Recorder:
             pending.append(e)
             if len(pending) >= FLUSH_EVERY:
                 self.flush()
-        if lane == 0:
-            self.last = e
-        try:
-            guard(fn, deadline, lane)
-        except BaseException as exc:
-            e[T_END], e[STATUS] = _now(), type(exc).__name__
-            self.failed(exc)
-            raise
-        e[T_END] = _now()
-        if lane == 0 and self.size > 1:
-            e[ALGO] = self.comm.last_schedule
+        return e
+
+    def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None],
+             fn: Any, deadline: float) -> None:
+        """A synchronous call: `enter`, then `run`."""
+        self.run(self.enter(lane, description, meta, False), guard, fn, deadline, lane)
 
     def run(self, e: list[Any], guard: Callable[[Any, float, int], None], fn: Any, deadline: float,
             lane: int) -> None:
