@@ -246,7 +246,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 if rec is None or e is None:
                     self._guard(fn, self._deadline(timeout), lane)
                 else:
-                    rec.run(e, self._guard, fn, self._deadline(timeout), lane)
+                    rec.call(lane, description, meta, self._guard, fn, self._deadline(timeout), entry=e)
             work = Work(description, result)
             if rec is not None and e is not None:
                 work.on_wait = functools.partial(rec.waited, e)

@@ -268,37 +268,38 @@ class Recorder:
 
     # -------------------------------------------------------------- the hot path
     def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
-        """Note a call as it is issued (its entry is in the ring at once, so a hang shows it); `run` times it.
-        A job another thread queued (`with_site`) is the queuing caller's asynchronous call, issued then."""
-        code, line, queued = call_site_of()
-        if lane == 0:
-            seq = self.coll_seq
-            self.coll_seq = seq + 1
-        else:
-            key = (lane, meta[3], meta[4]) if meta else (lane, description)
-            seq = self.seqs.get(key, 0)
-            self.seqs[key] = seq + 1
-        e = [lane, seq, meta, description, queued or _now(), 0, 0, code, line, "", None, async_op or queued != 0]
-        if queued:
-            sink = getattr(_queued, "sink", None)
-            if sink is not None:
-                sink.append((self, e))
-        self.ring.append(e)
-        pending = self.pending
-        if pending is not None:
-            pending.append(e)
-            if len(pending) >= FLUSH_EVERY:
-                self.flush()
-        return e
+        """Note an asynchronous call as it is issued; `call(..., entry=)` runs and times it later."""
+        return self.call(lane, description, meta, None, None, 0.0, async_op=async_op)
 
-    def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None],
-             fn: Any, deadline: float) -> None:
-        """A synchronous call: `enter`, then `run`."""
-        self.run(self.enter(lane, description, meta, False), guard, fn, deadline, lane)
-
-    def run(self, e: list[Any], guard: Callable[[Any, float, int], None], fn: Any, deadline: float,
-            lane: int) -> None:
-        """Run the call `e` describes through the communicator's `guard`, noting its start, end and outcome."""
+    def call(self, lane: int, description: str, meta: tuple | None, guard: Callable[[Any, float, int], None] | None,
+             fn: Any, deadline: float, entry: list[Any] | None = None, async_op: bool = False) -> Any:
+        """Note a call (its entry is in the ring at once, so a hang shows it) and run it through the communicator's
+        `guard`, noting its start, end and outcome; with no `guard`, only note it and return its entry. A job
+        another thread queued (`with_site`) is the queuing caller's asynchronous call, issued then. One method
+        for both halves: the recorder is on every call, and each call frame costs."""
+        e = entry
+        if e is None:
+            code, line, queued = call_site_of()
+            if lane == 0:
+                seq = self.coll_seq
+                self.coll_seq = seq + 1
+            else:
+                key = (lane, meta[3], meta[4]) if meta else (lane, description)
+                seq = self.seqs.get(key, 0)
+                self.seqs[key] = seq + 1
+            e = [lane, seq, meta, description, queued or _now(), 0, 0, code, line, "", None, async_op or queued != 0]
+            if queued:
+                sink = getattr(_queued, "sink", None)
+                if sink is not None:
+                    sink.append((self, e))
+            self.ring.append(e)
+            pending = self.pending
+            if pending is not None:
+                pending.append(e)
+                if len(pending) >= FLUSH_EVERY:
+                    self.flush()
+        if guard is None:
+            return e
         e[T_START] = _now()
         if lane == 0:
             self.last = e
@@ -311,6 +312,7 @@ class Recorder:
         e[T_END] = _now()
         if lane == 0 and self.size > 1:
             e[ALGO] = self.comm.last_schedule   # its name is read when the entry is written
+        return e
 
     def waited(self, e: list[Any], t0: int, t1: int) -> None:
         """The program waited on the Work of asynchronous call `e` from t0 to t1 (ns): a "wait" entry naming it
