@@ -64,9 +64,11 @@ def build_nccl_tree(groups: Sequence[Sequence[int]], channels: int, nsegs: int =
 
 
 def simulate_nccl_tree(topo: Any, nranks: int, size_bytes: int, *, endpoints: Sequence[str] | None = None,
-                       params: Any = None, engine: str = "analytic", dtype: str = "float32") -> Any:
+                       params: Any = None, engine: str = "analytic", dtype: str = "float32",
+                       protocol: str | None = None) -> Any:
     """NCCL's tree all-reduce of `nranks` ranks on several servers of `topo` (one channel per NIC of the first
-    server, at most one per local GPU), the fastest segment count of those tried."""
+    server, at most one per local GPU), the fastest segment count of those tried; `protocol` as NCCL chose it
+    (None: the fastest)."""
     from .api import endpoints_of, simulate_schedule
     from .nvls import NVLS_CHUNKS
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
@@ -76,7 +78,7 @@ def simulate_nccl_tree(topo: Any, nranks: int, size_bytes: int, *, endpoints: Se
     best = None
     for segs in (k for k in NVLS_CHUNKS if k <= 32):   # the cap of the other pipelined trees (nvls)
         res = simulate_schedule(topo, build_nccl_tree(groups, channels, segs), size_bytes, endpoints=eps[:nranks],
-                                params=params, engine=engine, dtype=dtype)
+                                params=params, engine=engine, dtype=dtype, protocol=protocol)
         if best is None or res.time_us < best.time_us:
             best = res
     assert best is not None

@@ -328,7 +328,7 @@ def _simulated_us(topo: Any, coll: Collective, ch: NcclChoice, sys_: NcclSystem,
         if ch.algorithm == "tree" and sys_.nnodes > 1 and coll == Collective.ALL_REDUCE:
             from .nccl_tree import simulate_nccl_tree
             return float(simulate_nccl_tree(topo, nranks, size, endpoints=endpoints, params=params, engine=engine,
-                                            dtype=dtype).time_us)
+                                            dtype=dtype, protocol=ch.protocol).time_us)
         if ch.algorithm == "nvls":
             return simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
                             params=params, endpoints=endpoints).time_us
