@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..errors import InvalidUsage, Timeout
 
@@ -65,18 +65,27 @@ class Work:
         return f"<Work {self.description} {state}>"
 
 
+class Finishes(Protocol):
+    """What a lane delivers an operation's outcome to: a `Work`, or the torch backend's."""
+
+    def _finish(self, exc: BaseException | None = None) -> None: ...
+
+
+W = TypeVar("W", bound=Finishes)
+
+
 class Lane:
     """An ordered execution queue with a lazily started worker thread."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._q: queue.Queue[tuple[Callable[[], Any], Work] | None] = queue.Queue()
+        self._q: queue.Queue[tuple[Callable[[], Any], Finishes] | None] = queue.Queue()
         self._cond = threading.Condition()
         self._outstanding = 0
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, fn: Callable[[], Any], work: Work) -> Work:
+    def submit(self, fn: Callable[[], Any], work: W) -> W:
         """Queue fn; its outcome lands in `work`."""
         with self._cond:
             if self._closed:
@@ -120,9 +129,16 @@ class Lane:
     def busy(self) -> bool:
         return self._outstanding > 0
 
-    def close(self) -> None:
-        """Stop the worker after queued work (does not wait)."""
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop the worker after queued work, waiting up to wait_s seconds for it (0: do not wait)."""
         with self._cond:
             self._closed = True
-        if self._thread is not None:
+        th = self._thread
+        if th is not None:
             self._q.put(None)
+            if wait_s > 0 and th is not threading.current_thread():
+                th.join(wait_s)

@@ -9,7 +9,6 @@ Work's future is completed by the lane when the operation ends, with the output 
 from __future__ import annotations
 
 import datetime
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidUsage, RingflowError
 from ..runtime.record import with_site
+from ..runtime.work import Lane as RuntimeLane
 
 
 def backend_error(exc: BaseException, what: str) -> dist.DistBackendError:
@@ -68,7 +68,7 @@ class RingflowWork(dist.Work):
         if not done:
             self._src, self._future = _futures()
 
-    def _finish(self, exc: BaseException | None) -> None:
+    def _finish(self, exc: BaseException | None = None) -> None:
         self._exc = exc
         assert self._done is not None and self._src is not None, "finished twice"
         self._done.set()
@@ -123,33 +123,26 @@ class RingflowWork(dist.Work):
 Job = Callable[[], object]
 
 
-def _run(job: Job, work: RingflowWork) -> None:
-    try:
-        job()
-    except BaseException as exc:  # noqa: BLE001 - delivered through the Work
-        work._finish(exc)
-    else:
-        work._finish(None)
+def _shut_down(description: str) -> dist.DistBackendError:
+    return backend_error(InvalidUsage("the process group is shut down",
+                                      "create a new one with init_process_group / new_group"), description)
 
 
 class Lane:
-    """Runs jobs in issue order: inline when idle and synchronous, else on a worker thread."""
+    """Runs jobs in issue order: inline when idle and synchronous, else on the runtime lane's worker thread
+    (`runtime.work.Lane`). One lock keeps an inline job from overlapping a queued one (torch may call from
+    autograd's threads and the caller's at once)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._q: queue.SimpleQueue[tuple[Job, RingflowWork] | None] = queue.SimpleQueue()
-        self._mu = threading.Lock()
+        self._lane = RuntimeLane(f"torch-{name}")
         self._exec = threading.Lock()
-        self._pending = 0
-        self._thread: threading.Thread | None = None
-        self._closed = False
 
     def submit(self, job: Job, description: str, outputs: list[torch.Tensor], inline: bool) -> RingflowWork:
         """Run job (inline if allowed and nothing is queued); its Work."""
-        if self._closed:
-            raise backend_error(InvalidUsage("the process group is shut down",
-                                             "create a new one with init_process_group / new_group"), description)
-        if inline and self._pending == 0:
+        if self._lane.closed:
+            raise _shut_down(description)
+        if inline and not self._lane.busy:
             # nothing this thread issued earlier is still queued (the worker counts down only when a job ended)
             with self._exec:
                 try:
@@ -158,33 +151,17 @@ class Lane:
                     return RingflowWork(description, outputs, done=True, exc=exc)
             return RingflowWork(description, outputs, done=True)
         work = RingflowWork(description, outputs)
-        with self._mu:
-            if self._closed:
-                raise backend_error(InvalidUsage("the process group is shut down",
-                                                 "create a new one with init_process_group / new_group"), description)
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=f"ringflow-torch-{self.name}", daemon=True)
-                self._thread.start()
-        self._q.put((with_site(job, work.recorded), work))   # the recorder notes the caller's line, not the worker's
-        return work
+        queued = with_site(job, work.recorded)   # the recorder notes the caller's line, not the worker's
 
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
+        def locked() -> None:
             with self._exec:
-                _run(*item)
-            with self._mu:
-                self._pending -= 1
+                queued()
+        try:
+            self._lane.submit(locked, work)
+        except InvalidUsage as exc:   # closed meanwhile
+            raise _shut_down(description) from exc
+        return work
 
     def close(self, wait_s: float = 0.0) -> None:
         """Stop the worker after the queued jobs, waiting up to wait_s seconds for them."""
-        with self._mu:
-            self._closed = True
-            th = self._thread
-            if th is not None:
-                self._q.put(None)
-        if th is not None and wait_s > 0 and th is not threading.current_thread():
-            th.join(wait_s)
+        self._lane.close(wait_s)
