@@ -117,7 +117,11 @@ def call_site_of() -> tuple[CodeType | None, int, int]:
             else:
                 if g is not None and _internal.get(g.f_code) is False:
                     return g.f_code, g.f_lineno, 0
-    g, n = _first_outside(_getframe(2), MAX_WALK - 2)   # from our caller's caller, as the depths count
+    try:
+        start: Any = _getframe(2)   # from our caller's caller, as the depths count
+    except ValueError:
+        start = None
+    g, n = _first_outside(start, MAX_WALK - 2)
     if f is not None:
         if len(_sites) > 4096:
             _sites.clear()
