@@ -104,12 +104,12 @@ class FastCalls:
             self._fast_seen.add(key)
             return
         prep, hot, ctx, bases, scratch = last
-        avg = averages_here(coll, opname, self.rank, root)
-        n, regions = self.size, self._transport.regions
-
-        def fn(deadline: float) -> None:
-            hotpath.execute(hot, ctx, bases, regions.packed)
-            if avg:
+        n = self.size
+        go = hotpath.runner(hot, ctx, bases, self._transport.regions)
+        fn = go
+        if averages_here(coll, opname, self.rank, root):
+            def fn(deadline: float) -> None:
+                go(deadline)
                 finish_avg(out_flat, n)
 
         if len(self._fast) >= FAST_MAX_ENTRIES:

@@ -235,13 +235,20 @@ def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans
 def run(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes = b"") -> list[tuple[int, Mismatch]]:
     """Run a native plan on this call's (IN, OUT, SCRATCH) addresses; [(step, mismatch)] if a step received a
     message of another call."""
+    plan.hp.reset()
+    return _drive(plan, ctx, bases, spans, None)
+
+
+def _drive(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes,
+           rc: int | None) -> list[tuple[int, Mismatch]]:
+    """Run the plan on from where it stands until it is done; `rc`: what its last run returned (None: run it)."""
     hp = plan.hp
-    hp.reset()
     w = ctx.waiter
     hot_s = w.hot_s if ctx.ll else 0.0
     fd = w.bell.fd
     while True:
-        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, fd, hot_s, w.spin_s, bases[0], bases[1], bases[2], spans)
+        if rc is None:
+            rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, fd, hot_s, w.spin_s, bases[0], bases[1], bases[2], spans)
         if rc == RC_DONE:
             return []
         if rc == RC_MISMATCH:
@@ -257,6 +264,28 @@ def run(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes = 
             hp.set_region(op, rid, reg.ctypes.data, reg.shape[0])
         else:
             _raise(plan, rc)
+        rc = None
+
+
+def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], regions: Any) -> Any:
+    """`execute` for one remembered call (the repeated-call path), as one function of the deadline: a plan that
+    checks itself runs its first native pass inline, and only what that pass leaves goes through `_drive`."""
+    if prep.check is not None:
+        return lambda deadline: execute(prep, ctx, bases, regions.packed)
+    plan = prep.steps
+    hp, w = plan.hp, ctx.waiter
+
+    def go(deadline: float) -> None:
+        hp.reset()
+        spans = regions.packed
+        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s, bases[0],
+                    bases[1], bases[2], spans)
+        if rc != RC_DONE:
+            bad = _drive(plan, ctx, bases, spans, rc)
+            if bad:
+                si, mismatch = bad[0]
+                raise step_mismatch(mismatch, ctx, si, False)
+    return go
 
 
 def _conn_of(plan: NativePlan, peer: int, kind: type) -> Any:
