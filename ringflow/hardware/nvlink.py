@@ -5,7 +5,9 @@ Bandwidths are stored PER DIRECTION per link; the vendors' "bidirectional" figur
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidArgument
 
@@ -105,6 +107,14 @@ def nvlink_efficiency_scale(gen: int | None) -> float:
         return 1.0
     ref = NCCL_NVLINK_GBPS[NVLINK_REFERENCE_GEN] / NVLINK_GENERATIONS[NVLINK_REFERENCE_GEN].link_GBps
     return NCCL_NVLINK_GBPS[gen] / NVLINK_GENERATIONS[gen].link_GBps / ref
+
+
+def edge_efficiency_scale(edge: Mapping[str, Any]) -> float:
+    """A topology edge's achievable fraction relative to the reference generation's: NVLink edges by their
+    generation (`nvlink_efficiency_scale`), every other edge 1."""
+    if edge.get("tier") != "nvlink" or not edge.get("gen"):
+        return 1.0
+    return nvlink_efficiency_scale(int(edge["gen"]))
 
 
 # In-switch (NVLink SHARP) reduction rate of one NVSwitch chip, in 32-bit adds per second (x 1e9): an NVLS

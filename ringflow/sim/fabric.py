@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TopologyError
+from ..hardware.nvlink import edge_efficiency_scale
 from .params import SimParams
 
 
@@ -31,14 +32,6 @@ class PairRoute:
     weights: np.ndarray       # share of the bytes per sub-path (sums to 1)
     latency_us: float         # sum of link latencies along the (first) path
     link_class: str           # one of params.LINK_CLASSES
-
-
-def _gen_scale(d: dict) -> float:
-    """An NVLink edge's efficiency relative to the reference generation's (NCCL's per-link figures)."""
-    if d.get("tier") != "nvlink" or not d.get("gen"):
-        return 1.0
-    from ..hardware.nvlink import nvlink_efficiency_scale
-    return nvlink_efficiency_scale(int(d["gen"]))
 
 
 class Fabric:
@@ -58,7 +51,7 @@ class Fabric:
         self.link_type = [_val(d.get("type", "")) for _, _, d in edges]
         self.link_tier = [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges]
         self.line_Bpus = np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges])
-        eff = np.array([params.link_efficiency.get(t, 1.0) * _gen_scale(d) for t, (_, _, d) in
+        eff = np.array([params.link_efficiency.get(t, 1.0) * edge_efficiency_scale(d) for t, (_, _, d) in
                         zip(self.link_type, edges, strict=True)])
         self.cap_Bpus = self.line_Bpus * eff
         if np.any(self.cap_Bpus <= 0):

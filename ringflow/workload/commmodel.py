@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import InvalidArgument
+from ..hardware.nvlink import edge_efficiency_scale
 
 _RING_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -44,14 +45,6 @@ _RING_STEPS = {
 }
 # NVLS bytes per rank through its busier NVLink direction, per byte of nbytes (sim.nvls)
 _NVLS_BYTES = {"all_reduce": lambda n: (n + 1) / n, "all_gather": lambda n: 1.0, "reduce_scatter": lambda n: 1.0}
-
-
-def _gen_scale(d: dict) -> float:
-    """An NVLink edge's efficiency relative to the reference generation's (`hardware.nvlink_efficiency_scale`)."""
-    if d.get("tier") != "nvlink" or not d.get("gen"):
-        return 1.0
-    from ..hardware.nvlink import nvlink_efficiency_scale
-    return nvlink_efficiency_scale(int(d["gen"]))
 
 
 class CommModel(Protocol):
@@ -152,7 +145,7 @@ class AlphaBetaModel:
             # sim's PCIe efficiency (a device-to-host copy measurement) describes; only the network derates.
             if cls == "net" and kind == "pcie":
                 return 1.0
-            return eff.get(kind, 1.0) * _gen_scale(d)
+            return eff.get(kind, 1.0) * edge_efficiency_scale(d)
 
         bw = min(d["bw_GBps"] * eff_of(d) for d in data)
         lat = sum(d["latency_us"] for d in data)
@@ -164,7 +157,7 @@ class AlphaBetaModel:
         bw_pair, hop = self._path_bw(topo, g, same[1], eff, simple)
         if not nv:
             return bw_pair, hop
-        egress = sum(d["bw_GBps"] * _gen_scale(d) for d in nv) * eff.get("nvlink", 1.0)
+        egress = sum(d["bw_GBps"] * edge_efficiency_scale(d) for d in nv) * eff.get("nvlink", 1.0)
         switched = any(topo.graph.nodes[v].get("kind") == "nvswitch" or
                        str(topo.graph.nodes[v].get("kind")) == "NodeKind.NVSWITCH"
                        for _, v in topo.graph.out_edges(g))
@@ -174,7 +167,7 @@ class AlphaBetaModel:
         try:
             from ..topology import find_rings
             rings = find_rings(topo, same)
-            return max(sum(r.bottleneck_GBps for r in rings) * eff.get("nvlink", 1.0) * _gen_scale(nv[0]),
+            return max(sum(r.bottleneck_GBps for r in rings) * eff.get("nvlink", 1.0) * edge_efficiency_scale(nv[0]),
                        bw_pair), hop
         except Exception:  # ring search unavailable: one ring on the pair bottleneck
             return bw_pair, hop
