@@ -14,7 +14,7 @@ import pytest
 
 from ringflow.errors import InvalidArgument
 from ringflow.workload.recorded import call_rows, load, merge
-from ringflow.workload.replay import instance_key, replay
+from ringflow.workload.replay import instance_key, replay, waited_key
 
 HERE = Path(__file__).resolve().parent
 RANKS = HERE / "record_ranks.py"
@@ -93,7 +93,7 @@ def test_merge_puts_groups_in_global_ranks_and_every_rank_on_one_clock(recording
         assert all(w["site"].startswith(str(RANKS)) and w["start_ns"] <= w["end_ns"] for w in waits)
         calls = {instance_key(c): c for c in trace["calls"] if c["rank"] == r}
         for w in waits:
-            assert calls[instance_key(w)[1:]]["enq_ns"] <= w["enq_ns"]
+            assert calls[waited_key(w)]["enq_ns"] <= w["enq_ns"]
 
 
 def test_replaying_a_recording_with_its_measured_durations_gives_its_length(recording: Path) -> None:

@@ -5,8 +5,8 @@ end of its previous blocking call, or the issue of its previous asynchronous one
 scaled by `compute_scale`). A collective starts once every member has issued it and each member's lane is
 free; a send/recv pair once both sides have. Its duration comes from `duration(instance)`: by default the
 recorded one (the time from the last arrival to the end), or a simulator's (`ringflow.workload.replay_sim`).
-A rank's wait on an asynchronous call's Work (recorded by the ringflow API) blocks it until that operation
-ends in the replay.
+A rank's recorded wait on an asynchronous call's Work (`trace["waits"]`) blocks it until that operation ends
+in the replay.
 """
 from __future__ import annotations
 
@@ -26,11 +26,16 @@ def instance_key(c: Call) -> Key:
     """Which calls of different ranks form one operation: a collective's group and sequence number, or a
     point-to-point pair's (sender, receiver, tag, sequence number); a wait: ("wait", the waited operation's)."""
     if c["lane"] == "wait":
-        return ("wait", *instance_key(dict(c, lane=c["of"])))
+        return ("wait", *waited_key(c))
     if c["lane"] == "coll":
         return ("coll", c["comm"], c["seq"])
     src, dst = (c["rank"], c.get("peer_rank")) if c["lane"] == "send" else (c.get("peer_rank"), c["rank"])
     return ("p2p", c["comm"], src, dst, c.get("tag"), c["seq"])
+
+
+def waited_key(w: Call) -> Key:
+    """The operation a wait waits on (`instance_key` of the call it names)."""
+    return instance_key(dict(w, lane=w["of"]))
 
 
 def per_rank(trace: dict[str, Any]) -> dict[int, list[Call]]:
@@ -105,7 +110,6 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
     for cs in calls.values():
         for c in cs:
             members[instance_key(c)].append(c)
-
     measured = measured_durations(trace) if duration is None else {}
     dur = duration or (lambda k, cs: measured.get(k, 0.0))
     t0 = origin_ns(trace)
@@ -126,8 +130,9 @@ def replay(trace: dict[str, Any], duration: Callable[[Key, list[Call]], float] |
                 clock[r] += gap
                 out.compute_s[r] += gap
                 if c["lane"] == "wait":   # blocks until the waited operation has ended (at once if it has)
-                    if instance_key(c)[1:] in members:   # else the call never ended: nothing to wait for
-                        blocked[r] = instance_key(c)[1:]
+                    k = waited_key(c)
+                    if k in members:   # else the call never ended: nothing to wait for
+                        blocked[r] = k
                     pos[r] += 1
                     progress = True
                     continue

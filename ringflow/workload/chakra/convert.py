@@ -20,7 +20,7 @@ from typing import Any
 
 from ...errors import InvalidArgument
 from ..recorded import TRACE_FORMAT
-from ..replay import compute_gaps, instance_key, origin_ns, timeline
+from ..replay import compute_gaps, instance_key, origin_ns, timeline, waited_key
 from ..replay_sim import size_bytes_of
 
 COMM_TYPES = {"all_reduce": 0, "reduce": 1, "all_gather": 2, "gather": 3, "scatter": 4, "broadcast": 5,
@@ -104,8 +104,8 @@ def export(trace: dict[str, Any], directory: str | Path, name: str = "ringflow")
                 out.append(_varint(comp.ByteSize()) + comp.SerializeToString())
                 deps, chain, nid, waited = [nid], nid, nid + 1, []
             if c["lane"] == "wait":
-                if instance_key(c)[1:] in ids:
-                    waited.append(ids[instance_key(c)[1:]])
+                if waited_key(c) in ids:
+                    waited.append(ids[waited_key(c)])
                 continue
             waited = []
             node = _comm_node(pb, nid, c, deps, groups, t0)
