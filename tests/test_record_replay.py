@@ -141,6 +141,22 @@ def test_grow_replicates_the_job_as_data_parallel_copies() -> None:
         grow(t, 0)
 
 
+def test_grow_gives_every_copy_its_waits() -> None:
+    """A wait of the recorded job is a wait of each copy, on that copy's operation."""
+    from ringflow.workload.replay import instance_key, waited_key
+    from ringflow.workload.replay_sim import grow
+    t = synthetic(n=4, steps=1, p2p_bytes=1 << 10)
+    recv = next(c for c in t["calls"] if c["lane"] == "recv")
+    t["waits"] = [{"rank": recv["rank"], "comm": "w", "lane": "wait", "of": "recv", "seq": recv["seq"],
+                   "peer": recv["peer"], "peer_rank": recv["peer_rank"], "tag": recv["tag"], "op": "wait",
+                   "status": "ok", "site": "t.py:9", "async": False, "enq_ns": recv["end_ns"],
+                   "start_ns": recv["end_ns"], "end_ns": recv["end_ns"] + 1}]
+    g = grow(t, 3)
+    assert sorted(w["rank"] for w in g["waits"]) == [3, 7, 11]
+    ops = {instance_key(c) for c in g["calls"]}
+    assert all(waited_key(w) in ops for w in g["waits"])
+
+
 def test_concurrent_operations_of_the_data_parallel_copies_contend_for_the_fabric(tmp_path: Path) -> None:
     from ringflow.topology import build_cluster
     from ringflow.workload.contention import dimension_factor

@@ -206,18 +206,23 @@ def grow(trace: dict[str, Any], replicas: int) -> dict[str, Any]:
         else:
             for k in range(replicas):
                 groups[f"{ns}@{k}"] = [None if m is None else m + k * n for m in members]
-    calls = []
-    for k in range(replicas):
-        for c in trace["calls"]:
-            d = dict(c, rank=int(c["rank"]) + k * n)
-            if c["comm"] != world:
-                d["comm"] = f"{c['comm']}@{k}"
-            if c.get("peer_rank") is not None:
-                d["peer_rank"] = int(c["peer_rank"]) + k * n
-                if c["comm"] == world:
-                    d["peer"] = d["peer_rank"]
-            calls.append(d)
-    return dict(trace, groups=groups, world_size=n * replicas, calls=calls,
+
+    def copies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every copy's rows: ranks and peers shifted into the copy, sub-groups renamed per copy."""
+        out = []
+        for k in range(replicas):
+            for c in rows:
+                d = dict(c, rank=int(c["rank"]) + k * n)
+                if c["comm"] != world:
+                    d["comm"] = f"{c['comm']}@{k}"
+                if c.get("peer_rank") is not None:
+                    d["peer_rank"] = int(c["peer_rank"]) + k * n
+                    if c["comm"] == world:
+                        d["peer"] = d["peer_rank"]
+                out.append(d)
+        return out
+    return dict(trace, groups=groups, world_size=n * replicas, calls=copies(trace["calls"]),
+                waits=copies(trace.get("waits") or []),
                 ranks={str(int(r) + k * n): v for k in range(replicas) for r, v in trace["ranks"].items()})
 
 
