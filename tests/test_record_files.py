@@ -208,3 +208,24 @@ def test_call_sites_stay_right_when_one_entry_point_is_reached_from_different_de
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1]) == [4, 9, 10] * 3
+
+
+def test_descriptions_start_again_past_their_bound_and_read_back_right(tmp_path: Path) -> None:
+    """Past MAX_DESCS a process numbers its call descriptions from 0 again (between written batches, here one
+    call each); each call still reads back with the description written before it."""
+    code = ("import numpy as np, ringflow\n"
+            "from ringflow.runtime import record\n"
+            "record.MAX_DESCS = 2\n"
+            "comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')\n"
+            "for n in (1, 2, 3, 4, 5, 1):\n"
+            "    comm.all_reduce(np.ones(n, np.float32))\n"
+            "    comm._rec.flush()\n"
+            "comm.destroy()\n")
+    env = {**os.environ, "RINGFLOW_RECORD": str(tmp_path), "PYTHONPATH": str(HERE.parent)}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    path = tmp_path / "rank0.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert max(r["id"] for r in rows if r["kind"] == "desc") <= 2   # ids reused past the bound of 2
+    calls = [c for c in call_rows(rows, path) if c["op"] == "all_reduce"]
+    assert [c["count"] for c in calls] == [1, 2, 3, 4, 5, 1]

@@ -40,6 +40,7 @@ log = logging.getLogger("ringflow.runtime")
 
 FORMAT = "ringflow-record/2"   # 2: calls as packed rows of described calls
 FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
+MAX_DESCS = 65536    # call descriptions a process remembers (each keeps its objects alive) before starting again
 LANES = ("coll", "send", "recv", "wait")   # "wait": a wait on an asynchronous call's Work
 WAIT = 3
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
@@ -204,22 +205,22 @@ class _Process:
         if self.file is None or not entries:
             return
         with self.lock:
+            if len(self.descs) >= MAX_DESCS:   # ids start again, between batches: a reader takes an id's latest line
+                self.descs.clear()
             descs, new = self.descs, []
             flat: list[int] = []
             put = flat.append   # five appends and one conversion cost less than building a tuple per call
             for e in entries:
-                lane, seq, m, desc, enq, start, end, code, line, status, algo, async_ = e
-                key = (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]),
-                       m[2], m[3], m[4]) if m else desc_key(ns, e)
+                key = desc_key(ns, e)
                 d = descs.get(key)
                 if d is None:
-                    d = descs[key] = (len(descs), (m, code, algo))
+                    d = descs[key] = (len(descs), (e[META], e[CODE], e[ALGO]))
                     new.append(json.dumps({"kind": "desc", "id": d[0], **desc_row(ns, e)}, separators=(",", ":"))
                                + "\n")
-                put(seq)
-                put(enq)
-                put(start)
-                put(end)
+                put(e[SEQ])
+                put(e[T_ENQ])
+                put(e[T_START])
+                put(e[T_END])
                 put(d[0])
             rows = base64.b64encode(np.array(flat, dtype="<i8").tobytes()).decode("ascii")
             self.file.write("".join(new) + f'{{"kind":"calls","rows":"{rows}"}}\n')
@@ -418,9 +419,11 @@ def desc_key(ns: str, e: list[Any]) -> tuple:
 
     Object ids, not the objects, go in (hashing enums and dtypes costs more than the rest of the call); the
     description table keeps the objects alive, so their ids stay theirs."""
-    m = e[META]
-    return (ns, e[LANE], e[DESC], e[LINE], e[STATUS], id(e[ALGO]), e[ASYNC], e[T_END] != 0, id(e[CODE]),
-            *((id(m[0]), id(m[1]), m[2], m[3], m[4]) if m else ()))
+    lane, _, m, desc, _, _, end, code, line, status, algo, async_ = e
+    if m:
+        return (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]), m[2], m[3],
+                m[4])
+    return (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code))
 
 
 def desc_row(ns: str, e: list[Any]) -> dict[str, Any]:
