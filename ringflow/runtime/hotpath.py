@@ -226,7 +226,14 @@ def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans
         bad = run(prep.check, ctx, bases, spans)
         if bad:
             raise bad[0][1].error(ctx.description)
-    bad = run(prep.steps, ctx, bases, spans)
+    prep.steps.hp.reset()
+    _steps(prep, ctx, bases, spans, None)
+
+
+def _steps(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes, rc: int | None) -> None:
+    """The call's steps from where they stand to the end (`rc`: what their last native pass returned; None: run
+    one); a message of another call raises."""
+    bad = _drive(prep.steps, ctx, bases, spans, rc)
     if bad:
         si, mismatch = bad[0]
         raise step_mismatch(mismatch, ctx, si, prep.check is not None)
@@ -269,11 +276,10 @@ def _drive(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes
 
 def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], regions: Any) -> Any:
     """`execute` for one remembered call (the repeated-call path), as one function of the deadline: a plan that
-    checks itself runs its first native pass inline, and only what that pass leaves goes through `_drive`."""
+    checks itself runs its first native pass inline, and only what that pass leaves goes through `_steps`."""
     if prep.check is not None:
         return lambda deadline: execute(prep, ctx, bases, regions.packed)
-    plan = prep.steps
-    hp, w = plan.hp, ctx.waiter
+    hp, w = prep.steps.hp, ctx.waiter
 
     def go(deadline: float) -> None:
         hp.reset()
@@ -281,10 +287,7 @@ def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], region
         rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s, bases[0],
                     bases[1], bases[2], spans)
         if rc != RC_DONE:
-            bad = _drive(plan, ctx, bases, spans, rc)
-            if bad:
-                si, mismatch = bad[0]
-                raise step_mismatch(mismatch, ctx, si, False)
+            _steps(prep, ctx, bases, spans, rc)
     return go
 
 
