@@ -33,11 +33,11 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done (Timeout after `timeout` s); re-raises the operation's error; returns its result."""
         note, self.on_wait = self.on_wait, None
+        t0 = time.perf_counter_ns() if note is not None else 0
+        done = self._done.wait(timeout)
         if note is not None:
-            t0 = time.perf_counter_ns()
-            self._done.wait(timeout)
             note(t0, time.perf_counter_ns())
-        if not self._done.wait(timeout if note is None else 0):
+        if not done:
             raise Timeout(f"{self.description} not completed within {timeout}s",
                           "the operation is still running; wait longer or abort the communicator")
         if self._exc is not None:
