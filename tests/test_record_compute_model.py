@@ -68,6 +68,12 @@ def test_model_step_compute_is_the_micro_batches_compute_averaged_over_stages() 
     assert model_step_compute_s(model, two, gpu) == pytest.approx(4 * sum(stages) / 2)
 
 
+def test_layout_dp_is_what_the_other_degrees_leave_of_the_ranks_unless_given() -> None:
+    assert parse_layout("tp=2, pp=2", nranks=16).dp == 4
+    assert parse_layout("tp=2,dp=1", nranks=16).dp == 1
+    assert parse_layout("tp=2").dp == 1
+
+
 @pytest.mark.parametrize("text", ["tp", "warp=2", "tp=two", "micro_batch=1,bogus=3"])
 def test_a_bad_layout_says_what_keys_exist(text: str) -> None:
     with pytest.raises(InvalidArgument) as err:

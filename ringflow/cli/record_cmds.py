@@ -205,14 +205,12 @@ def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, softw
     """`replay --compute-model`: the trace's compute gaps rescaled per step to the model's compute on topo's GPU."""
     from ..workload.compute import gpu_of_topology
     from ..workload.models import load_model
+    from ..workload.replay import nranks_of
     from ..workload.replay_compute import model_gaps, model_step_compute_s, parse_layout
     if compute_scale != 1.0:
         raise InvalidArgument("--compute-scale and --compute-model both set the compute time",
                               "give one of them")
-    nranks = max(int(trace.get("world_size") or 0), max((int(r) for r in trace["ranks"]), default=-1) + 1)
-    lay = parse_layout(layout_text)
-    if "dp=" not in layout_text.replace(" ", ""):
-        lay = lay.with_(dp=max(1, nranks // (lay.tp * lay.pp * lay.cp)))
+    lay = parse_layout(layout_text, nranks_of(trace))
     model = load_model(model_name)
     step_s = model_step_compute_s(model, lay, gpu_of_topology(topo), software)
     gaps, factors = model_gaps(trace, step_s, step_site)

@@ -60,6 +60,11 @@ def timeline(trace: dict[str, Any]) -> dict[int, list[Call]]:
     return out
 
 
+def nranks_of(trace: dict[str, Any]) -> int:
+    """The ranks a replay places: the world size, or one past the highest rank that left calls."""
+    return max(int(trace.get("world_size") or 0), max((int(r) for r in trace["ranks"]), default=-1) + 1)
+
+
 def origin_ns(trace: dict[str, Any]) -> int:
     """The trace's origin: its earliest call issue of any rank."""
     return min((c["enq_ns"] for c in trace["calls"] if c.get("enq_ns") is not None), default=0)

@@ -22,10 +22,11 @@ from .models import ModelSpec
 from .replay import compute_gaps, instance_key, origin_ns, per_rank, step_marks, timeline
 
 
-def parse_layout(text: str, **defaults: Any) -> Layout:
-    """A Layout from ``key=value`` pairs separated by commas (Layout's field names; `defaults` fill the rest)."""
+def parse_layout(text: str, nranks: int | None = None) -> Layout:
+    """A Layout from ``key=value`` pairs separated by commas (Layout's field names); without a `dp` pair and
+    given the job's `nranks`, dp is what the other degrees leave of them (nranks / (tp x pp x cp))."""
     fields = {f.name: f for f in dataclasses.fields(Layout)}
-    kw: dict[str, Any] = dict(defaults)
+    kw: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         key = key.strip().replace("-", "_")
@@ -38,7 +39,10 @@ def parse_layout(text: str, **defaults: Any) -> Layout:
         except ValueError:
             raise InvalidArgument(f"layout item {part!r}: {value!r} is not a {kind.__name__}",
                                   f"give {key} as a {kind.__name__}") from None
-    return Layout(**kw)
+    lay = Layout(**kw)
+    if nranks is not None and "dp" not in kw:
+        lay = lay.with_(dp=max(1, nranks // (lay.tp * lay.pp * lay.cp)))
+    return lay
 
 
 def model_step_compute_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, software: str | None = None) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument
-from .replay import Call, Key, Replay, instance_key, per_rank, replay, step_marks
+from .replay import Call, Key, Replay, instance_key, nranks_of, per_rank, replay, step_marks
 
 MAPS = ("block", "round-robin")
 GATHERED = ("all_gather", "gather")   # the recorded count is one rank's part; the simulator's size is all parts
@@ -232,8 +232,7 @@ def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts
     """Replay `trace` on `topo` (see the module doc): per-step rows, totals and the busiest links; `gaps`
     replaces the recorded compute gaps (`replay_compute.model_gaps`)."""
     from ..sim.api import endpoints_of
-    nranks = max((int(r) for r in trace["ranks"]), default=-1) + 1
-    nranks = max(nranks, int(trace.get("world_size") or 0))
+    nranks = nranks_of(trace)
     where = placement(nranks, endpoints_of(topo), mapping, hosts)
     dur = SimDurations(topo, trace, where, engine)
     rep = replay(trace, dur, gaps=gaps, compute_scale=compute_scale)
