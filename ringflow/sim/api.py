@@ -118,18 +118,19 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
         t_us, finish, link_bytes = out.time_us, out.rank_finish_us, out.link_bytes
         notes.extend(out.notes)
         tl = _timeline(ftab, out.t_start_us, out.t_end_us) if timeline else []
+    bound = ""
     if tab.in_switch is not None and tab.algorithm == "nvls":
         from .nvls import reduce_bound_us
         floor = reduce_bound_us(topo, eps, tab.collective, tab.nranks, count_bytes, prm)
         if floor > t_us:
             notes.append(f"nvls: bound by the NVSwitch adders ({floor:.0f} us against {t_us:.0f} us on the links)")
             finish = np.maximum(np.asarray(finish, dtype=float), floor)
-            t_us = floor
+            t_us, bound = floor, "nvls_reduce"
     check_us = prm.cpu.check_us
     if checked and check_us:
         t_us, finish = t_us + check_us, np.asarray(finish) + check_us
     return SimResult(tab.collective, tab.algorithm, tab.nranks, int(size_bytes), int(count),
-                     str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes)
+                     str(dtype), engine, proto.name, t_us, finish, link_bytes, fab, coarse, tl, notes, bound)
 
 
 def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:

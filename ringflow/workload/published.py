@@ -261,8 +261,8 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     else:
         res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
                        nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
-    if any("NVSwitch adders" in n for n in res.notes):
-        link = "nvls_reduce"
+    if res.bound == "nvls_reduce":
+        link = res.bound
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
                                                     "link_class": link, "note": note})
 
