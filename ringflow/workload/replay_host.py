@@ -14,7 +14,7 @@ from ..algorithms.registry import get_schedule
 from ..algorithms.schedule import Collective
 from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import InvalidArgument
-from .replay import Call, Key, measured_durations
+from .replay import Call, Key, instance_key, measured_durations, timeline
 
 SINGLE_RING_BYTES = 256 * 2**10   # the runtime's default RINGFLOW_SINGLE_RING_THRESHOLD
 
@@ -55,7 +55,6 @@ class HostDurations:
 
 def communication_time(trace: dict[str, Any], durations: Any | None = None) -> float:
     """Total seconds of the trace's collectives (each counted once): recorded, or as `durations` prices them."""
-    from .replay import instance_key
     ops: dict[Key, list[Call]] = {}
     for c in trace["calls"]:
         if c["lane"] == "coll" and c.get("status") == "ok":
@@ -69,7 +68,6 @@ def communication_time(trace: dict[str, Any], durations: Any | None = None) -> f
 def exposed_time(trace: dict[str, Any]) -> float:
     """Mean seconds per rank the recorded program spent blocked in communication: its blocking calls and its
     waits on asynchronous calls, each from issue to end."""
-    from .replay import timeline
     per = [sum((c["end_ns"] - c["enq_ns"]) / 1e9 for c in cs
                if c.get("end_ns") and c.get("enq_ns") is not None and (c["lane"] == "wait" or not c.get("async")))
            for cs in timeline(trace).values()]
