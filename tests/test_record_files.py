@@ -204,10 +204,8 @@ def test_call_sites_stay_right_when_one_entry_point_is_reached_from_different_de
             "    comm.all_reduce(np.ones(2)); lines.append(comm._rec.ring[-1][record.LINE])\n"
             "print(lines)\n"
             "comm.destroy()\n")
-    env = {**os.environ, "RINGFLOW_DUMP_DIR": str(tmp_path), "PYTHONPATH": str(HERE.parent)}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == [4, 9, 10] * 3
+    out = _one_rank_script(code, RINGFLOW_DUMP_DIR=str(tmp_path))
+    assert json.loads(out.strip().splitlines()[-1]) == [4, 9, 10] * 3
 
 
 def test_descriptions_start_again_past_their_bound_and_read_back_right(tmp_path: Path) -> None:
@@ -221,11 +219,17 @@ def test_descriptions_start_again_past_their_bound_and_read_back_right(tmp_path:
             "    comm.all_reduce(np.ones(n, np.float32))\n"
             "    comm._rec.flush()\n"
             "comm.destroy()\n")
-    env = {**os.environ, "RINGFLOW_RECORD": str(tmp_path), "PYTHONPATH": str(HERE.parent)}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
+    _one_rank_script(code, RINGFLOW_RECORD=str(tmp_path))
     path = tmp_path / "rank0.jsonl"
     rows = [json.loads(ln) for ln in path.read_text().splitlines()]
     assert max(r["id"] for r in rows if r["kind"] == "desc") <= 2   # ids reused past the bound of 2
     calls = [c for c in call_rows(rows, path) if c["op"] == "all_reduce"]
     assert [c["count"] for c in calls] == [1, 2, 3, 4, 5, 1]
+
+
+def _one_rank_script(code: str, **env: str) -> str:
+    """Run `python -c code` (a one-rank program) with these RINGFLOW_* settings; its stdout."""
+    full = {**os.environ, **env, "PYTHONPATH": str(HERE.parent)}
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
