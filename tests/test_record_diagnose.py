@@ -98,3 +98,30 @@ def test_a_rank_twenty_percent_slower_is_ranked_first_within_twenty_steps(tmp_pa
     report = json.loads(subprocess.run([sys.executable, "-m", "ringflow", "diagnose", str(tmp_path), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     assert report["stragglers"]["collectives"] == trials * steps and report["hangs"] == []
+
+
+def test_the_straggler_estimate_replays_traces_with_waits_on_async_calls() -> None:
+    """Each step every rank computes, issues an asynchronous all-reduce, computes again and waits on it; rank 2
+    computes twice as long before it. The estimate replays the waits too, and without rank 2's extra compute the
+    step is shorter."""
+    from ringflow.workload.recorded import TRACE_FORMAT
+    n, steps, gap_ns, op_ns = 3, 4, 1_000_000, 200_000
+    calls, waits = [], []
+    for r in range(n):
+        t = 0
+        for s in range(steps):
+            t += gap_ns * (2 if r == 2 else 1)
+            calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": s, "op": "all_reduce", "dtype": "float32",
+                          "count": 4, "nbytes": 16, "root": None, "async": True, "status": "ok", "site": "t.py:1",
+                          "enq_ns": t, "start_ns": t, "end_ns": t + op_ns})
+            t += gap_ns // 10
+            waits.append({"rank": r, "comm": "w", "lane": "wait", "of": "coll", "seq": s, "op": "wait",
+                          "status": "ok", "site": "t.py:2", "async": False, "enq_ns": t, "start_ns": t,
+                          "end_ns": t + op_ns})
+            t += op_ns
+    trace = {"format": TRACE_FORMAT, "clock": "barrier", "world": "w", "world_size": n, "groups": {"w": [0, 1, 2]},
+             "ranks": {str(r): {} for r in range(n)}, "calls": calls, "waits": waits, "flight": {}}
+    st = stragglers(trace)
+    top = st["ranking"][0]
+    assert top["rank"] == 2 and st["steps"] == steps
+    assert top["step_s_without"] < st["replayed_step_s"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .recorded import load
-from .replay import compute_gaps, origin_ns, per_rank, replay, steps_of
+from .replay import compute_gaps, instance_key, origin_ns, per_rank, replay, steps_of, timeline
 
 Call = dict[str, Any]
 ESTIMATED_RANKS = 8   # ranks (the worst by measured wait caused) whose step time without them is replayed
@@ -221,16 +221,17 @@ def stragglers(trace: dict[str, Any], estimate: bool = True) -> dict[str, Any]:
 
 
 def _as_others(trace: dict[str, Any], rank: int) -> dict[int, list[float]]:
-    """Rank's compute gaps replaced, call by call, by the median gap of the other ranks before the same operation."""
-    calls = per_rank(trace)
+    """Rank's compute gaps replaced, call by call, by the median gap of the other ranks before the same operation
+    (calls and waits, as the replay plays them)."""
+    calls = timeline(trace)
     t0 = origin_ns(trace)
     gap_of: dict[tuple, list[float]] = defaultdict(list)
     for r, cs in calls.items():
         if r != rank:
             for c, g in zip(cs, compute_gaps(cs, t0), strict=True):
-                gap_of[(c["comm"], c["lane"], c["seq"])].append(g)
+                gap_of[instance_key(c)].append(g)
     own = calls[rank]
-    keys = [(c["comm"], c["lane"], c["seq"]) for c in own]
+    keys = [instance_key(c) for c in own]
     return {rank: [statistics.median(gap_of[k]) if gap_of.get(k) else g
                    for k, g in zip(keys, compute_gaps(own, t0), strict=True)]}
 
