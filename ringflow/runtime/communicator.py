@@ -104,7 +104,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
         self._native = native.hot_available() and not log_trace   # TRACE logs every step: the Python executor
         self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
-        self._fast_seen: set = set()
+        self._fast_seen: dict = {}
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}
         deadline = time.monotonic() + self.timeout
@@ -391,7 +391,9 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 hot = prep.hot = hotpath.prepare(prep.plan, ctx, dtype, opname, inplace)
             if isinstance(hot, hotpath.Prepared):
                 scratch = self._scratch_for(dtype, prep.plan.scratch_elems) if prep.has_scratch else out
-                bases = (out.ctypes.data if inplace else inp.ctypes.data, out.ctypes.data, scratch.ctypes.data)
+                addr = hotpath.address
+                o = addr(out)
+                bases = (o if inplace else addr(inp), o, o if scratch is out else addr(scratch))
                 hotpath.execute(hot, ctx, bases, self._transport.regions.packed)
                 self._last_native = (prep, hot, ctx, bases, scratch)
                 return

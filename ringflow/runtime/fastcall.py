@@ -11,6 +11,7 @@ pending async call, an output the call allocates) takes the full path.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,14 @@ def _ptr(obj: Any) -> int | None:
     """A tensor's storage address (it can be swapped under the same object); None for a NumPy array."""
     f = getattr(obj, "data_ptr", None)
     return f() if f is not None else None
+
+
+def _ref(obj: Any) -> weakref.ref | None:
+    """A weak reference to obj; None if it takes none (its id alone then stands for it)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
 
 
 class FastCall:
@@ -65,7 +74,7 @@ class FastCalls:
         last_schedule: Any
 
     _fast: dict[tuple, FastCall]
-    _fast_seen: set[tuple]   # keys called once (an id may be reused by a later object: that only costs a call)
+    _fast_seen: dict[tuple, weakref.ref | None]   # keys called once -> a weak reference to the object called with
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
     def _fast_run(self, key: tuple, timeout: float | None) -> Any:
@@ -98,10 +107,13 @@ class FastCalls:
         last, self._last_native = self._last_native, None
         if key is None or last is None:
             return
-        if key not in self._fast_seen:   # remembered from its second call on: one-off arrays are not kept alive
-            if len(self._fast_seen) >= FAST_MAX_ENTRIES:
-                self._fast_seen.clear()
-            self._fast_seen.add(key)
+        seen = self._fast_seen
+        if key not in seen or ((ref := seen[key]) is not None and ref() is not x):   # remembered from its second
+            # call with the same object on: one-off arrays are not kept alive, and a new array that reuses a dead
+            # one's id is not a repeat
+            if len(seen) >= FAST_MAX_ENTRIES:
+                seen.clear()
+            seen[key] = _ref(x)
             return
         prep, hot, ctx, bases, scratch = last
         n = self.size

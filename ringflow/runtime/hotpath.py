@@ -49,6 +49,12 @@ UNSUITED = False  # a binding the native executor can never take (build() caches
 
 if native._hotpath is not None:   # one slicing rule for both executors: shm.slice_bytes's
     native._hotpath.configure(MIN_SLICE_BYTES, SLICES_PER_SLOT_MESSAGE)
+    native._hotpath.set_array_type(np.ndarray)
+    address = native._hotpath.address   # an array's data address, without ndarray.ctypes' per-call object
+else:
+    def address(a: np.ndarray) -> int:
+        """An array's data address."""
+        return int(a.ctypes.data)
 
 
 BUF_INDEX = {Buffer.IN: 0, Buffer.OUT: 1, Buffer.SCRATCH: 2}

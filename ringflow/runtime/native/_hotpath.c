@@ -903,11 +903,42 @@ static PyObject *configure(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The data pointer of a NumPy array: numpy's PyArrayObject_fields (numpy/ndarraytypes.h) holds it right
+   after the object header, a layout its ABI keeps. ndarray.ctypes.data builds a ctypes object per call (about
+   a microsecond); a call passes two or three addresses. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+} ArrayHead;
+
+static PyTypeObject *ndarray_type = NULL;
+
+static PyObject *set_array_type(PyObject *self, PyObject *arg)
+{
+    if (!PyType_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_array_type(numpy.ndarray)");
+        return NULL;
+    }
+    Py_XSETREF(ndarray_type, (PyTypeObject *)Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
+static PyObject *address(PyObject *self, PyObject *arg)
+{
+    if (ndarray_type == NULL || !PyObject_TypeCheck(arg, ndarray_type)) {
+        PyErr_SetString(PyExc_TypeError, "address() takes a numpy.ndarray (after set_array_type)");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(((ArrayHead *)arg)->data);
+}
+
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
     {"configure", configure, METH_VARARGS, "configure(min_slice_bytes, slices_per_message): shm.slice_bytes's rule"},
     {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
     {"reduce_into", reduce_into, METH_VARARGS, "out = a (op) b"},
+    {"set_array_type", set_array_type, METH_O, "set_array_type(numpy.ndarray): the type address() takes"},
+    {"address", address, METH_O, "a NumPy array's data address (as ndarray.ctypes.data)"},
     {NULL, NULL, 0, NULL},
 };
 
