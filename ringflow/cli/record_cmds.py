@@ -197,7 +197,8 @@ def _print_replay(res: dict[str, Any], title: str) -> None:
                   f"contention slowed {cont['operations_slowed']} operations (at most x{cont['max_factor']:.2f})")
     if res["busiest_links"]:
         print_table("busiest links", ["link", "tier", "bytes", "mean util"],
-                    [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util']:.1%}"] for r in res["busiest_links"]])
+                    [[r["link"], r["tier"], f"{r['bytes']:.3g}", f"{r['util'] * 100:.3g}%"]
+                     for r in res["busiest_links"]])
 
 
 def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, software: str | None,
