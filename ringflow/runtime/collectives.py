@@ -43,7 +43,8 @@ class CollectiveCalls(FastCalls):
 
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
-              splits: tuple[tuple[int, ...], ...] | None = None, fast_key: tuple | None = None) -> Any:
+              splits: tuple[tuple[int, ...], ...] | None = None, fast_key: tuple | None = None,
+              shape_key: tuple | None = None) -> Any:
         if opname is not None:
             check_op(opname, out.flat.dtype)
         meta = (coll, x.flat.dtype, x.flat.size, root, opname)
@@ -53,7 +54,7 @@ class CollectiveCalls(FastCalls):
         r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), async_op, timeout,
                       coll.value, result, meta=meta)
         if remember:
-            self._fast_remember(fast_key, x.orig, out.orig, out.flat, coll, opname, root, result, meta)
+            self._fast_remember(fast_key, x.orig, out.orig, out.flat, coll, opname, root, result, meta, shape_key)
         return r
 
     def _coll_fn(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
@@ -97,8 +98,14 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
         fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
-            return r
+        sk = None
+        if fk is not None:
+            if (r := self._fast_run(fk, timeout)) is not MISS:
+                return r
+            if out is None and type(x) is np.ndarray:
+                sk = ("all_reduce", x.dtype, x.shape, op)
+                if (r := self._shape_run(sk, fk, x, timeout)) is not MISS:
+                    return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
         self._same_type(xb, ob, "all_reduce")
@@ -106,7 +113,7 @@ class CollectiveCalls(FastCalls):
             raise InvalidArgument(f"all_reduce: out has {ob.flat.size} elements, x has {xb.flat.size}",
                                   "out must be the size of x")
         return self._coll(Collective.ALL_REDUCE, xb, ob, xb.flat.size, parse_op(op), None, async_op, timeout,
-                          out if out is not None else x, fast_key=fk)
+                          out if out is not None else x, fast_key=fk, shape_key=sk)
 
     @overload
     def broadcast(self, x: ArrayT, root: int, *, async_op: Literal[False] = ...,
@@ -116,11 +123,17 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
         fk = ("broadcast", id(x), root) if type(root) is int and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
-            return r
+        sk = None
+        if fk is not None:
+            if (r := self._fast_run(fk, timeout)) is not MISS:
+                return r
+            if type(x) is np.ndarray:
+                sk = ("broadcast", x.dtype, x.shape, root)
+                if (r := self._shape_run(sk, fk, x, timeout)) is not MISS:
+                    return r
         xb = Buf(x, "x")
         return self._coll(Collective.BROADCAST, xb, xb, xb.flat.size, None, self._root(root), async_op, timeout, x,
-                          fast_key=fk)
+                          fast_key=fk, shape_key=sk)
 
     @overload
     def reduce(self, x: ArrayT, root: int, op: OpLike = ..., *, out: None = ..., async_op: Literal[False] = ...,

@@ -7,6 +7,10 @@ call with the very same objects (same storage for tensors) only bumps the sequen
 deadline and runs the native plan: the argument check across ranks still happens, inside the
 plan's first messages or its check exchange. Anything unusual (async_op, a failed communicator, a
 pending async call, an output the call allocates) takes the full path.
+
+An in-place all-reduce or broadcast of a NumPy array also remembers its call shape (collective, dtype,
+shape, op or root): a later call on another array of that shape, C-contiguous and writeable, runs the same
+native plan at that array's address, so a fresh array each call skips parsing and planning too.
 """
 from __future__ import annotations
 
@@ -55,6 +59,19 @@ class FastCall:
         self.result, self.meta, self.description = result, meta, description
 
 
+class ShapeCall:
+    """One remembered in-place call shape: its native plan, run at the address of whichever array is passed."""
+
+    __slots__ = ("prep", "hot", "ctx", "go", "scratch", "scratch_addr", "average", "meta", "description")
+
+    def __init__(self, prep: Any, hot: hotpath.Prepared, ctx: CallContext, go: Callable[..., None],
+                 scratch: np.ndarray | None, scratch_addr: int | None, average: bool, meta: tuple,
+                 description: str) -> None:
+        self.prep, self.hot, self.ctx, self.go, self.average = prep, hot, ctx, go, average
+        self.scratch, self.scratch_addr = scratch, scratch_addr   # None: the plan keeps no scratch of its own
+        self.meta, self.description = meta, description
+
+
 class FastCalls:
     """The fast path of `Communicator` (a mixin: the communicator provides the state declared below)."""
 
@@ -74,6 +91,7 @@ class FastCalls:
         last_schedule: Any
 
     _fast: dict[tuple, FastCall]
+    _shapes: dict[tuple, ShapeCall]   # (collective, dtype, shape, op or root) -> its remembered in-place call
     _fast_seen: dict[tuple, weakref.ref | None]   # keys called once -> a weak reference to the object called with
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
@@ -87,7 +105,44 @@ class FastCalls:
         if prep.hot is not f.hot or (f.ptrs[0] is not None and (_ptr(f.x), _ptr(f.out)) != f.ptrs):
             del self._fast[key]
             return MISS
-        ctx = f.ctx
+        return self._fast_go(prep, f.ctx, f.fn, f.description, f.meta, timeout, f.result)
+
+    def _shape_run(self, key: tuple, fast_key: tuple, x: np.ndarray, timeout: float | None) -> Any:
+        """Run the in-place call shape remembered under `key` on array x (within `timeout` s), or MISS; an array
+        called a second time takes the full path once, which remembers it under `fast_key` (a shorter path)."""
+        s = self._shapes.get(key)
+        if s is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
+                or (timeout is not None and not timeout > 0):
+            return MISS
+        seen = self._fast_seen
+        ref = seen.get(fast_key)
+        if ref is not None and ref() is x:
+            return MISS
+        if len(seen) >= FAST_MAX_ENTRIES:
+            seen.clear()
+        seen[fast_key] = _ref(x)
+        flags = x.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return MISS
+        prep = s.prep
+        if prep.hot is not s.hot:
+            del self._shapes[key]
+            return MISS
+        a = hotpath.address(x)
+        bases = (a, a, a if s.scratch_addr is None else s.scratch_addr)
+        go, n = s.go, self.size
+        if s.average:
+            def fn(deadline: float) -> None:
+                go(deadline, bases)
+                finish_avg(x.reshape(-1), n)
+        else:
+            def fn(deadline: float) -> None:
+                go(deadline, bases)
+        return self._fast_go(prep, s.ctx, fn, s.description, s.meta, timeout, x)
+
+    def _fast_go(self, prep: Any, ctx: CallContext, fn: Callable[[float], None], description: str, meta: tuple,
+                 timeout: float | None, result: Any) -> Any:
+        """Run a remembered call's `fn` as the communicator's next collective, recorded like any other."""
         seq = self._op_seq
         self._op_seq = seq + 1
         ctx.op_seq = seq
@@ -96,17 +151,27 @@ class FastCalls:
         self.last_schedule = prep.schedule
         rec = self._rec
         if rec is None:
-            self._guard(f.fn, deadline, LANE_COLL)
+            self._guard(fn, deadline, LANE_COLL)
         else:
-            rec.call(LANE_COLL, f.description, f.meta, self._guard, f.fn, deadline)
-        return f.result
+            rec.call(LANE_COLL, description, meta, self._guard, fn, deadline)
+        return result
 
     def _fast_remember(self, key: tuple | None, x: Any, out: Any, out_flat: np.ndarray, coll: Collective,
-                       opname: str | None, root: int | None, result: Any, meta: tuple) -> None:
-        """After a full-path call: remember it if it ran a kept native plan."""
+                       opname: str | None, root: int | None, result: Any, meta: tuple,
+                       shape_key: tuple | None = None) -> None:
+        """After a full-path call: remember it if it ran a kept native plan (and its call shape under `shape_key`,
+        for an in-place call on a NumPy array)."""
         last, self._last_native = self._last_native, None
         if key is None or last is None:
             return
+        if shape_key is not None and out is x and type(x) is np.ndarray and shape_key not in self._shapes:
+            prep, hot, ctx, bases, scratch = last
+            own = scratch is not out_flat
+            if len(self._shapes) >= FAST_MAX_ENTRIES:
+                self._shapes.clear()
+            self._shapes[shape_key] = ShapeCall(
+                prep, hot, ctx, hotpath.runner(hot, ctx, bases, self._transport.regions), scratch if own else None,
+                bases[2] if own else None, averages_here(coll, opname, self.rank, root), meta, coll.value)
         seen = self._fast_seen
         if key not in seen or ((ref := seen[key]) is not None and ref() is not x):   # remembered from its second
             # call with the same object on: one-off arrays are not kept alive, and a new array that reuses a dead

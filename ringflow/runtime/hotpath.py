@@ -281,19 +281,20 @@ def _drive(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes
 
 
 def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], regions: Any) -> Any:
-    """`execute` for one remembered call (the repeated-call path), as one function of the deadline: a plan that
-    checks itself runs its first native pass inline, and only what that pass leaves goes through `_steps`."""
+    """`execute` for one remembered call (the repeated-call path), as one function of the deadline (and of other
+    addresses than `bases`, for a remembered call shape): a plan that checks itself runs its first native pass
+    inline, and only what that pass leaves goes through `_steps`."""
     if prep.check is not None:
-        return lambda deadline: execute(prep, ctx, bases, regions.packed)
+        return lambda deadline, b=bases: execute(prep, ctx, b, regions.packed)
     hp, w = prep.steps.hp, ctx.waiter
 
-    def go(deadline: float) -> None:
+    def go(deadline: float, b: tuple[int, int, int] = bases) -> None:
         hp.reset()
         spans = regions.packed
-        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s, bases[0],
-                    bases[1], bases[2], spans)
+        rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s, b[0], b[1],
+                    b[2], spans)
         if rc != RC_DONE:
-            _steps(prep, ctx, bases, spans, rc)
+            _steps(prep, ctx, b, spans, rc)
     return go
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, Timeout
+from ..runtime import native
 from ..runtime.ops import BFLOAT16, UFUNCS, finish_avg
 
 DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -469,6 +470,30 @@ def repeated_buffers(r: Runner) -> None:
         _eq(y, reduce_ref([values(q, n, 6, "float32", salt=9) for q in range(n)], "sum"), "other array")
     r.check("repeated calls on the same arrays", case)
 
+    def fresh() -> None:
+        runs = native.hot_stats()["runs"]
+        for k in range(6):   # a new array of one shape each call: the remembered call shape, at each one's address
+            op = "avg" if k >= 3 else "sum"
+            x = values(me, n, 6, "float32", salt=20 + k)
+            comm.all_reduce(x, op=op)
+            _eq(x, reduce_ref([values(q, n, 6, "float32", salt=20 + k) for q in range(n)], op), f"fresh {op} {k}")
+            b = values(me, n, 6, "float32", salt=30 + k)
+            comm.broadcast(b, root=n - 1)
+            _eq(b, values(n - 1, n, 6, "float32", salt=30 + k), f"fresh broadcast {k}")
+        if native.hot_stats()["runs"] > runs:   # they ran natively: from remembered call shapes after the first
+            assert len(comm._shapes) >= 3, f"call shapes remembered: {list(comm._shapes)}"
+        big = values(me, n, 12, "float32", salt=40)
+        for what, bad in (("not contiguous", big[::2]), ("read-only", big[:6].copy())):
+            if what == "read-only":
+                bad.flags.writeable = False
+            try:
+                comm.all_reduce(bad)
+            except InvalidArgument as exc:
+                assert what in str(exc), exc
+            else:
+                raise AssertionError(f"a {what} array of a remembered call shape was accepted")
+    r.check("a fresh array of one shape each call", fresh)
+
 
 def large_cases(r: Runner) -> None:
     """Messages of several MiB: many shared-memory slots, striped TCP streams, odd counts."""
@@ -630,7 +655,6 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"rank{comm.rank}.json"), "w") as fh:
             transports = {str(p): comm._transport.kind(p) for p in range(comm.size) if p != comm.rank}
-            from ..runtime import native
             from ..runtime.transport import cma
             hot = native.hot_stats()
             json.dump({"rank": comm.rank, "size": comm.size, "cases": r.cases, "failures": r.failures,
