@@ -48,7 +48,7 @@ class CollectiveCalls(FastCalls):
         if opname is not None:
             check_op(opname, out.flat.dtype)
         meta = (coll, x.flat.dtype, x.flat.size, root, opname)
-        remember = fast_key is not None and not async_op
+        remember = (fast_key is not None or shape_key is not None) and not async_op
         if remember:
             self._last_native = None
         r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), async_op, timeout,
@@ -98,14 +98,9 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
         fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op else None
-        sk = None
-        if fk is not None:
-            if (r := self._fast_run(fk, timeout)) is not MISS:
-                return r
-            if out is None and type(x) is np.ndarray:
-                sk = ("all_reduce", x.dtype, x.shape, op)
-                if (r := self._shape_run(sk, fk, x, timeout)) is not MISS:
-                    return r
+        r, sk = self._fast_paths(fk, "all_reduce", x, out, op, timeout) if fk is not None else (MISS, None)
+        if r is not MISS:
+            return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
         self._same_type(xb, ob, "all_reduce")
@@ -123,14 +118,9 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
         fk = ("broadcast", id(x), root) if type(root) is int and not async_op else None
-        sk = None
-        if fk is not None:
-            if (r := self._fast_run(fk, timeout)) is not MISS:
-                return r
-            if type(x) is np.ndarray:
-                sk = ("broadcast", x.dtype, x.shape, root)
-                if (r := self._shape_run(sk, fk, x, timeout)) is not MISS:
-                    return r
+        r, sk = self._fast_paths(fk, "broadcast", x, None, root, timeout) if fk is not None else (MISS, None)
+        if r is not MISS:
+            return r
         xb = Buf(x, "x")
         return self._coll(Collective.BROADCAST, xb, xb, xb.flat.size, None, self._root(root), async_op, timeout, x,
                           fast_key=fk, shape_key=sk)
@@ -182,12 +172,13 @@ class CollectiveCalls(FastCalls):
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Concatenate every rank's x on axis 0, on every rank."""
         fk = ("all_gather", id(x), id(out)) if out is not None and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
+        r, sk = self._fast_paths(fk, "all_gather", x, out, None, timeout) if not async_op else (MISS, None)
+        if r is not MISS:
             return r
         xb = Buf(x, "x")
         ob, out = self._gather_out(xb, out, "all_gather")
         return self._coll(Collective.ALL_GATHER, xb, ob, xb.flat.size, None, None, async_op, timeout, out,
-                          fast_key=fk)
+                          fast_key=fk, shape_key=sk)
 
     @overload
     def gather(self, x: Any, root: int, *, out: None = ..., async_op: Literal[False] = ...,
@@ -235,12 +226,14 @@ class CollectiveCalls(FastCalls):
         """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
         fk = ("reduce_scatter", id(x), id(out), op) \
             if out is not None and type(op) is str and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
+        r, sk = self._fast_paths(fk, "reduce_scatter", x, out, op, timeout) \
+            if type(op) is str and not async_op else (MISS, None)
+        if r is not MISS:
             return r
         xb = Buf(x, "x")
         ob, out, count = self._split_out(xb, out, "reduce_scatter")
         return self._coll(Collective.REDUCE_SCATTER, xb, ob, count, parse_op(op), None, async_op, timeout, out,
-                          fast_key=fk)
+                          fast_key=fk, shape_key=sk)
 
     @overload
     def scatter(self, x: Any, root: int, *, out: None = ..., async_op: Literal[False] = ...,
@@ -275,9 +268,10 @@ class CollectiveCalls(FastCalls):
                    recv_counts: Sequence[int] | None = None, async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
-        fk = ("all_to_all", id(x), id(out)) if out is not None and send_counts is None and recv_counts is None \
-            and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
+        even = send_counts is None and recv_counts is None and not async_op
+        fk = ("all_to_all", id(x), id(out)) if out is not None and even else None
+        r, sk = self._fast_paths(fk, "all_to_all", x, out, None, timeout) if even else (MISS, None)
+        if r is not MISS:
             return r
         xb = Buf(x, "x")
         n = self.size
@@ -292,7 +286,7 @@ class CollectiveCalls(FastCalls):
             if ob.flat.size != xb.flat.size:
                 raise InvalidArgument("all_to_all: out must have the size of x")
             return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size // n, None, None, async_op, timeout, out,
-                              fast_key=fk)
+                              fast_key=fk, shape_key=sk)
         row = int(np.prod(xb.shape[1:])) if len(xb.shape) > 1 else 1
         sc = self._counts(send_counts, "send_counts")
         if sum(sc) * row != xb.flat.size:

@@ -8,9 +8,11 @@ deadline and runs the native plan: the argument check across ranks still happens
 plan's first messages or its check exchange. Anything unusual (async_op, a failed communicator, a
 pending async call, an output the call allocates) takes the full path.
 
-An in-place all-reduce or broadcast of a NumPy array also remembers its call shape (collective, dtype,
-shape, op or root): a later call on another array of that shape, C-contiguous and writeable, runs the same
-native plan at that array's address, so a fresh array each call skips parsing and planning too.
+A synchronous call on NumPy arrays also remembers its call shape (collective, dtype and shape of x,
+of out or that the call allocates it or works in place, op or root): a later call on other arrays of
+that shape, C-contiguous, writeable and not overlapping, runs the same native plan at their addresses
+(an output the call allocates is allocated as the remembered one was), so fresh arrays skip parsing and
+planning too.
 """
 from __future__ import annotations
 
@@ -59,16 +61,30 @@ class FastCall:
         self.result, self.meta, self.description = result, meta, description
 
 
-class ShapeCall:
-    """One remembered in-place call shape: its native plan, run at the address of whichever array is passed."""
+def shape_key(name: str, x: Any, out: Any, arg: Any) -> tuple | None:
+    """The call-shape key of a call on NumPy arrays (None: not such a call): `out` is None (the collective
+    allocates it or works in place), x itself, or another array; `arg`: the op or root."""
+    if type(x) is not np.ndarray:
+        return None
+    if out is None or out is x:
+        return (name, x.dtype, x.shape, out is x, arg)
+    if type(out) is not np.ndarray:
+        return None
+    return (name, x.dtype, x.shape, out.dtype, out.shape, arg)
 
-    __slots__ = ("prep", "hot", "ctx", "go", "scratch", "scratch_addr", "average", "meta", "description")
+
+class ShapeCall:
+    """One remembered call shape: its native plan, run at the addresses of whichever arrays are passed."""
+
+    __slots__ = ("prep", "hot", "ctx", "go", "scratch", "scratch_addr", "inplace", "alloc", "average", "meta",
+                 "description")
 
     def __init__(self, prep: Any, hot: hotpath.Prepared, ctx: CallContext, go: Callable[..., None],
-                 scratch: np.ndarray | None, scratch_addr: int | None, average: bool, meta: tuple,
-                 description: str) -> None:
+                 scratch: np.ndarray | None, scratch_addr: int | None, inplace: bool,
+                 alloc: tuple[int, ...] | None, average: bool, meta: tuple, description: str) -> None:
         self.prep, self.hot, self.ctx, self.go, self.average = prep, hot, ctx, go, average
         self.scratch, self.scratch_addr = scratch, scratch_addr   # None: the plan keeps no scratch of its own
+        self.inplace, self.alloc = inplace, alloc   # alloc: the shape of the output the call allocates
         self.meta, self.description = meta, description
 
 
@@ -91,7 +107,7 @@ class FastCalls:
         last_schedule: Any
 
     _fast: dict[tuple, FastCall]
-    _shapes: dict[tuple, ShapeCall]   # (collective, dtype, shape, op or root) -> its remembered in-place call
+    _shapes: dict[tuple, ShapeCall]   # shape_key -> the call remembered for that shape
     _fast_seen: dict[tuple, weakref.ref | None]   # keys called once -> a weak reference to the object called with
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
@@ -107,20 +123,21 @@ class FastCalls:
             return MISS
         return self._fast_go(prep, f.ctx, f.fn, f.description, f.meta, timeout, f.result)
 
-    def _shape_run(self, key: tuple, fast_key: tuple, x: np.ndarray, timeout: float | None) -> Any:
-        """Run the in-place call shape remembered under `key` on array x (within `timeout` s), or MISS; an array
-        called a second time takes the full path once, which remembers it under `fast_key` (a shorter path)."""
+    def _shape_run(self, key: tuple, fast_key: tuple | None, x: np.ndarray, out: Any, timeout: float | None) -> Any:
+        """Run the call shape remembered under `key` on arrays x and out (within `timeout` s), or MISS; arrays
+        called a second time take the full path once, which remembers them under `fast_key` (a shorter path)."""
         s = self._shapes.get(key)
         if s is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
                 or (timeout is not None and not timeout > 0):
             return MISS
-        seen = self._fast_seen
-        ref = seen.get(fast_key)
-        if ref is not None and ref() is x:
-            return MISS
-        if len(seen) >= FAST_MAX_ENTRIES:
-            seen.clear()
-        seen[fast_key] = _ref(x)
+        if fast_key is not None:
+            seen = self._fast_seen
+            ref = seen.get(fast_key)
+            if ref is not None and ref() is x:
+                return MISS
+            if len(seen) >= FAST_MAX_ENTRIES:
+                seen.clear()
+            seen[fast_key] = _ref(x)
         flags = x.flags
         if not (flags.c_contiguous and flags.writeable):
             return MISS
@@ -128,17 +145,39 @@ class FastCalls:
         if prep.hot is not s.hot:
             del self._shapes[key]
             return MISS
-        a = hotpath.address(x)
-        bases = (a, a, a if s.scratch_addr is None else s.scratch_addr)
+        addr = hotpath.address
+        ax = addr(x)
+        if s.inplace:
+            o, ao = x, ax
+        else:
+            if s.alloc is not None:
+                o = np.empty(s.alloc, x.dtype)
+            else:
+                o = out
+                flags = o.flags
+                if not (flags.c_contiguous and flags.writeable) or np.may_share_memory(x, o):
+                    return MISS
+            ao = addr(o)
+        bases = (ax, ao, ao if s.scratch_addr is None else s.scratch_addr)
         go, n = s.go, self.size
         if s.average:
             def fn(deadline: float) -> None:
                 go(deadline, bases)
-                finish_avg(x.reshape(-1), n)
+                finish_avg(o.reshape(-1), n)
         else:
             def fn(deadline: float) -> None:
                 go(deadline, bases)
-        return self._fast_go(prep, s.ctx, fn, s.description, s.meta, timeout, x)
+        return self._fast_go(prep, s.ctx, fn, s.description, s.meta, timeout, o)
+
+    def _fast_paths(self, fast_key: tuple | None, name: str, x: Any, out: Any, arg: Any,
+                    timeout: float | None) -> tuple[Any, tuple | None]:
+        """A synchronous call's remembered paths: (its result or MISS, its call-shape key or None)."""
+        if fast_key is not None and (r := self._fast_run(fast_key, timeout)) is not MISS:
+            return r, None
+        sk = shape_key(name, x, out, arg)
+        if sk is None:
+            return MISS, None
+        return self._shape_run(sk, fast_key, x, out, timeout), sk
 
     def _fast_go(self, prep: Any, ctx: CallContext, fn: Callable[[float], None], description: str, meta: tuple,
                  timeout: float | None, result: Any) -> Any:
@@ -159,19 +198,22 @@ class FastCalls:
     def _fast_remember(self, key: tuple | None, x: Any, out: Any, out_flat: np.ndarray, coll: Collective,
                        opname: str | None, root: int | None, result: Any, meta: tuple,
                        shape_key: tuple | None = None) -> None:
-        """After a full-path call: remember it if it ran a kept native plan (and its call shape under `shape_key`,
-        for an in-place call on a NumPy array)."""
+        """After a full-path call: remember it if it ran a kept native plan, by its objects under `key` and by its
+        call shape under `shape_key`."""
         last, self._last_native = self._last_native, None
-        if key is None or last is None:
+        if last is None:
             return
-        if shape_key is not None and out is x and type(x) is np.ndarray and shape_key not in self._shapes:
-            prep, hot, ctx, bases, scratch = last
+        prep, hot, ctx, bases, scratch = last
+        if shape_key is not None and shape_key not in self._shapes and type(result) is np.ndarray:
             own = scratch is not out_flat
             if len(self._shapes) >= FAST_MAX_ENTRIES:
                 self._shapes.clear()
             self._shapes[shape_key] = ShapeCall(
                 prep, hot, ctx, hotpath.runner(hot, ctx, bases, self._transport.regions), scratch if own else None,
-                bases[2] if own else None, averages_here(coll, opname, self.rank, root), meta, coll.value)
+                bases[2] if own else None, out is x, result.shape if shape_key[3] is False else None,
+                averages_here(coll, opname, self.rank, root), meta, coll.value)
+        if key is None:
+            return
         seen = self._fast_seen
         if key not in seen or ((ref := seen[key]) is not None and ref() is not x):   # remembered from its second
             # call with the same object on: one-off arrays are not kept alive, and a new array that reuses a dead
@@ -180,7 +222,6 @@ class FastCalls:
                 seen.clear()
             seen[key] = _ref(x)
             return
-        prep, hot, ctx, bases, scratch = last
         n = self.size
         go = hotpath.runner(hot, ctx, bases, self._transport.regions)
         fn = go

@@ -480,8 +480,18 @@ def repeated_buffers(r: Runner) -> None:
             b = values(me, n, 6, "float32", salt=30 + k)
             comm.broadcast(b, root=n - 1)
             _eq(b, values(n - 1, n, 6, "float32", salt=30 + k), f"fresh broadcast {k}")
+            xs = [values(q, n, 2 * n, "float32", salt=50 + k) for q in range(n)]
+            out = comm.all_reduce(xs[me].copy(), op=op, out=np.full(2 * n, -1, np.float32))
+            _eq(out, reduce_ref(xs, op), f"fresh out-of-place {op} {k}")
+            _eq(comm.all_gather(xs[me].copy()), np.concatenate(xs), f"fresh all_gather {k}")
+            _eq(comm.all_gather(xs[me].copy(), out=np.zeros(2 * n * n, np.float32)), np.concatenate(xs),
+                f"fresh all_gather into out {k}")
+            _eq(comm.reduce_scatter(xs[me].copy(), op=op), reduce_ref(xs, op)[2 * me:2 * me + 2],
+                f"fresh reduce_scatter {op} {k}")
+            _eq(comm.all_to_all(xs[me].copy()), np.concatenate([x[2 * me:2 * me + 2] for x in xs]),
+                f"fresh all_to_all {k}")
         if native.hot_stats()["runs"] > runs:   # they ran natively: from remembered call shapes after the first
-            assert len(comm._shapes) >= 3, f"call shapes remembered: {list(comm._shapes)}"
+            assert len(comm._shapes) >= 8, f"call shapes remembered: {list(comm._shapes)}"
         big = values(me, n, 12, "float32", salt=40)
         for what, bad in (("not contiguous", big[::2]), ("read-only", big[:6].copy())):
             if what == "read-only":
