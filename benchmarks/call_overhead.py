@@ -10,8 +10,8 @@ call) in these ways:
 * ``native loop``: the compiled native plan run directly (HotPlan.run): the floor of a call.
 * ``hotpath.execute``: plus the Python that starts it and reads its result.
 * ``same array``: ``comm.all_reduce(x, op="max")`` with the same x each time (the repeated-call fast path).
-* ``new array``: ``comm.all_reduce(x, op="max")`` on a fresh array each time (argument checks, plan lookup,
-  addresses), minus the time to make the array (measured alone).
+* ``new array``: ``comm.all_reduce(x, op="max")`` on a fresh array each time (the remembered call shape run at
+  the new array's address), minus the time to make the array (measured alone).
 
 Each row is a separate measurement; the differences between rows are the per-call overhead of each layer.
 """
