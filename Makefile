@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint venv clean
 
-$(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c ringflow/runtime/native/_hotpath.c
+$(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c ringflow/runtime/native/_hotpath.c ringflow/runtime/native/_record.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

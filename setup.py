@@ -1,6 +1,7 @@
-"""Optional native parts: streaming-store copies and the native executor. Without a C compiler the install
-still succeeds, ringflow copies with NumPy and runs every plan in Python (ringflow.runtime.native.available()
-and hot_available() are then False)."""
+"""Optional native parts: streaming-store copies, the native executor and the call recorder's per-call path.
+Without a C compiler the install still succeeds, ringflow copies with NumPy, runs every plan in Python and
+records calls in Python (ringflow.runtime.native.available() and hot_available() are then False, record_native()
+None)."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[
@@ -8,4 +9,6 @@ setup(ext_modules=[
               extra_compile_args=["-O2"], optional=True),
     Extension("ringflow.runtime.native._hotpath", ["ringflow/runtime/native/_hotpath.c"],
               extra_compile_args=["-O3", "-std=gnu11"], optional=True),
+    Extension("ringflow.runtime.native._record", ["ringflow/runtime/native/_record.c"],
+              extra_compile_args=["-O2"], optional=True),
 ])

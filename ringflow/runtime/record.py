@@ -15,7 +15,6 @@ point-to-point ``("send"|"recv", dtype, elements, peer, tag)``.
 from __future__ import annotations
 
 import atexit
-import base64
 import collections
 import json
 import logging
@@ -31,24 +30,39 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-import numpy as np
-
 from .. import config
 from ..errors import InvalidArgument
+from .record_rows import (
+    ALGO,
+    CODE,
+    LANE,
+    LANES,
+    LINE,
+    META,
+    SEQ,
+    STATUS,
+    T_END,
+    T_START,
+    WAIT,
+    desc_key,
+    desc_row,
+    op_name,
+    pack_rows,
+    row,
+    site_text,
+)
+from .record_rows import ASYNC as ASYNC  # record.X names each field of an entry, as record_rows.X does
+from .record_rows import DESC as DESC
+from .record_rows import T_ENQ as T_ENQ
 
 log = logging.getLogger("ringflow.runtime")
 
 FORMAT = "ringflow-record/2"   # 2: calls as packed rows of described calls
 FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
 MAX_DESCS = 65536    # call descriptions a process remembers (each keeps its objects alive) before starting again
-LANES = ("coll", "send", "recv", "wait")   # "wait": a wait on an asynchronous call's Work
-WAIT = 3
 _PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
 _now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
 _getframe = sys._getframe
-
-# one entry per call, a list (filled in as the call progresses):
-LANE, SEQ, META, DESC, T_ENQ, T_START, T_END, CODE, LINE, STATUS, ALGO, ASYNC = range(12)
 
 
 def _is_internal(filename: str) -> bool:
@@ -152,13 +166,6 @@ def with_site(job: Callable[[], Any], sink: list[tuple[Recorder, list[Any]]] | N
     return run
 
 
-def site_text(code: CodeType | None, line: int) -> str:
-    """file:line (function) of a call site."""
-    if code is None:
-        return "?"
-    return f"{code.co_filename}:{line} ({code.co_name})"
-
-
 def global_rank(comm: Any) -> int:
     """This process's rank in its job: the world communicator's rank, else the launcher's."""
     if "/" not in comm.ns:
@@ -197,32 +204,27 @@ class _Process:
                      "hostname": socket.gethostname(), "mono0_ns": self.mono0, "wall0_ns": self.wall0,
                      "argv": sys.argv}])
 
-    def write_calls(self, ns: str, entries: list[list[Any]]) -> None:
+    def write_calls(self, ns: str, entries: list[list[Any]], pack: Callable[..., str] | None = None) -> None:
         """Calls as one line ``{"kind": "calls", "rows": B}``, B the base64 of little-endian int64 quintuples
-        (seq, enq_ns, start_ns, end_ns, desc); a description's fields go once in a ``{"kind": "desc", "id": desc,
-        ...}`` line before its first call. Formatting numbers as text would cost the recorded call more than
-        the rest of the recording does; `recorded.read_dir` expands both."""
+        (seq, enq_ns, start_ns, end_ns, desc) that `pack` (default pack_rows) makes; a description's fields go
+        once in a ``{"kind": "desc", "id": desc, ...}`` line before its first call. Formatting numbers as text
+        would cost the recorded call more than the rest of the recording does; `recorded.read_dir` expands both."""
         if self.file is None or not entries:
             return
         with self.lock:
             if len(self.descs) >= MAX_DESCS:   # ids start again, between batches: a reader takes an id's latest line
                 self.descs.clear()
             descs, new = self.descs, []
-            flat: list[int] = []
-            put = flat.append   # five appends and one conversion cost less than building a tuple per call
-            for e in entries:
+
+            def desc_id(e: list[Any]) -> int:
                 key = desc_key(ns, e)
                 d = descs.get(key)
                 if d is None:
                     d = descs[key] = (len(descs), (e[META], e[CODE], e[ALGO]))
                     new.append(json.dumps({"kind": "desc", "id": d[0], **desc_row(ns, e)}, separators=(",", ":"))
                                + "\n")
-                put(e[SEQ])
-                put(e[T_ENQ])
-                put(e[T_START])
-                put(e[T_END])
-                put(d[0])
-            rows = base64.b64encode(np.array(flat, dtype="<i8").tobytes()).decode("ascii")
+                return d[0]
+            rows = (pack or pack_rows)(entries, desc_id)
             self.file.write("".join(new) + f'{{"kind":"calls","rows":"{rows}"}}\n')
             self.file.flush()
 
@@ -270,6 +272,8 @@ class Recorder:
         self.last: list[Any] | None = None     # the latest collective entered
         self.barrier_ns: int | None = None
         self.reason = ""
+
+    pack_rows = staticmethod(pack_rows)   # the rows of the record file (record_native.py's are C's)
 
     # -------------------------------------------------------------- the hot path
     def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
@@ -334,7 +338,7 @@ class Recorder:
         e = self.last
         if e is None:
             return {"rec_seq": -1}
-        return {"rec_seq": e[SEQ], "rec_op": _op(e), "site": site_text(e[CODE], e[LINE]),
+        return {"rec_seq": e[SEQ], "rec_op": op_name(e), "site": site_text(e[CODE], e[LINE]),
                 "rec_done": bool(e[T_END])}
 
     def info(self) -> dict[str, Any]:
@@ -349,13 +353,13 @@ class Recorder:
             return
         done = [e for e in p if e[T_END]]
         self.pending = [e for e in p if not e[T_END]]
-        _proc.write_calls(self.ns, done)
+        _proc.write_calls(self.ns, done, self.pack_rows)
 
     def close(self) -> None:
         """The communicator is destroyed: write everything, in-flight calls included."""
         p = self.pending
         if p:
-            _proc.write_calls(self.ns, p)
+            _proc.write_calls(self.ns, p, self.pack_rows)
             self.pending = []
 
     def failed(self, exc: BaseException) -> None:
@@ -378,62 +382,6 @@ class Recorder:
         return out
 
 
-def _algo(e: list[Any]) -> str | None:
-    """The algorithm a collective ran (None for barriers, one-rank calls and calls that did not finish)."""
-    s, m = e[ALGO], e[META]
-    return None if s is None or (m and m[0] == "barrier") else str(s.algorithm)
-
-
-def _op(e: list[Any]) -> str:
-    m = e[META]
-    return str(getattr(m[0], "value", m[0])) if m else str(e[DESC])
-
-
-def row(ns: str, e: list[Any]) -> dict[str, Any]:
-    """One call as a JSON-able dict (times in ns of this host's monotonic clock; 0: not reached)."""
-    m = e[META]
-    op = _op(e)
-    r: dict[str, Any] = {"kind": "call", "comm": ns, "lane": LANES[e[LANE]], "seq": e[SEQ], "op": op,
-                         "enq_ns": e[T_ENQ], "start_ns": e[T_START], "end_ns": e[T_END],
-                         "site": site_text(e[CODE], e[LINE]), "status": e[STATUS] or ("ok" if e[T_END] else
-                                                                                      "in_flight"),
-                         "async": e[ASYNC]}
-    if e[LANE] == WAIT:   # the waited call: its lane (in DESC), sequence number and, point-to-point, peer and tag
-        r.update({"op": "wait", "of": e[DESC]})
-        if e[DESC] != "coll" and m:
-            r.update({"peer": int(m[3]), "tag": int(m[4])})
-        return r
-    if m:
-        dt = np.dtype(m[1]) if m[1] is not None else None
-        r.update({"dtype": None if dt is None else dt.name, "count": int(m[2]),
-                  "nbytes": 0 if dt is None else int(m[2]) * dt.itemsize})
-        if e[LANE] == 0:
-            r.update({"root": m[3], "redop": m[4], "algo": _algo(e)})
-        else:
-            r.update({"peer": int(m[3]), "tag": int(m[4])})
-    return r
-
-
-def desc_key(ns: str, e: list[Any]) -> tuple:
-    """What a call shares with other calls of the same description: everything but its sequence number and times.
-
-    Object ids, not the objects, go in (hashing enums and dtypes costs more than the rest of the call); the
-    description table keeps the objects alive, so their ids stay theirs."""
-    lane, _, m, desc, _, _, end, code, line, status, algo, async_ = e
-    if m:
-        return (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code), id(m[0]), id(m[1]), m[2], m[3],
-                m[4])
-    return (ns, lane, desc, line, status, id(algo), async_, end != 0, id(code))
-
-
-def desc_row(ns: str, e: list[Any]) -> dict[str, Any]:
-    """row() without the sequence number and times: the fields a description line carries."""
-    r = row(ns, e)
-    for k in ("kind", "seq", "enq_ns", "start_ns", "end_ns"):
-        del r[k]
-    return r
-
-
 def attach(comm: Any) -> Recorder | None:
     """The recorder of a new communicator (None when both the flight recorder and recording are off).
 
@@ -443,7 +391,8 @@ def attach(comm: Any) -> Recorder | None:
     ring_n = int(config.get("FLIGHT_RECORDER")) if dump_dir() is not None else 0
     if ring_n <= 0 and not record_dir:
         return None
-    rec = Recorder(comm, ring_n, record_dir)
+    from .record_native import recorder_class  # C or Python: decided there
+    rec = recorder_class()(comm, ring_n, record_dir)
     if record_dir:
         comm.barrier()
         rec.barrier_ns = _now()

@@ -1,11 +1,14 @@
 """Optional native helpers, built from C when the package is installed (see setup.py).
 
-Two modules: copies with streaming stores for buffers larger than the cache (`_streamcopy`), and
+Three modules: copies with streaming stores for buffers larger than the cache (`_streamcopy`),
 the native executor that runs a compiled plan over shared memory (`_hotpath`, driven by
-runtime/hotpath.py). Without a C compiler at install time `available()` and `hot_available()` are
-False, every copy is NumPy's and every plan runs in Python.
+runtime/hotpath.py) and the call recorder's per-call path (`_record`, runtime/record_native.py).
+Without a C compiler at install time `available()` and `hot_available()` are False and
+`record_native()` None: every copy is NumPy's, every plan runs in Python, and so does the recorder.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +23,17 @@ try:
     from . import _hotpath
 except ImportError:  # no compiler when the package was installed
     _hotpath = None  # type: ignore[assignment]  # the module or None; hot_available() tells which
+
+try:
+    from . import _record
+except ImportError:  # no compiler when the package was installed
+    _record = None  # type: ignore[assignment]  # the module or None; record_native() tells which
+
+
+def record_native() -> Any:
+    """The call recorder's per-call path in C (`_record`, runtime/record_native.py), or None when it was not
+    built or RINGFLOW_NATIVE turns it off (the recorder then runs in Python)."""
+    return _record if _record is not None and bool(config.get("NATIVE")) else None
 
 
 def hot_available() -> bool:

@@ -1,0 +1,28 @@
+"""The call recorder's per-call path in C where it was built (native/_record.c): `recorder_class()` is the one
+place that picks it or record.py's `Recorder`, whose Python `call` and `pack_rows` stay the reference (used
+with RINGFLOW_NATIVE=0 or when no compiler built the module). Both make the same entries and rows; the C side
+remembers call-site depths and ringflow's own code (record._sites, record._internal) in tables keyed by the code
+object's address, filling and reading record._internal where its table has no answer."""
+from __future__ import annotations
+
+from . import record
+from .native import _record, record_native
+from .record import Recorder
+
+
+class NativeRecorder(Recorder):
+    """A Recorder whose `call` (call site, entry, ring and pending, the guarded call and its times) runs in C."""
+
+    if _record is not None:
+        call = _record.call
+        pack_rows = staticmethod(_record.pack)
+
+
+def recorder_class() -> type[Recorder]:
+    """NativeRecorder when the C module is built and RINGFLOW_NATIVE is on, else Recorder; hands the C side
+    record.py's caches and knobs as they are now."""
+    mod = record_native()
+    if mod is None:
+        return Recorder
+    mod.setup(record._internal, record._queued, record._is_internal, record.MAX_WALK, record.FLUSH_EVERY)
+    return NativeRecorder

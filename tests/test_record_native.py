@@ -1,0 +1,182 @@
+"""The call recorder's per-call path in C (runtime/native/_record.c via runtime/record_native.py) against the
+Python recorder, which stays the reference: the same entries (sites, sequence numbers, async, status on an error,
+the remembered-depth cases), the same record file, the same packed rows, and RINGFLOW_NATIVE=0 picking Python."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_record_files import _one_rank_script
+
+from ringflow.runtime import record
+from ringflow.runtime.native import _record
+from ringflow.runtime.record_native import NativeRecorder, recorder_class
+from ringflow.workload.recorded import call_rows
+
+needs_c = pytest.mark.skipif(_record is None, reason="the C recorder was not built (no compiler at install)")
+
+# One program, run once per recorder: calls from a wrapper, from module level and with a new array each time (the
+# remembered-depth cases), a broadcast, an asynchronous call and its wait, point-to-point entries of two keys and
+# one without metadata, a job a worker thread runs for this thread (with_site), and a guarded call that raises.
+SCENARIO = """
+import functools, json, threading
+import numpy as np, ringflow
+from ringflow.runtime import record
+record.FLUSH_EVERY = 3
+def wrapper(comm, x):
+    return comm.all_reduce(x)
+def enter(rec, lane, desc, meta):
+    return rec.enter(lane, desc, meta, False)
+record._internal[enter.__code__] = True   # stands for a ringflow function between the user's line and the recorder
+def boom(fn, deadline, lane):
+    raise RuntimeError("guarded call failed")
+comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')
+rec = comm._rec
+x = np.ones(4)
+for i in range(3):
+    wrapper(comm, x)
+    comm.all_reduce(x)
+    comm.all_reduce(np.ones(2))
+comm.broadcast(x, root=0)
+comm.all_reduce(x, async_op=True).wait()
+for key in ((1, 7), (1, 7), (2, 7), (1, 7)):
+    enter(rec, 1, "send", ("send", np.dtype("float32"), 4, key[0], key[1]))
+enter(rec, 2, "recv", None)
+enter(rec, 2, "recv", None)
+sink = []
+job = record.with_site(functools.partial(comm.all_reduce, x), sink)
+t = threading.Thread(target=job)
+t.start(); t.join()
+try:
+    rec.call(0, "boom", None, boom, None, 0.0)
+except RuntimeError as exc:
+    raised = str(exc)
+def show(e):
+    return [e[record.LANE], e[record.SEQ], record.op_name(e), e[record.DESC],
+            record.site_text(e[record.CODE], e[record.LINE]), e[record.STATUS], e[record.ASYNC],
+            e[record.T_ENQ] > 0, e[record.T_START] > 0, e[record.T_END] > 0,
+            0 < e[record.T_ENQ] <= (e[record.T_START] or e[record.T_ENQ]) <= (e[record.T_END] or 1 << 62)]
+print(json.dumps({"cls": type(rec).__name__, "ring": [show(e) for e in rec.ring], "raised": raised,
+                  "sink": [show(e) for r, e in sink if r is rec], "last": show(rec.last),
+                  "seqs": sorted([list(k[:1]) + [str(v) for v in k[1:]], n] for k, n in rec.seqs.items())}))
+comm.destroy()
+"""
+
+
+def _run(native: str, **env: str) -> dict:
+    out = _one_rank_script(SCENARIO, RINGFLOW_NATIVE=native, RINGFLOW_FLIGHT_RECORDER="64", **env)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@needs_c
+def test_c_and_python_recorders_make_the_same_entries(tmp_path: Path) -> None:
+    c, py = _run("1", RINGFLOW_DUMP_DIR=str(tmp_path / "c")), _run("0", RINGFLOW_DUMP_DIR=str(tmp_path / "py"))
+    assert (c["cls"], py["cls"]) == ("NativeRecorder", "Recorder")
+    assert c["ring"] == py["ring"] and c["sink"] == py["sink"] and c["last"] == py["last"]
+    assert c["seqs"] == py["seqs"] and c["raised"] == py["raised"] == "guarded call failed"
+    ring = c["ring"]
+    # the remembered-depth cases: the wrapper's line, then the module's own two lines, each time
+    src = SCENARIO.splitlines()
+    want = [src.index(t) + 1 for t in ("    return comm.all_reduce(x)", "    comm.all_reduce(x)",
+                                       "    comm.all_reduce(np.ones(2))")]
+    assert [int(e[4].split(":")[1].split(" ")[0]) for e in ring[:9]] == want * 3
+    assert [e[1] for e in ring if e[0] == 0 and e[2] == "all_reduce"] == list(range(9)) + [10, 11]
+    assert ring[9][2] == "broadcast" and ring[10][6] is True   # the asynchronous all_reduce
+    sends = [e[1] for e in ring if e[3] == "send"]
+    assert sends == [0, 1, 0, 2]   # per (lane, peer, tag)
+    assert [e[1] for e in ring if e[3] == "recv"] == [0, 1]   # no metadata: per (lane, description)
+    queued = ring[-2]
+    assert queued[6] is True and c["sink"] == [queued] and queued[4].endswith("(<module>)")
+    failed = ring[-1]
+    assert failed[3] == "boom" and failed[5] == "RuntimeError" and failed[9] and failed == c["last"]
+    assert all(e[10] for e in ring)   # enq <= start <= end wherever set
+    # the failed call wrote the flight record, as the Python recorder's `failed` does
+    assert json.loads((tmp_path / "c" / "flight-rank0.json").read_text())["reason"].startswith("RuntimeError")
+
+
+@needs_c
+def test_record_files_of_both_recorders_hold_the_same_calls(tmp_path: Path) -> None:
+    def calls(native: str) -> list[dict]:
+        d = tmp_path / native
+        _run(native, RINGFLOW_RECORD=str(d))
+        path = d / "rank0.jsonl"
+        rows = [json.loads(ln) for ln in path.read_text().splitlines()]
+        assert sum(r["kind"] == "calls" for r in rows) > 3   # FLUSH_EVERY = 3: several batches
+        return [{k: v for k, v in r.items() if not k.endswith("_ns") and k != "comm"}   # the job id is new
+                for r in call_rows(rows, path)]
+    c, py = calls("1"), calls("0")
+    assert len(c) == 20 and c == py
+
+
+def _desc_ids() -> tuple[list[list], object]:
+    """Entries of a few descriptions (equal metadata in different tuples, a new line, a status, one not ended)
+    and the id function write_calls uses."""
+    op, dt = "all_reduce", np.dtype("float32")
+    code = _desc_ids.__code__
+    base = [0, 0, (op, dt, 4, None, "sum"), "all_reduce", 10, 20, 30, code, 5, "", None, False]
+    entries = []
+    for i in range(12):
+        e = list(base)
+        e[record.SEQ], e[record.T_ENQ], e[record.T_START], e[record.T_END] = i, 100 + i, 200 + i, 300 + i
+        e[record.META] = (op, dt, 4, None, "sum") if i % 2 else base[record.META]   # equal, not the same tuple
+        if i in (3, 4):
+            e[record.LINE] = 6
+        if i == 7:
+            e[record.STATUS] = "Timeout"
+        if i == 9:
+            e[record.T_END] = 0
+        if i == 10:
+            e[record.META] = (op, dt, 8, None, "sum")
+        entries.append(e)
+    entries[11][record.T_ENQ] = (1 << 62) + 5
+    descs: dict[tuple, int] = {}
+
+    def desc_id(e: list) -> int:
+        return descs.setdefault(record.desc_key("w", e), len(descs))
+    return entries, desc_id
+
+
+@needs_c
+def test_packed_rows_are_the_python_rows() -> None:
+    for k in (0, 1, 2, 5):   # each base64 padding
+        entries, desc_id = _desc_ids()
+        entries2, desc_id2 = _desc_ids()
+        assert _record.pack(entries[:k], desc_id) == record.pack_rows(entries2[:k], desc_id2)
+    entries, desc_id = _desc_ids()
+    c = _record.pack(entries, desc_id)
+    entries2, desc_id2 = _desc_ids()
+    assert c == record.pack_rows(entries2, desc_id2)
+    rows = np.frombuffer(base64.b64decode(c), "<i8").reshape(-1, 5)
+    assert rows[:, 4].tolist() == [0, 0, 0, 1, 1, 0, 0, 2, 0, 3, 4, 0]
+    entries[0][record.T_END] = 1 << 64
+    with pytest.raises(OverflowError):
+        _record.pack(entries, desc_id)
+
+
+def test_native_off_picks_the_python_recorder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGFLOW_NATIVE", "0")
+    assert recorder_class() is record.Recorder
+    monkeypatch.setenv("RINGFLOW_NATIVE", "1")
+    assert recorder_class() is (record.Recorder if _record is None else NativeRecorder)
+
+
+@needs_c
+def test_entry_times_are_on_the_perf_counter_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ringflow
+    monkeypatch.setenv("RINGFLOW_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("RINGFLOW_NATIVE", "1")
+    comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
+    try:
+        assert isinstance(comm._rec, NativeRecorder)
+        t0 = time.perf_counter_ns()
+        comm.all_reduce(np.ones(3))
+        t1 = time.perf_counter_ns()
+        e = comm._rec.ring[-1]
+        assert t0 <= e[record.T_ENQ] <= e[record.T_START] <= e[record.T_END] <= t1
+        assert t0 <= _record.clock_ns() and e[record.CODE] is test_entry_times_are_on_the_perf_counter_clock.__code__
+    finally:
+        comm.destroy()
