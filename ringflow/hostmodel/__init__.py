@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from .features import FEATURES, CacheSizes, CallFeatures, cache_sizes, call_features, host_cores
 from .model import PARAM_MEANINGS, HostCostModel, HostParams
+from .wakeup import WakeupCost
 
-__all__ = ["FEATURES", "PARAM_MEANINGS", "CacheSizes", "CallFeatures", "HostCostModel", "HostParams", "cache_sizes",
-           "call_features", "host_cores", "load_cost_model"]
+__all__ = ["FEATURES", "PARAM_MEANINGS", "CacheSizes", "CallFeatures", "HostCostModel", "HostParams", "WakeupCost",
+           "cache_sizes", "call_features", "host_cores", "load_cost_model"]
 
 
 def load_cost_model(path: str, transport: str) -> HostCostModel:

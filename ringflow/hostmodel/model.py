@@ -10,7 +10,8 @@
 
 crowding is the share of a rank's peers that are off a core at any moment when ranks outnumber cores. The
 features come from the runtime's compiled plans (`features.call_features`); the cache sizes and the core
-count are read from the machine, not fitted. One parameter set per transport ('shm', 'tcp').
+count are read from the machine, not fitted. One parameter set per transport ('shm', 'tcp'); the shared-memory
+model may carry a wake-up cost (`wakeup.WakeupCost`) for calls whose ranks arrive far apart, which a replay adds.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..algorithms.layout import CallShape
 from ..algorithms.schedule import Schedule
 from ..errors import ConfigError, InvalidArgument
 from .features import FEATURES, TRANSPORTS, CacheSizes, CallFeatures, cache_sizes, call_features, crowding, host_cores
+from .wakeup import WakeupCost
 
 FORMAT = "ringflow-host-model"
 VERSION = 1
@@ -104,6 +106,7 @@ class HostCostModel:
     caches: CacheSizes
     margin: float = 1.0
     fit_stats: dict = field(default_factory=dict)
+    wakeup: WakeupCost | None = None    # extra cost of a call whose first rank slept waiting (None: not priced)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -131,9 +134,11 @@ class HostCostModel:
 
     def to_dict(self) -> dict:
         """JSON form of this transport's model."""
-        return {"params": self.params.to_dict(), "margin": self.margin, "cores": self.cores,
-                "calibrated_ranks": list(self.calibrated_ranks), "caches": self.caches.to_dict(),
-                "fit": self.fit_stats}
+        d = {"params": self.params.to_dict(), "margin": self.margin, "cores": self.cores,
+             "calibrated_ranks": list(self.calibrated_ranks), "caches": self.caches.to_dict(), "fit": self.fit_stats}
+        if self.wakeup is not None:
+            d["wakeup"] = self.wakeup.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, transport: str, d: dict) -> HostCostModel:
@@ -141,7 +146,7 @@ class HostCostModel:
         try:
             return cls(transport, HostParams.from_dict(d["params"]), int(d["cores"]),
                        tuple(d["calibrated_ranks"]), CacheSizes(**d["caches"]), float(d["margin"]),
-                       dict(d.get("fit") or {}))
+                       dict(d.get("fit") or {}), WakeupCost.from_dict(d["wakeup"]) if d.get("wakeup") else None)
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"malformed host model for {transport}: {exc}",
                               "recalibrate: ringflow calibrate") from None

@@ -2,7 +2,8 @@
 
 A job is one `ringflow run -n N -m ringflow.hostmodel._sweep_worker` launch for one rank count and one
 transport ('tcp' forces every rank onto TCP with RINGFLOW_SHM_DISABLE=1); the host load over each job is
-recorded (`runtime.hostload.HostLoadMeter`) so a job that ran beside other work is visible.
+recorded (`runtime.hostload.HostLoadMeter`) so a job that ran beside other work is visible. With shared memory
+a 2-rank job also measures the wake-up of a rank that waited long enough to sleep (`wakeup`).
 """
 from __future__ import annotations
 
@@ -197,6 +198,12 @@ def calibrate(ranks: Sequence[int] = (2, 4), transports: Sequence[str] = TRANSPO
                         "jobs": [{k: j[k] for k in ("transport", "nranks", "load", "wall_s", "attempts")}
                                  for j in jobs]})
     doc["calibration"] = [r for j in jobs for r in j["rows"]]
+    if "shm" in transports:
+        from . import wakeup
+        say("shm, 2 ranks: wake-up after a late arrival ...")
+        if quiet_wait_s > 0:
+            wait_for_quiet(quiet_wait_s)
+        doc["wakeup_calibration"] = wakeup.measure()
     _fit_document(doc, transports, ranks, cores, say)
     doc["meta"]["total_s"] = time.monotonic() - t0
     return doc
@@ -209,6 +216,12 @@ def _fit_document(doc: dict, transports: Sequence[str], ranks: Sequence[int], co
     for tr in transports:
         samples = samples_from_rows(doc["calibration"], tr, cores)
         model = fit_model(samples, tr, cores, cache_sizes(), ranks)
+        if tr == "shm" and doc.get("wakeup_calibration"):
+            from .wakeup import fit
+            model.wakeup = fit(doc["wakeup_calibration"])
+            w = model.wakeup
+            say(f"shm wake-up past the {w.spin_us:.0f} us spin window, at 1 ms: early rank {w.early_us(1e-3):.0f} us, "
+                f"last rank {w.late_us(1e-3):.0f} us")
         doc["transports"][tr] = model.to_dict()
         say(f"{tr}: fitted on {len(samples)} calls; cross-validated median error {model.fit_stats['cv_median']:.1%}, "
             f"p90 {model.fit_stats['cv_p90']:.1%}; margin {model.margin:.2f}")

@@ -4,6 +4,14 @@
 The schedule priced is the one the runtime's flat tuner picks for the call (`algorithms.selection.
 pick_schedule`; the recorded algorithm when the tuner would pick another); point-to-point calls, which the
 model does not price, keep their recorded durations.
+
+The calibration starts its ranks together; a recorded collective whose members' starts spread beyond a
+waiter's spin window (`runtime.executor.HOT_SPIN_S` below the low-latency threshold, the doorbell's spin budget
+above it) had its early ranks asleep, and each paid a wake-up when the last rank's data landed. Where the model
+carries a wake-up cost (`model.wakeup`, `hostmodel.wakeup.WakeupCost`, fitted by `ringflow calibrate` on a
+2-rank job in which one rank arrives late) such an operation is priced at the model's time plus the median over
+its members of their wake-up cost, each early rank's at its recorded wait (the last start minus its own), the
+last rank's at the recorded spread; a model without one prices every collective as if its ranks arrived together.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ class HostDurations:
         self.model, self.trace = model, trace
         self.measured = measured_durations(trace)
         self._cache: dict[tuple, float] = {}
+        self.wakeup = getattr(model, "wakeup", None)
 
     def __call__(self, k: Key, cs: list[Call]) -> float:
         c0 = cs[0]
@@ -50,7 +59,12 @@ class HostDurations:
             if c0.get("algo") and sched.algorithm != c0["algo"]:
                 sched = get_schedule(coll, str(c0["algo"]), n, root=root)
             self._cache[key] = self.model.predict_us(sched, CallShape(coll, n, count, itemsize), inplace) / 1e6
-        return self._cache[key]
+        return self._cache[key] + self.wakeup_s(cs, nbytes)
+
+    def wakeup_s(self, cs: list[Call], nbytes: int) -> float:
+        """Seconds the model's wake-up cost adds to an operation whose members' starts are `cs`' (0 without one)."""
+        starts = [c["start_ns"] / 1e9 for c in cs if c.get("start_ns") is not None]
+        return 0.0 if self.wakeup is None or len(starts) < 2 else float(self.wakeup.added_s(starts, nbytes))
 
 
 def communication_time(trace: dict[str, Any], durations: Any | None = None) -> float:
