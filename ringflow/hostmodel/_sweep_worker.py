@@ -9,14 +9,13 @@ noise. Rank 0 writes one row per task: the task, the schedule that ran, `time_us
 """
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import numpy as np
 
 from ..algorithms.schedule import Collective
-from ..runtime.bench import _fill, call_samples_s
+from ..runtime.bench import _fill, call_samples_s, rank_job_main
 from .sweep import INPLACE, schedule_for
 
 
@@ -79,18 +78,5 @@ def measure(comm: Any, spec: dict) -> list[dict]:
     return rows
 
 
-def _main(argv: list[str]) -> None:
-    import ringflow
-    with open(argv[0]) as fh:
-        spec = json.load(fh)
-    comm = ringflow.init()
-    rows = measure(comm, spec)
-    rank = comm.rank
-    comm.destroy()
-    if rank == 0:
-        with open(argv[1], "w") as fh:
-            json.dump(rows, fh)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    rank_job_main(measure, sys.argv[1:])

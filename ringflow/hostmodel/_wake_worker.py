@@ -9,12 +9,13 @@ host's processes). Rank 0 writes one row per trial: delay_us, late rank, each ra
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import Any
 
 import numpy as np
+
+from ..runtime.bench import rank_job_main
 
 
 def _busy_wait(seconds: float) -> None:
@@ -49,18 +50,5 @@ def measure(comm: Any, spec: dict) -> list[dict]:
     return rows
 
 
-def _main(argv: list[str]) -> None:
-    import ringflow
-    with open(argv[0]) as fh:
-        spec = json.load(fh)
-    comm = ringflow.init()
-    rows = measure(comm, spec)
-    rank = comm.rank
-    comm.destroy()
-    if rank == 0:
-        with open(argv[1], "w") as fh:
-            json.dump(rows, fh)
-
-
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    rank_job_main(measure, sys.argv[1:])

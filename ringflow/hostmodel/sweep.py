@@ -7,18 +7,15 @@ a 2-rank job also measures the wake-up of a rank that waited long enough to slee
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 from ..algorithms import registry, tuner
 from ..algorithms.schedule import Collective, Schedule
 from ..algorithms.selection import call_shape, flat_choice
-from ..errors import InvalidArgument, RingflowSystemError
+from ..errors import InvalidArgument
+from ..runtime.bench import run_rank_job
 from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from .features import TRANSPORTS, cache_sizes, call_features, host_cores
 
@@ -103,26 +100,16 @@ def run_job(nranks: int, transport: str, tasks: list[dict], *, passes: int = 1, 
     if transport not in TRANSPORTS:
         raise InvalidArgument(f"unknown transport {transport!r}", "use shm or tcp")
     spec = {"tasks": tasks, "dtype": "float32", "warmup": warmup, "iters": iters, "passes": passes, "quick": quick}
-    with tempfile.TemporaryDirectory(prefix="ringflow-hostmodel-") as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
-        with open(spec_path, "w") as fh:
-            json.dump(spec, fh)
-        env = {k: v for k, v in os.environ.items() if k not in ("RINGFLOW_ALGO", "RINGFLOW_TUNER_MODEL")}
-        if transport == "tcp":
-            env["RINGFLOW_SHM_DISABLE"] = "1"
-        else:
-            env.pop("RINGFLOW_SHM_DISABLE", None)
-        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(nranks), "--timeout", str(timeout_s),
-               "-m", "ringflow.hostmodel._sweep_worker", spec_path, out_path]
-        t0 = time.monotonic()
-        with HostLoadMeter() as meter:
-            proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
-        wall = time.monotonic() - t0
-        if proc.returncode != 0:
-            raise RingflowSystemError(f"measuring ranks failed (exit code {proc.returncode})",
-                                      "see the rank output above")
-        with open(out_path) as fh:
-            rows = json.load(fh)
+    env = {k: v for k, v in os.environ.items() if k not in ("RINGFLOW_ALGO", "RINGFLOW_TUNER_MODEL")}
+    if transport == "tcp":
+        env["RINGFLOW_SHM_DISABLE"] = "1"
+    else:
+        env.pop("RINGFLOW_SHM_DISABLE", None)
+    t0 = time.monotonic()
+    with HostLoadMeter() as meter:
+        rows = run_rank_job("ringflow.hostmodel._sweep_worker", nranks, spec, env=env, timeout_s=timeout_s,
+                            what="measuring ranks")
+    wall = time.monotonic() - t0
     load = meter.result.as_dict() if meter.result is not None else None
     for r in rows:
         r["transport"] = transport

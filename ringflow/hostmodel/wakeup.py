@@ -16,19 +16,16 @@ the median over members of their role's cost (the recorded duration is the membe
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from ..errors import ConfigError, InvalidArgument, RingflowSystemError
+from ..errors import ConfigError, InvalidArgument
+from ..runtime.bench import run_rank_job
 
 DELAYS_US = (0.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0)
 REPS = 20             # trials per delay (the late rank alternates)
@@ -154,17 +151,8 @@ def measure(delays_us: Sequence[float] = DELAYS_US, reps: int = REPS, timeout_s:
     """Run the 2-rank shared-memory wake-up job; its rows (`_wake_worker`)."""
     if reps < 1 or not delays_us or min(delays_us) < 0:
         raise InvalidArgument(f"delays {list(delays_us)}, reps {reps}", "give delays >= 0 us and reps >= 1")
-    with tempfile.TemporaryDirectory(prefix="ringflow-wakeup-") as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
-        with open(spec_path, "w") as fh:
-            json.dump({"delays_us": list(delays_us), "reps": reps}, fh)
-        env = {k: v for k, v in os.environ.items() if k not in ("RINGFLOW_SHM_DISABLE", "RINGFLOW_RECORD")}
-        cmd = [sys.executable, "-m", "ringflow", "run", "-n", "2", "--timeout", str(timeout_s),
-               "-m", "ringflow.hostmodel._wake_worker", spec_path, out_path]
-        proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
-        if proc.returncode != 0:
-            raise RingflowSystemError(f"wake-up ranks failed (exit code {proc.returncode})",
-                                      "see the rank output above")
-        with open(out_path) as fh:
-            rows: list[dict] = json.load(fh)
+    env = {k: v for k, v in os.environ.items() if k not in ("RINGFLOW_SHM_DISABLE", "RINGFLOW_RECORD")}
+    spec = {"delays_us": list(delays_us), "reps": reps}
+    rows: list[dict] = run_rank_job("ringflow.hostmodel._wake_worker", 2, spec, env=env, timeout_s=timeout_s,
+                                    what="wake-up ranks")
     return rows

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, RingflowSystemError
 from ..units import format_size, parse_size, size_range
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
@@ -309,23 +309,42 @@ def launch(collective: str, nprocs: int, min_size: str | int, max_size: str | in
     check_launch(colls, sizes, nprocs, dtype, op, algo, check)
     spec = {"collectives": colls, "sizes": sizes, "dtype": dtype, "op": op, "iters": iters, "warmup": warmup,
             "check": check, "alloc": alloc, "algo": algo, "passes": passes}
-    with tempfile.TemporaryDirectory(prefix="ringflow-bench-") as tmp:
+    env = dict(os.environ)
+    if algo:
+        env["RINGFLOW_ALGO"] = algo
+    env.update(extra_env or {})
+    return run_rank_job("ringflow.runtime.bench", nprocs, spec, env=env, timeout_s=timeout_s, what="benchmark ranks")
+
+
+def run_rank_job(module: str, nranks: int, spec: dict, *, env: dict[str, str] | None = None,
+                 timeout_s: float = 600.0, what: str = "ranks") -> Any:
+    """Run `module` on `nranks` local ranks (`ringflow run -m module SPEC OUT`): its ranks read the JSON `spec`
+    and one of them writes its rows to OUT; those rows. `what` names the ranks in the error if they fail."""
+    with tempfile.TemporaryDirectory(prefix="ringflow-job-") as tmp:
         spec_path, out_path = os.path.join(tmp, "spec.json"), os.path.join(tmp, "rows.json")
         with open(spec_path, "w") as fh:
             json.dump(spec, fh)
-        env = dict(os.environ)
-        if algo:
-            env["RINGFLOW_ALGO"] = algo
-        env.update(extra_env or {})
-        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(nprocs), "--timeout", str(timeout_s),
-               "-m", "ringflow.runtime.bench", spec_path, out_path]
-        proc = subprocess.run(cmd, env=env, timeout=timeout_s + 30)
+        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(nranks), "--timeout", str(timeout_s),
+               "-m", module, spec_path, out_path]
+        proc = subprocess.run(cmd, env=dict(os.environ) if env is None else env, timeout=timeout_s + 30)
         if proc.returncode != 0:
-            from ..errors import RingflowSystemError
-            raise RingflowSystemError(f"benchmark ranks failed (exit code {proc.returncode})",
-                                      "see the rank output above")
+            raise RingflowSystemError(f"{what} failed (exit code {proc.returncode})", "see the rank output above")
         with open(out_path) as fh:
             return json.load(fh)
+
+
+def rank_job_main(measure: Callable[[Any, dict], list], argv: list[str]) -> None:
+    """A rank of `run_rank_job`: join the job, `measure(comm, spec)`, and rank 0 writes the rows."""
+    import ringflow
+    with open(argv[0]) as fh:
+        spec = json.load(fh)
+    comm = ringflow.init()
+    rows = measure(comm, spec)
+    rank = comm.rank
+    comm.destroy()
+    if rank == 0:
+        with open(argv[1], "w") as fh:
+            json.dump(rows, fh)
 
 
 def print_rows(rows: list[dict]) -> None:
