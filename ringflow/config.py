@@ -71,7 +71,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "(process_vm_readv, Open MPI's smsc/cma); large messages then go through shared-memory slots.",
          "runtime"),
     Knob("NATIVE", True, _bool, "0 runs every collective in Python instead of the native executor (the C module "
-         "built at install, used for plans whose peers are all on shared memory).", "runtime"),
+         "built at install, used for plans whose peers are all on shared memory), and the call recorder's per-call "
+         "path in Python instead of C.", "runtime"),
     Knob("STREAM_COPY_MIN_BYTES", 4 * 2**20, parse_size, "Local copies of at least this many bytes use "
          "streaming (non-temporal) stores, which skip reading the destination; 0 turns them off. Needs the "
          "native module built at install (a C compiler).", "runtime"),
