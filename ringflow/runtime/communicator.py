@@ -104,7 +104,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
         self._native = native.hot_available() and not log_trace   # TRACE logs every step: the Python executor
         self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
-        self._shapes: dict = {}   # fastcall.FastCalls: repeated in-place call shapes on other arrays
+        self._shapes: dict = {}   # fastcall.FastCalls: repeated call shapes on other arrays
         self._fast_seen: dict = {}
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         self._calls: dict[tuple, _Prepared] = {}

@@ -111,11 +111,20 @@ class FastCalls:
     _fast_seen: dict[tuple, weakref.ref | None]   # keys called once -> a weak reference to the object called with
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, scratch) of the latest call run natively
 
+    def _fast_closed(self, timeout: float | None) -> bool:
+        """True where no remembered path may run now: a failed or destroyed communicator, a busy collective lane,
+        or a timeout the full path rejects."""
+        return self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
+            or (timeout is not None and not timeout > 0)
+
     def _fast_run(self, key: tuple, timeout: float | None) -> Any:
         """Run the call remembered under `key` again (within `timeout` s, default the communicator's), or MISS."""
+        return MISS if self._fast_closed(timeout) else self._fast_again(key, timeout)
+
+    def _fast_again(self, key: tuple, timeout: float | None) -> Any:
+        """`_fast_run` once the communicator is known to be open."""
         f = self._fast.get(key)
-        if f is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
-                or (timeout is not None and not timeout > 0):
+        if f is None:
             return MISS
         prep = f.prep
         if prep.hot is not f.hot or (f.ptrs[0] is not None and (_ptr(f.x), _ptr(f.out)) != f.ptrs):
@@ -124,11 +133,11 @@ class FastCalls:
         return self._fast_go(prep, f.ctx, f.fn, f.description, f.meta, timeout, f.result)
 
     def _shape_run(self, key: tuple, fast_key: tuple | None, x: np.ndarray, out: Any, timeout: float | None) -> Any:
-        """Run the call shape remembered under `key` on arrays x and out (within `timeout` s), or MISS; arrays
-        called a second time take the full path once, which remembers them under `fast_key` (a shorter path)."""
+        """Run the call shape remembered under `key` on arrays x and out (within `timeout` s; the communicator is
+        known to be open), or MISS; arrays called a second time take the full path once, which remembers them under
+        `fast_key` (a shorter path)."""
         s = self._shapes.get(key)
-        if s is None or self._failure is not None or self._destroyed or self._lanes[LANE_COLL].busy \
-                or (timeout is not None and not timeout > 0):
+        if s is None:
             return MISS
         if fast_key is not None:
             seen = self._fast_seen
@@ -172,7 +181,9 @@ class FastCalls:
     def _fast_paths(self, fast_key: tuple | None, name: str, x: Any, out: Any, arg: Any,
                     timeout: float | None) -> tuple[Any, tuple | None]:
         """A synchronous call's remembered paths: (its result or MISS, its call-shape key or None)."""
-        if fast_key is not None and (r := self._fast_run(fast_key, timeout)) is not MISS:
+        if self._fast_closed(timeout):
+            return MISS, shape_key(name, x, out, arg)
+        if fast_key is not None and (r := self._fast_again(fast_key, timeout)) is not MISS:
             return r, None
         sk = shape_key(name, x, out, arg)
         if sk is None:
@@ -204,14 +215,15 @@ class FastCalls:
         if last is None:
             return
         prep, hot, ctx, bases, scratch = last
+        avg = averages_here(coll, opname, self.rank, root)
         if shape_key is not None and shape_key not in self._shapes and type(result) is np.ndarray:
             own = scratch is not out_flat
             if len(self._shapes) >= FAST_MAX_ENTRIES:
                 self._shapes.clear()
             self._shapes[shape_key] = ShapeCall(
                 prep, hot, ctx, hotpath.runner(hot, ctx, bases, self._transport.regions), scratch if own else None,
-                bases[2] if own else None, out is x, result.shape if shape_key[3] is False else None,
-                averages_here(coll, opname, self.rank, root), meta, coll.value)
+                bases[2] if own else None, out is x, result.shape if shape_key[3] is False else None, avg, meta,
+                coll.value)
         if key is None:
             return
         seen = self._fast_seen
@@ -225,7 +237,7 @@ class FastCalls:
         n = self.size
         go = hotpath.runner(hot, ctx, bases, self._transport.regions)
         fn = go
-        if averages_here(coll, opname, self.rank, root):
+        if avg:
             def fn(deadline: float) -> None:
                 go(deadline)
                 finish_avg(out_flat, n)
