@@ -17,6 +17,7 @@ from ..algorithms.selection import call_shape, flat_choice
 from ..errors import InvalidArgument
 from ..runtime.bench import run_rank_job
 from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
+from . import wakeup
 from .features import TRANSPORTS, cache_sizes, call_features, host_cores
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -186,7 +187,6 @@ def calibrate(ranks: Sequence[int] = (2, 4), transports: Sequence[str] = TRANSPO
                                  for j in jobs]})
     doc["calibration"] = [r for j in jobs for r in j["rows"]]
     if "shm" in transports:
-        from . import wakeup
         say("shm, 2 ranks: wake-up after a late arrival ...")
         if quiet_wait_s > 0:
             wait_for_quiet(quiet_wait_s)
@@ -204,8 +204,7 @@ def _fit_document(doc: dict, transports: Sequence[str], ranks: Sequence[int], co
         samples = samples_from_rows(doc["calibration"], tr, cores)
         model = fit_model(samples, tr, cores, cache_sizes(), ranks)
         if tr == "shm" and doc.get("wakeup_calibration"):
-            from .wakeup import fit
-            model.wakeup = fit(doc["wakeup_calibration"])
+            model.wakeup = wakeup.fit(doc["wakeup_calibration"])
             w = model.wakeup
             say(f"shm wake-up past the {w.spin_us:.0f} us spin window, at 1 ms: early rank {w.early_us(1e-3):.0f} us, "
                 f"last rank {w.late_us(1e-3):.0f} us")

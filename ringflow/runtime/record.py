@@ -204,9 +204,9 @@ class _Process:
                      "hostname": socket.gethostname(), "mono0_ns": self.mono0, "wall0_ns": self.wall0,
                      "argv": sys.argv}])
 
-    def write_calls(self, ns: str, entries: list[list[Any]], pack: Callable[..., str] | None = None) -> None:
+    def write_calls(self, ns: str, entries: list[list[Any]], pack: Callable[..., str]) -> None:
         """Calls as one line ``{"kind": "calls", "rows": B}``, B the base64 of little-endian int64 quintuples
-        (seq, enq_ns, start_ns, end_ns, desc) that `pack` (default pack_rows) makes; a description's fields go
+        (seq, enq_ns, start_ns, end_ns, desc) that `pack` (the recorder's pack_rows) makes; a description's fields go
         once in a ``{"kind": "desc", "id": desc, ...}`` line before its first call. Formatting numbers as text
         would cost the recorded call more than the rest of the recording does; `recorded.read_dir` expands both."""
         if self.file is None or not entries:
@@ -224,7 +224,7 @@ class _Process:
                     new.append(json.dumps({"kind": "desc", "id": d[0], **desc_row(ns, e)}, separators=(",", ":"))
                                + "\n")
                 return d[0]
-            rows = (pack or pack_rows)(entries, desc_id)
+            rows = pack(entries, desc_id)
             self.file.write("".join(new) + f'{{"kind":"calls","rows":"{rows}"}}\n')
             self.file.flush()
 
