@@ -75,7 +75,7 @@ def test_list_presets(app) -> None:
 
 def test_cluster_and_path_commands(app, tmp_path: Path) -> None:
     dump = str(tmp_path / "c.json")
-    res = CliRunner().invoke(app, ["topo", "cluster", "dgx-h100", "-n", "64", "--nic", "400G", "--dump", dump,
+    res = CliRunner().invoke(app, ["topo", "cluster", "dgx-h100", "--nodes", "64", "--nic", "400G", "--dump", dump,
                                    "--json"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)

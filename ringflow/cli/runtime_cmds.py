@@ -15,12 +15,13 @@ def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                          "allow_interspersed_args": False})
     def run_cmd(
-        nprocs: int = typer.Option(..., "-n", "--nprocs", min=1, help="Number of ranks to start on this host."),
+        nprocs: int = typer.Option(..., "-n", "--nprocs", "--nranks", min=1,
+                                  help="Number of ranks to start on this host."),
         timeout: float | None = typer.Option(None, "--timeout", min=0, help="Kill the job after this many seconds "
                                                 "(exit code 124)."),
-        no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with [rank]."),
+        no_prefix: bool = typer.Option(False, "--no-prefix", help="Do not prefix output lines with \\[rank]."),
         bind: bool = typer.Option(True, "--bind/--no-bind", help="Pin each rank to its own core when they fit."),
-        program: list[str] = typer.Argument(..., help="script.py [args...] (or -m module, or a command)"),
+        program: list[str] = typer.Argument(..., help="script.py \\[args...] (or -m module, or a command)"),
     ) -> None:
         """Start N local ranks with RINGFLOW_* set; stop all and exit with a failing rank's code."""
         from ..runtime.launcher import run
@@ -30,13 +31,13 @@ def register(app: typer.Typer) -> None:
     def bench_cmd(
         collective: str = typer.Argument("all_reduce", help="all_reduce, all_gather, reduce_scatter, broadcast, "
                                          "reduce, all_to_all, gather, scatter, or all"),
-        nprocs: int = typer.Option(2, "-n", "--nprocs", min=1, help="Ranks."),
+        nprocs: int = typer.Option(2, "-n", "--nprocs", "--nranks", min=1, help="Ranks."),
         min_size: str = typer.Option("8", "--min", "-b", help="Smallest message (bytes, or 1KiB ...)."),
         max_size: str = typer.Option("64MiB", "--max", "-e", help="Largest message."),
         factor: int = typer.Option(2, "--factor", "-f", min=2, help="Size multiplier between rows."),
         algo: str | None = typer.Option(None, "--algo", help="Force an algorithm (RINGFLOW_ALGO syntax)."),
         dtype: str = typer.Option("float32", "--dtype", "-d", help="Element type."),
-        op: str = typer.Option("sum", "--op", "-o", help="Reduction op."),
+        op: str = typer.Option("sum", "--op", help="Reduction op (nccl-tests -o; here -o is the output file)."),
         iters: int = typer.Option(0, "--iters", "-n-iters", min=0, help="Timed iterations per size (0 = by size)."),
         warmup: int | None = typer.Option(None, "--warmup", "-w", min=0,
                                              help="Untimed iterations per size (default 5, as nccl-tests)."),

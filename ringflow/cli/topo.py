@@ -138,7 +138,7 @@ def rings_command(
 @topo_app.command("cluster")
 def cluster_command(
     preset: str = typer.Argument(..., help="server preset (dgx-h100, dgx-a100, ...) or a one-server topology file"),
-    nodes: int = typer.Option(..., "--nodes", "-n", min=1, help="number of servers"),
+    nodes: int = typer.Option(..., "--nodes", min=1, help="number of servers (-n is a rank count elsewhere)"),
     fabric: str = FABRIC_OPT,
     nic: str | None = typer.Option(None, "--nic", help="NIC port speed, e.g. 400G (default: the preset's)"),
     oversub: str = OVERSUB_OPT,
