@@ -45,6 +45,40 @@ def write_json(path: str, obj: Any) -> None:
         fh.write("\n")
 
 
+# What matplotlib's Agg canvas writes (FigureCanvasBase.get_supported_filetypes), without importing it here.
+PLOT_SUFFIXES = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff",
+                 "webp")
+
+
+def check_plot_path(path: str, option: str = "--plot") -> str:
+    """Check an image path before any work: a suffix matplotlib writes, in a writable directory."""
+    import os
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    if suffix not in PLOT_SUFFIXES:
+        kind = f"a .{suffix}" if suffix else "a suffix-less"
+        raise InvalidArgument(f"{option} {path!r}: matplotlib cannot write {kind} file",
+                              f"end the {option} file name in .png, .svg or .pdf")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgument(f"{option} {path!r}: the directory {folder} does not exist",
+                              f"create it first, or give {option} a path in an existing directory")
+    if not os.access(folder, os.W_OK):
+        raise InvalidArgument(f"{option} {path!r}: the directory {folder} is not writable",
+                              f"give {option} a path in a directory you can write to")
+    if os.path.exists(path) and (os.path.isdir(path) or not os.access(path, os.W_OK)):
+        raise InvalidArgument(f"{option} {path!r} exists and cannot be overwritten",
+                              f"give {option} another file name")
+    from ..plotting import pyplot
+    pyplot()   # matplotlib installed, or a ConfigError naming the install, before the command computes anything
+    return path
+
+
+def report_plot(path: str, json_out: bool = False) -> None:
+    """Say where a plot went (on stderr under --json, so that stdout stays JSON alone)."""
+    (err_console if json_out else console).print(f"wrote plot to {path}", soft_wrap=True, highlight=False,
+                                                 markup=False)
+
+
 def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()

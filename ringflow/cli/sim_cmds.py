@@ -13,10 +13,13 @@ from .common import (
     RADIX_OPT,
     TIERS_OPT,
     FabricOptions,
+    check_plot_path,
     console,
+    err_console,
     fabric_options,
     print_json,
     print_table,
+    report_plot,
     write_json,
 )
 
@@ -56,7 +59,9 @@ def sim_command(
                                        "all_gather on one Hopper+ NVSwitch)"),
     nranks: int | None = typer.Option(None, "--nranks", "-n", min=1, help="ranks (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
-    max_size: str = typer.Option("128MiB", "--max", "-e", help="largest size (nccl-tests -e)"),
+    max_size: str | None = typer.Option(None, "--max", "-e", help="largest size (nccl-tests -e); default: "
+                                        "from 128MiB on, grow by --factor until busbw gains under 2% x (factor-1) "
+                                        "per step, i.e. is within 2% of its asymptote, at most 64GiB"),
     factor: int = typer.Option(2, "--factor", "-f", min=2, help="size multiplier (nccl-tests -f)"),
     engine: str = typer.Option("analytic", "--engine", help="analytic or flow"),
     dtype: str = typer.Option("float32", "--dtype"),
@@ -65,7 +70,7 @@ def sim_command(
     param: list[str] = typer.Option([], "--param", help="simulator parameter override key=value (repeatable)"),
     json_out: bool = typer.Option(False, "--json", help="print the rows (ringflow bench keys + algorithm) as JSON"),
     out: str | None = typer.Option(None, "-o", "--out", help="also write the rows as JSON to this file"),
-    plot: str | None = typer.Option(None, "--plot", help="draw busbw vs size into this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="draw busbw vs size into this image (.png, .svg, .pdf)"),
     trace: str | None = typer.Option(None, "--trace", help="Chrome trace JSON of the largest size"),
     details: bool = typer.Option(False, "--details", help="per-tier traffic and busiest links of the largest size"),
     nccl: bool = typer.Option(False, "--nccl", help="pick per size what NCCL's tuning model picks (algorithm x "
@@ -78,41 +83,58 @@ def sim_command(
 
     from ..algorithms.schedule import Collective
     from ..sim.api import simulate
+    from ..sim.nccl_tuner import nccl_has
     from ..sim.params import params_for
+    from ..sim.size_sweep import AUTO_FROM_BYTES, sweep
     from ..units import format_size, parse_size, size_range
 
+    if plot:
+        check_plot_path(plot)
     coll = Collective.parse(collective)
     t = _topology(topo, nodes, fabric_options(fabric, tiers, radix, oversub, planes), nic)
     prm = params_for(t, _parse_params(param))
-    sizes = size_range(max(1, parse_size(min_size)), parse_size(max_size), factor)
+    lo = max(1, parse_size(min_size))
+    sizes = size_range(lo, parse_size(max_size) if max_size else max(lo, AUTO_FROM_BYTES), factor)
     n = nranks or len(t.endpoints())
     if nccl:
         if algo:
             raise InvalidArgument("--nccl picks the algorithm per size; --algo fixes it", "give one of them")
-        _nccl_table(t, topo, coll, sizes, n, dtype, engine, prm, sharp, json_out, out)
+        _nccl_table(t, topo, coll, sizes, n, dtype, engine, prm, sharp, json_out, out, plot, max_size is None,
+                    factor)
         return
-    results = []
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"simulating {coll.value} on {n} ranks ({engine})", total=len(sizes))
+    with Progress(console=err_console, transient=True, disable=json_out) as bar:
+        task = bar.add_task(f"simulating {coll.value} on {n} ranks ({engine})", total=None if max_size is None
+                            else len(sizes))
         inner = bar.add_task("  flow engine: ranks' progress", total=1.0, visible=engine == "flow")
-        for i, size in enumerate(sizes):
-            want_tl = bool(trace) and i == len(sizes) - 1
+
+        def run(size: int, timeline: bool = False) -> Any:
             bar.update(inner, completed=0.0)
             res = simulate(t, coll, size, algorithm=algo, nranks=n, engine=engine, dtype=dtype, root=root,
-                           nchannels=nchannels, params=prm, timeline=want_tl,
+                           nchannels=nchannels, params=prm, timeline=timeline,
                            progress=lambda f: bar.update(inner, completed=min(1.0, f)))
-            results.append(res)
             bar.advance(task)
-    rows = [r.row() for r in results]
+            return res
+        results, flat = sweep(sizes, factor, run, lambda r: r.row()["busbw_GBps"], grow=max_size is None)
+        if trace:
+            results[-1] = run(results[-1].size_bytes, timeline=True)
+    rows = [{**r.row(), "in_nccl": nccl_has(coll, r.row()["algorithm"])} for r in results]
     if out:
         write_json(out, rows)
+    if plot:
+        from ..sim.plot import plot_busbw
+        plot_busbw({f"{engine}": rows}, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks)")
     if json_out:
         print_json(rows)
+        if plot:
+            report_plot(plot, json_out=True)
         return
     console.print(f"# {coll.value} on {getattr(t, 'name', topo)}: {n} ranks, engine {engine}, dtype {dtype}")
-    print_table(None, ["size", "count", "type", "algorithm", "proto", "time(us)", "algbw(GB/s)", "busbw(GB/s)"],
-                [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["algorithm"], r["protocol"],
-                  f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}"] for r in rows])
+    print_table(None, ["size", "count", "type", "algorithm", "in NCCL", "proto", "time(us)", "algbw(GB/s)",
+                       "busbw(GB/s)"],
+                [[format_size(r["size_bytes"]), r["count"], r["dtype"], r["algorithm"],
+                  "yes" if r["in_nccl"] else "no", r["protocol"], f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}",
+                  f"{r['busbw_GBps']:.2f}"] for r in rows])
+    _legend(rows, max_size is None, flat, factor)
     for note in sorted({nt for r in results for nt in r.notes}):
         console.print(f"[yellow]note:[/] {note}")
     last = results[-1]
@@ -129,21 +151,52 @@ def sim_command(
         nev = write_chrome_trace(last, trace)
         console.print(f"wrote {nev} trace events to {trace} (open in chrome://tracing or ui.perfetto.dev)")
     if plot:
-        from ..sim.plot import plot_busbw
-        plot_busbw({f"{engine}": rows}, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks)")
-        console.print(f"wrote {plot}")
+        report_plot(plot)
+
+
+def _legend(rows: list[dict[str, Any]], grown: bool, flat: bool, factor: int) -> None:
+    """The table's footnotes: ringflow-only algorithms, and where the sizes stopped."""
+    from ..sim.size_sweep import AUTO_CAP_BYTES, SATURATED_WITHIN
+    from ..units import format_size
+    own = sorted({r["algorithm"] for r in rows if not r["in_nccl"]})
+    if own:
+        console.print(f"in NCCL = no: ringflow-only ({', '.join(own)}: NCCL has no such algorithm for this "
+                      "collective; force NCCL's with --algo ring, or see its choice with --nccl)")
+    if not grown:
+        return
+    last = format_size(rows[-1]["size_bytes"])
+    if flat:
+        console.print(f"largest size {last}: busbw saturated (gained under {SATURATED_WITHIN * (factor - 1):.0%} "
+                      f"over the last x{factor}: within about {SATURATED_WITHIN:.0%} of its asymptote); --max sets "
+                      "another")
+    elif rows[-1]["size_bytes"] * factor > AUTO_CAP_BYTES:
+        console.print(f"busbw still grows at {last} (latency-bound at this scale); give --max for larger sizes")
 
 
 def _nccl_table(t: Any, topo: str, coll: Any, sizes: list[int], n: int, dtype: str, engine: str, prm: Any,
-                sharp: bool, json_out: bool, out: str | None) -> None:
+                sharp: bool, json_out: bool, out: str | None, plot: str | None, grow: bool, factor: int) -> None:
     """`ringflow sim --nccl`: NCCL's choice and predicted time per size, ringflow's simulation beside it."""
     from ..sim.nccl_tuner import NCCL_TUNING_SOURCE, nccl_rows
+    from ..sim.size_sweep import sweep
     from ..units import format_size
-    rows = nccl_rows(t, coll, sizes, n, dtype=dtype, engine=engine, params=prm, collnet=sharp)
+
+    def run(size: int) -> dict[str, Any]:
+        return nccl_rows(t, coll, [size], n, dtype=dtype, engine=engine, params=prm, collnet=sharp)[0]
+    rows, flat = sweep(sizes, factor, run, lambda r: r["busbw_GBps"], grow=grow)
     if out:
         write_json(out, rows)
+    if plot:
+        from ..sim.plot import plot_busbw
+        series = {"NCCL's tuning model": rows}
+        simulated = [{**r, "busbw_GBps": r["busbw_GBps"] * r["time_us"] / r["sim_time_us"]} for r in rows
+                     if r["sim_time_us"]]
+        if simulated:
+            series[f"ringflow sim ({engine}), same algorithm"] = simulated
+        plot_busbw(series, plot, title=f"{coll.value} on {getattr(t, 'name', topo)} ({n} ranks), NCCL's choice")
     if json_out:
         print_json(rows)
+        if plot:
+            report_plot(plot, json_out=True)
         return
     console.print(f"# {coll.value} on {getattr(t, 'name', topo)}: {n} ranks, NCCL's tuning model "
                   f"({NCCL_TUNING_SOURCE}), dtype {dtype}")
@@ -154,6 +207,11 @@ def _nccl_table(t: Any, topo: str, coll: Any, sizes: list[int], n: int, dtype: s
                   "-" if r["sim_time_us"] is None else f"{r['sim_time_us']:.2f}"] for r in rows])
     console.print("time: NCCL's own prediction (latency + size / bandwidth); sim: ringflow's simulator running the "
                   "same algorithm and protocol where it models it (ring, tree, nvls)")
+    _legend([{**r, "in_nccl": True} for r in rows], grow, flat, factor)
+    if out:
+        console.print(f"wrote {len(rows)} rows to {out}")
+    if plot:
+        report_plot(plot)
 
 
 def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: float,

@@ -62,6 +62,25 @@ _COLL = {Collective.BROADCAST: "broadcast", Collective.REDUCE: "reduce", Collect
          Collective.REDUCE_SCATTER: "reduce_scatter", Collective.ALL_REDUCE: "all_reduce"}
 
 
+# Collectives NCCL has no algorithm table for: it (or torch on top of it) runs them as grouped send/recv.
+_P2P_COLLECTIVES = (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV, Collective.GATHER, Collective.SCATTER,
+                    Collective.SENDRECV)
+
+
+def nccl_has(collective: Collective | str, algorithm: str) -> bool:
+    """Whether NCCL itself runs this algorithm for this collective; False marks ringflow-only algorithms."""
+    coll = Collective.parse(collective)
+    if coll in _P2P_COLLECTIVES:
+        return algorithm in ("pairwise", "direct", "p2p")
+    if coll in (Collective.BROADCAST, Collective.REDUCE):
+        return algorithm == "ring"
+    if coll in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        return algorithm in ("pat", "ring", "nvls", "collnet_direct")
+    if coll == Collective.ALL_REDUCE:
+        return algorithm in ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain")
+    return False   # barrier: NCCL has none (torch all-reduces one element)
+
+
 def _log2i(x: float) -> int:
     return int(math.floor(math.log2(x))) if x >= 1 else 0
 
