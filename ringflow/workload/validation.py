@@ -1,12 +1,11 @@
-"""Validation against Narayanan et al. 2021, Table 1 (Megatron-LM weak scaling on Selene's A100s).
+"""Narayanan et al. 2021, Table 1 (Megatron-LM weak scaling on Selene's A100s), as the registry holds it.
 
-Published figures ("Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM",
-SC21, arXiv:2104.04473, Table 1): model size, heads, hidden, layers, TP, PP, GPUs, global batch, achieved
-teraFLOP/s per GPU and % of the A100's 312 TFLOP/s peak. Micro-batch sizes and interleaving come from the
-paper's own run script, NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh`` (MBS; ``--recompute-method
-uniform`` = full activation recomputation on every row; ``--num-layers-per-virtual-pipeline-stage`` gives
-the interleaving v = layers / (pp x that)). Their FLOP count (Eq. 3) includes the recomputation forward,
-which is our *hardware* FLOPs (HFU numerator), so the comparison is on ``hw_tflops_per_gpu``.
+The rows are the ``narayanan-t1-*`` cases of ``ringflow/data/published.yaml`` (the one registry of published
+cases; each row's source line is there): model size, TP, PP, GPUs, global batch, achieved teraFLOP/s per GPU
+and % of the A100's 312 TFLOP/s peak from "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM" (SC21, arXiv:2104.04473); micro-batch sizes and interleaving from the paper's own run script,
+NVIDIA/Megatron-LM ``examples/sc21/run_table_1.sh``. Their FLOP count (Eq. 3) includes the recomputation
+forward, which is our *hardware* FLOPs (HFU numerator), so the comparison is on ``hw_tflops_per_gpu``.
 
 Cluster: Selene DGX A100 nodes, 8 A100-80GB on NVSwitch, 8 HDR InfiniBand 200 Gb/s HCAs per node (paper
 Sec. 5), i.e. `build_cluster("dgx-a100", nodes, fabric="rail", nic_gbps=200)`. The 2021 code had no
@@ -14,11 +13,13 @@ FlashAttention and no sequence parallelism, and used dropout (GPT).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .layout import Layout
 from .models import load_model
+
+TABLE1_URL = "https://arxiv.org/abs/2104.04473"
 
 
 @dataclass(frozen=True)
@@ -38,32 +39,41 @@ class NarayananRow:
     peak_percent: int       # published % of theoretical peak
     micro_batch: int        # run_table_1.sh MBS
     interleave: int         # layers / (pp x num-layers-per-virtual-pipeline-stage); 1 = none
+    case_id: str = ""
+    layout: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
-TABLE1: tuple[NarayananRow, ...] = (
-    NarayananRow("megatron-gpt-1.7b", 1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44, 16, 1),
-    NarayananRow("megatron-gpt-3.6b", 3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44, 16, 1),
-    NarayananRow("megatron-gpt-7.5b", 7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 46, 16, 1),
-    NarayananRow("megatron-gpt-18.4b", 18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 43, 8, 1),
-    NarayananRow("megatron-gpt-39.1b", 39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 44, 4, 1),
-    NarayananRow("megatron-gpt-76.1b", 76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 45, 2, 3),
-    NarayananRow("megatron-gpt-145.6b", 145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 47, 2, 2),
-    NarayananRow("megatron-gpt-310.1b", 310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 50, 1, 2),
-    NarayananRow("megatron-gpt-529.6b", 529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52, 1, 3),
-    NarayananRow("megatron-gpt-1t", 1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52, 1, 1),
-)
+def _table1() -> tuple[NarayananRow, ...]:
+    """The Table 1 rows of the registry, in file order."""
+    from ..sim.references import read_registry
+    rows = []
+    for c in read_registry()["cases"]:
+        if c.get("kind") != "training" or c["source"]["url"] != TABLE1_URL:
+            continue
+        m, lay, rep = load_model(c["model"]), c["layout"], c.get("reported") or {}
+        rows.append(NarayananRow(c["model"], float(rep.get("params_b", 0.0)), m.heads, m.hidden, m.layers,
+                                 lay.get("tp", 1), lay.get("pp", 1), int(c["gpus"]), lay["global_batch"],
+                                 float(c["value"]), int(rep.get("peak_percent", 0)), lay["micro_batch"],
+                                 lay.get("interleave", 1), c["id"], dict(lay)))
+    return tuple(rows)
+
+
+_ROWS: list[tuple[NarayananRow, ...]] = []
+
+
+def __getattr__(name: str) -> Any:
+    """``TABLE1``: the rows, read from the registry on first use (importing this module reads no file)."""
+    if name != "TABLE1":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _ROWS:
+        _ROWS.append(_table1())
+    return _ROWS[0]
 
 
 def row_layout(row: NarayananRow) -> Layout:
-    """The layout of one Table 1 run (2021 Megatron: full recompute, no SP, no FlashAttention)."""
-    dp = row.gpus // (row.tp * row.pp)
-    # torch DDP overlaps the gradient all-reduce with backward; Megatron's 'local' DDP (rows with PP)
-    # all-reduced after the backward pass (run_table_1.sh: DDP=torch for the first four rows, else local)
-    overlap = row.pp == 1
-    return Layout(tp=row.tp, pp=row.pp, dp=dp, micro_batch=row.micro_batch, global_batch=row.batch,
-                  seq_len=2048, zero=0, recompute="full", sequence_parallel=False, interleave=row.interleave,
-                  overlap_grad_reduce=overlap, flash_attention=False, precision="bf16",
-                  grad_bytes=4 if not overlap else 2)
+    """The layout of one Table 1 run as the registry gives it (2021 Megatron: full recompute, no SP, no
+    FlashAttention; torch DDP overlapped without PP, Megatron's 'local' DDP after the backward pass with PP)."""
+    return Layout(dp=row.gpus // (row.tp * row.pp), **row.layout)
 
 
 def selene(nodes: int) -> Any:
@@ -98,7 +108,7 @@ def predict_table1(comm: Any = None, eff: Any = None) -> list[dict[str, Any]]:
     from .steptime import step_time
     out = []
     a100 = gpu_spec("A100")
-    for row in TABLE1:
+    for row in _table1():
         model = load_model(row.model)
         topo = selene(row.gpus // 8)
         r = step_time(model, row_layout(row), topo, gpu=a100, comm=comm, eff=eff)
