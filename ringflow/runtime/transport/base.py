@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import InvalidArgument
+from ..calltext import mismatch_error
 
 
 class Sink:
@@ -54,10 +55,7 @@ class Mismatch:
 
     def error(self, what: str) -> InvalidArgument:
         """The typed error for this mismatch."""
-        theirs = self.detail.decode(errors="replace") if self.detail else f"{self.got_nbytes} bytes"
-        return InvalidArgument(f"rank {self.peer} called {theirs} but this rank called {what}",
-                               "every rank must call the same collective with the same count, dtype, op "
-                               "and root")
+        return mismatch_error(self.peer, self.detail, self.got_nbytes, self.want_nbytes, what)
 
 
 class XferOp:
