@@ -1,9 +1,9 @@
 """Published measurements against the current model: a fitting half, a held-out half, a few fitted constants.
 
 The cases live in ``ringflow/data/published.yaml``: nccl-tests bus bandwidths (predicted by `ringflow.sim`) and
-end-to-end training throughputs (predicted by `step_time`), each with its source. `split_sets` is the rule that
-halves them, fixed before any prediction: within each (kind, GPU generation) group, in file order, cases
-alternate fit, held_out, fit, ...
+end-to-end training throughputs (predicted by `step_time`), each with its source and its group (one
+configuration across releases, sources and siblings). `split_sets` halves them by group with a rule fixed in
+code (`SPLIT_RULE`), so twins never sit on both sides.
 
 Fitted constants, each from the fitting half only (`fit`), each a multiplicative refinement toward a median of
 published / predicted of 1 over its fitting cases (the median, so that one case the model gets badly wrong does
@@ -24,6 +24,7 @@ and stays in the report.
 """
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -96,6 +97,11 @@ def load_cases(path: str | Path | None = None) -> list[dict[str, Any]]:
         if c["id"] in seen:
             raise ConfigError(f"{p}: case id {c['id']!r} appears twice", "give every case its own id")
         seen.add(c["id"])
+    wrong = [f"{c['id']} ({c['set']}, the rule says {want})" for c, want in
+             ((c, split_sets(cases)[c["id"]]) for c in cases) if c["set"] != want]
+    if wrong:
+        raise ConfigError(f"{p}: cases whose set is not the split rule's: {', '.join(wrong)}",
+                          f"set each case as the rule says ({SPLIT_RULE})")
     return cases
 
 
@@ -104,6 +110,7 @@ def _check_case(c: Any, p: Path) -> None:
     if not cid:
         raise ConfigError(f"{p}: a case without an id", "every case needs 'id'")
     bad = [k for k, ok in (("kind", c.get("kind") in KINDS), ("set", c.get("set") in SETS),
+                           ("group", isinstance(c.get("group"), str) and bool(c.get("group"))),
                            ("metric", c.get("metric") in METRICS), ("generation", bool(c.get("generation"))),
                            ("topology", isinstance(c.get("topology"), dict)),
                            ("source.url", str((c.get("source") or {}).get("url", "")).startswith("http")))
@@ -117,19 +124,28 @@ def _check_case(c: Any, p: Path) -> None:
         bad += [k for k in ("model", "gpus", "era") if not c.get(k)]
     if bad:
         raise ConfigError(f"{p}: case {cid!r}: missing or invalid {', '.join(bad)}",
-                          f"kind in {KINDS}, set in {SETS}, metric in {METRICS}, a positive value, a source URL")
+                          f"kind in {KINDS}, set in {SETS}, a group name, metric in {METRICS}, a positive value, "
+                          "a source URL")
+
+
+SPLIT_SALT = "ringflow-published-split-v1"
+SPLIT_RULE = ("by group, never per case: a group holding a case that sets a library default (sets_default) is a "
+              "fitting group; any other group is held out when the first byte of sha256('" + SPLIT_SALT +
+              ":' + group) is odd, and fitting when it is even")
+
+
+def group_set(group: str, sets_default: bool = False) -> str:
+    """The set ('fit' or 'held_out') of every case of `group` (`SPLIT_RULE`)."""
+    if sets_default:
+        return "fit"
+    return SETS[hashlib.sha256(f"{SPLIT_SALT}:{group}".encode()).digest()[0] % 2]
 
 
 def split_sets(cases: list[dict[str, Any]]) -> dict[str, str]:
-    """The split rule: within each (kind, generation) group, in file order, alternate fit, held_out, fit, ..."""
-    count: dict[tuple[str, str], int] = {}
-    out = {}
-    for c in cases:
-        key = (c["kind"], c["generation"])
-        n = count.get(key, 0)
-        out[c["id"]] = SETS[n % 2]
-        count[key] = n + 1
-    return out
+    """Each case's set by the split rule (`SPLIT_RULE`): decided per group, so twins (one configuration across
+    releases, sources, sizes, GPU or node counts) are never on both sides."""
+    anchored = {c["group"] for c in cases if c.get("sets_default")}
+    return {c["id"]: group_set(c["group"], c["group"] in anchored) for c in cases}
 
 
 # ---- predictions -----------------------------------------------------------------------------------------------
