@@ -10,8 +10,8 @@ the slowest rank's priced vector, or of all ranks' vectors pooled on the cores w
 
 Which mechanism a message takes follows the transports' own rules (their constants are imported, not
 copied): shared-memory messages from the single-copy size up are read by the receiver with
-`process_vm_readv` (`shm.CMA_COPY_MIN_BYTES` where the receiver copies a source the sender has not just
-written, `shm.CMA_MIN_BYTES` otherwise); TCP messages from `executor.STRIPE_MIN_BYTES` up are striped over
+`process_vm_readv` (`protocol.CMA_COPY_MIN_BYTES` where the receiver copies a source the sender has not just
+written, `protocol.CMA_MIN_BYTES` otherwise); TCP messages from `executor.STRIPE_MIN_BYTES` up are striped over
 the communicator's streams; a schedule that does not check itself (or that may stripe) runs a check
 exchange with every peer before its data moves.
 """
@@ -28,7 +28,7 @@ from ..algorithms.plan import Plan, compile_plan
 from ..algorithms.schedule import Buffer, OpKind, Schedule
 from ..errors import InvalidArgument
 from ..runtime.executor import STRIPE_MIN_BYTES, stripes
-from ..runtime.transport import shm as _shm
+from ..runtime.transport import protocol
 
 TRANSPORTS = ("shm", "tcp")
 MiB = float(2**20)
@@ -149,11 +149,11 @@ def _buffer_bytes(schedule: Schedule, shape: CallShape, plan: Plan, rank: int, i
 
 def _uses_kernel_copy(x_nbytes: int, cold_copy: bool, lone: bool, spare_core: bool) -> bool:
     """Whether the shared-memory transport hands this send over by address (single copy by the receiver)."""
-    if x_nbytes < _shm.ZERO_COPY_MIN_BYTES:
+    if x_nbytes < protocol.ZERO_COPY_MIN_BYTES:
         return False
-    if lone and spare_core and x_nbytes >= _shm.PIPELINE_MIN_BYTES:
+    if lone and spare_core and x_nbytes >= protocol.PIPELINE_MIN_BYTES:
         return False
-    return x_nbytes >= (_shm.CMA_COPY_MIN_BYTES if cold_copy else _shm.CMA_MIN_BYTES)
+    return x_nbytes >= (protocol.CMA_COPY_MIN_BYTES if cold_copy else protocol.CMA_MIN_BYTES)
 
 
 def call_features(schedule: Schedule, shape: CallShape, inplace: bool, transport: str,

@@ -25,15 +25,8 @@ from .ops import BFLOAT16
 from .transport import cma
 from .transport.base import Mismatch
 from .transport.frames import Kind
-from .transport.shm import (
-    CMA_COPY_MIN_BYTES,
-    CMA_MIN_BYTES,
-    MIN_SLICE_BYTES,
-    SLICES_PER_SLOT_MESSAGE,
-    W_PID,
-    ShmIn,
-    ShmOut,
-)
+from .transport.protocol import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID
+from .transport.shm import ShmIn, ShmOut
 
 T_SEND, T_RECV, T_RECV_REDUCE, T_COPY, T_REDUCE = range(5)
 RC_DONE, RC_STALLED, RC_MISMATCH, RC_PROTOCOL, RC_CMA, RC_REGION = range(6)
@@ -47,8 +40,7 @@ _DTYPES.update({np.dtype("float32"): 11, np.dtype("float64"): 12})
 OPS = {"sum": 0, "avg": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 UNSUITED = False  # a binding the native executor can never take (build() caches this instead of a plan)
 
-if native._hotpath is not None:   # one slicing rule for both executors: shm.slice_bytes's
-    native._hotpath.configure(MIN_SLICE_BYTES, SLICES_PER_SLOT_MESSAGE)
+if native._hotpath is not None:
     native._hotpath.set_array_type(np.ndarray)
     address = native._hotpath.address   # an array's data address, without ndarray.ctypes' per-call object
 else:

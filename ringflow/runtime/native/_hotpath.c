@@ -24,25 +24,27 @@
 #include <time.h>
 #include <unistd.h>
 
-/* segment words (shm.py) */
-#define W_TAIL 8
-#define W_SWAIT 16
-#define W_RWAIT 24
-#define W_CMA 32
-#define W_PID 4
-#define W_SHEAD 40
-#define W_SSEQ 41
-#define W_RSEQ 48
-#define SLOT_HDR_WORD 64
-#define DATA_OFF 4096
-#define REF_CMA 0xFFFFFFFFull
-#define KIND_DATA 1
-#define KIND_CHECK 2
-#define ZERO_COPY_MIN_BYTES (64 * 1024)
-#define PIPELINE_MIN_BYTES (32ll * 1024 * 1024)
-/* the slicing rule of transport/shm.py (slice_bytes); Python sets both at import (configure) */
-static int64_t MIN_SLICE_BYTES = 64 * 1024;
-static int64_t SLICES_PER_SLOT_MESSAGE = 4;
+/* the shared-memory protocol's numbers: generated from transport/protocol.py by setup.py */
+#include "_protocol.h"
+#define W_TAIL RF_W_TAIL
+#define W_SWAIT RF_W_SWAIT
+#define W_RWAIT RF_W_RWAIT
+#define W_CMA RF_W_CMA
+#define W_PID RF_W_PID
+#define W_SHEAD RF_W_SHEAD
+#define W_SSEQ RF_W_SSEQ
+#define W_RSEQ RF_W_RSEQ
+#define SLOT_HDR_WORD RF_SLOT_HDR_WORD
+#define HDR_WORDS RF_HDR_WORDS
+#define DATA_OFF RF_DATA_OFF
+#define MAX_SLOTS RF_MAX_SLOTS
+#define REF_CMA RF_REF_CMA
+#define KIND_DATA RF_KIND_DATA
+#define KIND_CHECK RF_KIND_CHECK
+#define ZERO_COPY_MIN_BYTES ((int64_t)RF_ZERO_COPY_MIN_BYTES)
+#define PIPELINE_MIN_BYTES ((int64_t)RF_PIPELINE_MIN_BYTES)
+#define MIN_SLICE_BYTES ((int64_t)RF_MIN_SLICE_BYTES)
+#define SLICES_PER_SLOT_MESSAGE ((int64_t)RF_SLICES_PER_SLOT_MESSAGE)
 #define DETAIL_MAX 4096
 
 enum { T_SEND = 0, T_RECV = 1, T_RECV_REDUCE = 2, T_COPY = 3, T_REDUCE = 4 };
@@ -245,7 +247,7 @@ static int64_t slice_bytes(int64_t total, int64_t slot_bytes)
     return per < slot_bytes ? per : slot_bytes;
 }
 
-static inline volatile uint64_t *hdr(hop_t *o, uint64_t h) { return o->ctl + SLOT_HDR_WORD + (h % o->nslots) * 8; }
+static inline volatile uint64_t *hdr(hop_t *o, uint64_t h) { return o->ctl + SLOT_HDR_WORD + (h % o->nslots) * HDR_WORDS; }
 
 /* ------------------------------------------------------------------ sending */
 static int send_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off)
@@ -298,7 +300,7 @@ static int send_progress(HotPlan *p, hop_t *o)
             n = o->slice;
         if (n > 0)
             memcpy(o->slots + i * o->slot_bytes, src + o->off, (size_t)n);
-        volatile uint64_t *b = o->ctl + SLOT_HDR_WORD + i * 8;
+        volatile uint64_t *b = o->ctl + SLOT_HDR_WORD + i * HDR_WORDS;
         b[1] = c[W_SSEQ];
         b[2] = (uint64_t)o->total;
         b[3] = (uint64_t)o->off;
@@ -765,6 +767,93 @@ static PyTypeObject HotPlanType = {
 };
 
 #define NCOLS 18
+static const int ITEMSIZE[] = {1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8}; /* by D_ code */
+
+/* ValueError naming the row and column of a plan that cannot be run; returns -1 */
+static int bad_row(int k, const char *what, long long value)
+{
+    PyErr_Format(PyExc_ValueError, "native plan row %d: %s (got %lld)", k, what, value);
+    return -1;
+}
+
+/* Every index and range a plan's rows hold, checked before any is used: the executor trusts them. Addresses (the
+ * control words, the call's buffers) cannot be checked here; hotpath.py takes them from live mappings and arrays. */
+static int check_rows(const int64_t *rows, int nops, const int *starts, int nsteps, int nbells, int dtype, int op,
+                      int itemsize, unsigned long long own)
+{
+    if (dtype < D_BOOL || dtype > D_F64) {
+        PyErr_Format(PyExc_ValueError, "native plan: unknown dtype code %d", dtype);
+        return -1;
+    }
+    if (op < O_SUM || op > O_BXOR || ((dtype >= D_F16) && op > O_MAX)) {
+        PyErr_Format(PyExc_ValueError, "native plan: op code %d is unknown or not defined on dtype code %d", op, dtype);
+        return -1;
+    }
+    if (itemsize != ITEMSIZE[dtype]) {
+        PyErr_Format(PyExc_ValueError, "native plan: itemsize %d is not dtype code %d's (%d)", itemsize, dtype,
+                     ITEMSIZE[dtype]);
+        return -1;
+    }
+    if (starts[0] != 0 || starts[nsteps] != nops) {
+        PyErr_Format(PyExc_ValueError, "native plan: step starts must run from 0 to the %d rows (got %d .. %d)", nops,
+                     starts[0], starts[nsteps]);
+        return -1;
+    }
+    for (int s = 0; s < nsteps; s++)
+        if (starts[s + 1] < starts[s]) {
+            PyErr_Format(PyExc_ValueError, "native plan: step %d starts at row %d, after step %d's end %d", s + 1,
+                         starts[s + 1], s, starts[s]);
+            return -1;
+        }
+    for (int s = 0; s < nsteps; s++)
+        for (int k = starts[s]; k < starts[s + 1]; k++) {
+            const int64_t *r = rows + (int64_t)k * NCOLS;
+            int64_t type = r[0], kind = r[1], peer = r[2], prev = r[3], nslots = r[5], slot_bytes = r[6];
+            int64_t dbuf = r[7], doff = r[8], sbuf = r[9], soff = r[10], nbytes = r[11], want = r[12];
+            if (type < T_SEND || type > T_REDUCE)
+                return bad_row(k, "unknown op type", type);
+            if (dbuf < 0 || dbuf > 3 || sbuf < 0 || sbuf > 3)
+                return bad_row(k, "buffer index outside 0..3", dbuf < 0 || dbuf > 3 ? dbuf : sbuf);
+            if ((dbuf == 3 || sbuf == 3) && !own)
+                return bad_row(k, "buffer 3 (the plan's own payload) without one", 3);
+            if (doff < 0 || soff < 0 || nbytes < 0)
+                return bad_row(k, "negative byte offset or size", doff < 0 ? doff : soff < 0 ? soff : nbytes);
+            if (doff > INT64_MAX - nbytes || soff > INT64_MAX - nbytes)
+                return bad_row(k, "byte range overflows", nbytes);
+            for (int c = 14; c < 18; c++)
+                if (c != 15 && (r[c] < 0 || r[c] > 1))
+                    return bad_row(k, c == 14 ? "pipelined is not 0/1" : c == 16 ? "snapshot is not 0/1"
+                                                                                 : "early is not 0/1", r[c]);
+            if ((type == T_RECV_REDUCE || type == T_REDUCE) && nbytes % itemsize)
+                return bad_row(k, "a reduction's byte count is not a whole number of items", nbytes);
+            if (type >= T_COPY)
+                continue;
+            if (kind != KIND_DATA && kind != KIND_CHECK)
+                return bad_row(k, "unknown message kind", kind);
+            if (peer < 0)
+                return bad_row(k, "negative peer", peer);
+            if (prev != -1 && (prev < starts[s] || prev >= k || rows[prev * NCOLS + 4] != r[4]))
+                return bad_row(k, "prev is not an earlier op of this step on the same connection", prev);
+            if (r[15] < -1 || r[15] >= nbells)
+                return bad_row(k, "doorbell index outside the plan's doorbells", r[15]);
+            if (!r[4] || r[4] % 8)
+                return bad_row(k, "control-word address missing or unaligned", r[4]);
+            if (nslots < 2 || nslots > (int64_t)MAX_SLOTS)
+                return bad_row(k, "slot count outside 2..MAX_SLOTS", nslots);
+            if (slot_bytes < 64 || slot_bytes % 64)
+                return bad_row(k, "slot size not a positive multiple of 64", slot_bytes);
+            if (r[13] < 0)
+                return bad_row(k, "negative single-copy threshold", r[13]);
+            if (type == T_SEND && want != 0)
+                return bad_row(k, "a send's want must be 0", want);
+            if (type != T_SEND && want != nbytes && !(want == -1 && type == T_RECV && nbytes == 0))
+                return bad_row(k, "a receive's want must equal its byte count (or be -1 with none, a check)", want);
+            if (type != T_SEND && r[16])
+                return bad_row(k, "only a send snapshots its source", r[16]);
+        }
+    return 0;
+}
+
 /* plan(ops: bytes of int64 rows of NCOLS, step_start: bytes of int32, bells: list of bytes, dtype, op, itemsize,
  *      own: address of the plan's own payload (buffer 3), keep) -> HotPlan
  * row: type, kind, peer, prev, ctl, nslots, slot_bytes, dbuf, doff, sbuf, soff, nbytes, want, cma_min,
@@ -779,17 +868,29 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
                           &keep))
         return NULL;
     HotPlan *p = NULL;
-    int nops = (int)(rows.len / (NCOLS * 8)), nsteps = (int)(starts.len / 4) - 1;
-    if (nsteps < 0 || rows.len % (NCOLS * 8)) {
-        PyErr_SetString(PyExc_ValueError, "malformed plan");
+    if (rows.len % (NCOLS * 8) || starts.len % 4 || starts.len < 4 || rows.len / (NCOLS * 8) > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "malformed native plan: %zd bytes of rows (whole rows of %d int64 wanted), "
+                     "%zd bytes of step starts (at least one int32 wanted)", rows.len, NCOLS, starts.len);
         goto fail;
     }
+    int nops = (int)(rows.len / (NCOLS * 8)), nsteps = (int)(starts.len / 4) - 1;
+    int nbells = (int)PyList_GET_SIZE(bells);
+    for (int b = 0; b < nbells; b++) {
+        PyObject *it = PyList_GET_ITEM(bells, b);
+        if (!PyBytes_Check(it) || PyBytes_GET_SIZE(it) > (Py_ssize_t)sizeof(((struct sockaddr_un *)0)->sun_path)) {
+            PyErr_Format(PyExc_ValueError, "native plan: doorbell %d is not a bytes address of at most %zu bytes", b,
+                         sizeof(((struct sockaddr_un *)0)->sun_path));
+            goto fail;
+        }
+    }
+    if (check_rows((const int64_t *)rows.buf, nops, (const int *)starts.buf, nsteps, nbells, dtype, op, itemsize, own))
+        goto fail;
     p = PyObject_New(HotPlan, &HotPlanType);
     if (!p)
         goto fail;
     p->ops = calloc((size_t)(nops ? nops : 1), sizeof(hop_t));
     p->step_start = malloc((size_t)(nsteps + 1) * sizeof(int));
-    p->nbells = (int)PyList_GET_SIZE(bells);
+    p->nbells = nbells;
     p->bells = calloc((size_t)(p->nbells ? p->nbells : 1), sizeof(struct sockaddr_un));
     p->bell_len = calloc((size_t)(p->nbells ? p->nbells : 1), sizeof(socklen_t));
     p->bounce = NULL, p->bounce_bytes = 0, p->keep = NULL;
@@ -803,14 +904,10 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
     }
     memcpy(p->step_start, starts.buf, (size_t)(nsteps + 1) * sizeof(int));
     for (int b = 0; b < p->nbells; b++) {
-        char *s;
-        Py_ssize_t n;
-        if (PyBytes_AsStringAndSize(PyList_GET_ITEM(bells, b), &s, &n) < 0)
-            goto fail;
-        if (n > (Py_ssize_t)sizeof(p->bells[b].sun_path))
-            n = sizeof(p->bells[b].sun_path);
+        PyObject *it = PyList_GET_ITEM(bells, b);
+        Py_ssize_t n = PyBytes_GET_SIZE(it);
         p->bells[b].sun_family = AF_UNIX;
-        memcpy(p->bells[b].sun_path, s, (size_t)n);
+        memcpy(p->bells[b].sun_path, PyBytes_AS_STRING(it), (size_t)n);
         p->bell_len[b] = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
     }
     const int64_t *r = (const int64_t *)rows.buf;
@@ -824,14 +921,6 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
         o->dbuf = (int)r[7], o->doff = r[8], o->sbuf = (int)r[9], o->soff = r[10];
         o->nbytes = r[11], o->want = r[12], o->cma_min = r[13], o->pipelined = (int)r[14], o->bell = (int)r[15];
         o->snapshot = (int)r[16], o->early = (int)r[17];
-        if (o->dbuf < 0 || o->dbuf > 3 || o->sbuf < 0 || o->sbuf > 3) {
-            PyErr_SetString(PyExc_ValueError, "bad buffer index");
-            goto fail;
-        }
-        if (o->type <= T_RECV_REDUCE && (o->nslots < 2 || o->slot_bytes < 64)) {
-            PyErr_SetString(PyExc_ValueError, "bad connection geometry");
-            goto fail;
-        }
         if (o->snapshot && !(o->snap = malloc((size_t)(o->nbytes ? o->nbytes : 1)))) {
             PyErr_NoMemory();
             goto fail;
@@ -842,7 +931,8 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
                 goto fail;
             }
             if (o->type == T_RECV_REDUCE) {
-                int64_t want = o->nbytes >= 16 * 1024 * 1024 ? 1024 * 1024 : 512 * 1024;
+                int64_t want = o->nbytes >= (int64_t)RF_CMA_LARGE_CHUNK_FROM_BYTES ? (int64_t)RF_CMA_LARGE_CHUNK_BYTES
+                                                                                  : (int64_t)RF_CMA_CHUNK_BYTES;
                 if (want > bounce)
                     bounce = want;
             }
@@ -889,18 +979,62 @@ static PyObject *stats(PyObject *self, PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("{sKsK}", "runs", n_runs, "cma_reads", n_cma_reads);
 }
 
-static PyObject *configure(PyObject *self, PyObject *args)
+/* protocol() -> {name: value}: the shared-memory protocol numbers this module was built with (_protocol.h) */
+static PyObject *protocol(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    long long min_slice, per_message;
-    if (!PyArg_ParseTuple(args, "LL", &min_slice, &per_message))
+    PyObject *d = PyDict_New(), *v;
+    if (!d)
         return NULL;
-    if (min_slice < 64 || per_message < 1) {
-        PyErr_SetString(PyExc_ValueError, "min_slice_bytes >= 64 and slices_per_message >= 1");
+#define X(name)                                                                                                     \
+    v = PyLong_FromUnsignedLongLong(RF_##name);                                                                     \
+    if (!v || PyDict_SetItemString(d, #name, v)) {                                                                  \
+        Py_XDECREF(v);                                                                                              \
+        Py_DECREF(d);                                                                                               \
+        return NULL;                                                                                                \
+    }                                                                                                               \
+    Py_DECREF(v);
+    RF_PROTOCOL_TABLE(X)
+#undef X
+    return d;
+}
+
+/* The Python shared-memory path's flag words: a release store publishes everything written before it, an acquire
+ * load makes everything published before the matching store visible after it (x86 and aarch64 alike). */
+static int word_address(PyObject *arg, volatile uint64_t **w)
+{
+    void *a = PyLong_AsVoidPtr(arg);
+    if (!a && PyErr_Occurred())
+        return -1;
+    if (!a || (uintptr_t)a % 8) {
+        PyErr_SetString(PyExc_ValueError, "a flag word's address must be non-zero and 8-byte aligned");
+        return -1;
+    }
+    *w = (volatile uint64_t *)a;
+    return 0;
+}
+
+static PyObject *store_release(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    volatile uint64_t *w;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "store_release(address, value)");
         return NULL;
     }
-    MIN_SLICE_BYTES = min_slice;
-    SLICES_PER_SLOT_MESSAGE = per_message;
+    if (word_address(args[0], &w))
+        return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[1]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    __atomic_store_n(w, (uint64_t)v, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
+}
+
+static PyObject *load_acquire(PyObject *self, PyObject *arg)
+{
+    volatile uint64_t *w;
+    if (word_address(arg, &w))
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(w, __ATOMIC_ACQUIRE));
 }
 
 /* The data pointer of a NumPy array: numpy's PyArrayObject_fields (numpy/ndarraytypes.h) holds it right
@@ -934,7 +1068,9 @@ static PyObject *address(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
-    {"configure", configure, METH_VARARGS, "configure(min_slice_bytes, slices_per_message): shm.slice_bytes's rule"},
+    {"protocol", protocol, METH_NOARGS, "the shared-memory protocol numbers this module was built with"},
+    {"store_release", (PyCFunction)(void (*)(void))store_release, METH_FASTCALL, "store_release(address, value)"},
+    {"load_acquire", load_acquire, METH_O, "load_acquire(address) -> the 64-bit word"},
     {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
     {"reduce_into", reduce_into, METH_VARARGS, "out = a (op) b"},
     {"set_array_type", set_array_type, METH_O, "set_array_type(numpy.ndarray): the type address() takes"},

@@ -15,14 +15,15 @@ import os
 import numpy as np
 
 from ...errors import RemoteError, RingflowSystemError
+from .protocol import CMA_CHUNK_BYTES, CMA_LARGE_CHUNK_BYTES, CMA_LARGE_CHUNK_FROM_BYTES
 
 # Reduce path: read a chunk into a cache-resident buffer, then reduce it.  Each chunk costs a syscall
 # (pinning its pages) and a NumPy call, so a message far larger than the cache takes bigger chunks:
 # a 2-rank all-reduce of 64 MiB (32 MiB reductions) reaches 6.6 GB/s busbw with 1 MiB chunks against 5.4
 # with 256 KiB ones, one of 16 MiB (8 MiB reductions) is fastest at 512 KiB (9.2 against 8.3), and 4 ranks
-# are no slower (docs/runtime.md).
-CHUNK_BYTES = 512 * 1024
-LARGE_CHUNK_BYTES, LARGE_CHUNK_FROM_BYTES = 1024 * 1024, 16 * 2**20
+# are no slower (docs/runtime.md). The native executor's bounce buffer takes the same sizes (protocol.py).
+CHUNK_BYTES = CMA_CHUNK_BYTES
+LARGE_CHUNK_BYTES, LARGE_CHUNK_FROM_BYTES = CMA_LARGE_CHUNK_BYTES, CMA_LARGE_CHUNK_FROM_BYTES
 
 
 def chunk_bytes(nbytes: int) -> int:

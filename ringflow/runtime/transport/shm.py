@@ -1,25 +1,23 @@
 """Shared-memory transport: one ring of slots per (sender, receiver, connection key).
 
-Layout of a connection segment (``/dev/shm/ringflow-<job>-<uid>-<src>-<dst>-<key>``, mode 0600,
-created by the sender, unlinked by the receiver as soon as it has mapped it, so a killed job
-leaves nothing behind)::
-
-    word 0 ready magic (written last by the creator) | 1 nslots | 2 slot_bytes
-    word 3 the segment's address in the sender       | 4 the sender's pid
-    word 8 tail: slots consumed by the receiver     | 16 sender waiting | 24 receiver waiting
-    word 32 set to 1 by the receiver if it can read the sender's memory (single copy, `cma`)
-    word 40 the sender's next slot | 41 the sender's next message number | 48 the receiver's
-    from byte 512: one 64-byte header per slot: flag (= slot number + 1, written after the data),
-        message seq, message nbytes, slice offset, sig, kind, op_seq, tag
-    from byte 4096: nslots data slots of slot_bytes each
+A connection segment (``/dev/shm/ringflow-<job>-<uid>-<src>-<dst>-<key>``, mode 0600) is created by
+the sender and unlinked by the receiver as soon as it has mapped it; until then the sender's reaper
+(runtime/reaper.py) holds the name, so a rank killed at any moment leaves nothing behind. Its layout,
+flag words and the size thresholds below are the numbers of `protocol.py`, shared with the native
+executor (native/_hotpath.c, which includes the header generated from them) and the host model.
 
 A message of N bytes is cut into slices of at most slot_bytes (a message that fits one slot into a
 few slices of at least MIN_SLICE_BYTES, `slice_bytes`, the rule both ends and both executors follow); the
-sender copies a slice into a free slot
-(one copy) and raises its flag; the receiver copies or reduces it straight from the
-slot into the destination (``np.add(src, slot, out=dst)``) and advances `tail`. Small messages
-ride with their flag in one slot (the LL idea). With `nslots` slots in flight, copy and reduce of
-consecutive slices overlap across the two processes.
+sender copies a slice into a free slot (one copy), writes the slot's header and then publishes its flag;
+the receiver copies or reduces it straight from the slot into the destination
+(``np.add(src, slot, out=dst)``) and then publishes `tail`. Small messages ride with their flag in one
+slot (the LL idea). With `nslots` slots in flight, copy and reduce of consecutive slices overlap across
+the two processes.
+
+Every publish is a release store and every read of a published word an acquire load (`_load`,
+`_store`: the native module's `store_release` / `load_acquire`), so the protocol holds on weakly ordered
+CPUs (aarch64) too. Without the native module, plain stores are correct only under x86's total store
+order; on other CPUs this module then refuses to use shared memory (`check_ordering`).
 
 Messages from ZERO_COPY_MIN_BYTES up travel by reference in one slot instead: (region, offset)
 when the source lies in a `comm.alloc` buffer, else (address) when the receiver proved at connect
@@ -30,27 +28,62 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 from collections import deque
 
 import numpy as np
 
 from ...errors import ProtocolError, RingflowSystemError
-from .. import reaper
+from .. import native, reaper
 from . import cma, doorbell
 from .base import Mismatch, Sink, XferOp
 from .frames import Kind
+from .protocol import (  # noqa: F401 - re-exported: the transport's numbers, for its users
+    CMA_COPY_MIN_BYTES,
+    CMA_MIN_BYTES,
+    DATA_OFF,
+    HDR_WORDS,
+    MAGIC_WORD,
+    MAX_SLOTS,
+    MIN_SLICE_BYTES,
+    PIPELINE_MIN_BYTES,
+    REF_CMA,
+    SLICES_PER_SLOT_MESSAGE,
+    SLOT_HDR_WORD,
+    W_ADDR,
+    W_CMA,
+    W_MAGIC,
+    W_NSLOTS,
+    W_PID,
+    W_RSEQ,
+    W_RWAIT,
+    W_SHEAD,
+    W_SLOTB,
+    W_SSEQ,
+    W_SWAIT,
+    W_TAIL,
+    ZERO_COPY_MIN_BYTES,
+    slice_bytes,
+)
 
-MAGIC_WORD = 0x52464C5753484D31  # 'RFLWSHM1'
-W_MAGIC, W_NSLOTS, W_SLOTB, W_TAIL, W_SWAIT, W_RWAIT = 0, 1, 2, 8, 16, 24
-W_ADDR, W_PID, W_CMA = 3, 4, 32
-# each side's own position, kept in the segment so the native executor and this module share it:
-# the sender's next slot and message numbers; the receiver's next slot is W_TAIL, its message number W_RSEQ
-W_SHEAD, W_SSEQ, W_RSEQ = 40, 41, 48
-REF_CMA = 0xFFFFFFFF  # the region field of a by-address (single-copy) slot
-SLOT_HDR_WORD = 64
-DATA_OFF = 4096
-MAX_SLOTS = (DATA_OFF - SLOT_HDR_WORD * 8) // 64
 SHM_DIR = "/dev/shm"
+_X86 = ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
+MACHINE = platform.machine().lower()
+if native._hotpath is not None:
+    _load_acquire, _store_release = native._hotpath.load_acquire, native._hotpath.store_release
+    ORDERING = "release/acquire (native)"
+else:
+    ORDERING = "plain stores (x86 total store order only)"
+
+
+def check_ordering() -> None:
+    """Refuse shared memory where plain stores do not publish in order (a non-x86 CPU without the native module)."""
+    if native._hotpath is None and MACHINE not in _X86:
+        raise RingflowSystemError(f"shared memory between ranks needs the native module on this {MACHINE} CPU: without "
+                                  "it the transport publishes with plain stores, ordered only on x86",
+                                  "reinstall ringflow where a C compiler and Python's headers exist, or set "
+                                  "RINGFLOW_SHM_DISABLE=1 (TCP between same-host ranks)")
+
 
 
 def segment_name(job: str, uid: str, src: int, dst: int, key: str) -> str:
@@ -66,6 +99,23 @@ class _Mapped:
         arr = np.frombuffer(mm, dtype=np.uint8)
         self.addr = arr.ctypes.data
         self.slots = [arr[DATA_OFF + i * slot_bytes: DATA_OFF + (i + 1) * slot_bytes] for i in range(nslots)]
+
+    if native._hotpath is not None:
+        def load(self, word: int) -> int:
+            """Control word `word`, read with acquire ordering (what was written before its publish is visible)."""
+            return _load_acquire(self.addr + 8 * word)
+
+        def store(self, word: int, value: int) -> None:
+            """Publish `value` in control word `word` with release ordering (after everything written before)."""
+            _store_release(self.addr + 8 * word, value)
+    else:
+        def load(self, word: int) -> int:
+            """Control word `word` (a plain load: ordered as acquire under x86's total store order only)."""
+            return int(self.ctl[word])
+
+        def store(self, word: int, value: int) -> None:
+            """Control word `word` = value (a plain store: ordered as release under x86's total store order only)."""
+            self.ctl[word] = value
 
     def close(self) -> None:
         try:
@@ -117,35 +167,6 @@ def unlink_quiet(name: str) -> None:
         pass
 
 
-ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to hand over by reference
-# a kernel copy pins both sides' pages and runs at about half the speed of an in-cache memcpy; it wins
-# only where the slot path's two copies go to DRAM
-CMA_MIN_BYTES = 2**20
-# ... for a receiver that copies from a source the sender has not just written: a kernel copy into the
-# destination replaces two memcpys (into the slot, out of it) already from here (2-rank all_gather of
-# 512 KiB: 62 us by kernel copy, 74 through the slots); a reduction from a single copy goes through a
-# bounce buffer, and a source dirty in the sender's cache crosses cores slowly (2-rank all_reduce
-# 512 KiB: 194 us by kernel copy, 119 through the slots): those wait for CMA_MIN_BYTES
-CMA_COPY_MIN_BYTES = 256 * 1024
-# a lone sender (nothing else to do in its step) with a core of its own copies slices into the slots
-# while the receiver drains them: two cores on one message. A single kernel copy from cache is as
-# fast; once source and destination leave the cache it is not (2-rank broadcast on this VM: equal at
-# 32 MiB, 12.5 vs 8 GB/s at 64 MiB; 10.5 vs 12 GB/s the other way round at 8 MiB)
-PIPELINE_MIN_BYTES = 32 * 2**20
-# a message that fits in one slot is still cut into a few slices, so the receiver copies one slice
-# while the sender fills the next (one copy's latency instead of two in a row); never below this
-MIN_SLICE_BYTES = 64 * 1024
-SLICES_PER_SLOT_MESSAGE = 4
-
-
-def slice_bytes(total: int, slot_bytes: int) -> int:
-    """Bytes per slice of a `total`-byte message (both ends derive it from the header's total)."""
-    if total <= 2 * MIN_SLICE_BYTES:
-        return slot_bytes
-    per = -(-total // SLICES_PER_SLOT_MESSAGE)
-    return min(slot_bytes, max(MIN_SLICE_BYTES, per + (-per) % 64))
-
-
 class Regions:
     """This rank's `comm.alloc` segments: a send whose source lies in one travels by reference."""
 
@@ -194,13 +215,15 @@ class ShmOut:
                  regions: Regions | None = None, spare_core: bool = False) -> None:
         nslots = max(2, min(nslots, MAX_SLOTS))
         slot_bytes = max(64, slot_bytes - slot_bytes % 64)
+        check_ordering()
         self.name, self.peer, self.peer_bell = name, peer, peer_bell
+        reaper.guard(os.path.join(SHM_DIR, name))  # before the name exists: a kill before the receiver maps it
         mm = _create(name, DATA_OFF + nslots * slot_bytes)
         self.m = _Mapped(mm, nslots, slot_bytes)
         c = self.m.ctl
         c[W_NSLOTS], c[W_SLOTB] = nslots, slot_bytes
         c[W_ADDR], c[W_PID] = self.m.addr, os.getpid()
-        c[W_MAGIC] = MAGIC_WORD
+        self.m.store(W_MAGIC, MAGIC_WORD)
         self.tail = 0
         self.queue: deque = deque()
         self.regions = regions
@@ -234,6 +257,7 @@ class ShmOut:
     def close(self) -> None:
         """Unmap (and unlink, in case the receiver never opened it)."""
         unlink_quiet(self.name)
+        reaper.release(os.path.join(SHM_DIR, self.name))
         self.m.close()
 
 
@@ -266,11 +290,11 @@ class ShmSend(XferOp):
         if not self.posted:
             h = o.head
             if h - o.tail >= o.m.nslots:
-                o.tail = c[W_TAIL]
+                o.tail = o.m.load(W_TAIL)
                 if h - o.tail >= o.m.nslots:
                     return False
             rid, off = ref
-            b = SLOT_HDR_WORD + (h % o.m.nslots) * 8
+            b = SLOT_HDR_WORD + (h % o.m.nslots) * HDR_WORDS
             c[b + 1] = o.msg_seq
             c[b + 2] = self.total
             c[b + 3] = off
@@ -278,14 +302,14 @@ class ShmSend(XferOp):
             c[b + 5] = self.kind | ((rid + 1) << 32)
             c[b + 6] = self.op_seq
             c[b + 7] = self.tag
-            c[b] = h + 1
+            o.m.store(b, h + 1)
             o.head = self.posted = h + 1
             if o.regions is not None:
                 o.regions.zero_copy_sends += 1
             moved = self.moved = True
             if c[W_RWAIT]:
                 doorbell.ring(o.peer_bell)
-        if c[W_TAIL] >= self.posted:
+        if o.m.load(W_TAIL) >= self.posted:  # acquire: the receiver is done reading the source
             self.done = True
             o.msg_seq += 1
             o.queue.popleft()
@@ -304,7 +328,7 @@ class ShmSend(XferOp):
         while not self.done:
             h = o.head
             if h - o.tail >= nslots:
-                o.tail = c[W_TAIL]
+                o.tail = m.load(W_TAIL)  # acquire: the receiver is done reading the slots it released
                 if h - o.tail >= nslots:
                     return moved
             i = h % nslots
@@ -312,7 +336,7 @@ class ShmSend(XferOp):
             n = min(self.slice, self.total - off)
             if n:
                 m.slots[i][:n] = self.src[off:off + n]
-            b = SLOT_HDR_WORD + i * 8
+            b = SLOT_HDR_WORD + i * HDR_WORDS
             c[b + 1] = o.msg_seq
             c[b + 2] = self.total
             c[b + 3] = off
@@ -320,7 +344,7 @@ class ShmSend(XferOp):
             c[b + 5] = self.kind
             c[b + 6] = self.op_seq
             c[b + 7] = self.tag
-            c[b] = h + 1
+            m.store(b, h + 1)  # release: the slice and the header words before the flag
             o.head = h + 1
             self.off = off + n
             moved = self.moved = True
@@ -337,8 +361,8 @@ class ShmSend(XferOp):
         if o.queue[0] is not self:
             return False
         if self.posted:
-            return o.m.ctl[W_TAIL] >= self.posted
-        return o.head - o.m.ctl[W_TAIL] < o.m.nslots
+            return o.m.load(W_TAIL) >= self.posted
+        return o.head - o.m.load(W_TAIL) < o.m.nslots
 
     def set_waiting(self, flag: int) -> None:
         self.o.m.ctl[W_SWAIT] = flag
@@ -387,14 +411,18 @@ class ShmIn:
             mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        ctl = memoryview(mm).cast("B")[:DATA_OFF].cast("Q")
-        ok = ctl[W_MAGIC] == MAGIC_WORD
-        nslots, sb = int(ctl[W_NSLOTS]), int(ctl[W_SLOTB])
-        ctl.release()
+        check_ordering()
+        words = np.frombuffer(mm, dtype=np.uint64, count=DATA_OFF // 8)
+        if native._hotpath is not None:  # acquire: the layout words the creator wrote before publishing the magic
+            ok = _load_acquire(words.ctypes.data + 8 * W_MAGIC) == MAGIC_WORD
+        else:
+            ok = int(words[W_MAGIC]) == MAGIC_WORD
+        nslots, sb = int(words[W_NSLOTS]), int(words[W_SLOTB])
+        del words  # an exported view would keep mm from closing
         if not ok:
             mm.close()
             return False
-        if not (2 <= nslots <= MAX_SLOTS) or DATA_OFF + nslots * sb != size:
+        if not (2 <= nslots <= MAX_SLOTS) or sb < 64 or sb % 64 or DATA_OFF + nslots * sb != size:
             mm.close()
             raise ProtocolError(f"shared memory {self.name} from rank {self.peer} has a bad layout "
                                 f"({nslots} slots of {sb} bytes in {size} bytes)", "run one ringflow version")
@@ -464,8 +492,8 @@ class ShmRecv(XferOp):
         while not self.done:
             h = i.head
             s = h % nslots
-            b = SLOT_HDR_WORD + s * 8
-            if c[b] != h + 1:
+            b = SLOT_HDR_WORD + s * HDR_WORDS
+            if m.load(b) != h + 1:  # acquire: the header words and the slice published before the flag
                 return moved
             total, off = c[b + 2], c[b + 3]
             if self.first:
@@ -475,7 +503,7 @@ class ShmRecv(XferOp):
                 if not self.drain:
                     self._consume_reference(c, rid, off, total)
                 self.off = total
-                c[W_TAIL] = h + 1
+                m.store(W_TAIL, h + 1)  # release: done reading the sender's source
                 moved = self.moved = True
                 self.done = True
                 i.msg_seq += 1
@@ -484,7 +512,7 @@ class ShmRecv(XferOp):
                     doorbell.ring(i.peer_bell)
                 return True
             self._consume_slice(c, b, m.slots[s], off, total)
-            c[W_TAIL] = h + 1
+            m.store(W_TAIL, h + 1)  # release: done reading the slot, which the sender may now refill
             moved = self.moved = True
             if self.off >= total:
                 self.done = True
@@ -545,7 +573,7 @@ class ShmRecv(XferOp):
             return False
         if i.m is None:
             return i.try_open()
-        return i.m.ctl[SLOT_HDR_WORD + (i.head % i.m.nslots) * 8] == i.head + 1
+        return i.m.load(SLOT_HDR_WORD + (i.head % i.m.nslots) * HDR_WORDS) == i.head + 1
 
     def set_waiting(self, flag: int) -> None:
         if self.i.m is not None:
