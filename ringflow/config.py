@@ -107,6 +107,13 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
          "(the launcher generates one).", "runtime"),
     Knob("STORE_ADDR", "", _str, "host:port of the rendezvous store (set by `ringflow run`).", "runtime"),
+    Knob("STORE_IDLE_TIMEOUT", 300.0, _float, "Seconds the store keeps an authenticated connection that sends "
+         "nothing (0: forever); a connection waiting in `get`/`wait` is never idle, and a client whose connection "
+         "was closed dials again on its next request.", "runtime"),
+    Knob("STORE_MAX_CLIENTS", 4096, _int, "Authenticated connections the store serves at once (one thread and one "
+         "descriptor each); a new one past the cap takes the place of the connection idle longest, and is refused "
+         "with `StoreFull` when none is idle. Set it above the ranks (and other clients) of the largest job on the "
+         "store, and below the store process's descriptor limit.", "runtime"),
 ]}
 
 _overrides: dict[str, Any] = {}

@@ -27,7 +27,7 @@ from conftest import ROOT  # noqa: E402
 from ringflow.errors import InvalidArgument, RingflowSystemError, Timeout
 from ringflow.runtime import auth
 from ringflow.runtime import store as store_mod
-from ringflow.runtime.store import Store, StoreServer
+from ringflow.runtime.store import Store, StoreFull, StoreServer
 
 FLOOD = 2000      # silent connections per target over the test
 WAVES = 4         # in waves, each opened as fast as possible, 0.4 s apart, so the flood overlaps the probes
@@ -458,3 +458,122 @@ def test_rank0_whose_store_port_another_program_holds_fails_in_seconds_not_its_t
     took, _, msg = out.stdout.partition(" ")
     assert out.returncode == 0 and msg, out
     assert float(took) < 5.0 and "already in use" in msg and "not this job's store" in msg, out.stdout
+
+
+CAP = 16   # the store's connection cap in the next test
+
+JOB = '''
+import json, sys, time
+import numpy as np
+import ringflow
+with ringflow.init(timeout=60) as comm:
+    store, wrong, redials = comm._sh.store, 0, 0
+    for i in range(30):
+        sock = store._sock
+        time.sleep(0.6 if i % 10 == 5 else 0.02)   # idle long enough for the insider's newcomers to take its place
+        x = np.full(1000, comm.rank + 1.0)
+        comm.all_reduce(x)
+        wrong += int(not np.all(x == 3.0))
+        wrong += int(store.add(f"n{comm.rank}") != i + 1)
+        if i % 10 == 0:
+            sub = comm.split(0)
+            y = np.ones(8)
+            sub.all_reduce(y)
+            wrong += int(not np.all(y == 2.0))
+            sub.destroy()
+        redials += store._sock is not sock
+    json.dump({"wrong": wrong, "redials": redials}, open(sys.argv[1] + f"/job{comm.rank}.json", "w"))
+'''
+
+
+def _counts(pid: int) -> tuple[int, int]:
+    """(threads, open descriptors) of process `pid`."""
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _insider(port: int, secret: str) -> socket.socket | None:
+    """An authenticated raw store connection (None: the store was full of busy connections)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        auth.client_handshake(s, auth.secret_bytes(secret), store_mod._CTX, 5.0, what="store")
+    except auth.Busy:
+        s.close()
+        return None
+    return s
+
+
+def test_a_client_with_the_secret_cannot_exhaust_the_stores_threads_or_descriptors(tmp_path: Path) -> None:
+    """An insider holds twice the cap of idle connections and keeps opening more while a 2-rank job runs against
+    the store (each newcomer takes the place of the connection idle longest, the job's included: its client dials
+    again unnoticed); then it makes every connection wait on a key nobody sets: a new client gets StoreFull naming
+    the cap and the knob. The store's threads and descriptors stay within the cap plus a constant throughout."""
+    secret = auth.new_secret()
+    env = dict(ENV, RINGFLOW_STORE_MAX_CLIENTS=str(CAP), RINGFLOW_STORE_IDLE_TIMEOUT="60")
+    with _process(STORE, secret, env=env) as server:
+        port = int(server.stdout.readline())   # type: ignore[union-attr]
+        time.sleep(0.2)
+        base = _counts(server.pid)
+        peak = list(base)
+
+        def sample() -> None:
+            for i, n in enumerate(_counts(server.pid)):
+                peak[i] = max(peak[i], n)
+
+        held = [_insider(port, secret) for _ in range(2 * CAP)]
+        assert all(s is not None for s in held)
+        time.sleep(0.2)
+        sample()
+        assert sum(store_mod._closed_by_peer(s) for s in held if s) == CAP   # the oldest half made room
+        ranks = [subprocess.Popen([sys.executable, "-c", JOB, str(tmp_path)], env=dict(
+            ENV, RINGFLOW_RANK=str(r), RINGFLOW_WORLD_SIZE="2", RINGFLOW_STORE_ADDR=f"127.0.0.1:{port}",
+            RINGFLOW_SECRET=secret, RINGFLOW_JOB_ID=f"insider{os.getpid()}"), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        t_job = time.monotonic()
+        try:
+            churned = 0
+            while any(p.poll() is None for p in ranks):   # the insider keeps dialling while the job runs
+                s = _insider(port, secret)
+                if s is not None:
+                    held.append(s)
+                    held.pop(0).close()  # type: ignore[union-attr]
+                    churned += 1
+                sample()
+                time.sleep(0.02)
+            outs = [p.communicate(timeout=60)[0] for p in ranks]
+        finally:
+            for p in ranks:
+                if p.poll() is None:
+                    p.kill()
+        assert [p.returncode for p in ranks] == [0, 0], outs
+        assert churned > 20
+        jobs = [json.loads((tmp_path / f"job{r}.json").read_text()) for r in range(2)]
+        assert all(j["wrong"] == 0 and j["redials"] >= 1 for j in jobs), jobs   # evicted, dialled again, exact
+        t_job = time.monotonic() - t_job
+        # every connection the insider holds starts a wait that never ends: the store is full of busy clients
+        for s in held:
+            s.close()  # type: ignore[union-attr]
+        busy = []
+        while (s := _insider(port, secret)) is not None:
+            s.sendall(store_mod.encode(store_mod.WAIT, [b"600", b"never"]))
+            busy.append(s)
+            assert len(busy) <= CAP
+            time.sleep(0.01)   # the wait begins before the next newcomer looks for an idle connection
+        assert len(busy) == CAP
+        sample()
+        t0 = time.monotonic()
+        with pytest.raises(StoreFull, match=f"cap of {CAP} connections") as err:
+            Store("127.0.0.1", port, secret, timeout=10)
+        assert "RINGFLOW_STORE_MAX_CLIENTS" in str(err.value) and time.monotonic() - t0 < 1.0
+        for s in busy:   # a client gone mid-wait frees its thread and descriptor within a second or so
+            s.close()
+        time.sleep(1.5)
+        st = Store("127.0.0.1", port, secret, timeout=10)
+        assert st.add("n0") == 31   # the job's counts are intact
+        st.close()
+        time.sleep(0.2)
+        after = _counts(server.pid)
+    print(f"\nstore threads/descriptors: {base} idle, at most {tuple(peak)} under the insider (cap {CAP}), "
+          f"{after} after; the insider opened {2 * CAP + churned + CAP} connections; the job took {t_job:.1f} s, "
+          f"its store clients dialled again {[j['redials'] for j in jobs]} times")
+    assert peak[0] <= base[0] + CAP + 4 and peak[1] <= base[1] + CAP + 4, (base, peak)
+    assert after[0] <= base[0] + 2 and after[1] <= base[1] + 2, (base, after)

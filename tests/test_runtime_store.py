@@ -1,6 +1,7 @@
 """The rendezvous store over real sockets: operations, namespaces, timeouts, authentication."""
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import threading
@@ -8,9 +9,11 @@ import time
 
 import pytest
 
+from ringflow import config
 from ringflow.errors import InvalidArgument, ProtocolError, RingflowSystemError, Timeout
 from ringflow.runtime import auth
-from ringflow.runtime.store import PrefixStore, Store, StoreServer, decode, encode, parse_addr
+from ringflow.runtime import store as store_mod
+from ringflow.runtime.store import PrefixStore, Store, StoreFull, StoreServer, decode, encode, parse_addr
 
 
 @pytest.fixture()
@@ -131,3 +134,107 @@ def test_parse_addr() -> None:
     assert parse_addr("localhost:1") == ("127.0.0.1", 1)
     with pytest.raises(InvalidArgument):
         parse_addr("nohostport")
+
+
+def _peer_closed(st: Store) -> bool:
+    return st._sock is None or store_mod._closed_by_peer(st._sock)
+
+
+def test_an_idle_connection_is_closed_and_its_client_dials_again_unnoticed() -> None:
+    server = StoreServer("127.0.0.1", 0, "s3cret", idle_timeout_s=0.3)
+    try:
+        st = _client(server)
+        st.set("a", b"1")
+        assert st.add("n") == 1 and server.clients == 1
+        time.sleep(0.8)
+        assert server.clients == 0 and server.idle_closed == 1   # thread and descriptor freed
+        assert st.get("a") == b"1" and st.add("n") == 2            # a new connection, each request served once
+        assert server.clients == 1
+        st.close()
+    finally:
+        server.close()
+
+
+def test_a_wait_longer_than_the_idle_timeout_is_not_idle() -> None:
+    server = StoreServer("127.0.0.1", 0, "s3cret", idle_timeout_s=0.3)
+    try:
+        st = _client(server)
+        threading.Timer(1.2, lambda: _client(server).set("late", b"v")).start()
+        t0 = time.monotonic()
+        st.wait(["late"], timeout=5.0)
+        assert st.get("late", timeout=5.0) == b"v" and time.monotonic() - t0 >= 1.1
+        assert server.idle_closed == 0   # the waiting connection was kept the whole 1.2 s
+        st.close()
+    finally:
+        server.close()
+
+
+def test_adds_racing_the_idle_timeout_are_applied_exactly_once() -> None:
+    """Requests sent just as the store closes the idle connection are resent, never served twice."""
+    server = StoreServer("127.0.0.1", 0, "s3cret", idle_timeout_s=0.02)
+    try:
+        st = _client(server)
+        rng = random.Random(5)
+        for i in range(150):
+            time.sleep(rng.uniform(0.0, 0.035))
+            assert st.add("n") == i + 1
+        assert server.idle_closed > 20, server.idle_closed   # the races did happen
+        st.close()
+    finally:
+        server.close()
+
+
+def test_past_the_cap_the_connection_idle_longest_makes_room() -> None:
+    server = StoreServer("127.0.0.1", 0, "s3cret", max_clients=3)
+    try:
+        clients = [_client(server) for _ in range(3)]
+        for c in clients:   # clients[0] is then idle the longest
+            c.set("k", b"v")
+            time.sleep(0.01)
+        fourth = _client(server)
+        time.sleep(0.05)
+        assert server.evicted == 1 and server.clients == 3
+        assert [_peer_closed(c) for c in clients] == [True, False, False]
+        assert clients[0].get("k") == b"v"   # dials again, taking the place of the next idlest
+        assert server.evicted == 2 and server.clients == 3
+        fourth.set("k2", b"w")
+        for c in [*clients, fourth]:
+            c.close()
+    finally:
+        server.close()
+
+
+def test_a_store_full_of_busy_connections_refuses_with_store_full_naming_the_cap_and_knob() -> None:
+    server = StoreServer("127.0.0.1", 0, "s3cret", max_clients=2)
+    try:
+        waiters = [_client(server) for _ in range(2)]
+        threads = [threading.Thread(target=lambda c=c: pytest.raises(Timeout, c.wait, ["never"], 1.5))
+                   for c in waiters]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        with pytest.raises(StoreFull, match="cap of 2 connections") as err:
+            _client(server)
+        assert "RINGFLOW_STORE_MAX_CLIENTS" in str(err.value) and time.monotonic() - t0 < 1.0
+        assert server.full_refused == 1
+        for t in threads:
+            t.join()
+        late = _client(server)   # the waits ended: their connections are idle and make room
+        late.set("k", b"v")
+        assert server.evicted == 1
+        for c in [*waiters, late]:
+            c.close()
+    finally:
+        server.close()
+
+
+def test_the_store_limits_come_from_knobs_and_are_checked() -> None:
+    with config.override(STORE_IDLE_TIMEOUT=7.5, STORE_MAX_CLIENTS=9):
+        server = StoreServer("127.0.0.1", 0, "s3cret")
+    assert (server.idle_timeout_s, server.max_clients) == (7.5, 9)
+    server.close()
+    with pytest.raises(InvalidArgument, match="RINGFLOW_STORE_MAX_CLIENTS"):
+        StoreServer("127.0.0.1", 0, "s3cret", max_clients=0)
+    with pytest.raises(InvalidArgument, match="RINGFLOW_STORE_IDLE_TIMEOUT"):
+        StoreServer("127.0.0.1", 0, "s3cret", idle_timeout_s=-1)

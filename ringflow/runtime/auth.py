@@ -3,6 +3,8 @@
 Server -> client: ``RFAU`` + version + 32-byte nonce_s.
 Client -> server: 32-byte nonce_c + HMAC-SHA256(secret, "c" | context | nonce_s | nonce_c).
 Server -> client: 1 status byte (1 = accepted) + HMAC-SHA256(secret, "s" | context | nonce_c | nonce_s).
+A server that has proved the client but has no room for it (the store's connection cap) answers status 2, the
+same proof, then ``u16 length`` + a detail it names; the client raises `Busy`.
 The secret never crosses the wire; `context` separates the store from the transport so a proof
 for one cannot be replayed on the other. A server that refuses a proof says so (status 0); one that
 closes the connection without a status shed the handshake under load, and the client may retry.
@@ -70,9 +72,14 @@ class Dropped(RingflowSystemError):
     strangers, no descriptors left) or is shutting down. Unlike a refusal, worth retrying."""
 
 
+class Busy(RingflowSystemError):
+    """The server proved the secret but has no room for another connection; `detail["reason"]` is what it said."""
+
+
 CHALLENGE_BYTES = len(_HELLO) + _NONCE
 REPLY_BYTES = _NONCE + _MAC
 REFUSED = b"\x00"
+MAX_DETAIL_BYTES = 1024
 
 
 def challenge() -> tuple[bytes, bytes]:
@@ -90,6 +97,13 @@ def answer(secret: bytes, context: bytes, nonce_s: bytes, reply: bytes) -> bytes
     if not hmac.compare_digest(mac, _mac(secret, b"c", context, nonce_s, nonce_c)):
         return None
     return b"\x01" + _mac(secret, b"s", context, nonce_c, nonce_s)
+
+
+def busy_answer(accept: bytes, detail: bytes) -> bytes:
+    """The answer to a client that proved the secret but finds the server full: status 2, the server's proof
+    (from `answer`'s acceptance), then `detail` (at most MAX_DETAIL_BYTES)."""
+    detail = detail[:MAX_DETAIL_BYTES]
+    return b"\x02" + accept[1:] + len(detail).to_bytes(2, "little") + detail
 
 
 def server_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0) -> bool:
@@ -126,7 +140,7 @@ def _refuse(sock: socket.socket, why: str) -> None:
 def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout_s: float = 5.0,
                      what: str = "peer") -> None:
     """Answer the server's challenge and check its proof. RingflowSystemError if refused (wrong secret),
-    `Dropped` if the server closed the connection first (retry), Timeout past `timeout_s`."""
+    `Busy` if the server is full, `Dropped` if it closed the connection first (retry), Timeout past `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     try:
         hello = recv_exact(sock, CHALLENGE_BYTES, deadline, f"auth challenge from {what}")
@@ -149,9 +163,15 @@ def client_handshake(sock: socket.socket, secret: bytes, context: bytes, timeout
         if isinstance(exc, Timeout):
             raise
         raise Timeout(f"sending the auth reply to {what} timed out", "the peer is slow or gone") from None
-    if status != b"\x01":
+    if status not in (b"\x01", b"\x02"):
         raise RingflowSystemError(f"{what} refused the connection: job secret does not match",
                                   "use the same RINGFLOW_SECRET on every rank and the store")
     mac = recv_exact(sock, _MAC, deadline, f"auth proof from {what}")
     if not hmac.compare_digest(mac, _mac(secret, b"s", context, nonce_c, nonce_s)):
         raise RingflowSystemError(f"{what} could not prove the job secret", "you may be talking to an impostor")
+    if status == b"\x02":
+        n = int.from_bytes(recv_exact(sock, 2, deadline, f"busy reason from {what}"), "little")
+        reason = recv_exact(sock, min(n, MAX_DETAIL_BYTES), deadline, f"busy reason from {what}").decode(
+            errors="replace")
+        raise Busy(f"{what} has no room for another connection ({reason})",
+                   "close idle clients or raise the server's connection cap", detail={"reason": reason})

@@ -11,7 +11,9 @@ descriptors, aborted connections, no buffers): it sheds the oldest pending hands
 accepting for 10 ms (doubling to 100 ms while the errors last) and goes on; only `close()` ends it.
 Refusals are logged through a token bucket (a burst of five, then one a second), and the count of
 those not logged is reported once a second while there are any. Only authenticated connections
-reach `on_ready`, each on its own thread.
+reach `on_ready`, each on its own thread; an owner that bounds them (the store) passes `admit`, which the
+gate thread asks before answering a proof: it makes room or names why there is none, and the client is
+told so (`auth.Busy`) without a thread ever starting for it.
 """
 from __future__ import annotations
 
@@ -89,11 +91,12 @@ class RateLimitedLog:
 
 class Gate:
     """Accepts on `sock`, authenticates with `secret` in `context`, and calls `on_ready(conn)` (blocking socket)
-    for every client that proved the secret; `on_ready` runs on its own thread."""
+    for every client that proved the secret; `on_ready` runs on its own thread. `admit(conn)`, if given, runs on
+    the gate thread first: None admits the client, bytes refuse it as busy (the bytes say why)."""
 
     def __init__(self, sock: socket.socket, secret: bytes, context: bytes, on_ready: Callable[[socket.socket], None],
-                 name: str) -> None:
-        self.sock, self.secret, self.context, self.on_ready = sock, secret, context, on_ready
+                 name: str, admit: Callable[[socket.socket], bytes | None] | None = None) -> None:
+        self.sock, self.secret, self.context, self.on_ready, self.admit = sock, secret, context, on_ready, admit
         try:
             host, port = sock.getsockname()[:2]
             self.where = f"{name} {host}:{port}"
@@ -102,6 +105,7 @@ class Gate:
         self.refused = 0     # wrong secret, silent past the budget, closed early, or shed
         self.shed = 0        # of those: dropped to make room (the cap, or no descriptors left)
         self.accepted = 0    # proved the secret
+        self.busy = 0        # proved the secret, but `admit` had no room
         self._pending: OrderedDict[int, _Pending] = OrderedDict()
         self._sel = selectors.DefaultSelector()
         self._closed = False
@@ -241,6 +245,15 @@ class Gate:
             self._refuse(fd, "wrong HMAC (not the job secret)", tell=True)
             return
         self._forget(fd)
+        full = self.admit(p.sock) if self.admit is not None else None
+        if full is not None:
+            self.busy += 1
+            try:
+                p.sock.send(auth.busy_answer(accept, full))
+            except OSError:
+                pass
+            p.sock.close()
+            return
         try:
             if p.sock.send(accept) != len(accept):
                 raise BlockingIOError

@@ -18,10 +18,17 @@ wait plus a grace (10% of it, 0.5 s to 30 s), any other after the client's `time
 most), and inside `Store.bounded(deadline)` by that deadline. A request that ends unanswered
 raises Timeout and drops the connection (a late reply must not answer the next request); the
 next request dials again.
+
+Authenticated connections are bounded (`RINGFLOW_STORE_MAX_CLIENTS`, `RINGFLOW_STORE_IDLE_TIMEOUT`): one that
+sends nothing for the idle timeout is closed (one waiting in `get`/`wait` is busy, not idle), and a new one past
+the cap takes the place of the one idle longest, or is refused (`StoreFull`) when all are busy. The server
+says GONE before closing an idle connection and never serves a request that arrives on a connection it has
+chosen to close, so the client dials again and resends: a closed idle connection costs a job nothing.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import socket
@@ -30,9 +37,10 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+from .. import config
 from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
-from .gate import LISTEN_BACKLOG, Gate
+from .gate import LISTEN_BACKLOG, Gate, RateLimitedLog
 
 log = logging.getLogger("ringflow.runtime")
 
@@ -44,7 +52,7 @@ REPLY_GRACE_MIN_S = 0.5  # the least a waiting request (get, wait) allows for it
 _CTX = b"ringflow-store-v1"
 
 SET, GET, ADD, CAS, DELETE, WAIT, CHECK, NKEYS = range(1, 9)
-OK, TIMEOUT, ERR = 0, 1, 2
+OK, TIMEOUT, ERR, GONE = 0, 1, 2, 3   # GONE: unasked, before the server closes an idle connection
 _U32 = struct.Struct("<I")
 
 
@@ -86,8 +94,22 @@ class PortInUse(RingflowSystemError):
     """The store's port is already taken (by a running store, or by another program)."""
 
 
-def _read_msg(sock: socket.socket, deadline: float, what: str) -> tuple[int, list[bytes]]:
+class StoreFull(RingflowSystemError):
+    """The store serves its cap of authenticated connections and none of them is idle."""
+
+
+@dataclasses.dataclass
+class _Client:
+    idle_since: float
+    busy: bool = False    # serving a request (a waiting get/wait included)
+    gone: bool = False    # chosen to close: a request that still arrives is not served
+
+
+def _read_msg(sock: socket.socket, deadline: float, what: str,
+              body_s: float | None = None) -> tuple[int, list[bytes]]:
+    """One message, its length by `deadline` and the rest by then (or within `body_s` of the length)."""
     (n,) = _U32.unpack(auth.recv_exact(sock, 4, deadline, what))
+    deadline = deadline if body_s is None else time.monotonic() + body_s
     if n > MAX_MSG_BYTES:
         raise ProtocolError(f"{what}: message of {n} bytes exceeds the store's limit of {MAX_MSG_BYTES} bytes",
                             "the store holds small metadata; send bulk data through a communicator")
@@ -102,15 +124,38 @@ def _read_msg(sock: socket.socket, deadline: float, what: str) -> tuple[int, lis
     return decode(b"".join(parts))
 
 
+def _hung_up(sock: socket.socket) -> bool:
+    """True if the client closed `sock` (its EOF is next to read) or the connection failed."""
+    try:
+        sock.settimeout(0.0)   # with a timeout, Python would wait for data before trying
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
 class StoreServer:
     """A threaded key-value server; `address` is (host, port) once started."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | bytes = "") -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: str | bytes = "", *,
+                 idle_timeout_s: float | None = None, max_clients: int | None = None) -> None:
         self._secret = auth.secret_bytes(secret)
+        self.idle_timeout_s = float(config.get("STORE_IDLE_TIMEOUT") if idle_timeout_s is None else idle_timeout_s)
+        self.max_clients = int(config.get("STORE_MAX_CLIENTS") if max_clients is None else max_clients)
+        if not self.idle_timeout_s >= 0:
+            raise InvalidArgument(f"store idle timeout {self.idle_timeout_s} s",
+                                  "RINGFLOW_STORE_IDLE_TIMEOUT: seconds >= 0 (0: never close idle connections)")
+        if self.max_clients < 1:
+            raise InvalidArgument(f"store connection cap {self.max_clients}",
+                                  "RINGFLOW_STORE_MAX_CLIENTS: at least 1, above the ranks of the largest job")
         self._data: dict[bytes, bytes] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
+        self._clients: dict[socket.socket, _Client] = {}   # admitted, oldest first
+        self.idle_closed = 0    # connections closed after the idle timeout
+        self.evicted = 0        # idle connections closed to make room under the cap
+        self._full_log = RateLimitedLog("store-full refusals")
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -131,39 +176,97 @@ class StoreServer:
         self._sock.listen(LISTEN_BACKLOG)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         # strangers are challenged by the gate's one thread; an authenticated client gets a serving thread
-        self._gate = Gate(self._sock, self._secret, _CTX, self._serve, "ringflow-store")
+        self._gate = Gate(self._sock, self._secret, _CTX, self._serve, "ringflow-store", admit=self._admit)
 
     @property
     def refused(self) -> int:
         """Connections refused so far (wrong secret, silent, or shed under a flood)."""
         return self._gate.refused
 
+    @property
+    def full_refused(self) -> int:
+        """Clients with the secret refused because the cap was reached and no connection was idle."""
+        return self._gate.busy
+
+    @property
+    def clients(self) -> int:
+        """Authenticated connections held now."""
+        with self._cond:
+            return len(self._clients)
+
+    def _admit(self, conn: socket.socket) -> bytes | None:
+        """On the gate thread: make room for `conn` (closing the connection idle longest) or say why not."""
+        now = time.monotonic()
+        with self._cond:
+            for s in [s for s in self._clients if s.fileno() < 0]:   # the gate closed it before its thread ran
+                del self._clients[s]
+            if len(self._clients) >= self.max_clients:
+                idle = [(c.idle_since, i, s) for i, (s, c) in enumerate(self._clients.items()) if not c.busy]
+                if not idle:
+                    self._full_log.warn("ringflow store: refused a client with the secret: all %d connections "
+                                        "(RINGFLOW_STORE_MAX_CLIENTS) are busy", self.max_clients)
+                    return str(self.max_clients).encode()
+                victim = min(idle)[2]
+                self._close_locked(victim, f"closed to make room: the store serves at most {self.max_clients}")
+                self.evicted += 1
+            self._clients[conn] = _Client(now)
+        return None
+
+    def _close_locked(self, conn: socket.socket, why: str) -> None:
+        """Say GONE and shut `conn` down (its thread then closes it); the caller holds the lock."""
+        c = self._clients.pop(conn, None)
+        if c is not None:
+            c.gone = True
+        try:
+            conn.send(encode(GONE, [why.encode()]), socket.MSG_DONTWAIT)
+        except OSError:
+            pass
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def _serve(self, conn: socket.socket) -> None:
         with self._cond:
-            self._conns.add(conn)
+            c = self._clients.get(conn)
+        idle_s = self.idle_timeout_s or 86400.0 * 365
         try:
-            while not self._stop.is_set():
+            while c is not None and not self._stop.is_set():
                 try:
-                    code, args = _read_msg(conn, time.monotonic() + 86400.0 * 365, "store request")
+                    code, args = _read_msg(conn, time.monotonic() + idle_s, "store request",
+                                           max(idle_s, REPLY_TIMEOUT_S))
                 except ProtocolError as exc:   # an oversized or malformed request: say why, then hang up
                     conn.settimeout(1.0)
                     conn.sendall(encode(ERR, [str(exc).encode()]))
                     raise
-                except (RemoteError, RingflowSystemError, Timeout):
+                except Timeout:
+                    with self._cond:
+                        if not c.gone:
+                            self.idle_closed += 1
+                            self._close_locked(conn, f"idle for {idle_s:g} s (RINGFLOW_STORE_IDLE_TIMEOUT)")
                     return
-                status, out = self._handle(code, args)
+                except (RemoteError, RingflowSystemError):
+                    return
+                with self._cond:
+                    if c.gone:   # chosen to close while this request arrived: the client resends it elsewhere
+                        return
+                    c.busy = True
+                status, out = self._handle(code, args, conn)
                 conn.settimeout(30.0)
                 conn.sendall(encode(status, out))
+                with self._cond:
+                    c.busy, c.idle_since = False, time.monotonic()
         except ProtocolError as exc:
             log.warning("ringflow store: dropping client after bad request: %s", exc)
         except OSError:
             pass
         finally:
             with self._cond:
-                self._conns.discard(conn)
+                if c is not None and self._clients.get(conn) is c:
+                    del self._clients[conn]
             conn.close()
 
-    def _handle(self, code: int, args: list[bytes]) -> tuple[int, list[bytes]]:
+    def _handle(self, code: int, args: list[bytes], conn: socket.socket | None = None) -> tuple[int, list[bytes]]:
         try:
             if code == SET and len(args) == 2:
                 with self._cond:
@@ -171,12 +274,12 @@ class StoreServer:
                     self._cond.notify_all()
                 return OK, []
             if code == GET and len(args) == 2:
-                if not self._wait_for([args[0]], float(args[1].decode()) if args[1] else 0.0):
+                if not self._wait_for([args[0]], float(args[1].decode()) if args[1] else 0.0, conn):
                     return TIMEOUT, []
                 with self._cond:
                     return OK, [self._data[args[0]]]
             if code == WAIT and len(args) >= 1:
-                ok = self._wait_for(args[1:], float(args[0].decode()))
+                ok = self._wait_for(args[1:], float(args[0].decode()), conn)
                 return (OK if ok else TIMEOUT), []
             if code == CHECK:
                 with self._cond:
@@ -208,14 +311,19 @@ class StoreServer:
             return ERR, [f"bad arguments: {exc}".encode()]
         return ERR, [f"unknown store request {code} with {len(args)} arguments".encode()]
 
-    def _wait_for(self, keys: list[bytes], timeout_s: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout_s)
+    def _wait_for(self, keys: list[bytes], timeout_s: float, conn: socket.socket | None) -> bool:
+        now = time.monotonic()
+        deadline, look = now + max(0.0, timeout_s), now + 1.0
         with self._cond:
             while not all(k in self._data for k in keys):
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop.is_set():
+                now = time.monotonic()
+                if now >= deadline or self._stop.is_set():
                     return False
-                self._cond.wait(min(left, 1.0))
+                if conn is not None and now >= look:   # a client gone mid-wait frees its thread within a second
+                    if _hung_up(conn):
+                        return False
+                    look = now + 1.0
+                self._cond.wait(min(deadline - now, 1.0))
             return True
 
     def close(self) -> None:
@@ -228,7 +336,7 @@ class StoreServer:
             pass
         self._sock.close()
         with self._cond:
-            for c in list(self._conns):
+            for c in list(self._clients):
                 try:
                     c.shutdown(socket.SHUT_RDWR)
                 except OSError:
@@ -250,7 +358,8 @@ class Store:
         self._sock: socket.socket | None = self._connect(connect_timeout if connect_timeout is not None
                                                          else self.timeout)
 
-    def _connect(self, timeout_s: float) -> socket.socket:
+    def _connect(self, timeout_s: float, refused_fails: bool = False) -> socket.socket:
+        """A new authenticated connection; with `refused_fails`, a refused dial is not retried (the store exited)."""
         deadline = time.monotonic() + timeout_s
         delay = 0.01
         last: OSError | None = None
@@ -266,7 +375,18 @@ class Store:
                     s.close()
                     raise
                 return s
-            except (TimeoutError, ConnectionRefusedError, ConnectionResetError, auth.Dropped) as exc:
+            except auth.Busy as exc:
+                cap = (exc.detail or {}).get("reason", "?")
+                raise StoreFull(f"the store at {self.host}:{self.port} refused the connection: it serves its cap of "
+                                f"{cap} connections (RINGFLOW_STORE_MAX_CLIENTS) and none is idle",
+                                "raise RINGFLOW_STORE_MAX_CLIENTS where the store runs (rank 0, `ringflow run` or "
+                                "`ringflow store`) above the ranks and clients of the job, or close idle clients"
+                                ) from None
+            except ConnectionRefusedError as exc:
+                if refused_fails:
+                    raise
+                last = exc
+            except (TimeoutError, ConnectionResetError, auth.Dropped) as exc:
                 last = exc   # auth.Dropped: the server shed this handshake (a flood of strangers); dial again
             except OSError as exc:
                 if isinstance(exc, (RingflowSystemError, Timeout)):
@@ -312,32 +432,54 @@ class Store:
             if self._failed:
                 raise RingflowSystemError(f"{where} connection failed earlier: {self._failed}",
                                           "the store process (rank 0 or `ringflow store`) exited")
-            if self._sock is None:   # an earlier request went unanswered: dial again, within this one's deadline
-                left = limit - time.monotonic()
-                if left <= 0:
-                    raise Timeout(f"no time left to reconnect to {where}", "raise the timeout")
-                self._sock = self._connect(left)
-            sock = self._sock
-            try:
-                sock.settimeout(max(0.001, limit - time.monotonic()))
-                sock.sendall(msg)
-                status, out = _read_msg(sock, limit, "store reply")
-            except (TimeoutError, Timeout):
-                self._drop()   # a late reply must not answer the next request
-                raise Timeout(f"the {where} did not answer within the caller's deadline",
-                              "the store process is stopped, overloaded or unreachable; check it, or raise the "
-                              "timeout") from None
-            except ProtocolError as exc:
-                self._drop()
-                raise ProtocolError(f"{where} sent a malformed reply: {exc}", "run the same ringflow version") from None
-            except (OSError, RemoteError) as exc:
-                self._drop()
-                self._failed = str(exc)
-                raise RingflowSystemError(f"{where} connection failed: {exc}",
-                                          "the store process (rank 0 or `ringflow store`) exited") from None
+            for again in (False, True):
+                status, out = self._exchange(msg, limit, where, again)
+                if status != GONE:
+                    break
+                self._drop()   # closed while idle, unserved: dial again and resend
+            else:
+                raise RingflowSystemError(f"{where} closed two connections in a row before serving a request",
+                                          "the store is full of busy clients or restarting; retry later")
         if status == ERR:
             raise ProtocolError(f"store error: {out[0].decode(errors='replace') if out else '?'}")
         return status, out
+
+    def _exchange(self, msg: bytes, limit: float, where: str, again: bool) -> tuple[int, list[bytes]]:
+        """Send `msg` and read its reply (GONE: the server closed the connection, unserved); the caller holds
+        the lock. A connection the server closed while it was idle is replaced before sending, and a request
+        that meets a closed connection is sent again on a new one, unless `again` says it already was."""
+        if self._sock is not None and not again and _closed_by_peer(self._sock):
+            self._drop()
+        if self._sock is None:   # new, after an unanswered request, or closed by the store while idle
+            left = limit - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"no time left to reconnect to {where}", "raise the timeout")
+            try:
+                self._sock = self._connect(left, refused_fails=True)
+            except ConnectionRefusedError as exc:
+                self._failed = f"it refuses new connections ({exc})"
+                raise RingflowSystemError(f"{where} connection failed: {self._failed}",
+                                          "the store process (rank 0 or `ringflow store`) exited") from None
+        sock = self._sock
+        try:
+            sock.settimeout(max(0.001, limit - time.monotonic()))
+            sock.sendall(msg)
+            return _read_msg(sock, limit, "store reply")
+        except (TimeoutError, Timeout):
+            self._drop()   # a late reply must not answer the next request
+            raise Timeout(f"the {where} did not answer within the caller's deadline",
+                          "the store process is stopped, overloaded or unreachable; check it, or raise the "
+                          "timeout") from None
+        except ProtocolError as exc:
+            self._drop()
+            raise ProtocolError(f"{where} sent a malformed reply: {exc}", "run the same ringflow version") from None
+        except (OSError, RemoteError) as exc:
+            self._drop()
+            if not again:   # the store never serves a request on a connection it closes: resend it
+                return GONE, [str(exc).encode()]
+            self._failed = str(exc)
+            raise RingflowSystemError(f"{where} connection failed: {exc}",
+                                      "the store process (rank 0 or `ringflow store`) exited") from None
 
     def _drop(self) -> None:
         if self._sock is not None:
@@ -449,6 +591,17 @@ class PrefixStore:
     @property
     def timeout(self) -> float:
         return self.base.timeout
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """True if the server closed `sock` (EOF, or its unasked GONE waiting to be read): it cannot carry a request."""
+    try:
+        sock.settimeout(0.0)   # with a timeout, Python would wait for data before trying
+        return sock.recv(1, socket.MSG_PEEK) is not None
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
