@@ -12,6 +12,7 @@ the communicator's `hint_dialect`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,6 +76,8 @@ _BY_TEXT.update({
     "every rank must make the same calls; create a new communicator": "broken",
 })
 
+_RECOVERY = re.compile(r"shrink|new communicator|ringflow\.init\(\)")
+
 
 def hint(kind: str, dialect: str = RINGFLOW) -> str:
     """The fix hint for situation `kind` ("mismatch", "timeout", "departed", ...) in `dialect`."""
@@ -83,10 +86,13 @@ def hint(kind: str, dialect: str = RINGFLOW) -> str:
 
 
 def translate_hint(text: str | None, dialect: str) -> str | None:
-    """A ringflow-API hint rewritten in `dialect` (unchanged if it has no counterpart)."""
+    """A ringflow-API hint rewritten in `dialect`: its counterpart, or for an unlisted hint that names ringflow's
+    recovery (shrink, a new communicator) torch's; unchanged otherwise."""
     if text is None or dialect == RINGFLOW:
         return text
     kind = _BY_TEXT.get(text)
+    if kind is None and _RECOVERY.search(text):
+        kind = "aborted"
     return text if kind is None else hint(kind, dialect)
 
 
@@ -173,28 +179,29 @@ def timeout_sentence(call: Mapping[str, Any] | str | None, op_seq: int, waiting_
     """A Timeout in one sentence of at most MAX_TIMEOUT_CHARS: which ranks did not arrive at call #op_seq and
     what each was last doing (ranks with the same last call are named together)."""
     head = f"{phrase(call)} (call #{op_seq}) timed out"
-    behind: dict[tuple[Any, bool], list[int]] = {}
+    if waiting_on:
+        head += f" waiting for {_ranks(waiting_on)}"
+    behind: dict[tuple[int, bool], list[int]] = {}
     for p, a in answers.items():
         seq = a.get("op_seq", -1)
         if isinstance(seq, int) and seq < op_seq:
             behind.setdefault((seq, bool(a.get("in_call"))), []).append(p)
     parts = []
     for (seq, inside), ranks in sorted(behind.items(), key=lambda kv: kv[1]):
+        who = f"{_ranks(ranks)} {'has' if len(ranks) == 1 else 'have'} not entered it"
         if seq < 0:
-            parts.append(f"{_ranks(ranks)} made no collective call yet")
+            parts.append(f"{who} (no collective call yet)")
         else:
-            where = "still inside" if inside else "last finished"
-            parts.append(f"{_ranks(ranks)} {where} call #{seq} ({phrase(answers[ranks[0]].get('call'))})")
+            state = "still inside" if inside else "done with"
+            parts.append(f"{who} ({state} call #{seq}, {phrase(answers[ranks[0]].get('call'))})")
     if silent:
         parts.append(f"{_ranks(silent)} did not answer (stopped, or busy without releasing the GIL)")
-    if parts:
-        text = f"{head}: not arrived: " + "; ".join(parts)
-    elif waiting_on:
-        text = f"{head} waiting on {_ranks(waiting_on)}; every rank has entered this call (one is slow inside it)"
-    else:
-        text = f"{head}; every rank has entered this call (one is slow inside it)"
+    if not parts:
+        parts.append("every rank has entered this call (one is slow inside it)")
+    text = f"{head}: " + "; ".join(parts)
     if len(text) > MAX_TIMEOUT_CHARS:
-        text = text[:MAX_TIMEOUT_CHARS - 26].rstrip(" ;,") + " ... (see the error's detail)"
+        more = " ... (the rest in the error's detail)"
+        text = text[:MAX_TIMEOUT_CHARS - len(more)].rstrip(" ;,") + more
     return text
 
 
@@ -214,3 +221,58 @@ def mismatch_error(peer: int, detail_bytes: bytes, got_nbytes: int, want_nbytes:
     return InvalidArgument(mismatch_sentence(peer, theirs, mine, got_nbytes=got_nbytes, want_nbytes=want_nbytes),
                            hint("mismatch"),
                            detail=mismatch_detail(peer, theirs, mine, got_nbytes, want_nbytes))
+
+
+PEER_CALL_WAIT_S = 1.0   # how long a rank that found a mismatch waits for the peer's description of its call
+
+
+def both_calls(watchdog: Any, rank: int, last_call: tuple[int, str], peer: int, theirs: Mapping[str, Any] | None,
+               got_nbytes: int | None, want_nbytes: int | None,
+               wait_s: float = PEER_CALL_WAIT_S) -> tuple[str, str, dict[str, Any]]:
+    """A mismatch with `peer` in call #op_seq (`last_call`: this rank's (op_seq, description)), in words from this
+    rank's side and from a third party's, and its detail. This rank's call is told to every peer first; a peer's
+    call that did not come with its message (a data message, not the argument check's) is waited for up to
+    `wait_s`, as the peer, which found the same disagreement, tells it."""
+    op_seq, desc = last_call
+    mine = parse_call(desc)
+    watchdog.tell_call(op_seq, desc)
+    peer_seq = op_seq
+    if theirs is None:
+        told = watchdog.peer_call(peer, op_seq, wait_s)
+        if told is not None:
+            peer_seq, theirs = told[0], parse_call(told[1])
+    first = mismatch_sentence(peer, theirs, mine, rank, got_nbytes, want_nbytes)
+    third = mismatch_sentence(peer, theirs, mine, rank, got_nbytes, want_nbytes, third_person=True)
+    if peer_seq != op_seq:
+        where = f" (its call #{peer_seq}, this rank's #{op_seq})"
+        first, third = first + where, third + where
+    detail = mismatch_detail(peer, theirs, mine, got_nbytes, want_nbytes, rank=rank, op_seq=op_seq,
+                             peer_op_seq=peer_seq if theirs is not None else None)
+    return first, third, detail
+
+
+#: ringflow-API phrases in messages and their torch.distributed counterparts
+_TORCH_PHRASES = (
+    ("left the communicator (destroy() or the end of its `with` block)",
+     "left the process group (dist.destroy_process_group())"),
+    ("the communicator's channels are out of step", "the process group's channels are out of step"),
+    ("communicator aborted by rank", "process group aborted by rank"),
+    ("communicator failed earlier", "process group failed earlier"),
+    ("communicator is destroyed", "process group is destroyed"),
+)
+
+
+def in_dialect(exc: BaseException, dialect: str) -> str:
+    """An error's text (message, then "(fix: hint)") with ringflow-API hints and phrases in `dialect`."""
+    message, fix = getattr(exc, "message", None), getattr(exc, "hint", None)
+    if not isinstance(message, str):
+        return str(exc)
+    if dialect == RINGFLOW:
+        return str(exc)
+    if dialect == TORCH:
+        for text, kind in sorted(_BY_TEXT.items(), key=lambda kv: -len(kv[0])):
+            message = message.replace(f"(fix: {text})", f"(fix: {hint(kind, TORCH)})")
+        for ours, theirs in _TORCH_PHRASES:
+            message = message.replace(ours, theirs)
+    fix = translate_hint(fix, dialect)
+    return f"{message} (fix: {fix})" if fix else message

@@ -27,6 +27,7 @@ import numpy as np
 from ..algorithms.plan import Plan
 from ..algorithms.schedule import Buffer, OpKind
 from ..errors import RemoteError, RingflowError, Timeout
+from .calltext import hint
 from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
@@ -141,17 +142,15 @@ class Waiter:
 
 def timed_out(what: str, peers: list[int]) -> Timeout:
     """The error of a call whose deadline passed while it waited on `peers` (both executors)."""
-    return Timeout(f"{what} timed out waiting for ranks {peers}",
-                   "a peer is slow, stuck or called a different collective; raise timeout= or "
-                   "RINGFLOW_TIMEOUT, or check every rank calls the same sequence")
+    return Timeout(f"{what} timed out waiting for {'rank' if len(peers) == 1 else 'ranks'} "
+                   f"{', '.join(map(str, peers))}", hint("timeout"),
+                   detail={"reason": "timeout", "stage": what, "waiting_on": list(peers)})
 
 
 def departed(what: str, peer: int) -> RemoteError:
     """The error of a call still waiting on a peer that said goodbye (both executors)."""
     return RemoteError(f"{what}: rank {peer} left the communicator (destroy() or the end of its `with` block) "
-                       f"while this call waited on it", rank=peer,
-                       hint="every rank must make the same collective calls before destroying; this communicator "
-                            "cannot complete them: shrink() it or create a new one")
+                       f"while this call waited on it", rank=peer, hint=hint("departed"))
 
 
 def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:

@@ -7,8 +7,10 @@ by the kernel's TCP keepalive on the control socket: probes every RINGFLOW_HEART
 and the socket fails once RINGFLOW_HEARTBEAT_TIMEOUT seconds pass without an answer. The kernel
 answers probes for a process that computes (or holds the GIL, or is stopped), so a busy rank is never
 declared dead: it is alive, and a collective that waits on it ends with Timeout after the call's
-timeout instead. ABORT, BYE (clean destroy) and MISMATCH (a rank found disagreeing arguments) travel
-on the same sockets; a BYE marks the peer departed (`departed`, with the time it said so).
+timeout instead. ABORT, BYE (clean destroy) and MISMATCH travel on the same sockets; a BYE marks the peer
+departed (`departed`, with the time it said so). A MISMATCH carries either a rank's verdict that the
+communicator's channels are out of step ("message") or, when a call found a message of another call, that
+rank's own description of the call ("call", kept in `peer_calls`), so each side can name the other's.
 """
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ from collections.abc import Callable
 
 from .. import config
 from ..errors import ProtocolError, RemoteError, RingflowError, Timeout
+from .calltext import hint
 from .transport import frames
 from .transport.frames import Kind
 from .transport.tcp import read_frame
 
 log = logging.getLogger("ringflow.runtime")
 
+PEER_CALLS_KEPT = 8   # call descriptions kept per peer (the latest calls it reported in a mismatch)
 
 
 def keep_alive(sock: socket.socket, interval_s: float, timeout_s: float) -> None:
@@ -65,6 +69,7 @@ class Watchdog:
         self._last: dict[int, float] = {}
         self.departed: dict[int, float] = {}   # peer -> monotonic time of its BYE
         self.dead: dict[int, str] = {}
+        self.peer_calls: dict[int, dict[int, str]] = {}   # peer -> {op_seq: its call's description}
         self._cond = threading.Condition()
         self._r, self._w = os.pipe()
         os.set_blocking(self._w, False)
@@ -201,11 +206,45 @@ class Watchdog:
                 self.statuses[peer] = answer if isinstance(answer, dict) else {}
                 self._cond.notify_all()
         elif f.kind == Kind.MISMATCH:
-            try:
-                msg = json.loads(body).get("message", "")
-            except ValueError:
-                msg = ""
-            self.on_mismatch(f.op_seq, msg or f"rank {peer} found mismatched arguments")
+            self._mismatch(peer, f.op_seq, body)
+
+    def _mismatch(self, peer: int, op_seq: int, body: bytes) -> None:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            payload = {}
+        call = payload.get("call")
+        if isinstance(call, str):
+            with self._cond:
+                calls = self.peer_calls.setdefault(peer, {})
+                calls[op_seq] = call
+                while len(calls) > PEER_CALLS_KEPT:
+                    del calls[min(calls)]
+                self._cond.notify_all()
+        if call is None or payload.get("message"):
+            self.on_mismatch(op_seq, str(payload.get("message") or f"rank {peer} found mismatched arguments"))
+
+    def tell_call(self, op_seq: int, description: str) -> None:
+        """Tell every peer this rank's call #op_seq (it found a message of another call in it), so a peer that
+        found the same disagreement can name both calls."""
+        self.broadcast(Kind.MISMATCH, json.dumps({"call": description}).encode(), op_seq=op_seq)
+
+    def peer_call(self, peer: int, op_seq: int, wait_s: float) -> tuple[int, str] | None:
+        """(op_seq, description) of `peer`'s call #op_seq as it told it (`tell_call`), waiting up to `wait_s` for it;
+        else its latest told call, if any; None if it told none."""
+        end = time.monotonic() + wait_s
+        with self._cond:
+            while op_seq not in self.peer_calls.get(peer, {}) and peer not in self.dead:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            calls = self.peer_calls.get(peer, {})
+            if op_seq in calls:
+                return op_seq, calls[op_seq]
+            return (max(calls), calls[max(calls)]) if calls else None
 
     def _drop(self, peer: int) -> None:
         with self._cond:
@@ -221,8 +260,7 @@ class Watchdog:
         if not aborted:  # an aborted peer keeps its socket: closing it would look like our death to it
             self._drop(peer)
         log.warning("ringflow: rank %d: peer rank %d failed: %s", self.rank, peer, why)
-        self.on_failure(RemoteError(f"rank {peer} failed: {why}", rank=peer,
-                                    hint="the communicator is unusable; shrink it or create a new one"))
+        self.on_failure(RemoteError(f"rank {peer} failed: {why}", rank=peer, hint=hint("failed")))
 
     def ask_status(self, peers: list[int], wait_s: float) -> dict[int, dict[str, object]]:
         """Ask `peers` what they are doing; the answers that came within `wait_s` (a stopped or hung peer's
