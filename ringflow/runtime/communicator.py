@@ -213,8 +213,9 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             raise self._failure
         if self._mismatch_notes:
             op_seq, msg = next(iter(self._mismatch_notes.items()))
+            from .calltext import hint
             self._failure = InvalidArgument(f"ranks disagree on the arguments of collective #{op_seq}: {msg}",
-                                            "every rank must make the same calls; create a new communicator")
+                                            hint("broken"), detail={"reason": "out_of_step", "op_seq": op_seq})
             raise self._failure
 
     def _usable(self) -> None:
@@ -265,13 +266,24 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         try:
             fn(deadline)
         except _Broken as exc:
-            err = InvalidArgument(f"rank {exc.mismatch.peer} disagrees with this rank's call "
-                                  f"({exc.mismatch.got_nbytes} bytes sent, {exc.mismatch.want_nbytes} expected)",
-                                  "every rank must call the same collective with the same arguments; "
-                                  "create a new communicator")
+            from .calltext import both_calls, hint, parse_call
+            m = exc.mismatch
+            text, third, detail = both_calls(self._watchdog, self.rank, self._last_call, m.peer, parse_call(m.detail),
+                                             m.got_nbytes, m.want_nbytes)
+            out_of_step = "; data had moved, so the communicator's channels are out of step"
+            err = InvalidArgument(text + out_of_step, hint("broken"), detail={**detail, "out_of_step": True})
             self._failure = err
-            self._watchdog.broadcast(Kind.MISMATCH, json.dumps({"message": str(err)}).encode(), op_seq=self._op_seq)
+            self._watchdog.broadcast(Kind.MISMATCH, json.dumps({"message": third + out_of_step}).encode(),
+                                     op_seq=self._last_call[0])
             raise err from None
+        except InvalidArgument as exc:
+            d = exc.detail
+            if lane != LANE_COLL or d is None or d.get("reason") != "mismatch" or "rank" in d:
+                raise
+            from .calltext import both_calls
+            text, _, detail = both_calls(self._watchdog, self.rank, self._last_call, int(d["peer"]), d["peer_call"],
+                                         d["peer_nbytes"], d["expected_nbytes"])
+            raise InvalidArgument(text, exc.hint, detail=detail) from None
         except RemoteError as exc:
             left = self._departed_name(exc.rank)
             if left is None:
@@ -280,11 +292,12 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                               f"while this rank's call needed it", rank=exc.rank, hint=left) from None
         except Timeout as exc:
             # a collective may have half-moved data: its channels can no longer be trusted
+            from .calltext import hint
             if self._failure is None and lane == LANE_COLL:
-                self._failure = Aborted("an earlier operation timed out mid-transfer",
-                                        "create a new communicator")
+                self._failure = Aborted("an earlier operation timed out mid-transfer", hint("timed_out_before"))
             if lane == LANE_COLL and self._in_call:
-                raise Timeout(f"{exc.message}; {self._who_did_not_arrive()}", exc.hint) from None
+                text, detail = self._who_did_not_arrive(exc.detail)
+                raise Timeout(text, exc.hint, detail=detail) from None
             raise
         finally:
             if lane == LANE_COLL:
@@ -298,21 +311,18 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             st.update(self._rec.status())
         return st
 
-    def _who_did_not_arrive(self, wait_s: float = 0.5) -> str:
-        """Which peers have not entered this rank's current collective, and what each was last doing."""
-        seq, _ = self._last_call
+    def _who_did_not_arrive(self, detail: dict[str, Any] | None = None,
+                            wait_s: float = 0.5) -> tuple[str, dict[str, Any]]:
+        """Which peers have not entered this rank's current collective and what each was last doing: a sentence and
+        its structured detail (`detail`: the executor's, naming the peers the call waited on)."""
+        from .calltext import timeout_detail, timeout_sentence
+        seq, what = self._last_call
         peers = [p for p in range(self.size) if p != self.rank and p not in self._watchdog.dead]
         answers = self._watchdog.ask_status(peers, wait_s)
         silent = [p for p in peers if p not in answers]
-        behind = [f"rank {p} did not answer within {wait_s:g} s (stopped, or busy without releasing the GIL)"
-                  for p in silent]
-        for p, a in answers.items():
-            if int(a.get("op_seq", -1)) < seq:   # type: ignore[call-overload]
-                state = "inside" if a.get("in_call") else "after"
-                behind.append(f"rank {p} is {state} its call #{a.get('op_seq')} ({a.get('call')})")
-        if not behind:
-            return "every rank has entered this call (one of them is slow inside it)"
-        return f"ranks not in call #{seq}: " + "; ".join(behind)
+        waiting_on = list((detail or {}).get("waiting_on", []))
+        full = {**(detail or {}), **timeout_detail(what, seq, waiting_on, answers, silent), "rank": self.rank}
+        return timeout_sentence(what, seq, waiting_on, answers, silent), full
 
     def _departed_name(self, peer: int | None) -> str | None:
         """The fix hint for a peer that said goodbye (its closed connection may beat its goodbye by a moment:
@@ -324,8 +334,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             time.sleep(0.005)
         if peer not in self._watchdog.departed:
             return None
-        return ("every rank must make the same collective calls before destroying; this communicator cannot "
-                "complete them: shrink() it or create a new one")
+        from .calltext import hint
+        return hint("departed")
 
     # ---------------------------------------------------------------- schedules
     def _schedule(self, coll: Collective, nbytes: int, root: int | None, dtype_size: int,
