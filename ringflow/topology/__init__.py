@@ -8,25 +8,39 @@ rings = find_rings(topo)                   # channels: Ring(ranks=(0, 3, 2, 1, 5
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..errors import TopologyError
-from .cluster import FABRICS, build_cluster
-from .graph import LinkType, NodeKind, Topology
-from .presets import PRESETS, build_preset, preset_names
-from .schema import SCHEMA, SCHEMA_VERSION
-from .search import (
-    Ring,
-    all_nvlink,
-    double_binary_tree,
-    find_rings,
-    hierarchical_trees,
-    parse_rings,
-    ring_hop_types,
-    tree_children,
-)
+
+if TYPE_CHECKING:
+    from .cluster import FABRICS, build_cluster
+    from .graph import LinkType, NodeKind, Topology
+    from .presets import PRESETS, build_preset, preset_names
+    from .schema import SCHEMA, SCHEMA_VERSION
+    from .search import (
+        Ring,
+        all_nvlink,
+        double_binary_tree,
+        find_rings,
+        hierarchical_trees,
+        parse_rings,
+        ring_hop_types,
+        tree_children,
+    )
+
+#: module (of this package) that defines each public name; loaded on first use (networkx is heavy)
+_WHERE = {
+    **dict.fromkeys(("FABRICS", "build_cluster"), "cluster"),
+    **dict.fromkeys(("LinkType", "NodeKind", "Topology"), "graph"),
+    **dict.fromkeys(("PRESETS", "build_preset", "preset_names"), "presets"),
+    **dict.fromkeys(("SCHEMA", "SCHEMA_VERSION"), "schema"),
+    **dict.fromkeys(("Ring", "all_nvlink", "double_binary_tree", "find_rings", "hierarchical_trees", "parse_rings",
+                     "ring_hop_types", "tree_children"), "search"),
+}
 
 _CLUSTER_SPEC = re.compile(r"^(\d+)x([a-z0-9-]+(?::\d+)?)(?:@(rail|fat-tree))?$")
 
@@ -36,6 +50,9 @@ def load_topology(spec: str) -> Topology:
     cluster spec "<N>x<preset>[@rail|@fat-tree]" (e.g. "128xdgx-h100"). "detect" honours RINGFLOW_TOPO_FILE."""
     if not isinstance(spec, str) or not spec:
         raise TopologyError(f"topology spec {spec!r} is empty", "give a preset name, a file, or 'detect'")
+    from .cluster import build_cluster
+    from .graph import Topology
+    from .presets import build_preset
     if spec == "detect":
         path = config.get("TOPO_FILE")
         if path:
@@ -56,3 +73,16 @@ __all__ = [
     "parse_rings", "build_cluster", "build_preset", "preset_names", "PRESETS", "FABRICS", "SCHEMA",
     "SCHEMA_VERSION", "tree_children", "ring_hop_types", "all_nvlink", "hierarchical_trees",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import TopologyError
-from .graph import LinkType, NodeKind, successors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Topology
+    from .graph import LinkType, Topology
     from .routing import Router
 
 Edge = tuple[str, str]
@@ -420,6 +419,7 @@ def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
 def _rail_room(pair: tuple[int, int], rails: dict[int, list[int]], eps: list[str], router: Router,
                cap: dict[Edge, float]) -> float:
     """Residual network bandwidth of the best NIC the pair's entry and exit GPUs share (0 if none)."""
+    from .graph import LinkType, successors  # networkx: loaded by the searches, not by the tree helpers
     s, e = pair
     shared = set(rails.get(s, [])) & set(rails.get(e, []))
     g = router.g
@@ -450,6 +450,7 @@ def find_rings(topo: Topology, endpoints: list[str] | None = None, nchannels: in
     RINGFLOW_RINGS (NCCL_RINGS syntax) overrides the search; its rings are validated and evaluated.
     With `nchannels`, exactly that many rings are returned (found rings repeated, sharing their bandwidth).
     """
+    from .graph import NodeKind
     eps = topo.endpoints() if endpoints is None else list(endpoints)
     n = len(eps)
     if n == 0:
@@ -549,6 +550,7 @@ def ring_hop_types(topo: Topology, ring: Ring, endpoints: list[str] | None = Non
 
 def all_nvlink(topo: Topology, ring: Ring, endpoints: list[str] | None = None) -> bool:
     """True when every hop of the ring travels only over NVLink."""
+    from .graph import LinkType
     return all(t == LinkType.NVLINK.value for t in ring_hop_types(topo, ring, endpoints))
 
 
