@@ -29,10 +29,10 @@ class RingflowError(Exception):
     """Base of every ringflow error; `hint` says what to do, `detail` (a dict, or None) holds structured facts
     behind the sentence (both calls of a mismatch, the ranks a timeout waited on and their last calls)."""
 
-    def __init__(self, message: str, hint: str | None = None, *, detail: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, detail: Any = None) -> None:
         self.message = message
         self.hint = hint
-        self.detail = detail
+        self.detail: dict[str, Any] | None = detail
         super().__init__(f"{message} (fix: {hint})" if hint else message)
 
 
@@ -77,7 +77,7 @@ class RemoteError(RingflowError):
     """A peer rank died, disconnected or aborted; `rank` names it."""
 
     def __init__(self, message: str, rank: int | None = None, hint: str | None = None, *,
-                 detail: dict[str, Any] | None = None) -> None:
+                 detail: Any = None) -> None:
         self.rank = rank
         super().__init__(message, hint, detail=detail)
 
