@@ -25,7 +25,7 @@ import pytest
 from conftest import ROOT  # noqa: E402
 
 from ringflow.errors import InvalidArgument, RingflowSystemError, Timeout
-from ringflow.runtime import auth
+from ringflow.runtime import auth, storeclient, storewire
 from ringflow.runtime import store as store_mod
 from ringflow.runtime.store import Store, StoreFull, StoreServer
 
@@ -283,7 +283,7 @@ def test_a_declared_huge_store_message_allocates_nothing_and_gets_a_typed_error(
         for _ in range(16):   # each declares 60 MiB (under the limit) and sends 10 bytes of it
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
             auth.client_handshake(s, auth.secret_bytes(secret), store_mod._CTX, 5.0, what="store")
-            s.sendall(store_mod._U32.pack(60 * 2**20) + b"\x01" * 10)
+            s.sendall(storewire.U32.pack(60 * 2**20) + b"\x01" * 10)
             liars.append(s)
         time.sleep(0.5)
         grown = (_rss_kib(server.pid) - rss0) / 1024
@@ -291,7 +291,7 @@ def test_a_declared_huge_store_message_allocates_nothing_and_gets_a_typed_error(
         # past the limit: an error reply naming it, then the connection closes
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         auth.client_handshake(s, auth.secret_bytes(secret), store_mod._CTX, 5.0, what="store")
-        s.sendall(store_mod._U32.pack(2**32 - 1))
+        s.sendall(storewire.U32.pack(2**32 - 1))
         status, out = store_mod._read_msg(s, time.monotonic() + 5, "reply")
         assert status == store_mod.ERR and b"exceeds" in out[0], out
         assert s.recv(1) == b""
@@ -523,7 +523,7 @@ def test_a_client_with_the_secret_cannot_exhaust_the_stores_threads_or_descripto
         assert all(s is not None for s in held)
         time.sleep(0.2)
         sample()
-        assert sum(store_mod._closed_by_peer(s) for s in held if s) == CAP   # the oldest half made room
+        assert sum(storeclient._closed_by_peer(s) for s in held if s) == CAP   # the oldest half made room
         ranks = [subprocess.Popen([sys.executable, "-c", JOB, str(tmp_path)], env=dict(
             ENV, RINGFLOW_RANK=str(r), RINGFLOW_WORLD_SIZE="2", RINGFLOW_STORE_ADDR=f"127.0.0.1:{port}",
             RINGFLOW_SECRET=secret, RINGFLOW_JOB_ID=f"insider{os.getpid()}"), stdout=subprocess.PIPE,

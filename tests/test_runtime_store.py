@@ -11,8 +11,7 @@ import pytest
 
 from ringflow import config
 from ringflow.errors import InvalidArgument, ProtocolError, RingflowSystemError, Timeout
-from ringflow.runtime import auth
-from ringflow.runtime import store as store_mod
+from ringflow.runtime import auth, storeclient
 from ringflow.runtime.store import PrefixStore, Store, StoreFull, StoreServer, decode, encode, parse_addr
 
 
@@ -137,7 +136,7 @@ def test_parse_addr() -> None:
 
 
 def _peer_closed(st: Store) -> bool:
-    return st._sock is None or store_mod._closed_by_peer(st._sock)
+    return st._sock is None or storeclient._closed_by_peer(st._sock)
 
 
 def test_an_idle_connection_is_closed_and_its_client_dials_again_unnoticed() -> None:
