@@ -1,8 +1,10 @@
 """Call recorder and flight recorder: what every collective and point-to-point call of a rank did, and when.
 
-Where RINGFLOW_DUMP_DIR or RINGFLOW_RECORD says where records go, every communicator keeps its last
-RINGFLOW_FLIGHT_RECORDER calls in a ring (a deque append per call); a timeout, a failed peer, SIGUSR1 or
-`comm.dump()` writes them to RINGFLOW_DUMP_DIR (or the record directory) as ``flight-rank<R>.json``. With
+Where RINGFLOW_DUMP_DIR or RINGFLOW_RECORD says where records go (`ringflow run` sets RINGFLOW_DUMP_DIR to its job
+directory), every communicator keeps its last RINGFLOW_FLIGHT_RECORDER calls twice: in a file-backed ring,
+``ring-rank<R>-<K>.bin`` (flightring.py; each call written as it is entered, started and ended, so a rank killed
+or blocked leaves it on disk), and in memory; a timeout, a failed peer, SIGUSR1 or `comm.dump()` writes the
+latter to ``flight-rank<R>.json`` beside it. With
 RINGFLOW_RECORD=DIR every call is also kept and written to ``DIR/rank<R>.jsonl`` (R: the global rank), and
 world rank 0 writes ``DIR/manifest.json``.
 `ringflow record merge` and `ringflow diagnose` (ringflow.workload.recorded) read them; docs/record.md
@@ -32,6 +34,7 @@ from typing import Any
 
 from .. import config
 from ..errors import InvalidArgument
+from . import flightring
 from .record_rows import (
     ALGO,
     CODE,
@@ -191,6 +194,7 @@ class _Process:
         self.mono0, self.wall0 = _now(), time.time_ns()
         self.hooked = False
         self.told = False   # said once that flight records go nowhere without a directory
+        self.nrings = 0     # ring files this process opened (K of ring-rank<R>-<K>.bin)
 
     def open_record(self, directory: str, rank: int) -> None:
         """Open DIR/rank<R>.jsonl (once per process) with its header line."""
@@ -238,8 +242,9 @@ class _Process:
             self.file.write(text)
             self.file.flush()
 
-    def hook_signals(self) -> None:
-        """SIGUSR1 dumps every live communicator's flight record (only if nobody else handles SIGUSR1)."""
+    def hook_signals(self, term: Callable[[], bool] | None = None) -> None:
+        """SIGUSR1 dumps every live communicator's flight record (only if nobody else handles SIGUSR1); `term`
+        (the C recorder's install_term_handler) marks the rings ended on SIGTERM where nothing handles it."""
         if self.hooked:
             return
         self.hooked = True
@@ -247,6 +252,8 @@ class _Process:
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGUSR1, lambda signum, frame: dump_all("SIGUSR1"))
+        if term is not None and threading.current_thread() is threading.main_thread():
+            term()
 
 
 _proc = _Process()
@@ -272,8 +279,35 @@ class Recorder:
         self.last: list[Any] | None = None     # the latest collective entered
         self.barrier_ns: int | None = None
         self.reason = ""
+        self.fring: Any = None        # the file-backed ring's writer (open_ring), None without one
+        self.fring_map: Any = None    # its mapping
 
     pack_rows = staticmethod(pack_rows)   # the rows of the record file (record_native.py's are C's)
+    ring_class: Any = flightring.PyRing   # the ring's writer (record_native.py's is C's)
+
+    def open_ring(self, directory: Path, nslots: int) -> None:
+        """Create this communicator's ring file in `directory` and write every call into it from now on."""
+        with _proc.lock:
+            k = _proc.nrings
+            _proc.nrings = k + 1
+        directory.mkdir(parents=True, exist_ok=True)
+        info = flightring.process_info(self.info(), os.getpid(), _proc.mono0, _proc.wall0)
+        mm, slots_at = flightring.create(directory / f"ring-rank{self.grank}-{k}.bin", nslots, info)
+        self.fring_map = mm
+        self.fring = self.ring_class(mm, slots_at, nslots, flightring.Names(mm))
+
+    def end_ring(self, state: int) -> None:
+        """Mark the ring ended (`state`: flightring.DESTROYED or EXITED) and stop writing it."""
+        ring, mm = self.fring, self.fring_map
+        if ring is None or mm is None:
+            return
+        self.fring = self.fring_map = None
+        ring.release()
+        flightring.mark_ended(mm, state, _now())
+        try:
+            mm.close()
+        except BufferError:   # a writer still holds it: the mapping goes with the process
+            pass
 
     # -------------------------------------------------------------- the hot path
     def enter(self, lane: int, description: str, meta: tuple | None, async_op: bool) -> list[Any]:
@@ -307,18 +341,29 @@ class Recorder:
                 pending.append(e)
                 if len(pending) >= FLUSH_EVERY:
                     self.flush()
+            fring = self.fring
+            pos = -1 if fring is None else fring.enter(e)
+        else:
+            fring = self.fring
+            pos = -1 if fring is None or guard is None else fring.find(e)
         if guard is None:
             return e
         e[T_START] = _now()
+        if pos >= 0:
+            fring.start(pos, e)
         if lane == 0:
             self.last = e
         try:
             guard(fn, deadline, lane)
         except BaseException as exc:
             e[T_END], e[STATUS] = _now(), type(exc).__name__
+            if pos >= 0:
+                fring.exit(pos, e)
             self.failed(exc)
             raise
         e[T_END] = _now()
+        if pos >= 0:
+            fring.exit(pos, e)
         if lane == 0 and self.size > 1:
             e[ALGO] = self.comm.last_schedule   # its name is read when the entry is written
         return e
@@ -331,6 +376,8 @@ class Recorder:
         self.ring.append(w)
         if self.pending is not None:
             self.pending.append(w)
+        if self.fring is not None:
+            self.fring.enter(w)
 
     # -------------------------------------------------------------- off the hot path
     def status(self) -> dict[str, object]:
@@ -355,12 +402,14 @@ class Recorder:
         self.pending = [e for e in p if not e[T_END]]
         _proc.write_calls(self.ns, done, self.pack_rows)
 
-    def close(self) -> None:
-        """The communicator is destroyed: write everything, in-flight calls included."""
+    def close(self, state: int = flightring.DESTROYED) -> None:
+        """The communicator is destroyed (or the process exits: `state`): write everything, in-flight calls
+        included, and mark the ring ended."""
         p = self.pending
         if p:
             _proc.write_calls(self.ns, p, self.pack_rows)
             self.pending = []
+        self.end_ring(state)
 
     def failed(self, exc: BaseException) -> None:
         """A call raised: write the record and dump the flight record (if a directory is configured)."""
@@ -391,8 +440,14 @@ def attach(comm: Any) -> Recorder | None:
     ring_n = int(config.get("FLIGHT_RECORDER")) if dump_dir() is not None else 0
     if ring_n <= 0 and not record_dir:
         return None
-    from .record_native import recorder_class  # C or Python: decided there
+    from .record_native import recorder_class, term_handler  # C or Python: decided there
     rec = recorder_class()(comm, ring_n, record_dir)
+    d = dump_dir()
+    if ring_n > 0 and d is not None:
+        try:
+            rec.open_ring(d, ring_n)
+        except OSError as exc:   # the flight recorder must not stop the job: it keeps its records in memory
+            log.warning("ringflow: no flight ring in %s (%s): records stay in memory", d, exc)
     if record_dir:
         comm.barrier()
         rec.barrier_ns = _now()
@@ -412,7 +467,7 @@ def attach(comm: Any) -> Recorder | None:
         wd.on_failure = on_failure
     _proc.rank = rec.grank if _proc.rank is None else _proc.rank
     _proc.recorders.add(rec)
-    _proc.hook_signals()
+    _proc.hook_signals(term_handler())
     return rec
 
 
@@ -448,9 +503,9 @@ def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | 
 
 
 def flush_all() -> None:
-    """Write every recorder's pending calls (at exit)."""
+    """Write every recorder's pending calls and mark its ring ended (at exit)."""
     for r in list(_proc.recorders):
         try:
-            r.close()
+            r.close(flightring.EXITED)
         except (OSError, ReferenceError):
             pass

@@ -5,17 +5,26 @@ remembers call-site depths and ringflow's own code (record._sites, record._inter
 object's address, filling and reading record._internal where its table has no answer."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import record
 from .native import _record, record_native
 from .record import Recorder
 
 
 class NativeRecorder(Recorder):
-    """A Recorder whose `call` (call site, entry, ring and pending, the guarded call and its times) runs in C."""
+    """A Recorder whose `call` (call site, entry, rings and pending, the guarded call and its times) runs in C."""
 
     if _record is not None:
         call = _record.call
         pack_rows = staticmethod(_record.pack)
+        ring_class = _record.Ring
+
+
+def term_handler() -> Callable[[], bool] | None:
+    """The C module's install_term_handler (SIGTERM marks the rings ended) where it is built and picked."""
+    mod = record_native()
+    return None if mod is None else mod.install_term_handler
 
 
 def recorder_class() -> type[Recorder]:

@@ -5,12 +5,16 @@
  * entries, sequence numbers and call sites of the Python version, which stays the reference, and the
  * same caching rules (record._sites, record._internal, MAX_WALK) in tables keyed by code address.
  * Times are CLOCK_MONOTONIC ns, the clock of time.perf_counter_ns on Linux. `pack` turns a batch of
- * entries into the base64 text of the record file's int64 rows. */
+ * entries into the base64 text of the record file's int64 rows. `Ring` writes each call into a flight ring
+ * file's mapping (runtime/flightring.py describes the layout; its PyRing is the reference) as the call is
+ * entered, started and ended; `install_term_handler` marks every ring ended on SIGTERM, even while Python
+ * code cannot run (a rank blocked in a native wait), then lets the signal kill the process. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #if PY_VERSION_HEX < 0x030B0000
 #error "the C recorder needs Python 3.11 (PyFrame_GetLasti, PyErr_GetHandledException); older ones record in Python"
 #endif
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -100,7 +104,7 @@ static struct {
 } lines[LINE_SLOTS];
 
 static PyObject *s_ring, *s_pending, *s_seqs, *s_coll_seq, *s_last, *s_size, *s_comm, *s_last_schedule,
-    *s_flush, *s_failed, *s_site, *s_sink, *s_append, *s_co_filename, *s_name, *s_entry, *s_async_op, *s_empty;
+    *s_flush, *s_failed, *s_site, *s_sink, *s_append, *s_co_filename, *s_name, *s_entry, *s_async_op, *s_empty, *s_fring;
 
 static inline int64_t mono_ns(void)
 {
@@ -445,8 +449,317 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- the flight ring (runtime/flightring.py) */
+enum { S_GEN, S_LANE, S_SEQ, S_ENQ, S_START, S_END, S_OP, S_DTYPE, S_COUNT, S_ROOT, S_REDOP, S_SITE, S_LINE,
+       S_STATUS, S_OF, S_SPARE, SLOT_WORDS };
+enum { H_HEAD = 3, H_STATE = 4, H_END_NS = 5, H_SIGNAL = 6 };   /* header words */
+enum { RING_RUNNING = 0, RING_SIGNALLED = 3 };
+#define WAIT_LANE 3
+#define RING_NONE INT64_MIN
+#define MAX_RINGS 256
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer view;      /* the file's mapping, held (so not closed) until release() */
+    int64_t *hdr, *slots;
+    int64_t nslots, head;
+    PyObject *namer;     /* obj -> the offset of its text in the names area (flightring.Names) */
+    Table names;         /* what namer said, per object */
+    int reg;             /* index in g_rings, -1 */
+} Ring;
+
+static PyTypeObject RingType;
+/* every live ring's header, for the SIGTERM handler (which may run in any thread, at any time) */
+static int64_t *volatile g_rings[MAX_RINGS];
+
+static int64_t i64_or(PyObject *v, int64_t dflt)
+{
+    if (v == Py_None)
+        return dflt;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if ((x == -1 && PyErr_Occurred()) || overflow) {
+        PyErr_Clear();
+        return dflt;
+    }
+    return (int64_t)x;
+}
+
+/* the offset of obj's text in the names area; -1 when unknown (the area full, or the namer failed) */
+static int64_t name_id(Ring *r, PyObject *obj)
+{
+    if (obj == Py_None)
+        return -1;
+    Slot *s = table_find(&r->names, obj);
+    if (s->key != NULL)
+        return s->value;
+    PyObject *v = PyObject_CallOneArg(r->namer, obj);
+    int64_t id = v == NULL ? -1 : i64_or(v, -1);
+    Py_XDECREF(v);
+    if (v == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    table_put(&r->names, obj, id);
+    return id;
+}
+
+static inline int64_t *slot_of(Ring *r, int64_t pos)
+{
+    return r->slots + (pos % r->nslots) * SLOT_WORDS;
+}
+
+/* write a new call's slot; its position (-1: the ring is released). Never raises. */
+static int64_t ring_enter(Ring *r, PyObject *e)
+{
+    if (r->slots == NULL || !PyList_Check(e) || PyList_GET_SIZE(e) != NFIELDS)
+        return -1;
+    PyObject **f = ((PyListObject *)e)->ob_item;
+    int64_t pos = r->head, *s = slot_of(r, pos);
+    long lane = (long)i64_or(f[LANE], 0);
+    __atomic_store_n(&s[S_GEN], 0, __ATOMIC_RELEASE);
+    PyObject *m = f[META];
+    if (PyTuple_Check(m) && PyTuple_GET_SIZE(m) == 5) {
+        PyObject **q = ((PyTupleObject *)m)->ob_item;
+        s[S_OP] = name_id(r, q[0]);
+        s[S_DTYPE] = name_id(r, q[1]);
+        s[S_COUNT] = i64_or(q[2], 0);
+        s[S_ROOT] = i64_or(q[3], RING_NONE);
+        s[S_REDOP] = lane == 0 ? name_id(r, q[4]) : i64_or(q[4], -1);
+    } else {
+        s[S_OP] = name_id(r, f[DESC]);
+        s[S_DTYPE] = -1, s[S_COUNT] = 0, s[S_ROOT] = RING_NONE, s[S_REDOP] = -1;
+    }
+    int at = PyObject_IsTrue(f[ASYNC]);
+    if (at < 0) {
+        PyErr_Clear();
+        at = 0;
+    }
+    s[S_LANE] = lane | (at ? 256 : 0);
+    s[S_SEQ] = i64_or(f[SEQ], -1);
+    s[S_ENQ] = i64_or(f[T_ENQ], 0);
+    s[S_START] = i64_or(f[T_START], 0);
+    s[S_END] = i64_or(f[T_END], 0);
+    s[S_SITE] = name_id(r, f[CODE]);
+    s[S_LINE] = i64_or(f[LINE], 0);
+    s[S_STATUS] = PyUnicode_Check(f[STATUS]) && PyUnicode_GET_LENGTH(f[STATUS]) > 0 ? name_id(r, f[STATUS]) : -1;
+    s[S_OF] = lane == WAIT_LANE ? name_id(r, f[DESC]) : -1;
+    s[S_SPARE] = 0;
+    __atomic_store_n(&s[S_GEN], pos + 1, __ATOMIC_RELEASE);
+    r->head = pos + 1;
+    __atomic_store_n(&r->hdr[H_HEAD], pos + 1, __ATOMIC_RELEASE);
+    return pos;
+}
+
+static inline int64_t *live_slot(Ring *r, int64_t pos)
+{
+    if (pos < 0 || r->slots == NULL)
+        return NULL;
+    int64_t *s = slot_of(r, pos);
+    return s[S_GEN] == pos + 1 ? s : NULL;   /* else overwritten since */
+}
+
+static void ring_start(Ring *r, int64_t pos, int64_t t)
+{
+    int64_t *s = live_slot(r, pos);
+    if (s != NULL)
+        s[S_START] = t;
+}
+
+static void ring_exit(Ring *r, int64_t pos, PyObject *e)
+{
+    int64_t *s = live_slot(r, pos);
+    if (s == NULL || !PyList_Check(e) || PyList_GET_SIZE(e) != NFIELDS)
+        return;
+    PyObject **f = ((PyListObject *)e)->ob_item;
+    s[S_START] = i64_or(f[T_START], 0);
+    s[S_STATUS] = PyUnicode_Check(f[STATUS]) && PyUnicode_GET_LENGTH(f[STATUS]) > 0 ? name_id(r, f[STATUS]) : -1;
+    __atomic_store_n(&s[S_END], i64_or(f[T_END], 0), __ATOMIC_RELEASE);
+}
+
+/* the position of an entry written earlier (an asynchronous call run later), -1 if overwritten */
+static int64_t ring_find(Ring *r, PyObject *e)
+{
+    if (r->slots == NULL || !PyList_Check(e) || PyList_GET_SIZE(e) != NFIELDS)
+        return -1;
+    PyObject **f = ((PyListObject *)e)->ob_item;
+    int64_t lane = i64_or(f[LANE], -1), seq = i64_or(f[SEQ], -1), enq = i64_or(f[T_ENQ], -1);
+    for (int64_t pos = r->head - 1; pos >= 0 && pos >= r->head - r->nslots; pos--) {
+        int64_t *s = slot_of(r, pos);
+        if (s[S_GEN] == pos + 1 && (s[S_LANE] & 255) == lane && s[S_SEQ] == seq && s[S_ENQ] == enq)
+            return pos;
+    }
+    return -1;
+}
+
+static void ring_release(Ring *r)
+{
+    if (r->reg >= 0) {
+        g_rings[r->reg] = NULL;
+        r->reg = -1;
+    }
+    r->hdr = r->slots = NULL;
+    if (r->view.obj != NULL)
+        PyBuffer_Release(&r->view);
+}
+
+/* Ring(mapping, slots_at, nslots, namer) */
+static PyObject *ring_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"mapping", "slots_at", "nslots", "namer", NULL};
+    PyObject *mapping, *namer;
+    Py_ssize_t slots_at, nslots;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OnnO", names, &mapping, &slots_at, &nslots, &namer))
+        return NULL;
+    if (nslots < 1 || slots_at < 64 || slots_at % 8) {
+        PyErr_SetString(PyExc_ValueError, "Ring: nslots >= 1 and a slots_at past the header, a multiple of 8");
+        return NULL;
+    }
+    Ring *r = (Ring *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    r->reg = -1;
+    r->names.max_count = 1024;
+    if (PyObject_GetBuffer(mapping, &r->view, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (r->view.len < slots_at + nslots * SLOT_WORDS * 8 || ((uintptr_t)r->view.buf & 7)) {
+        PyErr_SetString(PyExc_ValueError, "Ring: the mapping is smaller than its slots (or not 8-byte aligned)");
+        Py_DECREF(r);
+        return NULL;
+    }
+    if (table_init(&r->names) < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->hdr = (int64_t *)r->view.buf;
+    r->slots = (int64_t *)((char *)r->view.buf + slots_at);
+    r->nslots = nslots;
+    r->head = r->hdr[H_HEAD];
+    r->namer = Py_NewRef(namer);
+    for (int i = 0; i < MAX_RINGS; i++) {
+        if (g_rings[i] == NULL) {
+            g_rings[i] = r->hdr;
+            r->reg = i;
+            break;
+        }
+    }
+    return (PyObject *)r;
+}
+
+static void ring_dealloc(Ring *r)
+{
+    ring_release(r);
+    if (r->names.slots != NULL) {
+        table_clear(&r->names);
+        PyMem_Free(r->names.slots);
+    }
+    Py_XDECREF(r->namer);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyObject *ring_enter_m(Ring *r, PyObject *e)
+{
+    return PyLong_FromLongLong(ring_enter(r, e));
+}
+
+static int pos_entry(PyObject *const *args, Py_ssize_t nargs, int64_t *pos)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "(pos, entry) expected");
+        return -1;
+    }
+    *pos = PyLong_AsLongLong(args[0]);
+    return *pos == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *ring_start_m(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t pos;
+    if (pos_entry(args, nargs, &pos) < 0)
+        return NULL;
+    if (PyList_Check(args[1]) && PyList_GET_SIZE(args[1]) == NFIELDS)
+        ring_start(r, pos, i64_or(PyList_GET_ITEM(args[1], T_START), 0));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_exit_m(Ring *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t pos;
+    if (pos_entry(args, nargs, &pos) < 0)
+        return NULL;
+    ring_exit(r, pos, args[1]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ring_find_m(Ring *r, PyObject *e)
+{
+    return PyLong_FromLongLong(ring_find(r, e));
+}
+
+static PyObject *ring_release_m(Ring *r, PyObject *unused)
+{
+    ring_release(r);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ring_methods[] = {
+    {"enter", (PyCFunction)ring_enter_m, METH_O, "enter(entry) -> pos: write a new call's slot (-1: released)."},
+    {"start", (PyCFunction)(void (*)(void))ring_start_m, METH_FASTCALL, "start(pos, entry): the call started."},
+    {"exit", (PyCFunction)(void (*)(void))ring_exit_m, METH_FASTCALL, "exit(pos, entry): its end and status."},
+    {"find", (PyCFunction)ring_find_m, METH_O, "find(entry) -> pos of an entry written earlier, or -1."},
+    {"release", (PyCFunction)ring_release_m, METH_NOARGS, "release(): stop writing; the mapping may be closed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ringflow.runtime.native._record.Ring",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = ring_new,
+    .tp_dealloc = (destructor)ring_dealloc,
+    .tp_methods = ring_methods,
+    .tp_doc = "Ring(mapping, slots_at, nslots, namer): a flight ring's writer (runtime/flightring.py's layout).",
+};
+
+/* SIGTERM: mark every live ring ended (plain stores into shared mappings: async-signal-safe), then die of it */
+static void on_term(int sig)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    for (int i = 0; i < MAX_RINGS; i++) {
+        int64_t *h = g_rings[i];
+        if (h != NULL && h[H_STATE] == RING_RUNNING) {
+            h[H_END_NS] = now, h[H_SIGNAL] = sig;
+            __atomic_store_n(&h[H_STATE], RING_SIGNALLED, __ATOMIC_RELEASE);
+        }
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static PyObject *install_term_handler(PyObject *mod, PyObject *unused)
+{
+    struct sigaction old, act;
+    if (sigaction(SIGTERM, NULL, &old) < 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) {
+        if (old.sa_handler == on_term)
+            Py_RETURN_TRUE;
+        Py_RETURN_FALSE;   /* someone handles SIGTERM (or ignores it): leave it to them */
+    }
+    memset(&act, 0, sizeof act);
+    act.sa_handler = on_term;
+    sigemptyset(&act.sa_mask);
+    act.sa_flags = SA_RESTART;
+    if (sigaction(SIGTERM, &act, NULL) < 0)
+        Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
 /* the guarded call raised: note when and what, run rec.failed(exc) as the handled exception, raise again */
-static PyObject *call_failed(PyObject *self, PyObject *e)
+static PyObject *call_failed(PyObject *self, PyObject *e, Ring *ring, int64_t pos)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -463,6 +776,8 @@ static PyObject *call_failed(PyObject *self, PyObject *e)
         Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
         return NULL;
     }
+    if (ring != NULL)
+        ring_exit(ring, pos, e);
     PyObject *outer = PyErr_GetHandledException();
     PyErr_SetHandledException(value);
     PyObject *r = PyObject_CallMethodOneArg(self, s_failed, value);
@@ -516,35 +831,53 @@ static PyObject *rec_call(PyObject *callable, PyObject *const *args, size_t narg
     PyObject *d = PyObject_GenericGetDict(self, NULL), *e;   /* the recorder's attributes */
     if (d == NULL)
         return NULL;
+    PyObject *fr = PyDict_GetItemWithError(d, s_fring);   /* the flight ring, if it is a C one */
+    Ring *ring = fr != NULL && PyObject_TypeCheck(fr, &RingType) ? (Ring *)Py_NewRef(fr) : NULL;
+    int64_t pos = -1;
+    if (fr == NULL && PyErr_Occurred()) {
+        Py_DECREF(d);
+        return NULL;
+    }
     if (entry == Py_None) {
         if ((e = make_entry(d, self, lane, lane_v, description, meta, async_op)) == NULL) {
             Py_DECREF(d);
+            Py_XDECREF(ring);
             return NULL;
         }
+        if (ring != NULL)
+            pos = ring_enter(ring, e);
     } else {
         e = Py_NewRef(entry);
+        if (ring != NULL && guard != Py_None)
+            pos = ring_find(ring, e);
     }
     if (guard == Py_None) {
         Py_DECREF(d);
+        Py_XDECREF(ring);
         return e;
     }
     if (!PyList_Check(e) || PyList_GET_SIZE(e) != NFIELDS) {
         PyErr_SetString(PyExc_TypeError, "call(entry=...) takes an entry of this recorder (a list of 12 fields)");
         goto fail;
     }
-    if (PyList_SetItem(e, T_START, PyLong_FromLongLong(mono_ns())) < 0)
+    int64_t t0 = mono_ns();
+    if (PyList_SetItem(e, T_START, PyLong_FromLongLong(t0)) < 0)
         goto fail;
+    if (ring != NULL)
+        ring_start(ring, pos, t0);
     if (lane_v == 0 && PyDict_SetItem(d, s_last, e) < 0)
         goto fail;
     PyObject *gargs[4] = {NULL, args[5], args[6], lane};
     PyObject *r = PyObject_Vectorcall(guard, gargs + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     if (r == NULL) {
-        call_failed(self, e);
+        call_failed(self, e, ring, pos);
         goto fail;
     }
     Py_DECREF(r);
     if (PyList_SetItem(e, T_END, PyLong_FromLongLong(mono_ns())) < 0)
         goto fail;
+    if (ring != NULL)
+        ring_exit(ring, pos, e);
     if (lane_v == 0) {
         PyObject *size = attr(d, self, s_size);
         long n = size == NULL ? -1 : PyLong_AsLong(size);
@@ -560,9 +893,11 @@ static PyObject *rec_call(PyObject *callable, PyObject *const *args, size_t narg
         }
     }
     Py_DECREF(d);
+    Py_XDECREF(ring);
     return e;
 fail:
     Py_DECREF(d);
+    Py_XDECREF(ring);
     Py_DECREF(e);
     return NULL;
 }
@@ -749,6 +1084,8 @@ static PyMethodDef methods[] = {
      "thread-local queued site, _is_internal, MAX_WALK and FLUSH_EVERY; untrack: entries are not the collector's."},
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL,
      "pack(entries, desc_id) -> str: base64 of the little-endian int64 rows (seq, enq, start, end, desc id)."},
+    {"install_term_handler", install_term_handler, METH_NOARGS,
+     "install_term_handler() -> bool: on SIGTERM mark every ring ended, then die of it (only if SIGTERM is unhandled)."},
     {"clock_ns", clock_ns, METH_NOARGS, "clock_ns() -> int: CLOCK_MONOTONIC in ns, the clock of the entries."},
     {NULL, NULL, 0, NULL},
 };
@@ -768,8 +1105,8 @@ PyMODINIT_FUNC PyInit__record(void)
     INTERN(s_last, "last") INTERN(s_size, "size") INTERN(s_comm, "comm") INTERN(s_last_schedule, "last_schedule")
     INTERN(s_flush, "flush") INTERN(s_failed, "failed") INTERN(s_site, "site") INTERN(s_sink, "sink")
     INTERN(s_append, "append") INTERN(s_co_filename, "co_filename") INTERN(s_name, "__name__")
-    INTERN(s_entry, "entry") INTERN(s_async_op, "async_op") INTERN(s_empty, "")
-    if (PyType_Ready(&MethodType) < 0)
+    INTERN(s_entry, "entry") INTERN(s_async_op, "async_op") INTERN(s_empty, "") INTERN(s_fring, "fring")
+    if (PyType_Ready(&MethodType) < 0 || PyType_Ready(&RingType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -780,6 +1117,11 @@ PyMODINIT_FUNC PyInit__record(void)
         return NULL;
     }
     call->vectorcall = rec_call;
+    if (PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0) {
+        Py_DECREF(call);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObject(m, "call", (PyObject *)call) < 0) {
         Py_DECREF(call);
         Py_DECREF(m);
