@@ -9,19 +9,28 @@ killed and the exit code is 124. SIGINT, SIGTERM and SIGHUP to the launcher stop
 exit with 128 + the signal's number (130, 143, 129). Every rank gets SIGKILL from the kernel when the
 launcher dies, even by SIGKILL (PR_SET_PDEATHSIG), and its shared-memory names are removed by its reaper
 helper; the launcher removes whatever names of the job remain when it ends.
+
+The job directory (RINGFLOW_DUMP_DIR or RINGFLOW_RECORD if set, else a new ``<tmp>/ringflow-runs/<job id>``,
+passed to the ranks as RINGFLOW_DUMP_DIR) receives every rank's flight rings (runtime/flightring.py); when the
+job fails or is stopped the launcher writes ``job.json`` there (how the job and each rank ended) and prints the
+directory for `ringflow diagnose`; a job that completes leaves no directory it made behind.
 """
 from __future__ import annotations
 
 import glob
+import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO
 
 from ..errors import InvalidArgument, Terminated, raise_terminated
@@ -29,7 +38,7 @@ from . import auth
 from .store import StoreServer
 
 TIMEOUT_EXIT = 124
-STOP_GRACE_S = 3.0   # SIGTERM, then this long before SIGKILL
+STOP_GRACE_S = 2.0   # SIGTERM, then this long before SIGKILL (a rank marks its flight rings ended meanwhile)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -118,6 +127,43 @@ def binding(nprocs: int, bind: bool | None = None) -> list[set[int]] | None:
     return [{cpus[r]} for r in range(nprocs)]
 
 
+def job_dir(job_id: str, env: dict[str, str]) -> tuple[Path | None, bool]:
+    """Where the ranks' flight records go, and whether the launcher makes it: RINGFLOW_DUMP_DIR or RINGFLOW_RECORD
+    when set, none with RINGFLOW_FLIGHT_RECORDER=0, else ``<tmp>/ringflow-runs/<job_id>`` (TMPDIR honoured)."""
+    given = env.get("RINGFLOW_DUMP_DIR") or env.get("RINGFLOW_RECORD")
+    if given:
+        return Path(given), False
+    if env.get("RINGFLOW_FLIGHT_RECORDER", "").strip() == "0":
+        return None, False
+    return Path(tempfile.gettempdir()) / "ringflow-runs" / job_id, True
+
+
+def _rank_end(p: subprocess.Popen, stopped: dict[int, str]) -> str:
+    """How one rank ended, in words."""
+    c = p.returncode
+    how = stopped.get(p.pid)
+    if c is None:
+        return "still running"
+    if c >= 0:
+        return f"exited with code {c}" + (f" after {how}" if how else "")
+    name = signal.Signals(-c).name if -c in signal.Signals._value2member_map_ else f"signal {-c}"
+    return f"killed by {name}" + (f" ({how})" if how else " (not sent by the launcher)")
+
+
+def _write_job(d: Path, job_id: str, cmd: list[str], ended: str, code: int, procs: list[subprocess.Popen],
+               stopped: dict[int, str]) -> None:
+    """job.json: how the job ended and how each rank did (ringflow diagnose reads it)."""
+    doc = {"kind": "job", "job_id": job_id, "argv": cmd, "nprocs": len(procs), "ended": ended, "exit_code": code,
+           "grace_s": STOP_GRACE_S, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
+           "ranks": [{"rank": r, "pid": p.pid, "returncode": p.returncode, "end": _rank_end(p, stopped)}
+                     for r, p in enumerate(procs)]}
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "job.json").write_text(json.dumps(doc, indent=1) + "\n")
+    except OSError as exc:
+        sys.stderr.write(f"ringflow run: cannot write {d / 'job.json'}: {exc}\n")
+
+
 def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, prefix: bool = True,
         extra_env: dict[str, str] | None = None, bind: bool | None = None) -> int:
     """Run argv as nprocs ranks; the job's exit code. `bind`: pin ranks to cores (default: if they fit)."""
@@ -126,6 +172,9 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     cmd = command_for(argv)
     secret = auth.new_secret()
     job_id = "j" + secrets.token_hex(5)
+    records, made = job_dir(job_id, {**os.environ, **(extra_env or {})})
+    if made and records is not None:
+        records.mkdir(parents=True, exist_ok=True)
     server = StoreServer("127.0.0.1", 0, secret)
     addr = f"{server.address[0]}:{server.address[1]}"
     torch_port = free_port(server.address[0])
@@ -134,12 +183,16 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
     handlers = _catch_stop_signals()
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
+    stopped: dict[int, str] = {}
     code = 0
+    ended = "completed"
     try:
         for r in range(nprocs):
             env = rank_env(r, nprocs, addr, secret, job_id, torch_port=torch_port)
             if extra_env:
                 env.update(extra_env)
+            if made and records is not None:
+                env["RINGFLOW_DUMP_DIR"] = str(records)
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  start_new_session=False, preexec_fn=_child_setup(None if cores is None else cores[r]))
             procs.append(p)
@@ -148,33 +201,18 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
                 t = threading.Thread(target=_pump, args=(stream, pre, out, lock), daemon=True)
                 t.start()
                 pumps.append(t)
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                r, code = failed[0]
-                with lock:
-                    sys.stderr.write(f"ringflow run: rank {r} exited with code {code}; stopping the others\n")
-                break
-            if all(c == 0 for c in codes):
-                code = 0
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                with lock:
-                    sys.stderr.write(f"ringflow run: timeout after {timeout_s}s; killing all ranks\n")
-                code = TIMEOUT_EXIT
-                break
-            time.sleep(0.02)
+        code, ended = _watch(procs, timeout_s, lock)
     except KeyboardInterrupt:
         code = 128 + signal.SIGINT
+        ended = "SIGINT to the launcher"
     except Terminated as exc:
         with lock:
             sys.stderr.write(f"ringflow run: signal {exc.signum}; stopping all ranks\n")
         code = 128 + exc.signum
+        ended = f"{signal.Signals(exc.signum).name} to the launcher"
     finally:
         _ignore_stop_signals(handlers)   # a second SIGTERM must not cut the cleanup short (it is bounded anyway)
-        _stop(procs)
+        stopped = _stop(procs)
         for t in pumps:
             t.join(timeout=2.0)
         server.close()
@@ -182,7 +220,40 @@ def run(nprocs: int, argv: Sequence[str], *, timeout_s: float | None = None, pre
         _restore_signals(handlers)
     if code < 0:  # killed by a signal: shell convention
         code = 128 - code
+    if records is not None:
+        _records_after(records, made, code, job_id, cmd, ended, procs, stopped)
     return code
+
+
+def _watch(procs: list[subprocess.Popen], timeout_s: float | None, lock: threading.Lock) -> tuple[int, str]:
+    """Wait until every rank exits 0, one fails, or `timeout_s` passes: the job's code and how it ended."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            r, code = failed[0]
+            with lock:
+                sys.stderr.write(f"ringflow run: rank {r} exited with code {code}; stopping the others\n")
+            return int(code), f"rank {r} {_rank_end(procs[r], {})}"
+        if all(c == 0 for c in codes):
+            return 0, "completed"
+        if deadline is not None and time.monotonic() > deadline:
+            with lock:
+                sys.stderr.write(f"ringflow run: timeout after {timeout_s}s; killing all ranks\n")
+            return TIMEOUT_EXIT, f"the launcher's timeout of {timeout_s} s"
+        time.sleep(0.02)
+
+
+def _records_after(d: Path, made: bool, code: int, job_id: str, cmd: list[str], ended: str,
+                   procs: list[subprocess.Popen], stopped: dict[int, str]) -> None:
+    """A completed job's directory the launcher made goes; otherwise job.json is written and the directory named."""
+    if code == 0:
+        if made:
+            shutil.rmtree(d, ignore_errors=True)
+        return
+    _write_job(d, job_id, cmd, ended, code, procs, stopped)
+    sys.stderr.write(f"ringflow run: this job's flight records are in {d} (ringflow diagnose {d})\n")
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -217,11 +288,14 @@ def _child_setup(cores: set[int] | None) -> Callable[[], None]:
     return setup
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen]) -> dict[int, str]:
+    """SIGTERM to the ranks still running, SIGKILL to those alive STOP_GRACE_S later; pid -> what was sent."""
     alive = [p for p in procs if p.poll() is None]
+    stopped: dict[int, str] = {}
     for p in alive:
         try:
             p.send_signal(signal.SIGTERM)
+            stopped[p.pid] = "SIGTERM from the launcher"
         except OSError:
             pass
     end = time.monotonic() + STOP_GRACE_S
@@ -231,3 +305,5 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+            stopped[p.pid] = f"SIGKILL from the launcher, {STOP_GRACE_S:g} s after its SIGTERM"
+    return stopped
