@@ -56,8 +56,10 @@ def test_a_rank_that_sleeps_before_an_all_reduce_is_named_with_its_sequence_numb
         assert written - h["waiting_since_ns"] <= (TIMEOUT_S + 1.0) * 1e9, (written, h)
     assert "never entered: rank 2" in render(report)
 
-    # without the sleeping rank's own record, the waiting ranks' status query still names its last call
+    # without the sleeping rank's own records, the waiting ranks' status query still names its last call
     (tmp_path / "flight-rank2.json").unlink(missing_ok=True)
+    for ring in tmp_path.glob("ring-rank2-*.bin"):
+        ring.unlink()
     m2 = diagnose(tmp_path)["hangs"][0]["missing"]
     assert [m["rank"] for m in m2] == [2] and m2[0]["last_seq"] == at - 1, m2
     assert site_line("sleep") in m2[0]["last_site"] and "query" in m2[0]["source"]
@@ -76,6 +78,12 @@ def test_a_rank_that_skips_an_all_reduce_is_a_sequence_mismatch(tmp_path: Path) 
     assert o["rank"] == 2 and o["op"].startswith("all_gather") and o["how"].startswith("skipped all_reduce")
     assert site_line("skip") in mm["expected_site"]
     assert "SEQUENCE MISMATCH" in render(report)
+    # the flight rings alone (what a SIGKILL leaves) name it too
+    for f in tmp_path.glob("flight-rank*.json"):
+        f.unlink()
+    again = diagnose(tmp_path)["mismatches"]
+    assert [(m["seq"], [o["rank"] for o in m["outliers"]]) for m in again] == [(2 * at, [2])], again
+    assert again[0]["outliers"][0]["how"].startswith("skipped all_reduce")
 
 
 def test_a_rank_twenty_percent_slower_is_ranked_first_within_twenty_steps(tmp_path: Path) -> None:

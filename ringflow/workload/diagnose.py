@@ -1,12 +1,16 @@
 """`ringflow diagnose`: who holds everyone up, from flight records or a recording.
 
-Three findings: ranks that never entered the collective others wait in (a hang); ranks whose sequence of
-collectives differs from their group's (a skipped, extra or different call); and, for a run that completed,
-a straggler ranking: per rank, how often it arrived last at a collective and how long the others waited
-for it, with the replay's estimate of the step time had it computed like the median of the others.
+First what is on record: per rank its record file, flight rings (runtime/flightring.py) and flight record, or
+that it left none, and how the job and each rank ended (the launcher's job.json). Then the findings: ranks that
+never entered the collective others wait in (a hang); ranks that entered it only after the others had given up
+(late, by how much, against the others' timeout); ranks whose sequence of collectives differs from their
+group's (a skipped, extra or different call); and, for a run that completed, a straggler ranking: per rank, how
+often it arrived last at a collective and how long the others waited for it, with the replay's estimate of the
+step time had it computed like the median of the others.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -72,6 +76,9 @@ def hangs(trace: dict[str, Any]) -> list[dict[str, Any]]:
         first = next(iter(waiting.values()))
         if any(_sig(c) != _sig(first) for c in waiting.values()):
             continue   # the waiting ranks disagree: a sequence mismatch, reported by mismatches()
+        late = _late({r: calls[seq] for r, calls in by_rank.items() if seq in calls})
+        for e in late:
+            waiting.pop(e["rank"], None)
         missing = []
         for m in trace["groups"].get(ns, []):
             if m is None or m in waiting:
@@ -90,9 +97,40 @@ def hangs(trace: dict[str, Any]) -> list[dict[str, Any]]:
         found.append({"group": ns, "group_name": _group_name(trace, ns), "seq": seq, "op": _describe(first),
                       "waiting": sorted(waiting), "waiting_sites": sorted({c["site"] for c in waiting.values()}),
                       "waiting_status": sorted({str(c.get("status")) for c in waiting.values()}),
-                      "waiting_since_ns": min(c["start_ns"] or c["enq_ns"] for c in waiting.values()),
-                      "missing": missing})
+                      "waiting_since_ns": min(_entered(c) or 0 for c in waiting.values()),
+                      "gave_up_after_s": _gave_up_s(waiting), "late": late, "missing": missing})
     return found
+
+
+def _entered(c: Call) -> int | None:
+    """When a rank entered a call (its start; its issue for a call queued behind others), on the trace's clock."""
+    return c.get("start_ns") or c.get("enq_ns")
+
+
+def _gave_up_s(waiting: dict[int, Call]) -> float | None:
+    """How long the waiting ranks waited before their call failed (the median), None while they still waited."""
+    spans = [(c["end_ns"] - _entered(c)) / 1e9 for c in waiting.values()
+             if c.get("end_ns") and _entered(c) is not None and c.get("status") not in ("ok", "in_flight")]
+    return statistics.median(spans) if spans else None
+
+
+def _late(members: dict[int, Call]) -> list[dict[str, Any]]:
+    """Members that entered the collective only after other members had given up on it (their call failed
+    before): by how much after the others entered, and after how long the others gave up."""
+    gave_up = [c["end_ns"] for c in members.values()
+               if c.get("end_ns") and c.get("status") not in ("ok", "in_flight")]
+    if not gave_up:
+        return []
+    first_end = min(gave_up)
+    late = sorted(r for r, c in members.items() if (_entered(c) or 0) > first_end)
+    early = {r: c for r, c in members.items() if r not in late}
+    if not late or not early:
+        return []
+    ref = statistics.median(_entered(c) or 0 for c in early.values())
+    statuses = sorted({str(c.get("status")) for c in early.values()})
+    return [{"rank": r, "late_s": ((_entered(members[r]) or 0) - ref) / 1e9, "after": sorted(early),
+             "others_gave_up_after_s": _gave_up_s(early), "others_status": statuses,
+             "status": members[r].get("status"), "site": members[r].get("site")} for r in late]
 
 
 def _peer_view(trace: dict[str, Any], ns: str, m: int, waiting: dict[int, Call]) -> dict[str, Any]:
@@ -153,6 +191,11 @@ def _how(ref: dict[int, Call], own: dict[int, Call], s: int) -> str:
         return f"skipped {_describe(ref[s])} (called at {ref[s]['site']} by the others)"
     if same(own, s + 1, ref, s):
         return "made an extra call"
+    mine, theirs = own[s], ref[s]
+    if mine["op"] == theirs["op"]:
+        diffs = [f"{k} {mine.get(k)} where the others gave {theirs.get(k)}" for k in ("dtype", "count", "root", "redop")
+                 if mine.get(k) != theirs.get(k)]
+        return f"called {mine['op']} with {', '.join(diffs)}"
     return "called a different collective"
 
 
@@ -236,46 +279,129 @@ def _as_others(trace: dict[str, Any], rank: int) -> dict[int, list[float]]:
                    for k, g in zip(keys, compute_gaps(own, t0), strict=True)]}
 
 
+def records(trace: dict[str, Any], job: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What each rank left on record (its record file, flight rings, flight record, or nothing) and how it ended;
+    `job`: the launcher's job.json."""
+    nranks = max([int(trace.get("world_size") or 0), len(trace["ranks"]), int((job or {}).get("nprocs") or 0)]
+                 + [int(g) + 1 for g in trace["ranks"]])
+    from_ring: dict[int, int] = defaultdict(int)
+    for c in trace["calls"] + trace.get("waits", []):
+        if c.get("source") == "ring":
+            from_ring[int(c["rank"])] += 1
+    ends = {int(e["rank"]): e.get("end") for e in (job or {}).get("ranks", [])}
+    per_rank = []
+    for g in range(nranks):
+        info = trace["ranks"].get(str(g))
+        parts = [] if info is None else _sources(info, from_ring[g], trace.get("flight", {}).get(str(g)),
+                                                 trace.get("world"))
+        per_rank.append({"rank": g, "records": "; ".join(parts) if parts else "no record at all",
+                         "missing": not parts, "end": ends.get(g)})
+    out: dict[str, Any] = {"ranks": per_rank, "without_record": [e["rank"] for e in per_rank if e["missing"]]}
+    if job:
+        out["job"] = {"ended": job.get("ended"), "exit_code": job.get("exit_code")}
+    return out
+
+
+def _sources(info: dict[str, Any], ring_only: int, flight: dict[str, Any] | None, world: str | None) -> list[str]:
+    """One rank's sources, in words."""
+    parts = []
+    recorded = int(info.get("recorded") or 0)
+    rings = info.get("rings") or []
+    if recorded:
+        parts.append(f"recording of {recorded} calls" + (f" (+ {ring_only} later ones from its ring)"
+                                                          if ring_only else ""))
+    for rg in rings:
+        head, n = int(rg["head"]), int(rg["nslots"])
+        kept = f"all {head} calls" if head <= n else f"the last {n} of {head} calls"
+        what = "ring" if recorded else "ring only"
+        ns = rg.get("info", {}).get("comm", "?")
+        name = "world" if ns == world else ns
+        ended = (f"ended by signal {rg['signal']}" if rg.get("state_code") == 3 else
+                 "not marked ended: killed, or stopped while blocked in a call" if rg.get("state_code") == 0 else
+                 str(rg.get("state")))
+        parts.append(f"{what} of {name}, {kept} ({ended})")
+    if flight is not None:
+        parts.append(f"flight record ({str(flight.get('reason')).split(':')[0]})")
+    return parts
+
+
 def diagnose(path: str | Path) -> dict[str, Any]:
     """Every finding for a record or dump directory (or a merged trace)."""
     trace = load(path)
+    job = None
+    p = Path(path) / "job.json"
+    if Path(path).is_dir() and p.exists():
+        job = json.loads(p.read_text(encoding="utf-8"))
     found_hangs, found_mm = hangs(trace), mismatches(trace)
-    out: dict[str, Any] = {"ranks": len(trace["ranks"]), "clock": trace["clock"], "hangs": found_hangs,
-                           "mismatches": found_mm}
+    out: dict[str, Any] = {"ranks": len(trace["ranks"]), "clock": trace["clock"], "records": records(trace, job),
+                           "hangs": found_hangs, "mismatches": found_mm}
     if not found_hangs and not found_mm:
         out["stragglers"] = stragglers(trace)
     return out
 
 
+def _render_records(rec: dict[str, Any]) -> list[str]:
+    job = rec.get("job")
+    lines = ["RECORDS" + (f" (the job ended: {job['ended']}, exit code {job['exit_code']})" if job else "")]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for e in rec["ranks"]:
+        groups[e["records"] + (f"; {e['end']}" if e.get("end") else "")].append(e["rank"])
+    for text, ranks in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        lines.append(f"  rank{'s' if len(ranks) > 1 else ''} {_ranges(ranks)}: {text}")
+    return lines
+
+
+def _render_hang(h: dict[str, Any]) -> list[str]:
+    gave = h.get("gave_up_after_s")
+    status = ", ".join(s.replace("in_flight", "still in it when its record ends") for s in h["waiting_status"])
+    lines = [f"{'LATE' if h.get('late') else 'HANG'} in {h['group_name']}: collective #{h['seq']} ({h['op']})"]
+    if h["waiting"]:
+        label = "gave up" if "in_flight" not in h["waiting_status"] else "waiting"
+        lines.append(f"  {label}: ranks {_ranges(h['waiting'])} ({status}"
+                     + (f" after {gave:.1f} s" if gave is not None else "") + f") at {'; '.join(h['waiting_sites'])}")
+    for e in h.get("late", []):
+        t = e.get("others_gave_up_after_s")
+        why = ("their " + (f"{t:.1f} s " if t is not None else "") + "timeout" if e["others_status"] == ["Timeout"]
+               else (f"{t:.1f} s" if t is not None else "a while") + f" ({', '.join(e['others_status'])})")
+        lines.append(f"  rank {e['rank']} entered {h['op'].split(' ')[0]} #{h['seq']} {e['late_s']:.1f} s after "
+                     f"ranks {_ranges(e['after'])}, which gave up after {why} (its call at {e['site']}: {e['status']})")
+    for m in h["missing"]:
+        where = (f"; last call #{m['last_seq']} {m.get('last_op')} at {m.get('last_site')} "
+                 f"({m.get('last_status')})") if m.get("last_seq") is not None else f" ({m.get('last_status')})"
+        src = f" [from {m['source']}]" if m.get("source") else ""
+        lines.append(f"  never entered: rank {m['rank']}{where}{src}")
+    if not h["missing"] and not h.get("late"):
+        lines.append("  every member entered it: one of them is slow inside it")
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     """The report as text."""
-    lines = []
+    rec = report.get("records")
+    lines = _render_records(rec) if rec else []
     for h in report["hangs"]:
-        lines.append(f"HANG in {h['group_name']}: collective #{h['seq']} ({h['op']})")
-        lines.append(f"  waiting: ranks {_ranges(h['waiting'])} ({', '.join(h['waiting_status'])}) at "
-                     f"{'; '.join(h['waiting_sites'])}")
-        for m in h["missing"]:
-            where = (f"; last call #{m['last_seq']} {m.get('last_op')} at {m.get('last_site')} "
-                     f"({m.get('last_status')})") if m.get("last_seq") is not None else f" ({m.get('last_status')})"
-            src = f" [from {m['source']}]" if m.get("source") else ""
-            lines.append(f"  never entered: rank {m['rank']}{where}{src}")
-        if not h["missing"]:
-            lines.append("  every member entered it: one of them is slow inside it")
+        lines += _render_hang(h)
     for mm in report["mismatches"]:
         lines.append(f"SEQUENCE MISMATCH in {mm['group_name']} at collective #{mm['seq']}: ranks "
                      f"{_ranges(mm['expected_by'])} called {mm['expected']} at {mm['expected_site']}")
         for o in mm["outliers"]:
             lines.append(f"  rank {o['rank']} called {o['op']} at {o['site']}: {o['how']}")
     st = report.get("stragglers")
-    if st:
+    missing = (rec or {}).get("without_record") or []
+    if st and not st["collectives"]:
+        lines.append("STRAGGLERS: no collective that every member completed is on record"
+                     + (f" (ranks {_ranges(missing)} left no record)" if missing else
+                        " (the records above hold no completed collective of every member)"))
+    elif st:
         lines.append(f"STRAGGLERS over {st['collectives']} collectives"
-                     + (f", {st['steps']} steps (marker {st['step_site']})" if st.get("steps") else ""))
+                     + (f", {st['steps']} steps (marker {st['step_site']})" if st.get("steps") else "")
+                     + (f"; ranks {_ranges(missing)} left no record" if missing else ""))
         if "replayed_step_s" in st:
             lines.append(f"  replayed step time: {st['replayed_step_s'] * 1e3:.3f} ms")
         lines.append("  rank  arrived last  wait caused (ms)  step time without (ms)")
         for e in st["ranking"]:
             w = f"{e['step_s_without'] * 1e3:.3f}" if "step_s_without" in e else "-"
             lines.append(f"  {e['rank']:>4}  {e['arrived_last']:>12}  {e['wait_caused_s'] * 1e3:>16.3f}  {w:>22}")
-    if not lines:
+    if len(lines) <= len(_render_records(rec) if rec else []):
         lines.append("no collectives found")
     return "\n".join(lines)

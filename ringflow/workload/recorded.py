@@ -69,6 +69,8 @@ class _Rank:
         self.comms: dict[str, dict[str, Any]] = {}
         self.calls: dict[tuple, dict[str, Any]] = {}
         self.flight: dict[str, Any] | None = None
+        self.recorded = 0   # calls its record file holds
+        self.rings: list[dict[str, Any]] = []   # its flight rings (runtime/flightring.py), calls left out
 
     def add_calls(self, rows: Iterable[dict[str, Any]]) -> None:
         for c in rows:
@@ -93,7 +95,9 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
         rk = ranks.setdefault(int(head["rank"]), _Rank(int(head["rank"])))
         rk.process = head
         rk.comms.update({r["comm"]: r for r in rows if r.get("kind") == "comm"})
-        rk.add_calls(call_rows(rows, p))
+        recorded = call_rows(rows, p)
+        rk.recorded += len(recorded)
+        rk.add_calls(recorded)
     for p in sorted(d.glob("flight-rank*.json")):
         doc = json.loads(p.read_text(encoding="utf-8"))
         if doc.get("rank") is None:
@@ -106,10 +110,32 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
             info = {k: v for k, v in c.items() if k not in ("calls", "peers", "dead", "runtime_last_call")}
             rk.comms.setdefault(c["comm"], info)
             rk.add_calls(c.get("calls", []))
+    _read_rings(d, ranks)
     if not ranks:
-        raise InvalidArgument(f"{d} holds no rank*.jsonl or flight-rank*.json files",
+        raise InvalidArgument(f"{d} holds no rank*.jsonl, flight-rank*.json or ring-rank*.bin files",
                               "record with RINGFLOW_RECORD=DIR (or `ringflow record`), or set RINGFLOW_DUMP_DIR")
     return ranks
+
+
+def _read_rings(d: Path, ranks: dict[int, _Rank]) -> None:
+    """Add each rank's flight rings (those of its latest process, when a directory holds older ones too)."""
+    from ..runtime.flightring import read_ring
+    rings = [read_ring(p) for p in sorted(d.glob("ring-rank*.bin"))]
+    latest: dict[int, int] = {}
+    for rg in rings:
+        g = int(rg["info"]["global_rank"])
+        latest[g] = max(latest.get(g, 0), int(rg["info"].get("wall0_ns", 0)))
+    for rg in rings:
+        info = rg["info"]
+        g = int(info["global_rank"])
+        if int(info.get("wall0_ns", 0)) != latest[g]:
+            continue
+        rk = ranks.setdefault(g, _Rank(g))
+        if not rk.process:
+            rk.process = {"rank": g, **{k: info[k] for k in ("pid", "hostname", "mono0_ns", "wall0_ns")}}
+        rk.comms.setdefault(info["comm"], {k: info[k] for k in ("comm", "rank", "size", "global_rank")})
+        rk.add_calls(rg.pop("calls"))
+        rk.rings.append(rg)
 
 
 def _world(ranks: dict[int, _Rank]) -> str | None:
@@ -176,7 +202,8 @@ def merge(directory: str | Path) -> dict[str, Any]:
             "world_size": sizes.get(world, len(ranks)) if world else len(ranks),
             "groups": {ns: [m.get(i) for i in range(sizes[ns])] for ns, m in sorted(groups.items())
                        for m in [groups[ns]]},
-            "ranks": {str(g): {"hostname": r.process.get("hostname"), "pid": r.process.get("pid")}
+            "ranks": {str(g): {"hostname": r.process.get("hostname"), "pid": r.process.get("pid"),
+                               "recorded": r.recorded, "rings": r.rings}
                       for g, r in sorted(ranks.items())},
             "calls": calls, "flight": flight}
 
