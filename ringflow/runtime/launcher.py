@@ -147,7 +147,7 @@ def _rank_end(p: subprocess.Popen, stopped: dict[int, str]) -> str:
     if c >= 0:
         return f"exited with code {c}" + (f" after {how}" if how else "")
     name = signal.Signals(-c).name if -c in signal.Signals._value2member_map_ else f"signal {-c}"
-    return f"killed by {name}" + (f" ({how})" if how else " (not sent by the launcher)")
+    return f"killed by {name}" + (f" ({how})" if how and how.startswith(name + " ") else " (not sent by the launcher)")
 
 
 def _write_job(d: Path, job_id: str, cmd: list[str], ended: str, code: int, procs: list[subprocess.Popen],

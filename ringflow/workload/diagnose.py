@@ -353,7 +353,7 @@ def _render_records(rec: dict[str, Any]) -> list[str]:
 
 def _render_hang(h: dict[str, Any]) -> list[str]:
     gave = h.get("gave_up_after_s")
-    status = ", ".join(s.replace("in_flight", "still in it when its record ends") for s in h["waiting_status"])
+    status = ", ".join(s.replace("in_flight", "still in it when their records end") for s in h["waiting_status"])
     lines = [f"{'LATE' if h.get('late') else 'HANG'} in {h['group_name']}: collective #{h['seq']} ({h['op']})"]
     if h["waiting"]:
         label = "gave up" if "in_flight" not in h["waiting_status"] else "waiting"
