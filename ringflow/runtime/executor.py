@@ -144,7 +144,7 @@ def timed_out(what: str, peers: list[int]) -> Timeout:
     """The error of a call whose deadline passed while it waited on `peers` (both executors)."""
     return Timeout(f"{what} timed out waiting for {'rank' if len(peers) == 1 else 'ranks'} "
                    f"{', '.join(map(str, peers))}", hint("timeout"),
-                   detail={"reason": "timeout", "stage": what, "waiting_on": list(peers)})
+                   detail={"reason": "timeout", "waiting_on": list(peers)})
 
 
 def departed(what: str, peer: int) -> RemoteError:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
 from .convert import NATIVE, Staged, op_of, pack, same_dtype, unpack, work_view
-from .store import communicator_from_store
+from .store import communicator_from_store, group_timeout_s
 from .work import Lane, RingflowWork
 
 COLL, SEND, RECV = 0, 1, 2
@@ -33,8 +33,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta | float) -> None:
         super().__init__(rank, size)
         self._r, self._n = int(rank), int(size)   # cached: ProcessGroup.rank()/size() are calls into C++
-        t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
-        self._timeout_s = t if t > 0 else 1800.0
+        self._timeout_s = group_timeout_s(timeout)
         self.comm = communicator_from_store(store, rank, size, self._timeout_s)
         self._lanes = [Lane("coll"), Lane("send"), Lane("recv")]
         self._group_name = ""

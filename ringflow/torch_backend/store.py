@@ -5,17 +5,22 @@ FileStore); ringflow needs set/get/wait/check/add/compare_set/delete with timeou
 adapts one to the other, so no second rendezvous port is opened. The job secret that authenticates
 ringflow's own peer connections is drawn by group rank 0 and published under a key of that store:
 torch's TCPStore is itself unauthenticated, so the secret is only as private as the store port.
+
+ringflow's knobs apply as under `ringflow.init`: RINGFLOW_DEBUG / RINGFLOW_DEBUG_FILE configure logging
+(prefixed with the process's global rank), RINGFLOW_TIMEOUT replaces torch's default timeout, and a
+malformed knob raises ConfigError when the group is created.
 """
 from __future__ import annotations
 
 import datetime
+import os
 import secrets
 from collections.abc import Iterable
 from typing import Any, cast
 
 from .. import config
-from ..errors import InvalidArgument, RingflowSystemError, Timeout
-from ..runtime import Communicator
+from ..errors import ConfigError, InvalidArgument, RingflowSystemError, Timeout
+from ..runtime import Communicator, logs
 from ..runtime.rendezvous import SharedState
 from ..runtime.store import Store
 
@@ -96,10 +101,36 @@ class TorchStore:
         """Nothing to release: torch owns the store."""
 
 
+#: what torch passes a backend when init_process_group / new_group got no timeout (torch's default_pg_timeout)
+TORCH_DEFAULT_TIMEOUT_S = 1800.0
+
+
+def group_timeout_s(timeout: datetime.timedelta | float | None) -> float:
+    """A group's timeout in seconds: the one torch passes, except that torch's default (30 min, passed when the
+    caller gave none) gives way to RINGFLOW_TIMEOUT where that is set. ConfigError for a malformed knob."""
+    knob = float(config.get("TIMEOUT"))   # validates RINGFLOW_TIMEOUT even where torch's timeout wins
+    if knob <= 0:
+        raise ConfigError(f"RINGFLOW_TIMEOUT={knob:g} is not positive", "give a positive number of seconds")
+    t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout or 0.0)
+    if t <= 0 or t == TORCH_DEFAULT_TIMEOUT_S:
+        return knob if os.environ.get("RINGFLOW_TIMEOUT", "").strip() else TORCH_DEFAULT_TIMEOUT_S
+    return t
+
+
+def _world_rank(group_rank: int) -> int:
+    """This process's rank in the job (log lines carry it): torch's RANK, else the rank in the default group."""
+    try:
+        return int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        import torch.distributed as dist
+        return dist.get_rank() if dist.is_initialized() else group_rank
+
+
 def communicator_from_store(store: Any, rank: int, size: int, timeout: float) -> Communicator:
     """A ringflow Communicator for one torch process group, bootstrapped through that group's store."""
     if not 0 <= rank < size:
         raise InvalidArgument(f"rank {rank} of {size}", "torch passed an impossible rank; check init_process_group")
+    logs.setup(_world_rank(rank))
     ts = TorchStore(store, timeout)
     if rank == 0:
         ts.set(_BOOT_KEY, f"{secrets.token_hex(8)}:{secrets.token_hex(32)}")

@@ -18,14 +18,23 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidUsage, RingflowError
+from ..runtime.calltext import TORCH, in_dialect
 from ..runtime.record import with_site
 from ..runtime.work import Lane as RuntimeLane
 
 
 def backend_error(exc: BaseException, what: str) -> dist.DistBackendError:
-    """torch's DistBackendError with ringflow's message (type, what failed, and the fix hint)."""
-    kind = type(exc).__name__ if isinstance(exc, RingflowError) else f"{type(exc).__name__} (unexpected)"
-    return dist.DistBackendError(f"ringflow {what}: {kind}: {exc}")
+    """torch's DistBackendError with ringflow's message (type, what failed, and the fix hint in torch's terms:
+    destroy_process_group, new_group, the group's timeout); `detail` is the ringflow error's structured detail."""
+    if isinstance(exc, RingflowError):
+        err = dist.DistBackendError(f"ringflow {what}: {type(exc).__name__}: {in_dialect(exc, TORCH)}")
+    else:
+        err = dist.DistBackendError(f"ringflow {what}: {type(exc).__name__} (unexpected): {exc}")
+    try:
+        err.detail = getattr(exc, "detail", None)   # type: ignore[attr-defined]
+    except AttributeError:   # an exception type without instance attributes
+        pass
+    return err
 
 
 def _seconds(timeout: Any) -> float | None:
