@@ -25,7 +25,7 @@ STEPS: list[tuple[str, list[str]]] = [
      ["sim", "all_reduce", "--topo", "dgx-h100", "--nodes", "128", "--fabric", "rail", "--nic", "400G",
       "--min", "1MiB", "--max", "1GiB", "--factor", "4"]),
     ("The simulator against published NCCL results: DGX H100 ring and NVLink SHARP, A100, H800, B300, InfiniBand",
-     ["validate", "--gpu"]),
+     ["validate", "gpu"]),
     ("Closed-form per-epoch traffic of Llama-3-70B next to what ringflow's algorithms move",
      ["traffic", "--model", "llama3-70b", "--tokens", "156e9", "--batch", "2048", "--gpus", "8",
       "--formula", "both", "--tp", "8", "--pp", "8", "--dp", "16"]),

@@ -54,7 +54,7 @@ def test_sim_rejects_bad_engine_with_a_typed_error(app) -> None:
 
 def test_validate_gpu_references(app, tmp_path) -> None:
     out, png = tmp_path / "refs.json", tmp_path / "refs.png"
-    res = CliRunner().invoke(app, ["validate", "--gpu", "-o", str(out), "--plot", str(png)])
+    res = CliRunner().invoke(app, ["validate", "gpu", "-o", str(out), "--plot", str(png)])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = {r["name"]: r for r in json.loads(out.read_text())}

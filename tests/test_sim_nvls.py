@@ -51,7 +51,7 @@ def test_the_pipeline_time_is_the_busiest_direction_per_step_at_the_nvls_rate(h1
 
 def test_the_default_h100_all_reduce_is_nvls_for_large_buffers_and_never_on_a100(h100) -> None:
     """The simulator's own choice meets NCCL's: NVLS on a Hopper server for large buffers (the
-    published 480 GB/s busbw, `ringflow validate --gpu`), never on Ampere's NVSwitch (no NVLS)."""
+    published 480 GB/s busbw, `ringflow validate gpu`), never on Ampere's NVSwitch (no NVLS)."""
     assert choose_algorithm(h100, "all_reduce", N, 2**33) == "nvls"
     res = simulate(h100, "all_reduce", 2**33, nranks=N)
     assert res.algorithm == "nvls" and res.protocol == "simple"

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
+import typer.core
 
 from ..errors import InvalidArgument
-from .common import console, print_json, print_table, write_json
+from .common import check_plot_path, console, err_console, print_json, print_table, write_json
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -28,8 +31,26 @@ def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
     return out
 
 
-def _command_line() -> str:
-    return "ringflow " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def _command_line(report: bool = False) -> str:
+    """This command line; for a report, in the subcommand form and without the options that only choose where the
+    results go (-o, --json), so that the same check reproduces the same report wherever its JSON went."""
+    args = sys.argv[1:]
+    if report:
+        if args[:1] == ["validate"]:
+            modes = [a for a in args if a in LEGACY_MODES]
+            if modes and args[1:2] != [LEGACY_MODES[modes[0]]]:
+                args = ["validate", LEGACY_MODES[modes[0]], *[a for a in args[1:] if a != modes[0]]]
+        kept: list[str] = []
+        skip = False
+        for a in args:
+            if skip or a == "--json" or a.startswith(("--out=", "-o=")):
+                skip = False
+                continue
+            skip = a in ("-o", "--out")
+            if not skip:
+                kept.append(a)
+        args = kept
+    return "ringflow " + " ".join(shlex.quote(a) for a in args)
 
 
 def calibrate_command(
@@ -63,49 +84,106 @@ def calibrate_command(
                   + f"; wrote {out} (use it with RINGFLOW_TUNER_MODEL={out})")
 
 
-def validate_command(
-    host: bool = typer.Option(False, "--host", help="the host cost model vs `ringflow bench`, out of sample"),
-    model: str | None = typer.Option(None, "--model", help="--host: host-model file (default: calibrate first)"),
-    ranks: str = typer.Option("2,3,4,6,8", "--ranks", help="--host: rank counts to validate"),
-    transports: str = typer.Option("shm,tcp", "--transports", help="--host: shm and/or tcp"),
-    calibrate_ranks: str = typer.Option("2,4", "--calibrate-ranks", help="--host without --model: ranks to "
-                                        "calibrate at"),
-    report: str | None = typer.Option(None, "--report", help="--host, --published: write the markdown report here"),
-    json_print: bool = typer.Option(False, "--json", help="print the results as JSON"),
-    out: str | None = typer.Option(None, "-o", "--out", help="write the results (JSON) to this file"),
-    gpu: bool = typer.Option(False, "--gpu", help="published NCCL results on DGX servers vs the simulator"),
-    plot: str | None = typer.Option(None, "--plot", help="--gpu: published vs predicted busbw as bars in this PNG"),
-    multihost: bool = typer.Option(False, "--multihost", help="flat ring vs hierarchical all-reduce on emulated "
-                                   "hosts (network namespaces, tbf-limited links) vs the simulator"),
-    topo: str | None = typer.Option(None, "--topo", help="--multihost: the host topology (default host-cpu)"),
-    hosts: int = typer.Option(2, "--hosts", help="--multihost: emulated hosts"),
-    per_host: int = typer.Option(2, "--per-host", help="--multihost: ranks per host"),
-    rate_mbit: float = typer.Option(1000.0, "--rate-mbit", help="--multihost: link rate (tbf) in Mbit/s"),
-    published: bool = typer.Option(False, "--published", help="published nccl-tests and training throughputs vs "
-                                   "the simulator and the training model (fitted on half, checked on the rest)"),
-    data: str | None = typer.Option(None, "--data", help="--published: cases file (default: the packaged one)"),
-    nccl: bool = typer.Option(False, "--nccl", help="--published: collectives without a forced algorithm take "
-                              "NCCL's own choice (as ringflow sim --nccl) instead of the simulator's"),
+LEGACY_MODES = {"--host": "host", "--gpu": "gpu", "--multihost": "multihost", "--published": "published"}
+
+
+def legacy_validate_args(args: list[str]) -> list[str]:
+    """`validate --gpu ...` (the one-command form, kept for one release) as `validate gpu ...`, with a warning."""
+    modes = [a for a in args if a in LEGACY_MODES]
+    if not modes or (args and args[0] in LEGACY_MODES.values()):
+        return args
+    if len(set(modes)) > 1:
+        raise InvalidArgument(f"{' and '.join(sorted(set(modes)))} are separate checks",
+                              f"run one at a time, e.g. ringflow validate {LEGACY_MODES[modes[0]]}")
+    sub = LEGACY_MODES[modes[0]]
+    rest = [a for a in args if a != modes[0]]
+    sys.stderr.write(f"warning: `ringflow validate {modes[0]}` is deprecated and goes in the next release: use "
+                     f"`ringflow validate {' '.join([sub, *rest])}`\n")
+    return [sub, *rest]
+
+
+class _ValidateGroup(typer.core.TyperGroup):
+    """`ringflow validate`: subcommands, and the deprecated one-command flags rewritten to them."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, legacy_validate_args(list(args)))
+
+
+validate_app = typer.Typer(cls=_ValidateGroup, no_args_is_help=True,
+                           help="Check a model against measurements: host (this host's cost model), gpu or multihost "
+                           "(the simulator), published (published measurements, held out).")
+
+JSON_OPT = typer.Option(False, "--json", help="print the results as JSON (JSON alone on stdout)")
+OUT_OPT = typer.Option(None, "-o", "--out", help="write the results (JSON) to this file")
+
+
+@validate_app.command("host")
+def validate_host_command(
+    model: str | None = typer.Option(None, "--model", help="host-model file (default: calibrate first)"),
+    ranks: str = typer.Option("2,3,4,6,8", "--ranks", help="rank counts to validate"),
+    transports: str = typer.Option("shm,tcp", "--transports", help="shm and/or tcp"),
+    calibrate_ranks: str = typer.Option("2,4", "--calibrate-ranks", help="without --model: ranks to calibrate at"),
+    report: str | None = typer.Option(None, "--report", help="write the markdown report here"),
+    json_print: bool = JSON_OPT,
+    out: str | None = OUT_OPT,
 ) -> None:
-    """Check a model against measurements: --host (this host's cost model), --gpu or --multihost (the simulator),
-    --published (published measurements, held out)."""
-    if sum((host, gpu, multihost, published)) != 1:
-        raise InvalidArgument("choose one of --host, --gpu, --multihost, --published", "e.g. ringflow validate --host")
-    if plot and not gpu:
-        raise InvalidArgument("--plot draws the --gpu references", "add --gpu")
-    if (data or nccl) and not published:
-        raise InvalidArgument("--data and --nccl go with --published", "add --published")
-    if published:
-        _validate_published(data, report, json_print, out, "nccl" if nccl else "sim")
-        return
-    from . import sim_cmds
-    if gpu:
-        sim_cmds.validate_gpu(out, plot)
-        return
-    if multihost:
-        sim_cmds.validate_multihost(topo, hosts, per_host, rate_mbit, out)
-        return
+    """The host cost model vs `ringflow bench`, out of sample."""
     _validate_host(model, _ints(ranks, "--ranks"), transports, calibrate_ranks, report, json_print, out)
+
+
+@validate_app.command("gpu")
+def validate_gpu_command(
+    json_print: bool = JSON_OPT,
+    out: str | None = OUT_OPT,
+    plot: str | None = typer.Option(None, "--plot", help="published vs predicted busbw as bars in this image"),
+) -> None:
+    """Published NCCL results on DGX servers vs the simulator."""
+    from . import sim_cmds
+    if plot:
+        check_plot_path(plot)
+    sim_cmds.validate_gpu(out, plot, json_print)
+
+
+@validate_app.command("multihost")
+def validate_multihost_command(
+    topo: str | None = typer.Option(None, "--topo", help="the host topology (default host-cpu)"),
+    hosts: int = typer.Option(2, "--hosts", min=2, help="emulated hosts"),
+    per_host: int = typer.Option(2, "--per-host", min=1, help="ranks per host"),
+    rate_mbit: float = typer.Option(1000.0, "--rate-mbit", min=1, help="link rate (tbf) in Mbit/s"),
+    json_print: bool = JSON_OPT,
+    out: str | None = OUT_OPT,
+) -> None:
+    """Flat ring vs hierarchical all-reduce on emulated hosts (namespaces, tbf-limited links) vs the simulator."""
+    from . import sim_cmds
+    sim_cmds.validate_multihost(topo, hosts, per_host, rate_mbit, out, json_print)
+
+
+@validate_app.command("published")
+def validate_published_command(
+    data: str | None = typer.Option(None, "--data", help="cases file (default: the packaged one)"),
+    nccl: bool = typer.Option(False, "--nccl", help="collectives without a forced algorithm take NCCL's own "
+                              "choice (as ringflow sim --nccl) instead of the simulator's"),
+    report: str | None = typer.Option(None, "--report", help="write the markdown report here"),
+    json_print: bool = JSON_OPT,
+    out: str | None = OUT_OPT,
+) -> None:
+    """Published nccl-tests and training throughputs vs the simulator and training model, half of them held out."""
+    _validate_published(data, report, json_print, out, "nccl" if nccl else "sim")
+
+
+def _results_only(res: Any, json_print: bool, out: str | None, report: str | None,
+                  write_report: Callable[[], None]) -> bool:
+    """Write the report and the -o file; under --json print the results and say so (True: no tables)."""
+    say = (err_console if json_print else console).print
+    if report:
+        write_report()
+        say(f"wrote {report}")
+    if out:
+        write_json(out, res)
+        say(f"wrote {out}")
+    if json_print:
+        print_json(res)
+    return json_print
 
 
 def _validate_host(model_path: str | None, ranks: list[int], transports: str, calibrate_ranks: str,
@@ -116,17 +194,21 @@ def _validate_host(model_path: str | None, ranks: list[int], transports: str, ca
     from ..hostmodel.sweep import calibrate
     from ..hostmodel.validate import validate
     from ..units import format_size
-    command = _command_line()
+    command = _command_line(report=True)
     trs = _names(transports, TRANSPORTS, "--transports")
+    say = (err_console if json_print else console).print   # under --json, stdout holds the JSON alone
     if model_path is None:
         model_path = "host-model.json"
-        console.print(f"calibrating first (ringflow calibrate -o {model_path}) ...")
-        write_file(model_path, calibrate(_ints(calibrate_ranks, "--calibrate-ranks"), trs, progress=console.print,
+        say(f"calibrating first (ringflow calibrate -o {model_path}) ...")
+        write_file(model_path, calibrate(_ints(calibrate_ranks, "--calibrate-ranks"), trs, progress=say,
                                          command=command))
     doc = read_file(model_path)
     models = {tr: HostCostModel.load(model_path, tr) for tr in trs}
-    res = validate(models, ranks=ranks, progress=console.print)
+    res = validate(models, ranks=ranks, progress=say)
     res["command"], res["model"] = command, model_path
+    if _results_only(res, json_print, out, report,
+                     lambda: write_report(str(report), res, models, command, model_path, doc.get("meta"))):
+        return
     for tr in trs:
         print_table(f"host model vs ringflow bench, {tr}",
                     ["ranks", "calibrated", "sizes", "median error", "p90 error", "noise floor"],
@@ -141,13 +223,6 @@ def _validate_host(model_path: str | None, ranks: list[int], transports: str, ca
         console.print(f"the model's choice was at least as fast on {cs['at_least_as_fast']} of {cs['switched']} calls")
     else:
         console.print("the model kept the flat choice on every validated call")
-    if report:
-        write_report(report, res, models, command, model_path, doc.get("meta"))
-        console.print(f"wrote {report}")
-    if out:
-        write_json(out, res)
-    if json_print:
-        print_json(res)
 
 
 def _validate_published(data: str | None, report: str | None, json_print: bool, out: str | None,
@@ -157,6 +232,9 @@ def _validate_published(data: str | None, report: str | None, json_print: bool, 
     from ..workload import published_report as pr
     from ..workload.published import evaluate
     res = evaluate(data, chooser=chooser)
+    if _results_only(res, json_print, out, report,
+                     lambda: pr.write_markdown(str(report), res, _command_line(report=True))):
+        return
 
     def table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print_table(title, header, [[escape(str(x)) for x in r] for r in rows])
@@ -166,16 +244,9 @@ def _validate_published(data: str | None, report: str | None, json_print: bool, 
     table("summary per set and GPU generation", pr.GROUP_HEADER, pr.group_rows(res))
     table("targets", ["target", "this run", "status", "cases missing it"], pr.target_rows(res))
     table("fitted constants vs library defaults", pr.COMPARE_HEADER, pr.compare_rows(res))
-    if report:
-        pr.write_markdown(report, res, _command_line())
-        console.print(f"wrote {report}")
-    if out:
-        write_json(out, res)
-    if json_print:
-        print_json(res)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
     app.command("calibrate")(calibrate_command)
-    app.command("validate")(validate_command)
+    app.add_typer(validate_app, name="validate")

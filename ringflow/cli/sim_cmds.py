@@ -1,4 +1,4 @@
-"""`ringflow sim`, and the simulator's checks that `ringflow validate --gpu / --multihost` run."""
+"""`ringflow sim`, and the simulator's checks that `ringflow validate gpu / multihost` run."""
 from __future__ import annotations
 
 from typing import Any
@@ -215,8 +215,8 @@ def _nccl_table(t: Any, topo: str, coll: Any, sizes: list[int], n: int, dtype: s
 
 
 def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: float,
-                       json_out: str | None) -> None:
-    """`ringflow validate --multihost`: flat ring vs hierarchical all-reduce on emulated hosts, measured and
+                       out: str | None, json_print: bool = False) -> None:
+    """`ringflow validate multihost`: flat ring vs hierarchical all-reduce on emulated hosts, measured and
     predicted on a cluster of `topo` (default: the host-cpu preset with `per_host` ranks)."""
     from ..hostmodel import multihost
     from ..topology import load_topology
@@ -224,7 +224,14 @@ def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: f
     host_topo = load_topology(topo or f"host-cpu:{per_host}")
     rows, why = multihost.run(host_topo, hosts, per_host, rate_mbit)
     if rows is None:
-        console.print(f"[yellow]skipped:[/] {why}")
+        (err_console if json_print else console).print(f"[yellow]skipped:[/] {why}")
+        if json_print:
+            print_json({"skipped": why, "rows": []})
+        return
+    if out:
+        write_json(out, rows)
+    if json_print:
+        print_json(rows)
         return
     print_table(f"flat ring vs hierarchical all-reduce, {hosts} hosts x {per_host} ranks, {rate_mbit:g} Mbit/s links",
                 ["algorithm", "size", "measured(us)", "predicted(us)", "error"],
@@ -239,15 +246,23 @@ def validate_multihost(topo: str | None, hosts: int, per_host: int, rate_mbit: f
             p = min(d, key=lambda a: d[a]["predicted_us"])
             console.print(f"{format_size(size)}: measured winner {m}, predicted winner {p}"
                           + ("" if m == p else "  [red](ranking differs)[/]"))
-    if json_out:
-        write_json(json_out, rows)
 
 
-def validate_gpu(json_out: str | None, plot: str | None = None) -> None:
-    """`ringflow validate --gpu`: published NCCL results on GPU servers next to the simulator's prediction."""
+def validate_gpu(out: str | None, plot: str | None = None, json_print: bool = False) -> None:
+    """`ringflow validate gpu`: published NCCL results on GPU servers next to the simulator's prediction."""
     from ..sim.references import evaluate
     from ..units import format_size
     rows = evaluate()
+    if out:
+        write_json(out, rows)
+    if plot:
+        from ..sim.plot import plot_references
+        plot_references(rows, plot)
+    if json_print:
+        print_json(rows)
+        if plot:
+            report_plot(plot, json_out=True)
+        return
     print_table("published NCCL busbw vs simulator (all_reduce)",
                 ["reference", "size", "published GB/s", "predicted GB/s", "error", "algorithm", "kind"],
                 [[r["name"], format_size(r["size_bytes"]), f"{r['reference_GBps']:.1f}", f"{r['predicted_GBps']:.1f}",
@@ -255,12 +270,8 @@ def validate_gpu(json_out: str | None, plot: str | None = None) -> None:
                   "fitted" if r["fitted"] else ("not modelled" if not r["modelled"] else "check")] for r in rows])
     for r in rows:
         console.print(f"- {r['name']}: {r['what']}; source: {r['source']}" + (f" ({r['note']})" if r["note"] else ""))
-    if json_out:
-        write_json(json_out, rows)
     if plot:
-        from ..sim.plot import plot_references
-        plot_references(rows, plot)
-        console.print(f"wrote {plot}")
+        report_plot(plot)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,7 @@
 """The host cost model: predicts one runtime collective call's time on this machine from a few named parameters.
 
 `ringflow calibrate` measures every registered algorithm on real ranks (shared memory and TCP), `fit`
-fits each transport's parameters, `ringflow validate --host` checks the predictions out of sample.
+fits each transport's parameters, `ringflow validate host` checks the predictions out of sample.
 The runtime loads a model file through the `ringflow.cost_models` entry point (`load_cost_model`).
 """
 from __future__ import annotations

@@ -52,7 +52,7 @@ def plot_busbw(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str, tit
 
 
 def plot_references(rows: Sequence[Mapping[str, Any]], path: str) -> None:
-    """Published vs predicted busbw, one pair of bars per reference (`ringflow validate --gpu --plot`)."""
+    """Published vs predicted busbw, one pair of bars per reference (`ringflow validate gpu --plot`)."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(max(7.0, 0.7 * len(rows)), 4.4))
