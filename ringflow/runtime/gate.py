@@ -245,7 +245,12 @@ class Gate:
             self._refuse(fd, "wrong HMAC (not the job secret)", tell=True)
             return
         self._forget(fd)
-        full = self.admit(p.sock) if self.admit is not None else None
+        try:
+            full = self.admit(p.sock) if self.admit is not None else None
+        except Exception as exc:  # noqa: BLE001 - one bad client must never stop the gate
+            log.warning("ringflow: admission failed [%s]: %s", self.where, exc)
+            p.sock.close()
+            return
         if full is not None:
             self.busy += 1
             try:

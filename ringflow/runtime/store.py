@@ -134,18 +134,21 @@ class StoreServer:
                                         "(RINGFLOW_STORE_MAX_CLIENTS) are busy", self.max_clients)
                     return str(self.max_clients).encode()
                 victim = min(idle)[2]
-                self._close_locked(victim, f"closed to make room: the store serves at most {self.max_clients}")
+                self._close_locked(victim)   # the client sees EOF and dials again
                 self.evicted += 1
             self._clients[conn] = _Client(now)
         return None
 
-    def _close_locked(self, conn: socket.socket, why: str) -> None:
-        """Say GONE and shut `conn` down (its thread then closes it); the caller holds the lock."""
+    def _close_locked(self, conn: socket.socket, why: str = "") -> None:
+        """Shut `conn` down, saying GONE first if `why` (its own thread only: a send could wait), so that its
+        thread closes it and serves nothing more; the caller holds the lock."""
         c = self._clients.pop(conn, None)
         if c is not None:
             c.gone = True
         try:
-            conn.send(encode(GONE, [why.encode()]), socket.MSG_DONTWAIT)
+            if why:
+                conn.settimeout(0.0)
+                conn.send(encode(GONE, [why.encode()]))
         except OSError:
             pass
         try:
