@@ -34,7 +34,7 @@ from collections import deque
 import numpy as np
 
 from ...errors import ProtocolError, RingflowSystemError
-from .. import native, reaper
+from .. import native
 from . import cma, doorbell
 from .base import Mismatch, Sink, XferOp
 from .frames import Kind
@@ -65,8 +65,8 @@ from .protocol import (  # noqa: F401 - re-exported: the transport's numbers, fo
     ZERO_COPY_MIN_BYTES,
     slice_bytes,
 )
+from .segments import SHM_DIR, Regions, create, remove, segment_name, unlink_quiet  # noqa: F401 - re-exported
 
-SHM_DIR = "/dev/shm"
 _X86 = ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
 MACHINE = platform.machine().lower()
 if native._hotpath is not None:
@@ -84,11 +84,6 @@ def check_ordering() -> None:
                                   "reinstall ringflow where a C compiler and Python's headers exist, or set "
                                   "RINGFLOW_SHM_DISABLE=1 (TCP between same-host ranks)")
 
-
-
-def segment_name(job: str, uid: str, src: int, dst: int, key: str) -> str:
-    """The per-job, per-communicator name of one connection segment."""
-    return f"ringflow-{job}-{uid}-{src}-{dst}-{key}"
 
 
 class _Mapped:
@@ -129,85 +124,6 @@ class _Mapped:
             pass
 
 
-def _create(name: str, nbytes: int) -> mmap.mmap:
-    path = os.path.join(SHM_DIR, name)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise RingflowSystemError(f"shared-memory name {path} already exists: another process created it "
-                                  f"(owner uid {_owner_of(path)})",
-                                  "the names carry a random per-communicator nonce, so only a process that read the "
-                                  "job's store can collide; remove the file, or set RINGFLOW_SHM_DISABLE=1") from None
-    except OSError as exc:
-        raise RingflowSystemError(f"cannot create shared memory {path}: {exc}",
-                          "check /dev/shm space and permissions, or set RINGFLOW_SHM_DISABLE=1") from None
-    try:
-        os.ftruncate(fd, nbytes)
-        return mmap.mmap(fd, nbytes)
-    except OSError as exc:
-        os.unlink(path)
-        raise RingflowSystemError(f"cannot size shared memory {path} to {nbytes} bytes: {exc}",
-                          "containers need a larger /dev/shm (docker --shm-size), or lower RINGFLOW_BUFFSIZE") from None
-    finally:
-        os.close(fd)
-
-
-def _owner_of(path: str) -> str:
-    try:
-        return str(os.stat(path).st_uid)
-    except OSError:
-        return "?"
-
-
-def unlink_quiet(name: str) -> None:
-    """Remove a segment name if it still exists."""
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except OSError:
-        pass
-
-
-class Regions:
-    """This rank's `comm.alloc` segments: a send whose source lies in one travels by reference."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix  # f"ringflow-{job}-{uid}-{rank}-a"; region r is prefix + str(r)
-        self.spans: list[tuple[int, int, int]] = []  # (start address, end address, region id)
-        self.packed = b""  # the spans as uint64 triples, for the native executor
-        self.maps: list[mmap.mmap] = []
-        self.zero_copy_sends = 0
-
-    def create(self, nbytes: int) -> tuple[int, mmap.mmap]:
-        """A new named segment of nbytes (mode 0600); (region id, mapping)."""
-        rid = len(self.maps)
-        reaper.guard(os.path.join(SHM_DIR, self.prefix + str(rid)))  # before the name exists: no window to leak
-        mm = _create(self.prefix + str(rid), max(nbytes, 1))
-        self.maps.append(mm)
-        return rid, mm
-
-    def register(self, rid: int, start: int, nbytes: int) -> None:
-        """Remember where region rid is mapped in this process."""
-        self.spans.append((start, start + nbytes, rid))
-        self.packed = np.asarray(self.spans, dtype=np.uint64).tobytes()
-
-    def find(self, src_u8: np.ndarray) -> tuple[int, int] | None:
-        """(region id, offset) if src lies inside one region, else None."""
-        if not self.spans:
-            return None
-        a = src_u8.ctypes.data
-        e = a + src_u8.shape[0]
-        for start, end, rid in self.spans:
-            if start <= a and e <= end:
-                return rid, a - start
-        return None
-
-    def close(self) -> None:
-        """Remove the names (mappings stay valid for arrays still in use)."""
-        for rid in range(len(self.maps)):
-            unlink_quiet(self.prefix + str(rid))
-            reaper.release(os.path.join(SHM_DIR, self.prefix + str(rid)))
-
-
 class ShmOut:
     """The sending side of one connection (creates the segment)."""
 
@@ -217,8 +133,7 @@ class ShmOut:
         slot_bytes = max(64, slot_bytes - slot_bytes % 64)
         check_ordering()
         self.name, self.peer, self.peer_bell = name, peer, peer_bell
-        reaper.guard(os.path.join(SHM_DIR, name))  # before the name exists: a kill before the receiver maps it
-        mm = _create(name, DATA_OFF + nslots * slot_bytes)
+        mm = create(name, DATA_OFF + nslots * slot_bytes)
         self.m = _Mapped(mm, nslots, slot_bytes)
         c = self.m.ctl
         c[W_NSLOTS], c[W_SLOTB] = nslots, slot_bytes
@@ -256,8 +171,7 @@ class ShmOut:
 
     def close(self) -> None:
         """Unmap (and unlink, in case the receiver never opened it)."""
-        unlink_quiet(self.name)
-        reaper.release(os.path.join(SHM_DIR, self.name))
+        remove(self.name)
         self.m.close()
 
 
