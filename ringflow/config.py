@@ -98,11 +98,12 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
          "algorithms"),
     Knob("RECORD", "", _str, "Record every collective and point-to-point call of every rank into this directory "
          "(one JSON-lines file per rank and a manifest; `ringflow record`, docs/record.md).", "runtime"),
-    Knob("FLIGHT_RECORDER", 256, _int, "Calls each communicator keeps in memory when RINGFLOW_DUMP_DIR or "
-         "RINGFLOW_RECORD says where to write them; a timeout, a failed peer, SIGUSR1 or comm.dump() writes them "
-         "(0 turns the flight recorder off).", "runtime"),
-    Knob("DUMP_DIR", "", _str, "Where flight records go (default: the RINGFLOW_RECORD directory; neither set: "
-         "no flight recorder, no cost per call).", "runtime"),
+    Knob("FLIGHT_RECORDER", 256, _int, "Calls each communicator keeps when RINGFLOW_DUMP_DIR or RINGFLOW_RECORD "
+         "says where records go: in a file-backed ring written as calls happen (on disk even if the rank is "
+         "killed) and in memory, written out on a timeout, a failed peer, SIGUSR1 or comm.dump() (0 turns the "
+         "flight recorder off, and `ringflow run` makes no job directory).", "runtime"),
+    Knob("DUMP_DIR", "", _str, "Where flight records go (default: the RINGFLOW_RECORD directory; `ringflow run` "
+         "sets it to its job directory; neither set: no flight recorder, no cost per call).", "runtime"),
     Knob("TOPO_FILE", "", _str, "Use this topology file (YAML/JSON) instead of detecting the machine.", "topology"),
     Knob("SECRET", "", _str, "Job secret proving store/transport connections belong to the job "
          "(the launcher generates one).", "runtime"),

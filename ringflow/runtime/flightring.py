@@ -162,6 +162,20 @@ class PyRing:
         self.mm, self.at, self.n, self.namer = mm, slots_at, nslots, namer
         self.head = 0
         self.fmt = struct.Struct(f"<{SLOT_WORDS}q")
+        self.ids: dict[int, tuple[Any, int]] = {}   # id(obj) -> (obj, its text's offset), as the C side caches
+
+    def name(self, obj: Any) -> int:
+        """The offset of obj's text, asking the names area only for an object not seen before."""
+        if obj is None:
+            return -1
+        hit = self.ids.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        if len(self.ids) >= 1024:
+            self.ids.clear()
+        i = self.namer(obj)
+        self.ids[id(obj)] = (obj, i)
+        return i
 
     def enter(self, e: list[Any]) -> int:
         """Write a new call's slot (before it runs); its position, for `start` and `exit`."""
@@ -169,20 +183,18 @@ class PyRing:
             return -1
         pos = self.head
         off = self.at + (pos % self.n) * SLOT_BYTES
-        m, namer = e[META], self.namer
+        m, name = e[META], self.name
         lane = int(e[LANE])
-        code = e[CODE]
         if m:
-            op, dtype, count = namer(m[0]), -1 if m[1] is None else namer(m[1]), int(m[2])
+            op, dtype, count = name(m[0]), name(m[1]), int(m[2])
             root = _int_or(m[3], NONE)
-            red = (-1 if m[4] is None else namer(m[4])) if lane == 0 else _int_or(m[4], -1)
+            red = name(m[4]) if lane == 0 else _int_or(m[4], -1)
         else:
-            op, dtype, count, root, red = namer(e[DESC]), -1, 0, NONE, -1
+            op, dtype, count, root, red = name(e[DESC]), -1, 0, NONE, -1
         struct.pack_into("<q", self.mm, off, 0)
         self.fmt.pack_into(self.mm, off, 0, lane | (256 if e[ASYNC] else 0), int(e[SEQ]), int(e[T_ENQ]),
-                           int(e[T_START]), int(e[T_END]), op, dtype, count, root, red,
-                           -1 if code is None else namer(code), int(e[LINE]),
-                           namer(e[STATUS]) if e[STATUS] else -1, namer(e[DESC]) if lane == WAIT else -1, 0)
+                           int(e[T_START]), int(e[T_END]), op, dtype, count, root, red, name(e[CODE]), int(e[LINE]),
+                           name(e[STATUS]) if e[STATUS] else -1, name(e[DESC]) if lane == WAIT else -1, 0)
         struct.pack_into("<q", self.mm, off, pos + 1)
         self.head = pos + 1
         _set(self.mm, H_HEAD, pos + 1)
@@ -201,7 +213,7 @@ class PyRing:
         if _word_at(self.mm, off) != pos + 1:
             return   # overwritten since
         struct.pack_into("<q", self.mm, off + S_START * 8, int(e[T_START]))
-        struct.pack_into("<q", self.mm, off + S_STATUS * 8, self.namer(e[STATUS]) if e[STATUS] else -1)
+        struct.pack_into("<q", self.mm, off + S_STATUS * 8, self.name(e[STATUS]) if e[STATUS] else -1)
         struct.pack_into("<q", self.mm, off + S_END * 8, int(e[T_END]))
 
     def find(self, e: list[Any]) -> int:
@@ -222,6 +234,10 @@ class PyRing:
 
 def _int_or(v: Any, default: int) -> int:
     """v as an int64 as C's i64_or reads it: `default` for None or what is not an integer."""
+    if type(v) is int:
+        return v
+    if v is None:
+        return default
     try:
         return int(v.__index__())
     except (AttributeError, TypeError):
