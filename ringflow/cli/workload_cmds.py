@@ -14,10 +14,12 @@ from .common import (
     RADIX_OPT,
     TIERS_OPT,
     FabricOptions,
+    check_plot_path,
     console,
     fabric_options,
     print_json,
     print_table,
+    report_plot,
 )
 
 
@@ -262,7 +264,8 @@ def train_command(
     contention: bool = typer.Option(False, "--contention", help="scale each dimension by the flow engine's "
                                     "slowdown with all its groups communicating at once (slower)"),
     scaling: bool = typer.Option(False, "--scaling", help="also the scale factor T_n/(nT) as DP grows"),
-    plot: str | None = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="draw the breakdown (and scaling) into this "
+                                       "image (.png, .svg, .pdf)"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Step time, MFU, memory and network wait of one training layout on a cluster."""
@@ -270,6 +273,8 @@ def train_command(
     from ..workload.commmodel import default_comm_model
     from ..workload.steptime import scale_factors, step_time
 
+    if plot:
+        check_plot_path(plot)
     m = load_model(model)
     fab = fabric_options(fabric, tiers, radix, oversub, planes)
     t = _cluster(topo, nodes, nic_gbps, fab)
@@ -299,6 +304,8 @@ def train_command(
         out["plot"] = plot
     if json_out:
         print_json(out)
+        if plot:
+            report_plot(plot, json_out=True)
         return
     L = lay
     counts = L.stage_layer_counts(m)
@@ -327,6 +334,8 @@ def train_command(
         print_table("scale factor T_n/(nT), weak scaling in DP",
                     ["GPUs", "DP", "tokens/s", "scale factor"],
                     [[c["gpus"], c["dp"], f"{c['tokens_per_s']:,.0f}", f"{c['scale_factor']:.3f}"] for c in curve])
+    if plot:
+        report_plot(plot)
 
 
 def plan_command(
@@ -342,7 +351,8 @@ def plan_command(
     top: int = typer.Option(10, "--top", min=1),
     check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
     check_budget_s: float = typer.Option(12.0, "--check-budget", min=0, help="seconds for the simulator's check"),
-    plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory into this PNG"),
+    plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory into this "
+                                       "image (.png, .svg, .pdf)"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
     """Search TP, PP, DP, micro-batch, ZeRO, recomputation and interleaving; rank what fits by step time."""
@@ -351,6 +361,8 @@ def plan_command(
     from ..workload import load_model
     from ..workload.planner import plan
 
+    if plot:
+        check_plot_path(plot)
     m = load_model(model)
     per_server = max(1, len(_cluster(topo, 1, nic_gbps, fabric).endpoints()))
     t = _cluster(topo, nodes or max(1, math.ceil(gpus / per_server)), nic_gbps, fabric)
@@ -373,6 +385,7 @@ def plan_command(
     if plot:
         from ..workload.plot import plot_plan
         plot_plan(p, plot)
+        report_plot(plot, json_out)
     if json_out:
         print_json({"model": m.name, "gpus": gpus, "topology": t.name, "searched": p.searched,
                     "fits": p.evaluated, "out_of_memory": p.oom, "top": rows_json,
