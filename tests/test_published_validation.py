@@ -12,6 +12,17 @@ from typer.testing import CliRunner
 
 from ringflow.cli import build_app
 from ringflow.errors import ConfigError, InvalidArgument
+from ringflow.workload.compute import EfficiencyModel
+from ringflow.workload.fitting import (
+    FITTED_PATH,
+    case_digest,
+    load_fitted,
+    main,
+    refit,
+    release,
+    release_changes,
+    stored_constants,
+)
 from ringflow.workload.published import (
     SETS,
     Constants,
@@ -95,6 +106,7 @@ def test_fitted_constants_depend_on_the_fitting_set_only(cases: list[dict]) -> N
     assert seen and not held & set(seen), "the fit predicted a held-out case"
     for names in base["fitted_on"].values():
         assert not held & set(names)
+    assert base["fitted_on"]["compute.eff_max"] and "software[megatron-lm-2021]" not in base["fitted_on"]
     moved = copy.deepcopy(cases)
     for c in moved:
         if c["set"] == "held_out":
@@ -110,7 +122,8 @@ def test_fitted_constants_depend_on_the_fitting_set_only(cases: list[dict]) -> N
 
 def test_the_real_fit_ignores_held_out_values(cases: list[dict]) -> None:
     pick = [c for c in cases if c["id"] in ("h100x8-allreduce-ring", "h100x8-allreduce-nvls", "h100-2node-nic-ring",
-                                           "a100-2node-8hdr-allreduce-ring")]
+                                           "gb200-3xnvl8-allreduce-ring")]
+    assert {c["set"] for c in pick} == {"fit", "held_out"}
     first = fit(pick)
     assert 0 < first.nvlink_eff <= 1 and 0 < first.net_eff <= 1
     assert first.fitted_on["nvlink_eff"] == ["h100x8-allreduce-ring"]
@@ -156,6 +169,12 @@ def test_the_report_has_both_sets_and_the_gaps(cases: list[dict]) -> None:
     held = [r for r in res["rows"] if r["set"] == "held_out" and r["error"] is not None]
     assert held and all(r["error"] == pytest.approx(r["predicted"] / r["published"] - 1) for r in held)
     assert res["summary"]["held_out"]["all"]["n"] == len(held)
+    for part in ("## Manifest", "### By framework", "### By scale", "held-out cases used by any fit: none"):
+        assert part in text
+    m = res["manifest"]
+    assert m["refit"] and not m["held_out_in_a_fit"]
+    assert m["counts"]["fit"]["cases"] + m["counts"]["held_out"]["cases"] == len(res["rows"])
+    assert all(r["group"] for r in res["rows"])
 
 
 def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:
@@ -167,7 +186,10 @@ def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:
     assert res.exit_code == 0, res.output
     assert "held-out set" in res.output and "fitted constants" in res.output
     assert "## Held-out set" in report.read_text()
-    assert {r["id"] for r in json.loads(out.read_text())["rows"]} == {c["id"] for c in _small(cases)}
+    doc = json.loads(out.read_text())
+    assert {r["id"] for r in doc["rows"]} == {c["id"] for c in _small(cases)}
+    assert all(r["group"] for r in doc["rows"]) and "fitted_on" in doc["constants"]
+    assert doc["manifest"]["split_rule"] and doc["manifest"]["counts"]["held_out"]["groups"] >= 1
 
 
 def test_nccl_chooser_takes_nccls_choice_for_default_cases(cases: list[dict]) -> None:
@@ -178,3 +200,66 @@ def test_nccl_chooser_takes_nccls_choice_for_default_cases(cases: list[dict]) ->
     assert res["constants"]["chooser"] == "nccl"
     with pytest.raises(InvalidArgument, match="chooser"):
         fit(cases, chooser="fastest")
+
+
+def test_no_stored_constant_was_fitted_on_a_held_out_case(cases: list[dict]) -> None:
+    doc = load_fitted()
+    sets = {c["id"]: c["set"] for c in cases}
+    fitted_on = doc["constants"]["fitted_on"]
+    assert {"nvlink_eff", "net_eff", "compute.eff_max"} <= set(fitted_on)
+    for name, ids in fitted_on.items():
+        assert ids, name
+        assert all(sets[i] == "fit" for i in ids), (name, [i for i in ids if sets[i] != "fit"])
+    # the stored file is the registry's fitting half as it is now, and the library's compute curve is its curve
+    assert doc["fitting_cases"] == {c["id"]: case_digest(c) for c in cases if c["set"] == "fit"}
+    k = stored_constants(cases)
+    e = EfficiencyModel()
+    assert (e.eff_max, e.d_half, e.n_half) == (k.eff_max, k.d_half, k.n_half)
+
+
+def test_stored_constants_are_refused_once_a_fitting_case_changes(cases: list[dict]) -> None:
+    moved = copy.deepcopy(cases)
+    victim = next(c for c in moved if c["set"] == "fit")
+    victim["value"] *= 1.01
+    with pytest.raises(ConfigError, match=victim["id"]):
+        stored_constants(moved)
+    held = copy.deepcopy(cases)
+    next(c for c in held if c["set"] == "held_out")["value"] *= 1.5
+    assert stored_constants(held).to_dict() == stored_constants(cases).to_dict()
+
+
+def test_refit_writes_every_constant_with_the_fitting_cases_it_used(tmp_path: Path, cases: list[dict]) -> None:
+    ids = ("h100x8-allreduce-ring", "h100x8-allreduce-nvls", "h100-2node-nic-ring", "narayanan-t1-18.4b",
+           "narayanan-t1-3.6b", "llama3-405b-16k-cp16")
+    data = tmp_path / "cases.yaml"
+    data.write_text(yaml.safe_dump({"cases": [c for c in cases if c["id"] in ids]}))
+    out = tmp_path / "fitted.json"
+    seen: list[str] = []
+    doc = refit(data, out, predictor=_stub(seen))
+    held = {c["id"] for c in cases if c["id"] in ids and c["set"] == "held_out"}
+    assert held and seen and not held & set(seen)
+    on = doc["constants"]["fitted_on"]
+    assert on["compute.eff_max"] == ["narayanan-t1-18.4b"]
+    assert "compute.d_half" not in on and doc["constants"]["d_half"] == 0   # one case fits one parameter
+    assert on["software[meta-llama3-2024]"] == ["llama3-405b-16k-cp16"]
+    assert json.loads(out.read_text()) == doc
+    # the command line entry point writes the same file
+    again = tmp_path / "again.json"
+    ok = main(["--data", str(data), "-o", str(again)]) == 0
+    assert ok and set(json.loads(again.read_text())["constants"]["fitted_on"]) >= {"nvlink_eff", "compute.eff_max"}
+
+
+def test_release_digests_count_the_held_out_cases_changed_since(tmp_path: Path, cases: list[dict]) -> None:
+    data = tmp_path / "cases.yaml"
+    data.write_text(yaml.safe_dump({"cases": cases}))
+    rel = tmp_path / "release.json"
+    release("t1", data, rel)
+    assert release_changes(cases, rel) == {"tag": "t1", "changed": [], "new": [], "removed": []}
+    edited = copy.deepcopy(cases)
+    h = next(c for c in edited if c["set"] == "held_out")
+    h["layout" if "layout" in h else "value"] = {"tp": 2} if "layout" in h else h["value"] * 2
+    next(c for c in edited if c["set"] == "fit")["value"] *= 2   # fitting cases are not the release's business
+    assert release_changes(edited, rel)["changed"] == [h["id"]]
+    # the packaged release covers the packaged held-out cases
+    assert release_changes(cases)["tag"] and not release_changes(cases)["new"]
+    assert FITTED_PATH.exists()

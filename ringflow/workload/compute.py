@@ -22,12 +22,15 @@ Model (all constants below are settable through `EfficiencyModel`):
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 
-eff_max, d_half and n_half are fitted to Narayanan et al. 2021, Table 1 (Megatron-LM on A100s), see
-`validation.py`; mem_eff is the fraction of HBM bandwidth elementwise kernels reach.
+eff_max, d_half and n_half come from ``ringflow/data/fitted.json``: fitted by ``python -m ringflow.workload.fitting``
+on the fitting half of the published registry only (the reference era's cases, Megatron-LM 2021 on A100s); mem_eff
+is the fraction of HBM bandwidth elementwise kernels reach.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
@@ -81,13 +84,23 @@ def gpu_of_topology(topo: Topology) -> GpuSpec:
     return gpu_spec(str(model))
 
 
+def _fitted_curve() -> dict[str, float]:
+    """eff_max, d_half, n_half as `ringflow.workload.fitting.refit` wrote them (fitting half only)."""
+    path = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
+    c = json.loads(path.read_text())["constants"]
+    return {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
+
+
+_CURVE = _fitted_curve()
+
+
 @dataclass(frozen=True)
 class EfficiencyModel:
     """Shape-dependent efficiency of GEMMs and memory-bound kernels (see module docstring)."""
 
-    eff_max: float = 0.75      # fitted to Narayanan et al. 2021 Table 1 (validation.py)
-    d_half: float = 100.0      # GEMM width (hidden / tp) at which efficiency is half of eff_max; fitted
-    n_half: float = 64.0       # tokens per micro-batch at which efficiency halves; fitted
+    eff_max: float = _CURVE["eff_max"]   # fitted on the registry's fitting half (data/fitted.json)
+    d_half: float = _CURVE["d_half"]     # GEMM width (hidden / tp) at which efficiency is half of eff_max; fitted
+    n_half: float = _CURVE["n_half"]     # tokens per micro-batch at which efficiency halves; fitted
     mem_eff: float = 0.8       # fraction of HBM bandwidth that elementwise kernels reach (assumption)
     fp8_gemm_factor: float = 0.7  # fraction of FP8's 2x peak that real GEMMs reach (assumption)
     software_factor: float = 1.0  # framework efficiency multiplier (see SOFTWARE_PROFILES)

@@ -53,10 +53,13 @@ class Constants:
     nvls_reduce_gflops: float = 0.0   # 0: the hardware catalog's per-generation figure
     fitted_on: dict[str, list[str]] = field(default_factory=dict)
     chooser: str = "sim"   # collectives without a forced algorithm: the simulator's choice, or NCCL's ("nccl")
+    eff_max: float = field(default_factory=lambda: _library_curve()["eff_max"])   # compute curve (compute.py)
+    d_half: float = field(default_factory=lambda: _library_curve()["d_half"])
+    n_half: float = field(default_factory=lambda: _library_curve()["n_half"])
 
     @classmethod
     def defaults(cls, chooser: str = "sim") -> Constants:
-        """The library's own values (simulator link efficiencies, software factor 1)."""
+        """The library's own values (simulator link efficiencies, software factor 1, the shipped compute curve)."""
         from ..sim.params import DEFAULT_LINK_EFFICIENCY
         if chooser not in CHOOSERS:
             raise InvalidArgument(f"chooser {chooser!r}", f"use one of {', '.join(CHOOSERS)}")
@@ -73,8 +76,23 @@ class Constants:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready values and fitting sets."""
         return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
-                "nvls_reduce_gflops": self.nvls_reduce_gflops,
-                "fitted_on": {k: list(v) for k, v in self.fitted_on.items()}, "chooser": self.chooser}
+                "nvls_reduce_gflops": self.nvls_reduce_gflops, "eff_max": self.eff_max, "d_half": self.d_half,
+                "n_half": self.n_half, "fitted_on": {k: list(v) for k, v in self.fitted_on.items()},
+                "chooser": self.chooser}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Constants:
+        """The constants `to_dict` wrote."""
+        return cls(d["nvlink_eff"], d["net_eff"], dict(d.get("software") or {}), d.get("nvls_reduce_gflops", 0.0),
+                   {k: list(v) for k, v in (d.get("fitted_on") or {}).items()}, d.get("chooser", "sim"),
+                   d["eff_max"], d["d_half"], d["n_half"])
+
+
+def _library_curve() -> dict[str, float]:
+    """The compute curve `EfficiencyModel` ships with (read from the fitted-constants file)."""
+    from .compute import EfficiencyModel
+    e = EfficiencyModel()
+    return {"eff_max": e.eff_max, "d_half": e.d_half, "n_half": e.n_half}
 
 
 @dataclass(frozen=True)
@@ -171,7 +189,8 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     link = "nvlink" if len(topo.hosts()) == 1 else "net"
     if c.get("algorithm") is None and consts.chooser == "nccl":
         busbw, algo = _nccl_busbw(topo, c, eps, consts)
-        return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note})
+        return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note,
+                                        "gpus": _collective_gpus(topo, c, eps)})
     if c.get("algorithm") == "tree" and len(topo.hosts()) > 1:   # NCCL_ALGO=Tree across servers: NCCL's trees
         from ..sim.nccl_tree import simulate_nccl_tree
         from ..sim.params import params_for
@@ -194,7 +213,12 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     if res.bound == "nvls_reduce":
         link = res.bound
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
-                                                    "link_class": link, "note": note})
+                                                    "link_class": link, "note": note,
+                                                    "gpus": _collective_gpus(topo, c, eps)})
+
+
+def _collective_gpus(topo: Any, c: dict[str, Any], eps: list[str] | None) -> int:
+    return int(c.get("nranks") or (len(eps) if eps else len(topo.endpoints())))
 
 
 def _nccl_busbw(topo: Any, c: dict[str, Any], eps: list[str] | None, consts: Constants) -> tuple[float, str]:
@@ -232,7 +256,8 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     except TypeError as exc:
         raise NotExpressible(f"layout field not supported ({exc})") from None
     topo, note = build_topology(case["topology"], gpus)
-    eff = replace(EfficiencyModel(), software_factor=consts.software.get(case["era"], 1.0))
+    eff = replace(EfficiencyModel(), eff_max=consts.eff_max, d_half=consts.d_half, n_half=consts.n_half,
+                  software_factor=consts.software.get(case["era"], 1.0))
     r = step_time(model, layout, topo, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()), eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
               "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
@@ -273,7 +298,9 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
                 _centre(ratios["nvls_reduce"])
             consts.fitted_on["nvls_reduce_gflops"] = sorted(set(consts.fitted_on.get("nvls_reduce_gflops", [])
                                                                 + used["nvls_reduce"]))
-    eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"})
+    from .fitting import REFERENCE_ERA, fit_compute_curve
+    fit_compute_curve(fit_cases, consts, predictor)
+    eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"} - {REFERENCE_ERA})
     for era in eras:
         mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
         for _ in range(TRAINING_ROUNDS):
@@ -282,7 +309,7 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
             if not ok:
                 break
             k = consts.software.get(era, 1.0) * _centre([c["value"] / pr.value for c, pr in ok])
-            consts.software[era] = min(k, 1.0 / _eff_ceiling())
+            consts.software[era] = min(k, 1.0 / consts.eff_max)
             consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
     return consts
 
@@ -293,25 +320,43 @@ def _catalog_reduce_gflops() -> float:
     return NVSWITCH_REDUCE_GFLOPS[4]
 
 
-def _eff_ceiling() -> float:
-    """The efficiency curve's ceiling: a software factor above 1 / eff_max would pass the GEMM peak."""
-    from .compute import EfficiencyModel
-    return EfficiencyModel().eff_max
-
-
 # ---- evaluation ------------------------------------------------------------------------------------------------
 def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None = None,
-             predictor: Predictor = predict, chooser: str = "sim") -> dict[str, Any]:
-    """Fit on the fitting half, predict every case, and summarise the errors per set and per generation; the
-    same statistics with nothing fitted (the library's defaults) show what the fitted constants buy. `chooser`
-    'nccl' gives collectives without a forced algorithm NCCL's own choice (`ringflow sim --nccl`)."""
+             predictor: Predictor = predict, chooser: str = "sim", refit: bool | None = None) -> dict[str, Any]:
+    """Predict every case with constants fitted on the fitting half and summarise the errors per set, GPU
+    generation, framework and scale; the same statistics with the simulator's defaults and no per-stack factor
+    show what those fitted constants buy. The packaged registry uses the stored constants
+    (``ringflow/data/fitted.json``, refused when its fitting cases changed since); other data, another chooser or
+    `refit` fit again. `chooser` 'nccl' gives collectives without a forced algorithm NCCL's own choice."""
+    from . import fitting
+    packaged = cases is None and (path is None or Path(path).resolve() == DATA_PATH)
     cases = cases if cases is not None else load_cases(path)
-    consts = fit(cases, predictor, chooser)
+    if refit is None:
+        refit = not (packaged and chooser == "sim" and predictor is predict)
+    consts = fit(cases, predictor, chooser) if refit else fitting.stored_constants(cases)
     rows = [_row(c, predictor(c, consts)) for c in cases]
-    plain = [_row(c, predictor(c, Constants.defaults(chooser))) for c in cases]
+    plain = [_row(c, predictor(c, replace(Constants.defaults(chooser), eff_max=consts.eff_max,
+                                          d_half=consts.d_half, n_half=consts.n_half))) for c in cases]
+    changes = fitting.release_changes(cases) if packaged else {"tag": None, "changed": [], "new": [], "removed": []}
     return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
             "unfitted": {s: _stats([r for r in plain if r["set"] == s]) for s in SETS},
-            "split_rule": split_sets.__doc__, "data": str(path or DATA_PATH)}
+            "manifest": _manifest(cases, consts, refit, changes), "split_rule": SPLIT_RULE,
+            "library_curve": _library_curve(),
+            "data": str(path or DATA_PATH)}
+
+
+def _manifest(cases: list[dict[str, Any]], consts: Constants, refit: bool, changes: dict[str, Any]) -> dict[str, Any]:
+    from . import fitting
+    held = {c["id"] for c in cases if c["set"] == "held_out"}
+    leaks = {k: sorted(held & set(v)) for k, v in consts.fitted_on.items() if held & set(v)}
+    return {"split_rule": SPLIT_RULE, "reference_era": fitting.REFERENCE_ERA,
+            "constants": {k: v for k, v in consts.to_dict().items() if k not in ("fitted_on", "chooser")},
+            "fitted_on": {k: list(v) for k, v in consts.fitted_on.items()},
+            "not_fitted": [p for p in fitting.CURVE_PARAMS if f"compute.{p}" not in consts.fitted_on],
+            "held_out_in_a_fit": leaks,
+            "counts": {s: {"cases": sum(c["set"] == s for c in cases),
+                           "groups": len({c["group"] for c in cases if c["set"] == s})} for s in SETS},
+            "refit": refit, "fitted_file": None if refit else str(fitting.FITTED_PATH), "release": changes}
 
 
 def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
@@ -319,12 +364,23 @@ def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
     topo = c.get("topology") or {}
     one_server = c["kind"] == "collective" and pr.info.get("link_class") in ("nvlink", "nvls_reduce") \
         and not topo.get("nodes")
-    return {"id": c["id"], "kind": c["kind"], "generation": c["generation"], "era": c.get("era", ""),
+    gpus = int(c.get("gpus") or pr.info.get("gpus") or 0)
+    return {"id": c["id"], "group": c["group"], "kind": c["kind"], "generation": c["generation"],
+            "era": c.get("era", ""), "framework": c.get("era") or "nccl", "gpus": gpus, "scale": scale_of(gpus),
             "set": c["set"], "metric": c["metric"], "published": float(c["value"]), "predicted": pr.value,
             "error": err, "status": pr.status, "system": c.get("system", ""), "url": c["source"]["url"],
             "where": c["source"].get("where", ""), "one_server": one_server, "assumed": c.get("assumed", ""),
             "standin": pr.info.get("note", ""), "note": c.get("note", ""),
             "algorithm": pr.info.get("algorithm", ""), "fits_in_memory": pr.info.get("fits_in_memory")}
+
+
+SCALES = ((8, "1-8 GPUs"), (72, "9-72 GPUs"), (512, "73-512 GPUs"), (2048, "513-2048 GPUs"),
+          (10**9, "over 2048 GPUs"))
+
+
+def scale_of(gpus: int) -> str:
+    """The scale bucket of a case by its GPU count ('' when unknown)."""
+    return next(label for top, label in SCALES if gpus <= top) if gpus else ""
 
 
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -338,15 +394,27 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Error statistics per set, and per set x kind x generation."""
+    """Error statistics per set; per set x kind x generation; per set and GPU generation, framework, scale."""
     out: dict[str, Any] = {}
     for s in SETS:
         mine = [r for r in rows if r["set"] == s]
         groups = sorted({(r["kind"], r["generation"]) for r in mine})
         out[s] = {"all": _stats(mine),
                   "groups": [{"kind": k, "generation": g, **_stats([r for r in mine if (r["kind"], r["generation"])
-                                                                    == (k, g)])} for k, g in groups]}
+                                                                    == (k, g)])} for k, g in groups],
+                  "by": {dim: [{dim: v, **_stats([r for r in mine if r[dim] == v])}
+                               for v in sorted({r[dim] for r in mine}, key=_order(dim))] for dim in BREAKDOWNS}}
     return out
+
+
+BREAKDOWNS = ("generation", "framework", "scale")
+
+
+def _order(dim: str) -> Callable[[str], Any]:
+    if dim == "scale":
+        labels = [label for _, label in SCALES]
+        return lambda v: labels.index(v) if v in labels else len(labels)
+    return lambda v: v
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

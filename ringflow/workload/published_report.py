@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-CASE_HEADER = ["case", "gen", "metric", "published", "predicted", "error", "direction", "algorithm", "status"]
+CASE_HEADER = ["case", "group", "gen", "metric", "published", "predicted", "error", "direction", "algorithm", "status"]
 GROUP_HEADER = ["set", "kind", "generation", "cases", "MAE", "max abs error", "worst", "mean signed", "not expr."]
 CONST_HEADER = ["constant", "value", "library default", "fitted on (fitting set only)"]
 METRIC_UNITS = {"busbw_GBps": "busbw GB/s", "tokens_per_s_per_gpu": "tokens/s/GPU", "tflops_per_gpu": "TFLOP/s/GPU",
@@ -38,8 +38,8 @@ def case_rows(result: dict[str, Any], which: str) -> list[list[str]]:
         if r.get("fits_in_memory") is False:
             status += " (the memory model says it does not fit)"
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        out.append([r["id"], r["generation"], METRIC_UNITS[r["metric"]], _num(r["published"]), _num(r["predicted"]),
-                    err, _direction(r["error"]), r["algorithm"], status])
+        out.append([r["id"], r["group"], r["generation"], METRIC_UNITS[r["metric"]], _num(r["published"]),
+                    _num(r["predicted"]), err, _direction(r["error"]), r["algorithm"], status])
     return out
 
 
@@ -70,19 +70,69 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
              f"{c['nvls_reduce_gflops']:.0f}" if c.get("nvls_reduce_gflops") else f"{NVSWITCH_REDUCE_GFLOPS[4]:.0f} "
              "(not fitted)", f"{NVSWITCH_REDUCE_GFLOPS[4]:.0f}",
              ", ".join(fitted.get("nvls_reduce_gflops", [])) or "no fitting case bound by the switch adders"]]
+    from .fitting import REFERENCE_ERA
+    lib = result.get("library_curve") or {}
+    for name, what in (("eff_max", "peak fraction of wide GEMMs"), ("d_half", "GEMM width at half efficiency"),
+                       ("n_half", "tokens per micro-batch at half efficiency")):
+        ids = fitted.get(f"compute.{name}")
+        rows.append([f"compute {name} ({what})", f"{c[name]:.4g}", f"{lib[name]:.4g}" if name in lib else "-",
+                     ", ".join(ids) if ids else f"not fitted: too few {REFERENCE_ERA} fitting cases "
+                     "(neutral value 0)"])
     eras = sorted({r["era"] for r in result["rows"] if r["era"]})
     for era in eras:
         k = c["software"].get(era)
+        if era == REFERENCE_ERA:
+            rows.append([f"software_factor ({era})", "1", "1", "the reference era of the compute curve: 1 by "
+                         "definition"])
+            continue
         rows.append([f"software_factor ({era})", "1 (not fitted)" if k is None else f"{k:.3f}", "1",
                      ", ".join(fitted.get(f"software[{era}]", [])) or "no expressible fitting case"])
     return rows
+
+
+BY_HEADER = ["set", "cases", "MAE", "max abs error", "worst", "mean signed", "optimistic", "pessimistic"]
+
+
+def by_rows(result: dict[str, Any], dim: str) -> list[list[str]]:
+    """Error statistics per set and value of `dim` (generation, framework or scale), with their sign."""
+    out = []
+    for which, s in result["summary"].items():
+        for g in s["by"][dim]:
+            if not g.get("n"):
+                out.append([which, g[dim] or "-", "0", "-", "-", "-", "-", "-", "-"])
+                continue
+            out.append([which, g[dim] or "-", str(g["n"]), f"{g['mae']:.1%}", f"{g['max_abs']:.1%}", g["worst"],
+                        f"{g['mean_signed']:+.1%}", str(g["optimistic"]), str(g["pessimistic"])])
+    return out
+
+
+def manifest_lines(result: dict[str, Any]) -> list[str]:
+    """The manifest in words: split rule, counts per half, leaks (none expected), the table's release."""
+    m = result["manifest"]
+    cnt = m["counts"]
+    rel = m["release"]
+    leaks = m["held_out_in_a_fit"]
+    lines = [f"- Split rule (`published.SPLIT_RULE`): {m['split_rule']}.",
+             f"- Fitting half: {cnt['fit']['cases']} cases in {cnt['fit']['groups']} groups; held-out half: "
+             f"{cnt['held_out']['cases']} cases in {cnt['held_out']['groups']} groups.",
+             "- Constants: " + ("refitted for this run" if m["refit"] else
+                                "as stored in `ringflow/data/fitted.json` by `python -m ringflow.workload.fitting`, "
+                                "whose fitting cases match the registry's fitting half") +
+             "; held-out cases used by any fit: " + ("none" if not leaks else
+                                                     "; ".join(f"{k}: {', '.join(v)}" for k, v in leaks.items())) + "."]
+    if rel.get("tag"):
+        changed = rel["changed"]
+        lines.append(f"- Held-out cases changed since release {rel['tag']} of the table: {len(changed)}"
+                     + (f" ({', '.join(changed)})" if changed else "") + f"; added since: {len(rel['new'])}"
+                     + (f" ({', '.join(rel['new'])})" if rel["new"] else "") + f"; removed: {len(rel['removed'])}.")
+    return lines + [""]
 
 
 def compare_rows(result: dict[str, Any]) -> list[list[str]]:
     """Fitted constants against the library's defaults (nothing fitted), per set."""
     out = []
     for which in ("fit", "held_out"):
-        for label, st in (("fitted", result["summary"][which]["all"]), ("library defaults",
+        for label, st in (("fitted", result["summary"][which]["all"]), ("simulator defaults, factors 1",
                                                                           result["unfitted"][which])):
             out.append([which, label, str(st.get("n", 0)), f"{st['mae']:.1%}" if st.get("n") else "-",
                         f"{st['max_abs']:.1%}" if st.get("n") else "-",
@@ -117,19 +167,23 @@ def markdown(result: dict[str, Any], command: str) -> str:
     n = len(result["rows"])
     n_fit = sum(r["set"] == "fit" for r in result["rows"])
     lines = ["# Validation against published measurements", "",
-             f"Generated by `{command}` from `ringflow/data/published.yaml` ({n} cases: {n_fit} in the fitting set, "
-             f"{n - n_fit} held out). Error = predicted / published - 1: positive is optimistic (the model "
-             "predicts more bandwidth or throughput than was measured), negative pessimistic.", "",
+             f"Generated by `{command}` from `ringflow/data/published.yaml`, the one registry of published cases "
+             f"({n} cases: {n_fit} in the fitting set, {n - n_fit} held out). Error = predicted / published - 1: "
+             "positive is optimistic (the model predicts more bandwidth or throughput than was measured), negative "
+             "pessimistic.", "",
              "## Method", "",
-             "- Split (`split_sets`, a rule fixed before any prediction): within each (kind, GPU generation) group, in "
-             "file order, the cases alternate fit, held out, fit, ...; a case added later goes at the end of the file, "
-             "so no earlier case changes set.",
-             "- Fitted on the fitting set only (`published.fit`), each by a few multiplicative steps toward a "
-             "median of published / predicted of 1 over its own fitting cases: the NVLink efficiency (from "
-             "collectives inside one NVLink domain), the NIC efficiency (from collectives across servers), the "
-             "NVSwitch chip's in-switch reduction rate (from NVLS collectives that rate bounds) and one "
-             "software factor per training software era (`EfficiencyModel.software_factor`). Held-out values are "
-             "never read by the fit.",
+             "- Split (`published.split_sets`, a rule fixed in code): by group, never per case. A group is one "
+             "configuration across container releases, sources and siblings (message sizes, GPU or node counts of "
+             "one sweep, 8k/16k runs of one layout), so twins never sit on both sides. Groups holding a figure a "
+             "library default was derived from fit; every other group goes by a stable hash of its name.",
+             "- Every fitted constant is refitted by one command, `python -m ringflow.workload.fitting`, from the "
+             "fitting set only, and the JSON lists the cases each used (`constants.fitted_on`): the NVLink "
+             "efficiency (collectives inside one NVLink domain), the NIC efficiency (collectives across servers), "
+             "the NVSwitch chip's in-switch reduction rate (NVLS collectives that rate bounds), each by a few "
+             "multiplicative steps toward a median published / predicted of 1; the compute curve of "
+             "`compute.EfficiencyModel` (eff_max, d_half, n_half) on the reference era's fitting cases, which "
+             "`train` and `plan` use too; one per-stack software factor per other software era. Held-out values "
+             "are never read by a fit.",
              "- Collectives: `ringflow.sim` (analytic engine) with the fitted link efficiencies; a case without a "
              "forced algorithm (NCCL's default in the source) takes " + (
                  "NCCL's own choice from its tuning model (`--nccl`, as `ringflow sim --nccl`), simulated where "
@@ -138,10 +192,17 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "communication model and the fitted constants.",
              "- Targets: held-out mean absolute error <= 7 %, every held-out case within 15 %, every collective on "
              "one server within 5 %.", "",
+             "## Manifest", "", *manifest_lines(result),
              "## Fitted constants", "", *_md_table(CONST_HEADER, constant_rows(result)),
              "## Targets", "", *_md_table(["target", "this run", "status", "cases missing it"], target_rows(result)),
-             "## Fitted against nothing fitted", "", *_md_table(COMPARE_HEADER, compare_rows(result)),
+             "## Fitted constants against the simulator's defaults", "",
+             "The same predictions with the simulator's default link efficiencies and no per-stack factor (the "
+             "compute curve as fitted in both).", "", *_md_table(COMPARE_HEADER, compare_rows(result)),
              "## Summary per GPU generation", "", *_md_table(GROUP_HEADER, group_rows(result)),
+             "## Errors by GPU generation, framework and scale", "",
+             "Framework: the training software era, or nccl for collectives. Scale: the GPUs a case runs on.", "",
+             *(line for dim in ("generation", "framework", "scale")
+               for line in [f"### By {dim}", "", *_md_table(["set", dim, *BY_HEADER[1:]], by_rows(result, dim))]),
              "## Held-out set", "", *_md_table(CASE_HEADER, case_rows(result, "held_out")),
              "## Fitting set", "", *_md_table(CASE_HEADER, case_rows(result, "fit")),
              "## Not expressible yet (or failing in the model)", "",
