@@ -221,3 +221,16 @@ def test_make_plan_refuses_unknown_codes_and_malformed_buffers() -> None:
         native._hotpath.plan(raw[:-8], np.asarray(starts, np.int32).tobytes(), [b"b"], 12, 0, 8, 0, None)
     with pytest.raises(ValueError, match="malformed"):
         native._hotpath.plan(raw, np.asarray(starts, np.int32).tobytes()[:-1], [b"b"], 12, 0, 8, 0, None)
+
+
+@needs_hot
+def test_a_plan_the_native_executor_refuses_is_a_typed_error_naming_the_row() -> None:
+    from ringflow.errors import ProtocolError
+    rows = hotpath._Rows()
+    rows.add(hotpath.T_COPY, dst=(1, 0), src=(0, 0), nbytes=64)
+    rows.rows[0][7] = 9  # a buffer index the executor has no base address for
+    rows.end_step()
+    with pytest.raises(ProtocolError, match="row 0: buffer index"):
+        rows.plan(np.dtype(np.float64), "sum", [])
+    rows.rows[0][7] = 1
+    assert isinstance(rows.plan(np.dtype(np.float64), "sum", []), hotpath.NativePlan)

@@ -86,9 +86,13 @@ class _Rows:
     def plan(self, dtype: np.dtype, opname: str | None, conns: list[Any], own: np.ndarray | None = None) -> NativePlan:
         rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, NCOLS)
         starts = np.asarray(self.starts, dtype=np.int32)
-        hp = native._hotpath.plan(rows.tobytes(), starts.tobytes(), self.bells, _DTYPES[dtype],
-                                  OPS.get(opname or "sum", 0), dtype.itemsize,
-                                  int(own.ctypes.data) if own is not None else 0, (own, conns))
+        try:
+            hp = native._hotpath.plan(rows.tobytes(), starts.tobytes(), self.bells, _DTYPES[dtype],
+                                      OPS.get(opname or "sum", 0), dtype.itemsize,
+                                      int(own.ctypes.data) if own is not None else 0, (own, conns))
+        except ValueError as exc:  # make_plan checks every index it would follow
+            raise ProtocolError(f"the native executor refused a compiled plan: {exc}",
+                                "a ringflow bug: RINGFLOW_NATIVE=0 runs the call in Python; please report it") from None
         return NativePlan(hp, conns)
 
 
