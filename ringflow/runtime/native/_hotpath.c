@@ -998,6 +998,34 @@ static PyObject *protocol(PyObject *self, PyObject *Py_UNUSED(ignored))
     return d;
 }
 
+/* plan_codes() -> {name: value}: the codes of a plan's rows (hotpath.py writes them; a test compares) */
+static PyObject *plan_codes(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    static const struct {
+        const char *name;
+        int value;
+    } codes[] = {
+        {"NCOLS", NCOLS}, {"T_SEND", T_SEND}, {"T_RECV", T_RECV}, {"T_RECV_REDUCE", T_RECV_REDUCE},
+        {"T_COPY", T_COPY}, {"T_REDUCE", T_REDUCE}, {"RC_DONE", RC_DONE}, {"RC_STALLED", RC_STALLED},
+        {"RC_MISMATCH", RC_MISMATCH}, {"RC_PROTOCOL", RC_PROTOCOL}, {"RC_CMA", RC_CMA}, {"RC_REGION", RC_REGION},
+        {"bool", D_BOOL}, {"int8", D_I8}, {"uint8", D_U8}, {"int16", D_I16}, {"uint16", D_U16}, {"int32", D_I32},
+        {"uint32", D_U32}, {"int64", D_I64}, {"uint64", D_U64}, {"float16", D_F16}, {"bfloat16", D_BF16},
+        {"float32", D_F32}, {"float64", D_F64}, {"sum", O_SUM}, {"prod", O_PROD}, {"min", O_MIN}, {"max", O_MAX},
+        {"band", O_BAND}, {"bor", O_BOR}, {"bxor", O_BXOR},
+    };
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && i < sizeof codes / sizeof codes[0]; i++) {
+        PyObject *v = PyLong_FromLong(codes[i].value);
+        if (!v || PyDict_SetItemString(d, codes[i].name, v)) {
+            Py_XDECREF(v);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
 /* The Python shared-memory path's flag words: a release store publishes everything written before it, an acquire
  * load makes everything published before the matching store visible after it (x86 and aarch64 alike). */
 static int word_address(PyObject *arg, volatile uint64_t **w)
@@ -1069,6 +1097,7 @@ static PyObject *address(PyObject *self, PyObject *arg)
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
     {"protocol", protocol, METH_NOARGS, "the shared-memory protocol numbers this module was built with"},
+    {"plan_codes", plan_codes, METH_NOARGS, "the codes of a plan's rows: types, return codes, dtypes, ops"},
     {"store_release", (PyCFunction)(void (*)(void))store_release, METH_FASTCALL, "store_release(address, value)"},
     {"load_acquire", load_acquire, METH_O, "load_acquire(address) -> the 64-bit word"},
     {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
