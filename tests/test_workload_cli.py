@@ -75,3 +75,54 @@ def test_train_uneven_stages_moe_and_mfu_peak():
     assert bad.returncode != 0 and "--first-stage-layers 7 --last-stage-layers 7" in bad.stderr
     bad = _run("train", "--model", "llama3-8b", "--nodes", "1", "--pp", "2", "--stage-layers", "16,x", ok=False)
     assert bad.returncode != 0 and "--stage-layers" in bad.stderr
+
+
+def test_train_plot_to_a_missing_directory_fails_before_computing(tmp_path):
+    p = _run("train", "--model", "llama3-8b", "--topo", "dgx-h100", "--nodes", "2", "--tp", "2", "--pp", "2",
+             "--plot", str(tmp_path / "missing" / "t.png"), ok=False)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "InvalidArgument" in p.stderr and str(tmp_path / "missing") in p.stderr and "fix:" in p.stderr
+    bad = _run("plan", "--gpus", "16", "--plot", str(tmp_path / "plan.txt"), ok=False)
+    assert bad.returncode == 2 and ".txt" in bad.stderr and ".png" in bad.stderr
+
+
+def test_train_plot_says_where_it_wrote(tmp_path):
+    png = tmp_path / "train.png"
+    p = _run("train", "--model", "llama3-8b", "--topo", "dgx-h100", "--nodes", "2", "--tp", "2", "--pp", "2",
+             "--plot", str(png), "--json")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads(p.stdout)["plot"] == str(png)            # stdout is the JSON alone ...
+    assert f"wrote plot to {png}" in p.stderr.replace("\n", "")  # ... the report goes to stderr
+
+
+def _trace(steps: int, warmup_gap_s: float, gap_s: float, nranks: int = 2) -> dict:
+    """nranks ranks recorded on this host: per step one 1 MiB all-reduce, then a compute gap (step 0's longer)."""
+    from ringflow.workload.recorded import TRACE_FORMAT
+    calls = []
+    for r in range(nranks):
+        t = 0
+        for s in range(steps):
+            calls.append({"rank": r, "comm": "w", "lane": "coll", "seq": s, "op": "all_reduce", "dtype": "float32",
+                          "count": 1 << 18, "nbytes": 1 << 20, "root": None, "async": False, "status": "ok",
+                          "site": "train.py:10", "enq_ns": t, "start_ns": t, "end_ns": t + 1})
+            t += 1 + int((warmup_gap_s if s == 0 else gap_s) * 1e9)
+    return {"format": TRACE_FORMAT, "clock": "barrier", "world": "w", "world_size": nranks,
+            "groups": {"w": list(range(nranks))}, "ranks": {str(r): {"hostname": "cpuhost"} for r in range(nranks)},
+            "calls": calls, "flight": {}}
+
+
+def test_replay_gives_the_steady_step_apart_from_warm_up_and_warns_on_unscaled_cpu_compute(tmp_path):
+    tr = tmp_path / "trace.json"
+    tr.write_text(json.dumps(_trace(steps=5, warmup_gap_s=0.5, gap_s=0.01)))
+    p = _run("replay", str(tr), "--topo", "dgx-h100", "--no-contention")
+    assert "steady-state step" in p.stdout and "warm-up step 0" in p.stdout
+    assert "replayed unscaled" in p.stderr and "--compute-model" in p.stderr and "cpuhost" in p.stderr
+    d = json.loads(_run("replay", str(tr), "--topo", "dgx-h100", "--no-contention", "--json").stdout)
+    assert d["warmup_step_s"] == pytest.approx(d["steps"][0]["time_s"]) and d["steady_steps"] == [1, 2, 3]
+    # the mean leaves out the 0.5 s warm-up and the last mark's tail: each step is the 10 ms gap plus the all-reduce
+    assert d["step_s"] == pytest.approx(sum(r["time_s"] for r in d["steps"][1:4]) / 3)
+    assert 0.01 < d["step_s"] < 0.011 and d["warmup_step_s"] > 0.5
+    assert d["warnings"]
+    scaled = json.loads(_run("replay", str(tr), "--topo", "dgx-h100", "--no-contention", "--compute-scale", "0.1",
+                             "--json").stdout)
+    assert scaled["warnings"] == [] and scaled["step_s"] < 0.002

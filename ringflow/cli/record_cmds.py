@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ..errors import InvalidArgument
-from .common import console, print_json, write_json
+from .common import check_plot_path, console, err_console, print_json, report_plot, write_json
 
 if TYPE_CHECKING:
     from ..workload.replay import Replay
@@ -140,6 +140,8 @@ def register(app: typer.Typer) -> None:
         simulated on the GPUs its ranks are placed on."""
         from ..workload.recorded import load
         from ..workload.replay_sim import grow
+        if plot:
+            check_plot_path(plot)
         trace = grow(load(trace_path), grow_dp)
         if host_model:
             _same_host(trace, host_model, json_out)
@@ -171,14 +173,18 @@ def _replay_out(trace: dict, t: Any, kw: dict[str, Any], from_model: dict[str, A
     if from_model:
         res["compute_model"] = from_model
     rep = res.pop("replay")
+    for w in res["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {w}", soft_wrap=True)
     if chrome:
         write_json(chrome, chrome_trace(rep))
     if plot:
         _plot(rep, plot)
     if json_out:
         print_json(res)
-        return
-    _print_replay(res, f"{title}, {len(res['placement'])} ranks")
+    else:
+        _print_replay(res, f"{title}, {len(res['placement'])} ranks")
+    if plot:
+        report_plot(plot, json_out)
 
 
 def _print_replay(res: dict[str, Any], title: str) -> None:
@@ -193,7 +199,14 @@ def _print_replay(res: dict[str, Any], title: str) -> None:
                 [[r["step"], f"{r['time_s'] * 1e3:.3f}", f"{r['comm_share']:.0%}",
                   f"{r['exposed_comm_s'] * 1e3:.3f}"] for r in res["steps"]])
     cont = res["contention"]
-    console.print(f"mean step {res['step_s'] * 1e3:.3f} ms, whole replay {res['makespan_s'] * 1e3:.3f} ms; "
+    warm, steady, steps = res.get("warmup_step_s"), res["steady_steps"], res["steps"]
+    left = ([f"warm-up step 0 ({warm * 1e3:.3f} ms)"] if warm is not None else []) + \
+        ([f"step {steps[-1]['step']} (from the last step mark to the end of the recording)"]
+         if len(steps) >= 3 else [])
+    which = f"steps {steady[0]}-{steady[-1]}" if len(steady) > 1 else f"step {steady[0]}" if steady else "the run"
+    console.print(f"steady-state step {res['step_s'] * 1e3:.3f} ms (mean of {which}"
+                  + (f"; left out: {' and '.join(left)}" if left else "") + ")")
+    console.print(f"whole replay {res['makespan_s'] * 1e3:.3f} ms; "
                   f"contention slowed {cont['operations_slowed']} operations (at most x{cont['max_factor']:.2f})")
     if res["busiest_links"]:
         print_table("busiest links", ["link", "tier", "bytes", "mean util"],
@@ -244,9 +257,8 @@ def _same_host(trace: dict, path: str, json_out: bool) -> None:
 
 def _plot(rep: Replay, path: str) -> None:
     """A per-rank timeline of the replay (blocking calls dark, asynchronous ones light)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plotting import pyplot
+    plt = pyplot()
     issues, ops = rep.issues, rep.ops
     fig, ax = plt.subplots(figsize=(10, 0.3 * len(issues) + 1.5))
     for r, iss in issues.items():

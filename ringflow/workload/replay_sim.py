@@ -249,11 +249,27 @@ def replay_on(trace: dict[str, Any], topo: Any, *, mapping: str = "block", hosts
                          compute_scale=compute_scale)
     rows = step_rows(trace, rep, step_site)
     slowed = [f for f in factors.values() if f > 1.0]
+    # row 0 warms up (allocation, first-call setup); the last row runs from the last step mark to the end of the
+    # recording, not a whole step: the steady-state step is the mean of the rows between
+    steady = rows[1:-1] if len(rows) >= 3 else rows[1:] if len(rows) == 2 else rows
     return {"ranks": nranks, "placement": where, "makespan_s": rep.makespan_s, "steps": rows,
             "contention": {"operations_slowed": len(slowed), "max_factor": max(slowed, default=1.0)},
-            "step_s": (sum(r["time_s"] for r in rows) / len(rows)) if rows else rep.makespan_s,
+            "step_s": (sum(r["time_s"] for r in steady) / len(steady)) if steady else rep.makespan_s,
+            "steady_steps": [r["step"] for r in steady], "warmup_step_s": rows[0]["time_s"] if len(rows) > 1 else None,
+            "warnings": [w for w in (unscaled_compute_warning(trace, topo, compute_scale, gaps),) if w],
             "compute_s": rep.compute_s, "blocked_s": rep.comm_s, "busiest_links": dur.busiest(rep.makespan_s),
             "replay": rep}
+
+
+def unscaled_compute_warning(trace: dict[str, Any], topo: Any, compute_scale: float,
+                             gaps: dict[int, list[float]] | None) -> str | None:
+    """A warning when compute recorded by CPU processes is replayed as it is on a topology's GPUs."""
+    if gaps is not None or compute_scale != 1.0 or not topo.gpus():
+        return None
+    hosts = sorted({str(v.get("hostname")) for v in trace["ranks"].values() if v.get("hostname")})
+    where = f" on {', '.join(hosts[:3])}{' ...' if len(hosts) > 3 else ''}" if hosts else ""
+    return (f"the compute between calls was recorded by CPU processes{where} and is replayed unscaled on the "
+            f"modelled GPUs: give --compute-model MODEL (the model's compute on this GPU) or --compute-scale F")
 
 
 def chrome_trace(rep: Replay) -> dict[str, Any]:
