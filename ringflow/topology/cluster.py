@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import TopologyError
 from ..hardware import LATENCY_US
@@ -73,9 +74,12 @@ def build_cluster(preset: str | Topology, nodes: int, fabric: str = "rail", nic_
     down, up = spec.leaf_ports()
     link_GBps = gbps_to_GBps(port_gbps)
     nleaves = 0
+    per_host: dict[int, list[str]] = {}
+    for n in nics:   # sorted by (host, index): each host's NICs in order, one pass over the graph
+        per_host.setdefault(topo.host_of(n), []).append(n)
     for p in range(planes):
         switches.prefix, switches.plane = ("" if planes == 1 else f"p{p}-"), p
-        members = [[n for n in topo.nics(h) if _rail(topo, n) % planes == p] for h in range(nodes)]
+        members = [[n for n in per_host.get(h, []) if _rail(topo, n) % planes == p] for h in range(nodes)]
         leaves = _add_leaves(topo, switches, spec, members, ltype)
         nleaves += len(leaves)
         if tiers == 2:
@@ -95,11 +99,17 @@ def _rail(topo: Topology, nic: str) -> int:
 def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: FabricSpec) -> None:
     """The `nodes` servers, host 0 first; the fabric is sized after host 0, before building the rest."""
     name = preset if isinstance(preset, str) else preset.name
+    template = None   # host 0, once a fresh build of host 1 is its copy: the other hosts are copied from it
     for h in range(nodes):
         if isinstance(preset, str):
             if preset.partition(":")[0] not in PRESETS:
                 raise TopologyError(f"unknown topology preset {preset!r}", f"use one of {', '.join(PRESETS)}")
+            if template is not None:
+                _copy_host(topo, template, h)
+                continue
             build_preset(preset, host=h, topo=topo)
+            if h == 1 and _host_view(topo, 1) == _host_view(topo, 0, rename=1):
+                template = _host_view(topo, 0)
         else:
             _replicate(preset, topo, h)
         if h == 0:
@@ -107,6 +117,43 @@ def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: Fabri
             if not per:
                 raise TopologyError(f"preset {name!r} has no NICs to join servers", "use a preset with NICs")
             spec.check_fits(per, nodes)
+
+
+_HostView = tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str, dict[str, Any]]]]
+
+
+def _host_view(topo: Topology, host: int, rename: int | None = None) -> _HostView:
+    """A host's nodes and links in graph order, with attributes (ids, labels and host as host `rename`)."""
+    g, pre = topo.graph, f"h{host}/"
+    new = f"h{host if rename is None else rename}/"
+
+    def ren(x: str) -> str:
+        return new + x[len(pre):] if x.startswith(pre) else x
+
+    def attrs(d: dict[str, Any]) -> dict[str, Any]:
+        out = dict(d)
+        if isinstance(out.get("label"), str):
+            out["label"] = ren(out["label"])
+        if rename is not None:
+            out["host"] = rename
+        return out
+    nodes = [n for n, d in g.nodes(data=True) if d["host"] == host]
+    return ([(ren(n), attrs(g.nodes[n])) for n in nodes],
+            [(ren(u), ren(v), d) for u in nodes for v, d in g.adj[u].items()])
+
+
+def _copy_host(topo: Topology, template: _HostView, dst: int) -> None:
+    """Add host `dst` as a copy of `template` (host 0's `_host_view`, checked equal to a fresh build of host 1)."""
+    nodes, links = template
+    new = f"h{dst}/"
+    ids = {n: new + n[3:] if n.startswith("h0/") else n for n, _ in nodes}
+    topo.graph.add_nodes_from((ids[n], {**d, "host": dst, "label": ids.get(d["label"], d["label"])})
+                              for n, d in nodes)
+    topo.graph.add_edges_from((ids[u], ids[v], dict(d)) for u, v, d in links)
+    for _, d in nodes:
+        key = (dst, str(getattr(d["kind"], "value", d["kind"])))
+        topo._counters[key] = max(topo._counters.get(key, 0), int(d["index"]) + 1)
+    topo.invalidate()
 
 
 class _Switches:
