@@ -153,7 +153,8 @@ def _layout_args(topo: Any, coll: Collective, algorithm: str, eps: list[str],
         kwargs["host_groups"] = [list(g) for g in topo.host_groups(eps)]
     if info.multichannel:
         from ..topology import find_rings
-        rings = find_rings(topo, eps, nchannels)
+        from .subtopo import servers_view
+        rings = find_rings(servers_view(topo, {topo.host_of(e) for e in eps}), eps, nchannels)
         kwargs["rings"] = [tuple(r.ranks) for r in rings]
         kwargs["nchannels"] = len(rings)
     return kwargs
@@ -276,9 +277,13 @@ def _flat_choice(topo: Any, coll: Collective, nranks: int, size_bytes: int, dtyp
     where choosing it took one (above TUNER_MAX_RANKS; None where the tuner chose)."""
     from ..algorithms import registry, tuner
     if nranks <= TUNER_MAX_RANKS:
+        from .subtopo import servers_view
         item = itemsize_of(dtype)
         S = registry.collective_bytes(coll, nranks, count_for_size(coll, nranks, size_bytes, item), item)
-        return str(tuner.choose(coll, S, nranks, topo=topo, dtype_size=item, root=0 if coll.has_root else None)
+        # the tuner searches the topology's first `nranks` endpoints: on their servers only
+        first = endpoints_of(topo)[:nranks]
+        view = servers_view(topo, {topo.host_of(e) for e in first}) if hasattr(topo, "host_of") else topo
+        return str(tuner.choose(coll, S, nranks, topo=view, dtype_size=item, root=0 if coll.has_root else None)
                    .algorithm), None
     prm = params or params_for(topo)
     best, best_t = "", float("inf")

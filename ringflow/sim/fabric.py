@@ -7,6 +7,7 @@ with the share of the message each carries (see SimParams.routing_*).
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,68 @@ class PairRoute:
     link_class: str           # one of params.LINK_CLASSES
 
 
+@dataclass(frozen=True)
+class _Links:
+    """The numbered links of a topology under one set of parameters (shared, never modified)."""
+
+    edge_index: dict[tuple[str, str], int]
+    edges: list[tuple[str, str]]
+    link_type: list[str]
+    link_tier: list[str]
+    line_Bpus: np.ndarray
+    cap_Bpus: np.ndarray
+    lat_us: np.ndarray
+
+
+_LINKS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
+def _links_of(topo: Any, params: SimParams) -> _Links:
+    """Every directed edge of the topology graph as a link id with its arrays; cached per topology, node count
+    and link efficiencies (a cluster of 16,384 GPUs has ~200k links: read once, not once per rank placement)."""
+    g = topo.graph
+    stamp = (id(g), len(g))   # as fabric_for and endpoints_of: a topology is not edited once simulated
+    try:
+        per = _LINKS.setdefault(topo, {})
+    except TypeError:
+        per = {}
+    if per.get("stamp") != stamp:
+        per.clear()
+        per["stamp"] = stamp
+    eff_key = tuple(sorted(params.link_efficiency.items()))
+    hit = per.get(eff_key)
+    if hit is not None:
+        return hit
+    if "base" not in per:
+        per["base"] = _read_links(g)
+    links, scale, types, type_code = per["base"]
+    eff_of_type = np.array([params.link_efficiency.get(t, 1.0) for t in types] or [1.0])
+    cap = links.line_Bpus * (eff_of_type[type_code] * scale)
+    if np.any(cap <= 0):
+        bad = [links.edges[i] for i in np.flatnonzero(cap <= 0)[:3]]
+        raise TopologyError(f"links without bandwidth: {bad}", "every edge needs bw_GBps > 0")
+    hit = per[eff_key] = dataclasses.replace(links, cap_Bpus=cap)
+    for arr in (hit.line_Bpus, hit.cap_Bpus, hit.lat_us):
+        arr.setflags(write=False)
+    if len(per) > 10:
+        per.pop(next(k for k in per if k not in ("stamp", "base")))
+    return hit
+
+
+def _read_links(g: Any) -> tuple[_Links, np.ndarray, list[str], np.ndarray]:
+    """The graph's links (capacities not set), each one's efficiency scale, the link types, each one's type."""
+    edges = list(g.edges(data=True))
+    link_type = [_val(d.get("type", "")) for _, _, d in edges]
+    types = sorted(set(link_type))
+    code = {t: i for i, t in enumerate(types)}
+    links = _Links({(u, v): i for i, (u, v, _) in enumerate(edges)}, [(u, v) for u, v, _ in edges], link_type,
+                   [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges],
+                   np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges]), np.zeros(0),
+                   np.array([float(d.get("latency_us", 0.0)) for _, _, d in edges]))
+    return (links, np.array([edge_efficiency_scale(d) for _, _, d in edges]), types,
+            np.array([code[t] for t in link_type], dtype=np.int64))
+
+
 class Fabric:
     """Links and routes of a topology for a given rank placement and parameters."""
 
@@ -44,21 +107,11 @@ class Fabric:
         if not self.endpoints:
             raise TopologyError(f"topology {getattr(topo, 'name', '?')!r} has no endpoints (GPUs or PROCs)",
                                 "add GPU or PROC nodes, or pick another preset")
-        g = topo.graph
-        edges = list(g.edges(data=True))
-        self.edge_index: dict[tuple[str, str], int] = {(u, v): i for i, (u, v, _) in enumerate(edges)}
-        self.edges = [(u, v) for u, v, _ in edges]
-        self.link_type = [_val(d.get("type", "")) for _, _, d in edges]
-        self.link_tier = [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges]
-        self.line_Bpus = np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges])
-        eff = np.array([params.link_efficiency.get(t, 1.0) * edge_efficiency_scale(d) for t, (_, _, d) in
-                        zip(self.link_type, edges, strict=True)])
-        self.cap_Bpus = self.line_Bpus * eff
-        if np.any(self.cap_Bpus <= 0):
-            bad = [self.edges[i] for i in np.flatnonzero(self.cap_Bpus <= 0)[:3]]
-            raise TopologyError(f"links without bandwidth: {bad}", "every edge needs bw_GBps > 0")
-        self.lat_us = np.array([float(d.get("latency_us", 0.0)) for _, _, d in edges])
-        self.nlinks = len(edges)
+        links = _links_of(topo, params)
+        self.edge_index: dict[tuple[str, str], int] = links.edge_index
+        self.edges, self.link_type, self.link_tier = links.edges, links.link_type, links.link_tier
+        self.line_Bpus, self.cap_Bpus, self.lat_us = links.line_Bpus, links.cap_Bpus, links.lat_us
+        self.nlinks = len(links.edges)
         self._routes: dict[tuple[int, int, int], PairRoute] = {}
         self._hosts = [topo.host_of(e) for e in self.endpoints]
         self._ep_link: list[int] | None = None
@@ -91,10 +144,10 @@ class Fabric:
         self.cap_Bpus = np.concatenate([self.cap_Bpus, cap])
         self.line_Bpus = np.concatenate([self.line_Bpus, cap])
         self.lat_us = np.concatenate([self.lat_us, lat_us])
-        for (edge, tier) in names:
-            self.edges.append(edge)
-            self.link_type.append(tier)
-            self.link_tier.append(tier)
+        # new lists: the topology's own links are shared by every Fabric of it (`_links_of`)
+        self.edges = self.edges + [edge for edge, _ in names]
+        self.link_type = self.link_type + [tier for _, tier in names]
+        self.link_tier = self.link_tier + [tier for _, tier in names]
         self.nlinks += cap.size
 
     def transfer_work(self, table: Any) -> np.ndarray:
