@@ -91,11 +91,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("diagnose")
     def diagnose_cmd(
-        path: str = typer.Argument(..., help="A record or dump directory (RINGFLOW_RECORD / RINGFLOW_DUMP_DIR), "
-                                   "or a trace from `ringflow record merge`."),
+        path: str = typer.Argument(..., help="A record or dump directory (RINGFLOW_RECORD / RINGFLOW_DUMP_DIR, or "
+                                   "the job directory `ringflow run` printed), or a trace from `ringflow record "
+                                   "merge`."),
         json_out: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
     ) -> None:
-        """Name the ranks that never entered a collective others wait in, sequence mismatches, and stragglers."""
+        """Say what each rank left on record, and name the ranks that never entered a collective others wait in,
+        ranks that entered it after the others gave up, sequence mismatches, and stragglers."""
         from ..workload.diagnose import diagnose, render
         report = diagnose(path)
         if json_out:
