@@ -41,6 +41,11 @@ STEPS: list[tuple[str, list[str]]] = [
 ]
 
 
+def command_path() -> str:
+    """Where the `ringflow` console script of this Python lives (the virtual environment's bin directory)."""
+    return os.path.join(os.path.dirname(sys.executable), "ringflow")
+
+
 def step(title: str, args: list[str]) -> None:
     """Run one CLI command as a demo step, showing the command line."""
     print(f"\n\033[1m== {title}\033[0m\n$ ringflow {' '.join(args)}", flush=True)
@@ -51,9 +56,11 @@ def step(title: str, args: list[str]) -> None:
 def main() -> None:
     """Run every demo step in order."""
     start = time.perf_counter()
+    print(f"the command used below: {command_path()}")
     for title, args in STEPS:
         step(title, args)
     print(f"\ndemo finished in {time.perf_counter() - start:.0f} s")
+    print(f"the command: {command_path()} (or `source {os.path.dirname(sys.executable)}/activate`, then `ringflow`)")
 
 
 if __name__ == "__main__":

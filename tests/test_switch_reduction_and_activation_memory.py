@@ -1,4 +1,4 @@
-"""Issue 50: NVSwitch adder bound on NVLS, NVLS-Tree across servers, FP8-saved activations, activation offloading,
+"""NVSwitch adder bound on NVLS, NVLS-Tree across servers, FP8-saved activations, activation offloading,
 the routed-expert roofline, and the fitted switch reduction rate."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 50: NVLink partitions of NVL72 racks joined by their trays' NICs, and NCCL's tree across servers."""
+"""NVLink partitions of NVL72 racks joined by their trays' NICs, and NCCL's tree across servers."""
 from __future__ import annotations
 
 import pytest
