@@ -285,7 +285,9 @@ def records(trace: dict[str, Any], job: dict[str, Any] | None = None) -> dict[st
     nranks = max([int(trace.get("world_size") or 0), len(trace["ranks"]), int((job or {}).get("nprocs") or 0)]
                  + [int(g) + 1 for g in trace["ranks"]])
     from_ring: dict[int, int] = defaultdict(int)
+    total: dict[int, int] = defaultdict(int)
     for c in trace["calls"] + trace.get("waits", []):
+        total[int(c["rank"])] += 1
         if c.get("source") == "ring":
             from_ring[int(c["rank"])] += 1
     ends = {int(e["rank"]): e.get("end") for e in (job or {}).get("ranks", [])}
@@ -294,6 +296,8 @@ def records(trace: dict[str, Any], job: dict[str, Any] | None = None) -> dict[st
         info = trace["ranks"].get(str(g))
         parts = [] if info is None else _sources(info, from_ring[g], trace.get("flight", {}).get(str(g)),
                                                  trace.get("world"))
+        if not parts and total[g]:   # a merged trace or Chakra files: only its calls
+            parts = [f"{total[g]} calls in the trace"]
         per_rank.append({"rank": g, "records": "; ".join(parts) if parts else "no record at all",
                          "missing": not parts, "end": ends.get(g)})
     out: dict[str, Any] = {"ranks": per_rank, "without_record": [e["rank"] for e in per_rank if e["missing"]]}
