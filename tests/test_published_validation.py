@@ -181,7 +181,7 @@ def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:
     data = tmp_path / "cases.yaml"
     data.write_text(yaml.safe_dump({"cases": _small(cases)}))
     report, out = tmp_path / "published.md", tmp_path / "published.json"
-    res = CliRunner().invoke(build_app(), ["validate", "--published", "--data", str(data), "--report", str(report),
+    res = CliRunner().invoke(build_app(), ["validate", "published", "--data", str(data), "--report", str(report),
                                            "-o", str(out)])
     assert res.exit_code == 0, res.output
     assert "held-out set" in res.output and "fitted constants" in res.output
