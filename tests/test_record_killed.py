@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from test_record_diagnose import RANKS, site_line
 
 from ringflow.runtime.flightring import read_ring
@@ -21,14 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 AT = 3   # the step (and collective number) at which the fault happens
 
 
-def _start(tmp_path: Path, args: list[str]) -> subprocess.Popen:
+def _start(tmp_path: Path, args: list[str], record: bool = False) -> subprocess.Popen:
+    """`ringflow run` of record_ranks.py on 3 ranks (with `record`: under `ringflow record -o <tmp>/rec`)."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("RINGFLOW_")}
     e.update({"TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT / "tests") + os.pathsep + str(ROOT)})
-    return subprocess.Popen([sys.executable, "-m", "ringflow", "run", "-n", "3", "--no-bind", "--", sys.executable,
-                             str(RANKS), *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = [sys.executable, "-m", "ringflow", "record", "-o", str(tmp_path / "rec"), "--"] if record else []
+    return subprocess.Popen([*rec, sys.executable, "-m", "ringflow", "run", "-n", "3", "--no-bind", "--",
+                             sys.executable, str(RANKS), *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def _job_dir(tmp_path: Path) -> Path:
+    if (tmp_path / "rec").exists():
+        return tmp_path / "rec"
     (d,) = (tmp_path / "ringflow-runs").iterdir()
     return d
 
@@ -46,9 +52,8 @@ def _await_hang(tmp_path: Path, timeout_s: float = 90) -> dict[int, dict]:
     """Wait until ranks 0 and 1 are in all_reduce #AT and rank 2 (asleep) completed #AT-1; their rings."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        runs = tmp_path / "ringflow-runs"
         rings = {}
-        for f in runs.glob("*/ring-rank*.bin") if runs.exists() else []:
+        for f in list(tmp_path.glob("ringflow-runs/*/ring-rank*.bin")) + list(tmp_path.glob("rec/ring-rank*.bin")):
             r = read_ring(f)
             rings[int(r["info"]["global_rank"])] = r
         last = {g: r["calls"][-1] for g, r in rings.items() if r["calls"]}
@@ -70,8 +75,10 @@ def _check_hang(d: Path) -> str:
     return text
 
 
-def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path) -> None:
-    p = _start(tmp_path, ["sleep", "--steps", "6", "--at", str(AT), "--timeout", "120"])
+@pytest.mark.parametrize("record", [False, True], ids=["run", "record"])
+def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path, record: bool) -> None:
+    """Under `ringflow record` too (SIGTERM to it): its rank files hold no calls yet, the rings hold them."""
+    p = _start(tmp_path, ["sleep", "--steps", "6", "--at", str(AT), "--timeout", "120"], record)
     _await_hang(tmp_path)
     time.sleep(1.0)
     p.send_signal(signal.SIGTERM)
@@ -82,9 +89,10 @@ def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path) 
     text = _check_hang(d)
     report = diagnose(d)
     assert report["records"]["job"] == {"ended": "SIGTERM to the launcher", "exit_code": 143}
+    head = "record file without calls (they are written every 1,024 calls and at exit); " if record else ""
     for e in report["records"]["ranks"]:   # every ring marked ended by the forwarded SIGTERM (C recorder)
-        assert e["records"] == f"ring only of world, all {AT + 1 if e['rank'] < 2 else AT} calls (ended by signal " \
-                               "15)", text
+        assert e["records"] == f"{head}ring only of world, all {AT + 1 if e['rank'] < 2 else AT} calls (ended by " \
+                               "signal 15)", text
         assert e["end"] == "killed by SIGTERM (SIGTERM from the launcher)", text
     print(text)
 

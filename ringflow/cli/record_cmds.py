@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, Terminated
 from .common import check_plot_path, console, err_console, print_json, report_plot, write_json
 
 if TYPE_CHECKING:
@@ -82,9 +82,19 @@ def register(app: typer.Typer) -> None:
         env = dict(os.environ, RINGFLOW_RECORD=str(d))
         cmd = program[1:] if program[0] == "--" else program
         try:
-            code = subprocess.call(cmd, env=env)
+            child = subprocess.Popen(cmd, env=env)
         except FileNotFoundError:
             raise InvalidArgument(f"cannot run {cmd[0]!r}", "give the launcher command after --") from None
+        try:
+            code = child.wait()
+        except (Terminated, KeyboardInterrupt) as exc:   # the launcher stops its ranks (SIGINT reached it too)
+            if isinstance(exc, Terminated):
+                child.send_signal(exc.signum)
+            try:
+                code = child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.wait()
         files = sorted(d.glob("rank*.jsonl"))
         print(f"ringflow record: {len(files)} rank files in {d} (exit code {code})", file=sys.stderr)
         raise typer.Exit(code)

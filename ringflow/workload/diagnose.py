@@ -314,6 +314,8 @@ def _sources(info: dict[str, Any], ring_only: int, flight: dict[str, Any] | None
     if recorded:
         parts.append(f"recording of {recorded} calls" + (f" (+ {ring_only} later ones from its ring)"
                                                           if ring_only else ""))
+    elif info.get("recorded") == 0:
+        parts.append("record file without calls (they are written every 1,024 calls and at exit)")
     for rg in rings:
         head, n = int(rg["head"]), int(rg["nslots"])
         kept = f"all {head} calls" if head <= n else f"the last {n} of {head} calls"

@@ -69,7 +69,7 @@ class _Rank:
         self.comms: dict[str, dict[str, Any]] = {}
         self.calls: dict[tuple, dict[str, Any]] = {}
         self.flight: dict[str, Any] | None = None
-        self.recorded = 0   # calls its record file holds
+        self.recorded: int | None = None   # calls its record file holds (None: no record file)
         self.rings: list[dict[str, Any]] = []   # its flight rings (runtime/flightring.py), calls left out
 
     def add_calls(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -96,7 +96,7 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
         rk.process = head
         rk.comms.update({r["comm"]: r for r in rows if r.get("kind") == "comm"})
         recorded = call_rows(rows, p)
-        rk.recorded += len(recorded)
+        rk.recorded = (rk.recorded or 0) + len(recorded)
         rk.add_calls(recorded)
     for p in sorted(d.glob("flight-rank*.json")):
         doc = json.loads(p.read_text(encoding="utf-8"))
