@@ -19,6 +19,7 @@ either back into the call dicts of record_rows.row().
 """
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
@@ -161,6 +162,7 @@ class PyRing:
     def __init__(self, mm: Any, slots_at: int, nslots: int, namer: Callable[[Any], int]) -> None:
         self.mm, self.at, self.n, self.namer = mm, slots_at, nslots, namer
         self.head = 0
+        self.next = itertools.count()   # positions, each taken once even by threads that interleave
         self.fmt = struct.Struct(f"<{SLOT_WORDS}q")
         self.ids: dict[int, tuple[Any, int]] = {}   # id(obj) -> (obj, its text's offset), as the C side caches
 
@@ -181,7 +183,8 @@ class PyRing:
         """Write a new call's slot (before it runs); its position, for `start` and `exit`."""
         if self.mm is None:
             return -1
-        pos = self.head
+        pos = next(self.next)
+        self.head = max(self.head, pos + 1)
         off = self.at + (pos % self.n) * SLOT_BYTES
         m, name = e[META], self.name
         lane = int(e[LANE])
@@ -196,8 +199,7 @@ class PyRing:
                            int(e[T_START]), int(e[T_END]), op, dtype, count, root, red, name(e[CODE]), int(e[LINE]),
                            name(e[STATUS]) if e[STATUS] else -1, name(e[DESC]) if lane == WAIT else -1, 0)
         struct.pack_into("<q", self.mm, off, pos + 1)
-        self.head = pos + 1
-        _set(self.mm, H_HEAD, pos + 1)
+        _set(self.mm, H_HEAD, self.head)
         return pos
 
     def start(self, pos: int, e: list[Any]) -> None:

@@ -515,7 +515,7 @@ static int64_t ring_enter(Ring *r, PyObject *e)
     if (r->slots == NULL || !PyList_Check(e) || PyList_GET_SIZE(e) != NFIELDS)
         return -1;
     PyObject **f = ((PyListObject *)e)->ob_item;
-    int64_t pos = r->head, *s = slot_of(r, pos);
+    int64_t pos = r->head++, *s = slot_of(r, pos);   /* taken first: a namer call may let another thread in */
     long lane = (long)i64_or(f[LANE], 0);
     __atomic_store_n(&s[S_GEN], 0, __ATOMIC_RELEASE);
     PyObject *m = f[META];
@@ -546,8 +546,7 @@ static int64_t ring_enter(Ring *r, PyObject *e)
     s[S_OF] = lane == WAIT_LANE ? name_id(r, f[DESC]) : -1;
     s[S_SPARE] = 0;
     __atomic_store_n(&s[S_GEN], pos + 1, __ATOMIC_RELEASE);
-    r->head = pos + 1;
-    __atomic_store_n(&r->hdr[H_HEAD], pos + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->hdr[H_HEAD], r->head, __ATOMIC_RELEASE);
     return pos;
 }
 
