@@ -7,7 +7,8 @@
 - the compute curve of `compute.EfficiencyModel` (``eff_max``, ``d_half``, ``n_half``) on the fitting cases of the
   reference software era (`REFERENCE_ERA`, whose per-stack factor is 1 by definition): ``eff_max`` moves toward a
   median published / predicted of 1, ``d_half`` and ``n_half`` are searched over a grid (least squares of the log
-  ratio); a shape parameter with too few fitting cases to be fitted takes its neutral value 0;
+  ratio); a shape parameter with too few fitting cases to be fitted takes its neutral value 0; every refit
+  starts from the same point (`START`), so refitting unchanged cases gives the same constants;
 - one per-stack ``software_factor`` per other software era, on that era's fitting cases.
 
 It writes ``ringflow/data/fitted.json``: the values, the case ids each was fitted on (``fitted_on``), the split
@@ -36,6 +37,7 @@ REFERENCE_ERA = "megatron-lm-2021"
 CURVE_PARAMS = ("eff_max", "d_half", "n_half")   # fitted in this order, as many as there are reference cases
 GRIDS = {"d_half": (0.0, 25.0, 50.0, 100.0, 150.0, 200.0, 300.0, 400.0, 600.0, 800.0),
          "n_half": (0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)}
+START = {"eff_max": 0.7, "d_half": 0.0, "n_half": 0.0}   # where every refit starts (not the stored values)
 EFF_ROUNDS = 3     # multiplicative steps of eff_max per shape candidate
 SHAPE_ROUNDS = 2   # passes over the shape parameters
 
@@ -51,8 +53,8 @@ def fit_compute_curve(fit_cases: list[dict[str, Any]], consts: Constants, predic
     if not ref:
         return
     names = CURVE_PARAMS[:len(ref)]
-    for p in CURVE_PARAMS[len(ref):]:
-        setattr(consts, p, 0.0)
+    for p in CURVE_PARAMS:
+        setattr(consts, p, START[p])
 
     def solve() -> tuple[float, list[str]]:
         ok: list[tuple[dict[str, Any], float]] = []
