@@ -242,3 +242,13 @@ def test_sim_nccl_plot_is_written_and_reported(tmp_path: Any) -> None:
                                                                  "--min", "1MiB", "--max", "16MiB", "--plot", str(png)])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG" and f"wrote plot to {png}" in res.stdout
+
+
+@pytest.mark.parametrize("argv", [["validate", "published", "--report", "docs/published.md", "-o", "out.json"],
+                                  ["validate", "--published", "--json", "--report", "docs/published.md"],
+                                  ["validate", "published", "--out", "x.json", "--report", "docs/published.md"]])
+def test_a_report_records_the_check_not_where_its_json_went(argv: list[str], monkeypatch: Any) -> None:
+    """The same check writes the same report (docs/published.md is regenerated with -o somewhere)."""
+    from ringflow.cli.hostmodel_cmds import _command_line
+    monkeypatch.setattr("sys.argv", ["ringflow", *argv])
+    assert _command_line(report=True) == "ringflow validate published --report docs/published.md"
