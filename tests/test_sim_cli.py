@@ -1,4 +1,4 @@
-"""`ringflow sim` / `validate --gpu`: real command invocations, their JSON and trace outputs."""
+"""`ringflow sim` / `validate gpu`: real command invocations, their JSON and trace outputs."""
 from __future__ import annotations
 
 import json
