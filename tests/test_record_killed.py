@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_record_diagnose import RANKS, site_line
 
+from ringflow.errors import InvalidArgument
 from ringflow.runtime.flightring import read_ring
 from ringflow.workload.diagnose import diagnose, render
 
@@ -54,7 +55,10 @@ def _await_hang(tmp_path: Path, timeout_s: float = 90) -> dict[int, dict]:
     while time.monotonic() < end:
         rings = {}
         for f in list(tmp_path.glob("ringflow-runs/*/ring-rank*.bin")) + list(tmp_path.glob("rec/ring-rank*.bin")):
-            r = read_ring(f)
+            try:
+                r = read_ring(f)
+            except InvalidArgument:   # being made
+                continue
             rings[int(r["info"]["global_rank"])] = r
         last = {g: r["calls"][-1] for g, r in rings.items() if r["calls"]}
         if len(last) == 3 and all(last[g]["seq"] == AT and last[g]["status"] == "in_flight" for g in (0, 1)) \

@@ -147,6 +147,7 @@ def test_a_rank_with_no_record_is_named_and_the_straggler_table_says_so(tmp_path
     assert p.wait(timeout=60) == 0
     (tmp_path / "job.json").write_text('{"nprocs": 2, "ended": "rank 1 killed by SIGKILL", "exit_code": 137, '
                                        '"ranks": [{"rank": 1, "end": "killed by SIGKILL"}]}')
+    (tmp_path / "ring-rank1-0.bin").write_bytes(bytes(8192))   # rank 1 died while making its ring
     report = diagnose(tmp_path)
     assert report["records"]["without_record"] == [1]
     text = render(report)

@@ -135,11 +135,11 @@ def create(path: Path, nslots: int, info: dict[str, Any]) -> tuple[mmap.mmap, in
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    mm[0:8] = MAGIC
     for w, v in ((H_VERSION, VERSION), (H_NSLOTS, nslots), (H_SLOTS_AT, slots_at), (H_NAMES_AT, HEADER_BYTES),
                  (H_NAMES_CAP, NAMES_BYTES), (H_INFO_LEN, len(text))):
         _set(mm, w, v)
     mm[INFO_OFFSET:INFO_OFFSET + len(text)] = text
+    mm[0:8] = MAGIC   # last: a reader takes a file without it for one still being made (or whose maker died)
     return mm, slots_at
 
 
@@ -256,7 +256,8 @@ def read_ring(path: str | os.PathLike[str]) -> dict[str, Any]:
     in words), ``end_ns``, ``signal`` and ``calls`` (the kept calls, oldest first, as record_rows.row() dicts)."""
     raw = Path(path).read_bytes()
     if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
-        raise InvalidArgument(f"{path} is not a ringflow flight ring", "give a directory the ranks wrote into")
+        raise InvalidArgument(f"{path} is not a ringflow flight ring (or its rank died while making it)",
+                              "give a directory the ranks wrote into")
     def word(w: int) -> int:
         return int(struct.unpack_from("<q", raw, w * 8)[0])
     info = json.loads(raw[INFO_OFFSET:INFO_OFFSET + word(H_INFO_LEN)].decode())

@@ -120,7 +120,12 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
 def _read_rings(d: Path, ranks: dict[int, _Rank]) -> None:
     """Add each rank's flight rings (those of its latest process, when a directory holds older ones too)."""
     from ..runtime.flightring import read_ring
-    rings = [read_ring(p) for p in sorted(d.glob("ring-rank*.bin"))]
+    rings = []
+    for p in sorted(d.glob("ring-rank*.bin")):
+        try:
+            rings.append(read_ring(p))
+        except InvalidArgument:   # a ring its rank was still making (or died making): it holds no call
+            continue
     latest: dict[int, int] = {}
     for rg in rings:
         g = int(rg["info"]["global_rank"])
