@@ -18,7 +18,7 @@ from ..errors import InvalidArgument
 from .executor import CallContext, Waiter, check_exchange, describe
 from .fastcall import MISS, FastCalls
 from .native import copy_into
-from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op
+from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op, unaliased
 from .transport.frames import call_signature
 from .transport.manager import LANE_COLL, Transport
 from .work import Work
@@ -44,17 +44,18 @@ class CollectiveCalls(FastCalls):
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
               splits: tuple[tuple[int, ...], ...] | None = None, fast_key: tuple | None = None,
-              shape_key: tuple | None = None) -> Any:
+              shape_key: tuple | None = None, user_out: Any = None) -> Any:
         if opname is not None:
             check_op(opname, out.flat.dtype)
         meta = (coll, x.flat.dtype, x.flat.size, root, opname)
-        remember = (fast_key is not None or shape_key is not None) and not async_op
+        x = unaliased(x, out)
+        remember = (fast_key is not None or shape_key is not None) and not async_op and x.orig is not None
         if remember:
             self._last_native = None
         r = self._run(LANE_COLL, self._coll_fn(coll, x, out, count, opname, root, splits), async_op, timeout,
                       coll.value, result, meta=meta)
         if remember:
-            self._fast_remember(fast_key, x.orig, out.orig, out.flat, coll, opname, root, result, meta, shape_key)
+            self._fast_remember(fast_key, x.orig, user_out, coll, opname, root, meta, result, shape_key)
         return r
 
     def _coll_fn(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
@@ -108,7 +109,7 @@ class CollectiveCalls(FastCalls):
             raise InvalidArgument(f"all_reduce: out has {ob.flat.size} elements, x has {xb.flat.size}",
                                   "out must be the size of x")
         return self._coll(Collective.ALL_REDUCE, xb, ob, xb.flat.size, parse_op(op), None, async_op, timeout,
-                          out if out is not None else x, fast_key=fk, shape_key=sk)
+                          out if out is not None else x, fast_key=fk, shape_key=sk, user_out=out)
 
     @overload
     def broadcast(self, x: ArrayT, root: int, *, async_op: Literal[False] = ...,
@@ -139,7 +140,7 @@ class CollectiveCalls(FastCalls):
         """Reduce x across ranks into root's x (or `out`); other ranks' buffers are scratch."""
         fk = ("reduce", id(x), id(out), op, root) \
             if type(op) is str and type(root) is int and not async_op else None
-        if fk is not None and (r := self._fast_run(fk, timeout)) is not MISS:
+        if fk is not None and (r := self._fast_run(fk, x, out, timeout)) is not MISS:
             return r
         xb = Buf(x, "x")
         ob = Buf(out, "out") if out is not None else xb
@@ -147,7 +148,7 @@ class CollectiveCalls(FastCalls):
         if ob.flat.size != xb.flat.size:
             raise InvalidArgument(f"reduce: out has {ob.flat.size} elements, x has {xb.flat.size}")
         return self._coll(Collective.REDUCE, xb, ob, xb.flat.size, parse_op(op), self._root(root), async_op,
-                          timeout, out if out is not None else x, fast_key=fk)
+                          timeout, out if out is not None else x, fast_key=fk, user_out=out)
 
     def _gather_out(self, xb: Buf, out: Any, what: str) -> tuple[Buf, Any]:
         if out is None:
@@ -176,9 +177,10 @@ class CollectiveCalls(FastCalls):
         if r is not MISS:
             return r
         xb = Buf(x, "x")
+        given = out
         ob, out = self._gather_out(xb, out, "all_gather")
         return self._coll(Collective.ALL_GATHER, xb, ob, xb.flat.size, None, None, async_op, timeout, out,
-                          fast_key=fk, shape_key=sk)
+                          fast_key=fk, shape_key=sk, user_out=given)
 
     @overload
     def gather(self, x: Any, root: int, *, out: None = ..., async_op: Literal[False] = ...,
@@ -231,9 +233,10 @@ class CollectiveCalls(FastCalls):
         if r is not MISS:
             return r
         xb = Buf(x, "x")
+        given = out
         ob, out, count = self._split_out(xb, out, "reduce_scatter")
         return self._coll(Collective.REDUCE_SCATTER, xb, ob, count, parse_op(op), None, async_op, timeout, out,
-                          fast_key=fk, shape_key=sk)
+                          fast_key=fk, shape_key=sk, user_out=given)
 
     @overload
     def scatter(self, x: Any, root: int, *, out: None = ..., async_op: Literal[False] = ...,
@@ -279,6 +282,7 @@ class CollectiveCalls(FastCalls):
             if xb.shape and xb.shape[0] % n:
                 raise InvalidArgument(f"all_to_all: x.shape[0]={xb.shape[0]} is not divisible by {n}",
                                       "pass send_counts/recv_counts for uneven splits")
+            given = out
             if out is None:
                 out = empty_like_input(xb.orig, xb.shape, xb.flat.dtype)
             ob = Buf(out, "out")
@@ -286,7 +290,7 @@ class CollectiveCalls(FastCalls):
             if ob.flat.size != xb.flat.size:
                 raise InvalidArgument("all_to_all: out must have the size of x")
             return self._coll(Collective.ALL_TO_ALL, xb, ob, xb.flat.size // n, None, None, async_op, timeout, out,
-                              fast_key=fk, shape_key=sk)
+                              fast_key=fk, shape_key=sk, user_out=given)
         row = int(np.prod(xb.shape[1:])) if len(xb.shape) > 1 else 1
         sc = self._counts(send_counts, "send_counts")
         if sum(sc) * row != xb.flat.size:

@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from ..algorithms.schedule import Buffer, Collective, Schedule
 from ..algorithms.selection import CostModel, pick_schedule
 from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
 from . import hotpath, native
+from .callmemory import MAX_PREPARED, MAX_SCHEDULES, CallMemory, state_of
 from .collectives import CollectiveCalls
 from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, log_trace, run_bound
 from .groups import Groups
@@ -46,18 +48,11 @@ from .transport.frames import Kind, call_signature
 from .transport.manager import LANE_COLL, PeerCard, Transport, buffsize, lane_of
 from .transport.tcp import Listener, dial, select_interface
 from .watchdog import Watchdog
-from .work import Lane, Work
+from .work import LANE_THREADS, Lane, Work
 
 log = logging.getLogger("ringflow.runtime")
 
 TCP_STREAMS = 2  # sockets a large TCP transfer is striped over (RINGFLOW_NCHANNELS overrides)
-
-
-def _data_ptr(obj: Any) -> int | None:
-    """A torch tensor's storage address (its storage can be swapped under the same object); None for
-    NumPy arrays, whose memory cannot move while the binding holds a view of it."""
-    f = getattr(obj, "data_ptr", None)
-    return f() if f is not None else None
 
 
 class _Prepared:
@@ -94,7 +89,9 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         # made by shrink(): new rank i was rank parent_ranks[i] of the old communicator; None otherwise
         self.parent_ranks: tuple[int, ...] | None = None
         self._scratch: dict[np.dtype, np.ndarray] = {}
-        self._schedules: dict[tuple, Schedule] = {}
+        self._mem = CallMemory()   # every remembered choice, plan and call: reset as a unit
+        self._owner = threading.current_thread()   # the thread that makes this communicator's calls
+        self._owner_id = self._owner.ident
         self._allocs: list[mmap.mmap] = []
         self._lanes = [Lane("collectives"), Lane("p2p-send"), Lane("p2p-recv")]
         # knobs are read once, when the communicator is created (as NCCL does)
@@ -103,11 +100,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
         self._native = native.hot_available() and not log_trace   # TRACE logs every step: the Python executor
-        self._fast: dict = {}   # fastcall.FastCalls: repeated calls with the same arrays
-        self._shapes: dict = {}   # fastcall.FastCalls: repeated call shapes on other arrays
-        self._fast_seen: dict = {}
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
-        self._calls: dict[tuple, _Prepared] = {}
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]
         self._watchdog = Watchdog(rank, self._fail, self._note_mismatch, self._on_departed, self._status)
@@ -130,7 +123,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             self._transport = Transport(job=shared.job, uid=self.uid, rank=rank, cards=cards,
                                         secret=shared.secret, tos=shared.tos, listener=self._listener,
                                         shm_disabled=bool(config.get("SHM_DISABLE")), buffsize=buffsize())
-            self._host_model = self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards)
+            self._mem.reset(self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards))
         except BaseException:
             self._teardown()
             raise
@@ -184,9 +177,32 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if model is not None and not model.supports(self.size):
             raise InvalidArgument(f"the cost model was not calibrated for {self.size} ranks",
                                   "calibrate with the communicator's size among --ranks")
-        self._host_model = model
-        self._schedules.clear()
-        self._calls.clear()
+        self._mem.reset(model)
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that makes this communicator's calls from now on (a communicator serves
+        one thread, as NCCL requires; its own lanes run the asynchronous calls that thread queued)."""
+        if self._in_call:
+            raise InvalidUsage(f"thread {self._owner.name!r} is inside a call on this communicator",
+                               "hand the communicator over between calls")
+        self._owner = threading.current_thread()
+        self._owner_id = self._owner.ident
+
+    def _own_thread(self, what: str) -> None:
+        """InvalidUsage unless the calling thread is this communicator's (or one of the lanes running its queued
+        calls): calls from two threads could pair differently on different ranks."""
+        me = threading.get_ident()
+        if me == self._owner_id or me in LANE_THREADS:
+            return
+        if not self._owner.is_alive():   # the owning thread ended: the next thread to call takes over
+            self._owner = threading.current_thread()
+            self._owner_id = me
+            return
+        cur = threading.current_thread()
+        raise InvalidUsage(f"thread {cur.name!r} (id {me}) called {what} on a communicator that thread "
+                           f"{self._owner.name!r} (id {self._owner_id}) uses",
+                           "make every call on a communicator from one thread (NCCL's rule), queue work with "
+                           "async_op=True, or hand it over with comm.bind_thread() between calls")
 
     # ---------------------------------------------------------------- state and failure
     def _on_data(self, peer: int, key: str) -> None:
@@ -238,6 +254,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
              meta: tuple | None = None) -> Any:
         """Run fn(deadline) on a lane, synchronously or as a Work; `meta` describes the call to the recorder."""
         self._usable()
+        self._own_thread(description)
         ln = self._lanes[lane]
         rec = self._rec
         if async_op:
@@ -342,16 +359,17 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                   inplace: bool = False) -> Schedule:
         """The tuner's schedule for this call (cached per communicator, exact size and in-place-ness)."""
         key = (coll, nbytes, root, dtype_size, inplace)
-        s = self._schedules.get(key)
+        mem = self._mem
+        s = mem.schedules.get(key)
         if s is not None:
             return s
         from .. import config as _cfg
         with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
             s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes,
-                              self._host_model)
-        if len(self._schedules) > 1024:
-            self._schedules.clear()
-        self._schedules[key] = s
+                              mem.model)
+        if len(mem.schedules) >= MAX_SCHEDULES:
+            mem.schedules.clear()
+        mem.schedules[key] = s
         return s
 
     def _scratch_for(self, dtype: np.dtype, n: int) -> np.ndarray:
@@ -375,20 +393,21 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                  splits: tuple[tuple[int, ...], ...] | None = None, ident: tuple = ()) -> None:
         """Run one collective call; `schedule=None` asks the tuner (cached per call shape)."""
         dtype = out.dtype
-        # ctypes.data costs a microsecond: only arrays that may overlap are compared by address
-        inplace = inp is out or (inp.size > 0 and out.size > 0 and np.may_share_memory(inp, out)
-                                 and inp.ctypes.data == out.ctypes.data)
+        # in place: the same memory exactly (partial overlaps were copied by ops.unaliased)
+        inplace = inp is out or (inp.size > 0 and inp.nbytes == out.nbytes and np.may_share_memory(inp, out)
+                                 and hotpath.address(inp) == hotpath.address(out))
         key = (coll, count, dtype, opname, root, inplace, splits, None if schedule is None else id(schedule))
-        prep = self._calls.get(key)
+        calls = self._mem.prepared
+        prep = calls.get(key)
         if prep is None or (schedule is not None and prep.schedule is not schedule):
             if schedule is None:
                 isz = dtype.itemsize
                 nbytes = (inp.size if splits is not None else count * (self.size if coll.per_rank_sized else 1)) * isz
                 schedule = self._schedule(coll, nbytes, root, isz, inplace)
             prep = self._prepare(schedule, coll, count, dtype, opname, root, inplace, splits)
-            if len(self._calls) > 4096:
-                self._calls.clear()
-            self._calls[key] = prep
+            if len(calls) >= MAX_PREPARED:
+                calls.clear()
+            calls[key] = prep
         self.last_schedule = prep.schedule
         seq = self._op_seq
         self._op_seq += 1
@@ -406,20 +425,20 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 o = addr(out)
                 bases = (o if inplace else addr(inp), o, o if scratch is out else addr(scratch))
                 hotpath.execute(hot, ctx, bases, self._transport.regions.packed)
-                self._last_native = (prep, hot, ctx, bases, scratch)
+                self._last_native = (prep, hot, ctx, bases, None if scratch is out else scratch)
                 return
         bound = prep.bound
-        if small and ident and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
-                and (not prep.has_scratch or bound.refs[2] is self._scratch.get(dtype)) \
-                and bound.refs[3] == _data_ptr(ident[0]) and bound.refs[4] == _data_ptr(ident[1]):
-            run_bound(bound, ctx, prep.ufunc)  # same user arrays as last time: reuse the binding
+        state = (state_of(ident[0]), state_of(ident[1])) if small and ident and ident[0] is not None else None
+        if state is not None and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
+                and bound.refs[2] == state and (not prep.has_scratch or bound.refs[3] is self._scratch.get(dtype)):
+            run_bound(bound, ctx, prep.ufunc)  # the same user arrays in the same state as last time
             return
         arrays = {Buffer.IN: out if inplace else inp, Buffer.OUT: out}
         if prep.has_scratch:
             arrays[Buffer.SCRATCH] = self._scratch_for(dtype, prep.plan.scratch_elems)
         bound = bind(prep.plan, ctx, arrays, prep.ufunc,
-                     (*ident, self._scratch.get(dtype), _data_ptr(ident[0]), _data_ptr(ident[1])) if ident else ())
-        prep.bound = bound if (small and ident) else None
+                     (ident[0], ident[1], state, self._scratch.get(dtype)) if state is not None else ())
+        prep.bound = bound if state is not None else None
         run_bound(bound, ctx, prep.ufunc)
 
     def execute(self, schedule: Schedule, x: Any, out: Any = None, op: str = "sum", *, count: int | None = None,
@@ -471,6 +490,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if self._failure is None or not isinstance(self._failure, Aborted):
             self._failure = Aborted(f"communicator aborted by rank {self.rank}",
                                     "create a new communicator (or shrink) to continue")
+        self._mem.reset(self._mem.model)
         for b in self._bells:
             doorbell.ring(b.address)
         self._watchdog.broadcast(Kind.ABORT)
@@ -490,6 +510,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 self._transport.flush(time.monotonic() + min(self.timeout, 10.0), dead)
         finally:
             self._destroyed = True
+            self._mem.reset()
             if self._rec is not None:
                 self._rec.close()
             self._watchdog.broadcast(Kind.BYE)

@@ -91,6 +91,21 @@ class Buf:
         self.flat = arr.reshape(-1)
 
 
+def unaliased(x: Buf, out: Buf) -> Buf:
+    """x itself, or a private copy of it where it overlaps `out` other than exactly (same start and size: in
+    place): a collective's output may then be written while its input is still read, so the input is copied
+    first and every rank gets the exact result. The copy's `orig` is None (it is never remembered)."""
+    xf, of = x.flat, out.flat
+    if xf is of or not xf.size or not of.size or not np.may_share_memory(xf, of):
+        return x
+    if xf.nbytes == of.nbytes and xf.__array_interface__["data"][0] == of.__array_interface__["data"][0]:
+        return x
+    c = Buf.__new__(Buf)
+    c.orig, c.arr = None, x.arr.copy()
+    c.shape, c.flat = x.shape, c.arr.reshape(-1)
+    return c
+
+
 def empty_like_input(x: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """A new output for a collective on x: a torch tensor of x's dtype when x is one, else a NumPy array."""
     if type(x).__module__.startswith("torch"):

@@ -74,6 +74,9 @@ class Finishes(Protocol):
 W = TypeVar("W", bound=Finishes)
 
 
+LANE_THREADS: set[int] = set()   # idents of the lanes' worker threads, which run a communicator's queued calls
+
+
 class Lane:
     """An ordered execution queue with a lazily started worker thread."""
 
@@ -98,6 +101,14 @@ class Lane:
         return work
 
     def _loop(self) -> None:
+        me = threading.get_ident()
+        LANE_THREADS.add(me)
+        try:
+            self._serve()
+        finally:
+            LANE_THREADS.discard(me)
+
+    def _serve(self) -> None:
         while True:
             item = self._q.get()
             if item is None:

@@ -491,7 +491,7 @@ def repeated_buffers(r: Runner) -> None:
             _eq(comm.all_to_all(xs[me].copy()), np.concatenate([x[2 * me:2 * me + 2] for x in xs]),
                 f"fresh all_to_all {k}")
         if native.hot_stats()["runs"] > runs:   # they ran natively: from remembered call shapes after the first
-            assert len(comm._shapes) >= 8, f"call shapes remembered: {list(comm._shapes)}"
+            assert len(comm._mem.by_shape) >= 8, f"call shapes remembered: {list(comm._mem.by_shape)}"
         big = values(me, n, 12, "float32", salt=40)
         for what, bad in (("not contiguous", big[::2]), ("read-only", big[:6].copy())):
             if what == "read-only":

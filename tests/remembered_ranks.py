@@ -1,0 +1,172 @@
+"""Rank side of the remembered-call property test: runs the steps a driver sends over a connection and answers
+each with the rank's result or the type of the typed error it raised.
+
+Usage: ringflow run -n 2 -- python tests/remembered_ranks.py HOST:PORT AUTHKEY_HEX
+Buffers live in slots; a step may mutate a slot (dtype, size, storage, flags, offset, reallocation) between
+collectives, so the communicator's remembered calls are held to the full path's results.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from multiprocessing.connection import Client
+from typing import Any
+
+import numpy as np
+
+import ringflow
+from ringflow.errors import RingflowError
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the driver sends no torch steps then
+    torch = None
+
+RETYPE = {np.dtype(np.float32): np.int32, np.dtype(np.int32): np.float32,
+          np.dtype(np.float64): np.int64, np.dtype(np.int64): np.float64}
+
+
+def values(n: int, rank: int, gen: int) -> np.ndarray:
+    """This rank's input for a call of n elements (small integers: every dtype reduces them exactly)."""
+    return (np.arange(n) % 7 + rank + gen).astype(np.int64)
+
+
+class Rank:
+    """The rank's slots and its current communicator (a split of the world, replaced after a failure)."""
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+        self.comm = world.split(0)
+        self.slots: dict[int, Any] = {}
+        self.bases: dict[int, Any] = {}   # slot -> the larger array a view slot lives in
+
+    def fill(self, x: Any, gen: int) -> None:
+        v = values(int(x.numel() if hasattr(x, "numel") else x.size), self.world.rank, gen)
+        if isinstance(x, np.ndarray):
+            w = x.flags.writeable
+            x.flags.writeable = True
+            x.reshape(-1)[:] = v.astype(x.dtype)
+            x.flags.writeable = w
+        else:
+            x.view(-1).copy_(torch.from_numpy(v).to(x.dtype))
+
+    def new(self, s: int, kind: str, dtype: str, n: int) -> None:
+        if kind == "torch":
+            self.slots[s] = torch.zeros(n, dtype=getattr(torch, dtype))
+        else:
+            self.slots[s] = np.zeros(n, dtype)
+        self.bases.pop(s, None)
+
+    def step(self, st: dict[str, Any]) -> Any:
+        op, s = st["op"], st.get("slot")
+        x = self.slots.get(s)
+        c = self.comm
+        if op == "reset":
+            self.slots.clear()
+            self.bases.clear()
+            self.resplit()
+            return None
+        if op == "new":
+            self.new(s, st["kind"], st["dtype"], st["n"])
+            return None
+        if op == "retype":
+            x.dtype = RETYPE[x.dtype]
+            return None
+        if op == "writeable":
+            x.flags.writeable = st["flag"]
+            return None
+        if op == "resize":
+            if st.get("rank") in (None, self.world.rank):
+                try:
+                    x.resize_(st["n"])
+                except RuntimeError:   # torch cannot grow a storage that a NumPy view was taken of: swap it
+                    x.set_(torch.zeros(st["n"], dtype=x.dtype))
+            return None
+        if op == "set_":
+            x.set_(torch.zeros(st["n"], dtype=x.dtype))
+            return None
+        if op == "data":
+            x.data = torch.zeros(st["n"], dtype=x.dtype)
+            return None
+        if op == "realloc":
+            old = self.slots.pop(s)
+            shape, dt, numpy = old.shape, old.dtype, isinstance(old, np.ndarray)
+            del old, x
+            self.slots[s] = np.zeros(shape, dt) if numpy else torch.zeros(shape, dtype=dt)
+            return None
+        if op == "view":
+            base = self.bases.get(s)
+            if base is None or base.size < st["n"] + st["off"] or base.dtype != np.dtype(st["dtype"]):
+                base = self.bases[s] = np.zeros(st["n"] + 64, st["dtype"])
+            self.slots[s] = base[st["off"]:st["off"] + st["n"]]
+            return None
+        if op == "tune":
+            c.tune_with(None)
+            return None
+        if op == "resplit":
+            self.resplit()
+            return None
+        return self.collective(op, x, st, c)
+
+    def resplit(self) -> None:
+        try:
+            self.comm.destroy()
+        except RingflowError:
+            pass
+        self.comm = self.world.split(0)
+
+    def collective(self, op: str, x: Any, st: dict[str, Any], c: Any) -> Any:
+        gen = st["gen"]
+        self.fill(x, gen)
+        if op == "all_reduce":
+            mode = st["out"]
+            if mode == "none":
+                return c.all_reduce(x, st["red"])
+            if mode == "self":
+                return c.all_reduce(x, st["red"], out=x)
+            if mode == "fresh":
+                return c.all_reduce(x, st["red"], out=np.empty_like(x) if isinstance(x, np.ndarray)
+                                    else torch.empty_like(x))
+            n, off = x.size, st["off"]   # overlap: x and out are windows of one array
+            b = np.zeros(n + off, x.dtype)
+            b[:n] = x
+            return c.all_reduce(b[:n], st["red"], out=b[off:off + n])
+        if op == "broadcast":
+            return c.broadcast(x, st["root"])
+        if op == "all_gather":
+            return c.all_gather(x)
+        if op == "reduce_scatter":
+            return c.reduce_scatter(x, "sum")
+        if op == "all_to_all":
+            return c.all_to_all(x)
+        raise ValueError(op)
+
+
+def main() -> int:
+    host, port = sys.argv[1].rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=bytes.fromhex(sys.argv[2]))
+    world = ringflow.init(timeout=60.0)
+    rank = Rank(world)
+    conn.send(world.rank)
+    while True:
+        st = conn.recv()
+        if st is None:
+            break
+        try:
+            r = rank.step(st)
+            if r is None:
+                conn.send(("ok", None))
+            else:
+                a = r.numpy() if not isinstance(r, np.ndarray) else r
+                conn.send(("ok", np.array(a, copy=True)))
+        except RingflowError as e:
+            conn.send(("err", type(e).__name__, str(e)[:300]))
+        except Exception:   # noqa: BLE001 - a bug of the test or of ringflow: the driver fails with it
+            conn.send(("crash", traceback.format_exc()[-3000:]))
+    rank.comm.destroy()
+    world.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
