@@ -21,9 +21,10 @@ needs_c = pytest.mark.skipif(_record is None, reason="the C recorder was not bui
 
 # One program, run once per recorder: calls from a wrapper, from module level and with a new array each time (the
 # remembered-depth cases), a broadcast, an asynchronous call and its wait, point-to-point entries of two keys and
-# one without metadata, a job a worker thread runs for this thread (with_site), and a guarded call that raises.
+# one without metadata, a job a lane's worker thread runs for this thread (with_site), and a guarded call that raises.
 SCENARIO = """
-import functools, json, threading
+import functools, json
+from ringflow.runtime.work import Lane, Work
 import numpy as np, ringflow
 from ringflow.runtime import record
 record.FLUSH_EVERY = 3
@@ -49,8 +50,9 @@ enter(rec, 2, "recv", None)
 enter(rec, 2, "recv", None)
 sink = []
 job = record.with_site(functools.partial(comm.all_reduce, x), sink)
-t = threading.Thread(target=job)
-t.start(); t.join()
+lane = Lane("worker")   # a lane's worker thread, as the torch backend runs queued calls
+lane.submit(job, Work("all_reduce", None)).wait()
+lane.close()
 try:
     rec.call(0, "boom", None, boom, None, 0.0)
 except RuntimeError as exc:
