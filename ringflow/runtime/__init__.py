@@ -2,10 +2,32 @@
 
     comm = ringflow.init()            # from `ringflow run`, torchrun, Slurm or Open MPI env
     comm.all_reduce(x, op="sum")      # in place on a NumPy array or CPU torch tensor
+
+`init`, `Communicator` and `Work` load on first use, so importing one module of the runtime (the store,
+the launcher, the logs) does not load the communicator and the algorithms behind it.
 """
 from __future__ import annotations
 
-from .communicator import Communicator, init
-from .work import Work
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .communicator import Communicator, init
+    from .work import Work
+
+_WHERE = {"init": "communicator", "Communicator": "communicator", "Work": "work"}
 
 __all__ = ["init", "Communicator", "Work"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
