@@ -33,14 +33,16 @@ from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, Ringfl
 from . import hotpath, native
 from .callmemory import MAX_PREPARED, MAX_SCHEDULES, CallMemory, state_of
 from .collectives import CollectiveCalls
-from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, log_trace, run_bound
+from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
 from .identity import set_default
+from .logs import tracing
 from .objects import ObjectCalls
 from .ops import UFUNCS, Buf, parse_op
 from .p2p import PointToPoint
 from .plugins import load_cost_model
-from .record import Recorder, attach, dump_all
+from .record import Recorder, dump_all
+from .record_native import attach
 from .rendezvous import SharedState, host_id, join
 from .store import PrefixStore
 from .transport import doorbell
@@ -99,7 +101,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
-        self._native = native.hot_available() and not log_trace   # TRACE logs every step: the Python executor
+        self._native = native.hot_available() and not tracing[0]   # TRACE logs every step: the Python executor
         self._single_ring_bytes = int(config.get("SINGLE_RING_THRESHOLD"))
         deadline = time.monotonic() + self.timeout
         self._bells = [doorbell.Doorbell(doorbell.address(shared.job, self.uid, rank, lane)) for lane in range(3)]

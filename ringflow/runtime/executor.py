@@ -28,6 +28,7 @@ from ..algorithms.plan import Plan
 from ..algorithms.schedule import Buffer, OpKind
 from ..errors import RemoteError, RingflowError, Timeout
 from .calltext import hint
+from .logs import trace_step, tracing
 from .native import copy_into
 from .transport import doorbell
 from .transport.base import Mismatch, Sink, XferOp
@@ -36,7 +37,6 @@ from .transport.frames import Kind
 if TYPE_CHECKING:
     from .transport.manager import Transport
 
-log_trace = os.environ.get("RINGFLOW_DEBUG", "").upper() == "TRACE"
 
 
 STRIPE_MIN_BYTES = 4 * 2**20  # TCP transfers at least this big are striped over several streams
@@ -297,8 +297,7 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
         check_exchange(ctx, [p for p in range(n) if p != ctx.rank])
     sig, seq = ctx.sig, ctx.op_seq
     for si, (sends, recvs, locs) in enumerate(bound.steps):
-        if log_trace:
-            from .logs import trace_step
+        if tracing[0]:
             step = plan.steps[si]
             trace_step(ctx.op_seq, ctx.description, si, step.xfers, step.locals)
         if sends or recvs:

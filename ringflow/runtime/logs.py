@@ -24,6 +24,8 @@ from .. import config
 from ..errors import ConfigError
 
 TRACE = 5
+# [True] while the level is TRACE: the executors log every step, and calls take the Python executor
+tracing = [os.environ.get("RINGFLOW_DEBUG", "").upper() == "TRACE"]
 VERSION = logging.WARNING + 1  # the version line under RINGFLOW_DEBUG=VERSION (shown like a warning)
 logging.addLevelName(TRACE, "TRACE")
 logging.addLevelName(VERSION, "VERSION")
@@ -88,8 +90,7 @@ def setup(rank: int | str) -> logging.Logger:
         _state["level"] = level
         say_version = text.strip().upper() in ("VERSION", "INFO", "TRACE") and not _state["version_said"]
         _state["version_said"] = _state["version_said"] or say_version
-    from . import executor
-    executor.log_trace = level <= TRACE
+    tracing[0] = level <= TRACE
     if say_version:
         from .. import __version__
         logger.log(VERSION if level == logging.WARNING else logging.INFO, "ringflow: version %s", __version__)
@@ -107,8 +108,7 @@ def reset() -> None:
         _state.update(handler=None, level=None, version_said=False, rank="-")
         logger.propagate = True
         logger.setLevel(logging.NOTSET)
-    from . import executor
-    executor.log_trace = False
+    tracing[0] = False
 
 
 def trace_step(op_seq: int, description: str, step: int, xfers: Any, locals_: Any) -> None:

@@ -431,46 +431,6 @@ class Recorder:
         return out
 
 
-def attach(comm: Any) -> Recorder | None:
-    """The recorder of a new communicator (None when both the flight recorder and recording are off).
-
-    Recording aligns clocks: every rank passes a barrier and notes when it left it."""
-    record_dir = str(config.get("RECORD") or "")
-    # the ring costs every call about a microsecond: kept only where its records can be written
-    ring_n = int(config.get("FLIGHT_RECORDER")) if dump_dir() is not None else 0
-    if ring_n <= 0 and not record_dir:
-        return None
-    from .record_native import recorder_class, term_handler  # C or Python: decided there
-    rec = recorder_class()(comm, ring_n, record_dir)
-    d = dump_dir()
-    if ring_n > 0 and d is not None:
-        try:
-            rec.open_ring(d, ring_n)
-        except OSError as exc:   # the flight recorder must not stop the job: it keeps its records in memory
-            log.warning("ringflow: no flight ring in %s (%s): records stay in memory", d, exc)
-    if record_dir:
-        comm.barrier()
-        rec.barrier_ns = _now()
-        _proc.open_record(record_dir, rec.grank)
-        _proc.write([rec.info()])
-        if "/" not in comm.ns and comm.rank == 0:
-            _write_manifest(Path(record_dir), comm)
-    wd = getattr(comm, "_watchdog", None)
-    if wd is not None:   # a peer's death (or abort) seen by the watchdog: write the flight record once
-        told = wd.on_failure
-
-        def on_failure(exc: Any) -> None:
-            told(exc)
-            if not rec.reason:
-                rec.reason = f"{type(exc).__name__}: {exc}"
-                dump_all(rec.reason)
-        wd.on_failure = on_failure
-    _proc.rank = rec.grank if _proc.rank is None else _proc.rank
-    _proc.recorders.add(rec)
-    _proc.hook_signals(term_handler())
-    return rec
-
-
 def _write_manifest(d: Path, comm: Any) -> None:
     m = {"format": FORMAT, "world": comm.ns, "world_size": comm.size, "files": [f"rank{r}.jsonl"
                                                                                for r in range(comm.size)],

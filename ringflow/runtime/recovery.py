@@ -122,14 +122,12 @@ def remove_segments(comm: Communicator, ranks: Iterable[int]) -> int:
 
 def shrink(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None = None) -> Communicator:
     """A new communicator of the survivors of `comm` (which is destroyed); collective over survivors."""
-    from .communicator import Communicator
-
     if comm._destroyed:
         raise InvalidUsage("shrink() on a destroyed communicator", "shrink before destroy()")
     t0 = time.monotonic()
     members = agree(comm, exclude, timeout)
     k = comm._nshrink - 1
-    new = Communicator(comm._sh, f"{comm.ns}/x{k}", members.index(comm.rank), len(members))
+    new = type(comm)(comm._sh, f"{comm.ns}/x{k}", members.index(comm.rank), len(members))
     new.parent_ranks = tuple(members)  # new rank i was rank parent_ranks[i] of the old communicator
     comm.destroy()
     left_out = sorted(set(range(comm.size)) - set(members))
