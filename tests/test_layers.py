@@ -25,3 +25,43 @@ def test_import_ringflow_stays_light() -> None:
             "'ringflow.hostmodel', 'networkx') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _runtime_imports() -> dict[str, set[str]]:
+    """Each ringflow.runtime module -> the runtime modules it imports when it runs (at the top or inside a function;
+    imports under `if TYPE_CHECKING:` are for the type checker only and left out)."""
+    import ast
+
+    pkg = ROOT / "ringflow" / "runtime"
+    names = {str(p.relative_to(ROOT).with_suffix("")).replace("/", ".").removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in names.items():
+        tree = ast.parse(path.read_text())
+        skip: set[int] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                skip.update(id(n) for b in node.body for n in ast.walk(b))
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                up = base[:len(base) - node.level + 1] if node.level else []
+                stem = ".".join(up + ([node.module] if node.module else []))
+                targets = [stem] + [f"{stem}.{a.name}" for a in node.names]
+            deps.update(t for t in targets if t in names and t != mod)
+        graph[mod] = deps
+    return graph
+
+
+def test_no_runtime_module_imports_one_that_imports_it_back() -> None:
+    import networkx as nx
+
+    g = nx.DiGraph((a, b) for a, deps in _runtime_imports().items() for b in deps
+                   if not b.startswith(a + ".") and not a.startswith(b + "."))   # a package and its own modules
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, f"runtime import cycles: {sorted(cycles, key=len)[:5]}"
