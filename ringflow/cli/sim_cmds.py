@@ -33,6 +33,15 @@ def _topology(topo: str, nodes: int, fab: FabricOptions, nic: str | None) -> Any
     return base
 
 
+def _job_ranks(t: Any, topo: str, gpus: int | None) -> int:
+    """The ranks of a job on the cluster's first `gpus` endpoints (all of them when None), or a typed error."""
+    have = len(t.endpoints())
+    if gpus is not None and gpus > have:
+        raise InvalidArgument(f"--gpus {gpus}, but {getattr(t, 'name', topo)} has {have} GPUs",
+                              f"use --gpus {have} or fewer, or more servers (--nodes)")
+    return gpus or have
+
+
 def _parse_params(items: list[str]) -> dict[str, Any]:
     import yaml
     out: dict[str, Any] = {}
@@ -57,7 +66,8 @@ def sim_command(
     algo: str | None = typer.Option(None, "--algo", help="algorithm (default: the tuner's choice per size; "
                                        "nvls: in-switch reduction, all_reduce / reduce_scatter / "
                                        "all_gather on one Hopper+ NVSwitch)"),
-    nranks: int | None = typer.Option(None, "--nranks", "-n", min=1, help="ranks (default: every endpoint)"),
+    nranks: int | None = typer.Option(None, "--gpus", "--nranks", "-n", min=1, help="ranks: a job on the "
+                                      "cluster's first N GPUs, servers filled in order (default: every endpoint)"),
     min_size: str = typer.Option("8", "--min", "-b", help="smallest size (nccl-tests -b)"),
     max_size: str | None = typer.Option(None, "--max", "-e", help="largest size (nccl-tests -e); default: "
                                         "from 128MiB on, grow by --factor until busbw gains under 2% x (factor-1) "
@@ -95,7 +105,7 @@ def sim_command(
     prm = params_for(t, _parse_params(param))
     lo = max(1, parse_size(min_size))
     sizes = size_range(lo, parse_size(max_size) if max_size else max(lo, AUTO_FROM_BYTES), factor)
-    n = nranks or len(t.endpoints())
+    n = _job_ranks(t, topo, nranks)
     if nccl:
         if algo:
             raise InvalidArgument("--nccl picks the algorithm per size; --algo fixes it", "give one of them")

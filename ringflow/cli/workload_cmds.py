@@ -191,8 +191,17 @@ def _print_traffic(out: dict[str, Any]) -> None:
             console.print(f"  [bold]{d['mode']}[/]: {d['why']}")
 
 
+def job_gpus(t: Any, gpus: int | None) -> int:
+    """The GPUs of a job on the first `gpus` of cluster `t` (all of them when None); a typed error beyond them."""
+    have = len(t.endpoints())
+    if gpus is not None and gpus > have:
+        raise InvalidArgument(f"--gpus {gpus}, but the cluster ({getattr(t, 'name', '?')}) has {have} GPUs",
+                              f"use --gpus {have} or fewer, or more servers (--nodes)")
+    return have if gpus is None else gpus
+
+
 def _layout_from(tp: int, pp: int, dp: int | None, cp: int, ep: int, gpus: int, **kw: Any) -> Any:
-    """The layout of `gpus` GPUs: tp x pp x cp x dp must use every GPU of the cluster."""
+    """The layout of `gpus` GPUs (the cluster's, or the job's --gpus): tp x pp x cp x dp must use every one."""
     from ..workload.layout import Layout
     model_par = tp * pp * cp
     if dp is None:
@@ -205,7 +214,7 @@ def _layout_from(tp: int, pp: int, dp: int | None, cp: int, ep: int, gpus: int, 
             (" or a cluster of that many GPUs (--nodes)" if gpus % (model_par * dp) == 0 or model_par * dp > gpus
              else "")
         raise InvalidArgument(f"tp x pp x cp x dp = {tp} x {pp} x {cp} x {dp} = {model_par * dp} GPUs, but the "
-                              f"cluster has {gpus}", fix)
+                              f"job has {gpus} (the cluster's, or --gpus)", fix)
     return Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, **kw)
 
 
@@ -224,6 +233,8 @@ def train_command(
     model: str = typer.Option("llama3-70b", "--model", help="preset name or YAML/JSON model file"),
     topo: str = typer.Option("dgx-h100", "--topo", help="server preset (replicated --nodes times) or file"),
     nodes: int = typer.Option(128, "--nodes", min=1),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs the job uses: the cluster's first N, "
+                                    "servers filled in order (default: all of them)"),
     nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0, help="NIC speed (default: the preset's)"),
     fabric: str = FABRIC_OPT, tiers: int | None = TIERS_OPT, radix: int = RADIX_OPT, oversub: str = OVERSUB_OPT,
     planes: int = PLANES_OPT,
@@ -278,7 +289,7 @@ def train_command(
     m = load_model(model)
     fab = fabric_options(fabric, tiers, radix, oversub, planes)
     t = _cluster(topo, nodes, nic_gbps, fab)
-    lay = _layout_from(tp, pp, dp, cp, ep, len(t.endpoints()), micro_batch=micro_batch, global_batch=global_batch,
+    lay = _layout_from(tp, pp, dp, cp, ep, job_gpus(t, gpus), micro_batch=micro_batch, global_batch=global_batch,
                        seq_len=seq_len or m.seq_len, zero=zero, recompute=recompute,
                        sequence_parallel=sequence_parallel and tp > 1, interleave=interleave,
                        bucket_bytes=int(bucket_mb * 1e6), overlap_grad_reduce=overlap_grad, overlap_tp=overlap_tp,
@@ -309,7 +320,8 @@ def train_command(
         return
     L = lay
     counts = L.stage_layer_counts(m)
-    console.print(f"[bold]{m.name}[/] on {L.gpus} x {r.gpu} ({t.name}): TP {L.tp} x PP {L.pp} x DP {L.dp}"
+    part = f" of {len(t.endpoints())}" if L.gpus < len(t.endpoints()) else ""
+    console.print(f"[bold]{m.name}[/] on {L.gpus}{part} x {r.gpu} ({t.name}): TP {L.tp} x PP {L.pp} x DP {L.dp}"
                   f"{f' x CP {L.cp}' if L.cp > 1 else ''}{f' (EP {L.ep})' if L.ep > 1 else ''}, "
                   f"{L.microbatches} micro-batches of {L.micro_batch} x {L.seq_len}, ZeRO-{L.zero}, "
                   f"recompute {L.recompute}, v={L.interleave}, {L.precision}"
