@@ -314,6 +314,9 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
         raise TopologyError(f"topology {getattr(topo, 'name', '?')!r} has no GPU or PROC endpoints to run ranks on",
                             "on a GPU-less machine use --topo host-cpu:N")
     prm = params if isinstance(params, SimParams) else params_for(topo, params)
+    if Collective.parse(collective) == Collective.ALL_TO_ALLV:
+        return _uniform_all_to_allv(topo, size_bytes, algorithm, n, engine=engine, dtype=dtype, params=prm,
+                                    timeline=timeline, progress=progress, endpoints=endpoints)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     if algo == "nvls" and nsegs is None:   # the pipeline's chunk count, chosen per call like a protocol
         from .nvls import NVLS_CHUNKS
@@ -328,19 +331,33 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
     if algo in SWITCH_ALGORITHMS:   # switches take part in the schedule: placed on the topology's switches
         from ..errors import InvalidArgument
         from .nvls import simulate_switch_algorithm
-        if Collective(collective) != Collective.ALL_REDUCE or timeline or progress:
-            raise InvalidArgument(f"{algo} is simulated for all_reduce only, without timeline or progress",
-                                  "simulate all_reduce, or choose another algorithm for this collective")
+        if Collective.parse(collective) != Collective.ALL_REDUCE:
+            raise InvalidArgument(f"{algo} is an all_reduce algorithm, not {Collective.parse(collective).value}",
+                                  "leave --algo out (the default picks per collective), or choose another algorithm")
         have = len(endpoints) if endpoints is not None else len(endpoints_of(topo))
         if not 2 <= n <= have:
             raise InvalidArgument(f"{algo} on {n} ranks, but the ranks can be placed on {have} endpoints",
                                   "simulate 2 or more ranks, at most one per endpoint (--nodes N for more)")
         return simulate_switch_algorithm(topo, algo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
-                                         dtype=dtype)
+                                         dtype=dtype, timeline=timeline, progress=progress)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
                           timeline=timeline, progress=progress, endpoints=endpoints)
+
+
+def _uniform_all_to_allv(topo: Any, size_bytes: int, algorithm: str | None, n: int, **kw: Any) -> SimResult:
+    """An all_to_allv with no split matrix given (as from the command line): uniform splits, which is the
+    all_to_all of the same size (its schedules with a split matrix: `simulate_schedule` via `from_schedule`)."""
+    import dataclasses
+
+    from ..algorithms import registry
+    allowed = registry.algorithms_for(Collective.ALL_TO_ALLV)
+    if algorithm is not None and algorithm not in allowed:
+        raise InvalidArgument(f"{algorithm} is not an all_to_allv algorithm", f"use one of {', '.join(allowed)}")
+    res = simulate(topo, Collective.ALL_TO_ALL, size_bytes, algorithm=algorithm or allowed[0], nranks=n, **kw)
+    res.notes.append("all_to_allv with uniform splits: the all_to_all of the same size")
+    return dataclasses.replace(res, collective=Collective.ALL_TO_ALLV)
 
 
 # algorithms whose schedules have switch participants (in-network reduction): sim/nvls.py places the switches

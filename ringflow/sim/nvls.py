@@ -40,7 +40,7 @@ NVLS efficiency.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -205,9 +205,11 @@ def schedule_groups(schedule: Any) -> list[list[int]]:
 
 def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpoints: Sequence[str] | None = None,
                              params: Any = None, engine: str = "analytic", dtype: str = "float32",
-                             protocol: str | None = "simple") -> Any:
+                             protocol: str | None = "simple", timeline: bool = False,
+                             progress: Callable[[float], None] | None = None) -> Any:
     """Simulate an all-reduce schedule with switch participants (nvls_tree, collnet_*): each switch is a node of
-    the topology (`switch_nodes`), its adds are free, and its NVLink transfers run at NVLS efficiency."""
+    the topology (`switch_nodes`), its adds are free, and its NVLink transfers run at NVLS efficiency. The
+    timeline's ranks from `nranks` on are the switches (`SimResult.switches` names their nodes)."""
     import dataclasses
 
     from .api import endpoints_of, simulate_table
@@ -230,24 +232,28 @@ def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpo
     tab = dataclasses.replace(tab, nranks=schedule.nparticipants, lrank=tab.lrank[keep], lstep=tab.lstep[keep],
                               lcopy=tab.lcopy[keep], lreduce=tab.lreduce[keep])
     res = simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm, endpoints=eps[:n] + sw,
-                         protocol=protocol)
-    return dataclasses.replace(res, nranks=n, rank_finish_us=res.rank_finish_us[:n])
+                         protocol=protocol, timeline=timeline, progress=progress)
+    return dataclasses.replace(res, nranks=n, rank_finish_us=res.rank_finish_us[:n], switches=list(sw))
 
 
 def simulate_switch_algorithm(topo: Any, algorithm: str, nranks: int, size_bytes: int, *,
                               endpoints: Sequence[str] | None = None, params: Any = None, engine: str = "analytic",
-                              dtype: str = "float32") -> Any:
+                              dtype: str = "float32", timeline: bool = False,
+                              progress: Callable[[float], None] | None = None) -> Any:
     """The registry's `algorithm` all-reduce (nvls_tree, collnet_direct, collnet_chain) on the topology's servers,
-    its pipeline segment count chosen per call like NVLS's chunks (the fastest of NVLS_CHUNKS up to 32)."""
+    its pipeline segment count chosen per call like NVLS's chunks (the fastest of NVLS_CHUNKS up to 32); the
+    timeline and progress are those of the run with the chosen count."""
     from ..algorithms import registry
     from .api import endpoints_of
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     groups = [list(g) for g in topo.host_groups(eps[:nranks])]
-    best = None
-    for c in (k for k in NVLS_CHUNKS if k <= 32):
+
+    def run(c: int, want: bool) -> Any:
         s = registry.get_schedule(Collective.ALL_REDUCE, algorithm, nranks, nsegs=c, host_groups=groups)
-        res = simulate_switch_schedule(topo, s, size_bytes, endpoints=eps, params=params, engine=engine, dtype=dtype)
-        if best is None or res.time_us < best.time_us:
-            best = res
-            best.notes.append(f"{algorithm}: {c} pipeline segments (fastest of those tried)")
+        return simulate_switch_schedule(topo, s, size_bytes, endpoints=eps, params=params, engine=engine,
+                                        dtype=dtype, timeline=want and timeline, progress=progress if want else None)
+    runs = {c: run(c, False) for c in NVLS_CHUNKS if c <= 32}
+    chunks = min(runs, key=lambda c: runs[c].time_us)   # the first of equal times, as NVLS's chunk choice
+    best = run(chunks, True) if timeline or progress else runs[chunks]
+    best.notes.append(f"{algorithm}: {chunks} pipeline segments (fastest of those tried)")
     return best

@@ -56,6 +56,7 @@ class SimResult:
     timeline: list[tuple[int, int, int, int, float, float]] = field(default_factory=list)  # (step,src,dst,ch,t0,t1)
     notes: list[str] = field(default_factory=list)
     bound: str = ""   # what paced the call where the links did not: "nvls_reduce" (the NVSwitch adders)
+    switches: list[str] = field(default_factory=list)   # timeline ranks nranks.. are these switch nodes
 
     @property
     def algbw_GBps(self) -> float:

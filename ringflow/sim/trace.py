@@ -14,6 +14,9 @@ def chrome_trace(res: SimResult) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     for r in range(res.nranks):
         events.append({"name": "thread_name", "ph": "M", "pid": host(r), "tid": r, "args": {"name": f"rank {r}"}})
+    for k, node in enumerate(res.switches):   # in-network reduction (nvls_tree, collnet): the switches' tracks
+        r = res.nranks + k
+        events.append({"name": "thread_name", "ph": "M", "pid": host(r), "tid": r, "args": {"name": f"switch {node}"}})
     for step, src, dst, ch, t0, t1 in res.timeline:
         dur = max(0.0, t1 - t0)
         args = {"step": step, "channel": ch, "src": src, "dst": dst}

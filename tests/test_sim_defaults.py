@@ -1,0 +1,112 @@
+"""The default `ringflow sim` (no --algo) works for every collective, preset and node count, and `--gpus` runs a
+job on part of a cluster in `sim` and `train`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ringflow.algorithms.schedule import Collective
+from ringflow.cli import build_app
+from ringflow.errors import InvalidArgument
+from ringflow.sim import simulate
+from ringflow.topology import build_cluster, load_topology, preset_names
+
+
+@pytest.fixture(scope="module")
+def app():
+    return build_app()
+
+
+BIG_PRESETS = ("gb200-nvl72", "gb300-nvl72")   # 72 GPUs a server: the same checks, minutes instead of seconds
+
+
+def _topology(preset: str, nodes: int):
+    spec = "host-cpu:4" if preset == "host-cpu" else preset
+    return load_topology(spec) if nodes == 1 else build_cluster(spec, nodes)
+
+
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in BIG_PRESETS else p
+                                    for p in preset_names()])
+def test_default_algorithm_simulates_every_collective_with_progress(preset: str) -> None:
+    for nodes in (1, 2):
+        topo = _topology(preset, nodes)
+        n = len(topo.endpoints())
+        for coll in Collective:
+            seen: list[float] = []
+            res = simulate(topo, coll, 1 << 16, nranks=n, progress=seen.append)   # as `ringflow sim` calls it
+            assert res.time_us > 0 and res.busbw_GBps >= 0, (preset, nodes, coll)
+            assert res.collective == coll and res.nranks == n
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100", "dgx-b200", "h800"])
+def test_default_all_reduce_on_nvswitch_servers_at_several_node_counts(preset: str) -> None:
+    picked = set()
+    for nodes in (2, 3, 4, 16):
+        topo = build_cluster(preset, nodes)
+        for size in (1 << 20, 1 << 30):
+            res = simulate(topo, "all_reduce", size, progress=lambda f: None, timeline=True)
+            assert res.time_us > 0 and res.timeline, (preset, nodes, size)
+            picked.add(res.algorithm)
+    if preset == "dgx-h100":
+        assert "nvls_tree" in picked   # NCCL's default across Hopper servers for large buffers
+
+
+def test_nvls_tree_timeline_names_its_switches_and_matches_the_untimed_run() -> None:
+    topo = build_cluster("dgx-h100", 2)
+    plain = simulate(topo, "all_reduce", 1 << 30, algorithm="nvls_tree")
+    timed = simulate(topo, "all_reduce", 1 << 30, algorithm="nvls_tree", timeline=True, progress=lambda f: None)
+    assert timed.time_us == plain.time_us
+    assert timed.switches == ["h0/nvsw0", "h1/nvsw0"]
+    assert max(max(src, dst) for _, src, dst, *_ in timed.timeline) == 16 + 1   # ranks 0-15, switches 16-17
+    with pytest.raises(InvalidArgument, match="all_reduce algorithm"):
+        simulate(topo, "all_gather", 1 << 20, algorithm="nvls_tree")
+
+
+def test_all_to_allv_without_splits_is_the_uniform_all_to_all() -> None:
+    topo = build_cluster("dgx-h100", 2)
+    v = simulate(topo, "all_to_allv", 1 << 22)
+    a = simulate(topo, "all_to_all", 1 << 22, algorithm="pairwise")
+    assert v.collective == Collective.ALL_TO_ALLV and v.time_us == a.time_us and v.busbw_GBps == a.busbw_GBps
+    with pytest.raises(InvalidArgument, match="not an all_to_allv algorithm"):
+        simulate(topo, "all_to_allv", 1 << 22, algorithm="bruck")
+
+
+def test_sim_cli_default_on_two_hopper_servers_writes_a_trace(app, tmp_path) -> None:
+    trace = tmp_path / "t.json"
+    res = CliRunner().invoke(app, ["sim", "all_reduce", "--topo", "dgx-h100", "--nodes", "2", "--min", "512MiB",
+                                   "--max", "1GiB", "--trace", str(trace)])
+    assert res.exit_code == 0, res.output
+    assert "nvls_tree" in res.output
+    names = [e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "M"]
+    assert "switch h1/nvsw0" in names and "rank 15" in names
+
+
+def test_sim_gpus_runs_a_job_on_the_first_gpus_of_a_rack(app) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["sim", "all_reduce", "--topo", "gb200-nvl72", "--gpus", "64", "--min", "1MiB",
+                              "--max", "1MiB", "--algo", "ring", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output[res.output.index("["):])
+    assert [r["nranks"] for r in rows] == [64]
+    full = simulate(load_topology("gb200-nvl72"), "all_reduce", 1 << 20, algorithm="ring", nranks=64)
+    assert rows[0]["time_us"] == pytest.approx(full.time_us, rel=1e-6)
+    bad = runner.invoke(app, ["sim", "all_reduce", "--topo", "gb200-nvl72", "--gpus", "73"])
+    assert isinstance(bad.exception, InvalidArgument)
+    assert "--gpus 73" in str(bad.exception) and "72 GPUs" in str(bad.exception)
+
+
+def test_train_gpus_places_the_job_on_the_first_servers(app) -> None:
+    runner = CliRunner()
+    args = ["train", "--model", "llama3-8b", "--topo", "dgx-h100", "--tp", "8", "--pp", "1", "--global-batch", "64",
+            "--comm", "alpha-beta", "--json"]
+    part = runner.invoke(app, args + ["--nodes", "4", "--gpus", "16"])
+    alone = runner.invoke(app, args + ["--nodes", "2"])
+    assert part.exit_code == 0 and alone.exit_code == 0, part.output + alone.output
+    p, a = json.loads(part.output), json.loads(alone.output)
+    assert p["gpus"] == 16 and p["layout"]["dp"] == 2
+    assert p["step_time_s"] == pytest.approx(a["step_time_s"], rel=1e-12)   # two of four servers: as two alone
+    bad = runner.invoke(app, args + ["--nodes", "2", "--gpus", "24"])
+    assert isinstance(bad.exception, InvalidArgument)
+    assert "--gpus 24" in str(bad.exception) and "16 GPUs" in str(bad.exception)
