@@ -246,3 +246,24 @@ def test_the_plan_rows_codes_are_the_ones_the_c_module_reads() -> None:
         {str(dt): codes[str(dt)] for dt in hotpath._DTYPES}
     assert {op: code for op, code in hotpath.OPS.items() if op != "avg"} == \
         {op: codes[op] for op in hotpath.OPS if op != "avg"}
+
+
+def test_a_mismatched_check_message_keeps_exactly_detail_max_bytes_as_the_native_executor_does() -> None:
+    from ringflow.runtime.transport.base import Sink
+    name = f"ringflow-test-{uuid.uuid4().hex[:8]}-0-1-c0"
+    out = shm.ShmOut(name, 4, 3008, 1, b"\0ringflow-test-nobody")  # slots that do not divide DETAIL_MAX
+    inn = shm.ShmIn(name, 0, b"\0ringflow-test-nobody")
+    try:
+        payload = np.frombuffer(bytes(range(256)) * 40, dtype=np.uint8)  # 10,240 bytes: four slots
+        send = out.send(payload, Kind.CHECK, 7, 0, 0)
+        recv = inn.recv(Sink(np.zeros(100, np.uint8)), 100, 7, check=True, op_seq=0, tag=0)
+        for _ in range(1000):
+            if send.done and recv.done:
+                break
+            send.progress()
+            recv.progress()
+        assert send.done and recv.done and recv.mismatch is not None
+        assert recv.mismatch.detail == payload[:protocol.DETAIL_MAX].tobytes()
+    finally:
+        inn.close()
+        out.close()

@@ -45,7 +45,7 @@
 #define PIPELINE_MIN_BYTES ((int64_t)RF_PIPELINE_MIN_BYTES)
 #define MIN_SLICE_BYTES ((int64_t)RF_MIN_SLICE_BYTES)
 #define SLICES_PER_SLOT_MESSAGE ((int64_t)RF_SLICES_PER_SLOT_MESSAGE)
-#define DETAIL_MAX 4096
+#define DETAIL_MAX ((int64_t)RF_DETAIL_MAX)
 
 enum { T_SEND = 0, T_RECV = 1, T_RECV_REDUCE = 2, T_COPY = 3, T_REDUCE = 4 };
 enum { RC_DONE = 0, RC_STALLED = 1, RC_MISMATCH = 2, RC_PROTOCOL = 3, RC_CMA = 4, RC_REGION = 5 };
@@ -337,7 +337,7 @@ static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t to
     if (rid != REF_CMA) {
         if (o->region_rid != rid)
             return RC_REGION;
-        if (off + (uint64_t)total > o->region_size)
+        if (off > o->region_size || (uint64_t)total > o->region_size - off) /* no wrap-around on a corrupt offset */
             return RC_PROTOCOL;
         return consume(p, o, 0, o->region + off, total) ? RC_PROTOCOL : RC_DONE;
     }

@@ -42,6 +42,7 @@ from .protocol import (  # noqa: F401 - re-exported: the transport's numbers, fo
     CMA_COPY_MIN_BYTES,
     CMA_MIN_BYTES,
     DATA_OFF,
+    DETAIL_MAX,
     HDR_WORDS,
     MAGIC_WORD,
     MAX_SLOTS,
@@ -459,8 +460,8 @@ class ShmRecv(XferOp):
                                 "a peer process is corrupt or from another ringflow version")
         n = min(self.slice, total - off)
         if self.drain:
-            if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < 4096:
-                self.detail += slot[:n].tobytes()
+            if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < DETAIL_MAX:
+                self.detail += slot[:min(n, DETAIL_MAX - len(self.detail))].tobytes()
         elif n:
             assert self.sink is not None  # _first drains when there is no sink
             self.sink.consume(off, slot[:n])
