@@ -146,10 +146,11 @@ def main() -> None:
     ap.add_argument("--json", default="shm_cleanup.json")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    rows = []
+    rows: list[dict] = []
     for n in args.nranks:
         for k in range(args.trials):
             rows.append(run_trial(n, "init" if k % 2 == 0 else "collectives", rng))
+            Path(args.json).write_text(json.dumps({"trials": rows}, indent=1) + "\n")  # kept as it grows
     print(f"{'ranks':>5} {'phase':>12} {'trials':>6} {'leaked':>6} {'names left':>10} {'procs left':>10} "
           f"{'ready at kill':>13}")
     for n in args.nranks:
