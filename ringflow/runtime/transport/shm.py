@@ -14,8 +14,8 @@ the receiver copies or reduces it straight from the slot into the destination
 slot (the LL idea). With `nslots` slots in flight, copy and reduce of consecutive slices overlap across
 the two processes.
 
-Every publish is a release store and every read of a published word an acquire load (`_load`,
-`_store`: the native module's `store_release` / `load_acquire`), so the protocol holds on weakly ordered
+Every publish is a release store and every read of a published word an acquire load (`_Mapped.load`,
+`_Mapped.store`: the native module's `store_release` / `load_acquire`), so the protocol holds on weakly ordered
 CPUs (aarch64) too. Without the native module, plain stores are correct only under x86's total store
 order; on other CPUs this module then refuses to use shared memory (`check_ordering`).
 
