@@ -1,0 +1,83 @@
+"""Memory of published runs: a registry case's layout and model with the memory settings its source states
+(`memory_runs.yaml`, or the case's own ``memory:`` mapping), and published memory readings set against ours
+(`memory_measured.yaml`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from .layout import Layout
+from .memory import MemoryBreakdown, MemoryPolicy, peak_memory
+from .models import load_model
+
+_DATA = Path(__file__).resolve().parents[1] / "data"
+GIB = 2 ** 30
+
+
+@lru_cache(maxsize=1)
+def _runs() -> dict[str, Any]:
+    return dict(yaml.safe_load((_DATA / "memory_runs.yaml").read_text())["runs"])
+
+
+def run_policy(case: dict[str, Any]) -> MemoryPolicy:
+    """The memory settings of a registry case: its own ``memory:`` mapping, else its `memory_runs.yaml` entry,
+    else the defaults."""
+    return MemoryPolicy.from_dict(case.get("memory") or _runs().get(str(case.get("id"))))
+
+
+def case_layout(case: dict[str, Any]) -> Layout:
+    """The case's layout with dp = gpus / (tp pp cp), as the registry's predictions build it."""
+    lay = dict(case.get("layout") or {})
+    if not lay:
+        raise ConfigError(f"case {case.get('id')!r} has no layout", "give the case a layout in published.yaml")
+    per_replica = lay.get("tp", 1) * lay.get("pp", 1) * lay.get("cp", 1)
+    gpus = int(case["gpus"])
+    if gpus % per_replica:
+        raise ConfigError(f"case {case.get('id')!r}: {gpus} GPUs is not a multiple of tp x pp x cp = {per_replica}",
+                          "fix the case's gpus or layout")
+    return Layout(dp=gpus // per_replica, **lay)
+
+
+def case_memory(case: dict[str, Any]) -> MemoryBreakdown:
+    """Memory per GPU of a registry training case on its topology's GPU, under its run's memory settings."""
+    from ..sim.references import build_topology
+    from .compute import gpu_of_topology
+    gpu = gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0])
+    return peak_memory(load_model(case["model"]), case_layout(case), gpu.memory_bytes,
+                       policy=run_policy(case), gpu=gpu.name)
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """One published peak-memory reading and our prediction for the same run."""
+
+    id: str
+    published_bytes: float
+    predicted_bytes: float
+    source: str
+    note: str
+
+    @property
+    def error(self) -> float:
+        """(predicted - published) / published."""
+        return self.predicted_bytes / self.published_bytes - 1.0
+
+
+def measured_memory() -> list[MeasuredMemory]:
+    """Every reading of `memory_measured.yaml` with the prediction for its layout and settings."""
+    from .compute import gpu_spec
+    data = yaml.safe_load((_DATA / "memory_measured.yaml").read_text())
+    out = []
+    for r in data["runs"]:
+        gpu = gpu_spec(r["gpu"])
+        lay = Layout(**r["layout"])
+        m = peak_memory(load_model(r["model"]), lay, float(r.get("capacity_gib", 0)) * GIB or gpu.memory_bytes,
+                           policy=MemoryPolicy.from_dict(r.get("memory")), gpu=gpu.name)
+        out.append(MeasuredMemory(r["id"], float(r["published_gib"]) * GIB, m.total_bytes, r["source"],
+                                  r.get("note", "")))
+    return out
