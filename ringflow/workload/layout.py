@@ -173,7 +173,7 @@ class Layout:
         return out
 
 
-def _even_ends(layers: int, pp: int) -> int | None:
+def even_ends(layers: int, pp: int) -> int | None:
     """Layers x for the first and the last stage so that the pp - 2 stages between split the rest evenly."""
     if pp < 3:
         return layers // 2 if pp == 2 and layers % 2 == 0 else None
@@ -204,7 +204,7 @@ def _stage_counts(L: Layout, layers: int) -> tuple[int, ...]:
         counts = (L.first_stage_layers or mid,) + (mid,) * (p - 2) + (L.last_stage_layers or mid,)
     else:
         if layers % p:
-            x = _even_ends(layers, p)
+            x = even_ends(layers, p)
             hint = (f"put fewer layers on the end stages: --first-stage-layers {x} --last-stage-layers {x}"
                     if x else "give every stage's layers with --stage-layers") + ", or choose pp dividing the layers"
             raise ConfigError(f"layers={layers} not divisible by pp={p}", hint)

@@ -1,12 +1,14 @@
 """Search parallel layouts for a model on a cluster: drop what does not fit, rank the rest by step time.
 
-Search space: TP (divides the heads, at most one server), PP (divides the layers), DP = GPUs / (TP x PP x CP),
+Search space: TP (divides the heads, at most one server), PP (divides the layers, or a power of two with lighter
+end stages: `pipeline_splits`), DP = GPUs / (TP x PP x CP),
 EP for MoE models (divides the experts and DP x CP),
 micro-batch (divides the per-replica batch), ZeRO stage 0-3, recomputation none/selective/full, and
 interleaving v (divides layers / PP). Sequence parallelism is on whenever TP > 1 (same traffic as plain TP,
 less activation memory). Memory is checked first (cheap), the step time only for layouts that fit.
 Complexity: O(|TP| |PP| |mb| |ZeRO| |recompute| |v|) step-time evaluations, each O(1) collective lookups
-(the comm model caches by group shape), about 10^3 - 10^4 for a 1,024-GPU cluster.
+(the comm model caches by group shape), about 10^3 - 10^4 for a 1,024-GPU cluster; from PARALLEL_MIN_LAYOUTS
+layouts on they are timed over the machine's cores (concurrent.futures, forked workers).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, BudgetSpent, CommModel, DeadlineModel, default_comm_model
 from .compute import EfficiencyModel, GpuSpec, gpu_of_topology
-from .layout import Layout
+from .layout import Layout, even_ends
 from .memory import memory_per_gpu
 from .models import ModelSpec
 from .steptime import StepResult, step_time
@@ -36,40 +38,55 @@ class PlanSpace:
     interleave: tuple[int, ...] = (1, 2, 4)
     cp: tuple[int, ...] = (1,)
     ep: tuple[int, ...] | None = None          # None: 1 for dense models, divisors of the experts for MoE
+    uneven_stages: bool = True   # pp not dividing the layers: fewer on the end stages (Llama 3 405B: 7, 8 x 14, 7)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def pipeline_splits(layers: int, space: PlanSpace) -> list[tuple[int, int]]:
+    """(pp, layers on each end stage, 0 for an even split): the divisors of the layers, and with
+    `space.uneven_stages` the powers of two that do not divide them, their end stages lighter (`even_ends`)."""
+    pps = space.pp if space.pp is not None else \
+        sorted(set(_divisors(layers)) | {1 << k for k in range(1, layers.bit_length()) if 1 << k <= layers})
+    out = []
+    for pp in pps:
+        if layers % pp == 0:
+            out.append((pp, 0))
+        elif space.uneven_stages and (ends := even_ends(layers, pp)):
+            out.append((pp, ends))
+    return out
+
+
 def _grid_shapes(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
-                 gpus_per_server: int) -> Iterator[tuple[int, int, int, int]]:
-    """(tp, cp, pp, dp) of the search space that divide the GPUs, heads, sequence and global batch."""
-    pps = space.pp if space.pp is not None else tuple(_divisors(model.layers))
+                 gpus_per_server: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(tp, cp, pp, dp, end-stage layers) of the search space that divide the GPUs, heads, sequence and batch."""
+    splits = pipeline_splits(model.layers, space)
     for tp in space.tp:
         if tp > gpus_per_server or model.heads % tp or gpus % tp:
             continue
         for cp in space.cp:
-            for pp in pps:
+            for pp, ends in splits:
                 if gpus % (tp * pp * cp) or seq_len % cp:
                     continue
                 dp = gpus // (tp * pp * cp)
                 if global_batch % dp:
                     continue
-                yield tp, cp, pp, dp
+                yield tp, cp, pp, dp, ends
 
 
 def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
                gpus_per_server: int = 8, precision: str = "bf16") -> Iterator[Layout]:
     """Every layout of the search space that is valid for the model and GPU count."""
     eps = space.ep if space.ep is not None else (tuple(_divisors(model.experts)) if model.is_moe else (1,))
-    for tp, cp, pp, dp in _grid_shapes(model, gpus, global_batch, seq_len, space, gpus_per_server):
+    for tp, cp, pp, dp, ends in _grid_shapes(model, gpus, global_batch, seq_len, space, gpus_per_server):
         per_replica = global_batch // dp
         for mb in space.micro_batch:
             if per_replica % mb:
                 continue
             for v in space.interleave:
-                if v > 1 and (pp == 1 or model.layers % (pp * v) or (per_replica // mb) % pp):
+                if v > 1 and (pp == 1 or ends or model.layers % (pp * v) or (per_replica // mb) % pp):
                     continue
                 for z in space.zero:
                     if z > 0 and dp == 1:
@@ -80,7 +97,8 @@ def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, spa
                                 continue
                             yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb,
                                          global_batch=global_batch, seq_len=seq_len, zero=z, recompute=rc,
-                                         sequence_parallel=tp > 1, interleave=v, precision=precision)
+                                         sequence_parallel=tp > 1, interleave=v, precision=precision,
+                                         first_stage_layers=ends, last_stage_layers=ends)
 
 
 @dataclass
@@ -143,11 +161,7 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
             f"ZeRO-{lay.zero}, recompute {lay.recompute}, micro-batch {lay.micro_batch}) needs "
             f"{need / 1e9:.0f} GB per GPU",
             f"give about {need / gpu.memory_bytes:.1f}x the GPUs (--gpus, --nodes), or a shorter --seq-len")
-    results: list[StepResult] = []
-    for i, lay in enumerate(fitting):
-        results.append(step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff))
-        if progress:
-            progress(i + 1, len(fitting))
+    results = _time_layouts(model, fitting, topo, gpu, comm, eff, progress)
     results.sort(key=lambda r: r.step_time_s)
     checked: dict[int, StepResult] = {}
     spent = False
@@ -162,3 +176,45 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
                 spent = True
                 break
     return Plan(results, len(fitting), len(layouts) - len(fitting), len(layouts), checked, spent)
+
+
+PARALLEL_MIN_LAYOUTS = 2000   # below this a search takes seconds: worker start-up would cost more than it saves
+_CHUNK = 250
+_JOB: tuple[Any, ...] = ()    # what forked workers time layouts against (inherited, never pickled)
+
+
+def _time_layouts(model: ModelSpec, layouts: list[Layout], topo: Any, gpu: GpuSpec, comm: CommModel,
+                  eff: EfficiencyModel | None, progress: Callable[[int, int], None] | None,
+                  workers: int | None = None) -> list[StepResult]:
+    """Step time of every layout, in order: in this process, or for PARALLEL_MIN_LAYOUTS and more (or an explicit
+    `workers` > 1) over the machine's cores in forked worker processes (the cluster is inherited, not copied)."""
+    import multiprocessing as mp
+    import os
+    n = workers if workers is not None else \
+        (min(os.cpu_count() or 1, 1 + len(layouts) // _CHUNK) if len(layouts) >= PARALLEL_MIN_LAYOUTS else 1)
+    if n < 2 or "fork" not in mp.get_all_start_methods():
+        out = []
+        for i, lay in enumerate(layouts):
+            out.append(step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff))
+            if progress:
+                progress(i + 1, len(layouts))
+        return out
+    from concurrent.futures import ProcessPoolExecutor
+    global _JOB
+    _JOB = (model, topo, gpu, comm, eff)
+    chunks = [layouts[i:i + _CHUNK] for i in range(0, len(layouts), _CHUNK)]
+    out = []
+    try:
+        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            for part in pool.map(_time_chunk, chunks):
+                out.extend(part)
+                if progress:
+                    progress(len(out), len(layouts))
+    finally:
+        _JOB = ()
+    return out
+
+
+def _time_chunk(layouts: list[Layout]) -> list[StepResult]:
+    model, topo, gpu, comm, eff = _JOB
+    return [step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff) for lay in layouts]
