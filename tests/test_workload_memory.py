@@ -151,3 +151,14 @@ def test_docs_table_of_predicted_against_published_memory_is_current():
         assert float(row.group(1)) == round(r.published_bytes / GIB, 1)
         assert float(row.group(2)) == round(r.predicted_bytes / GIB, 1)
         assert float(row.group(3)) == round(100 * r.error, 1)
+
+
+def test_bf16_adam_moments_and_dualpipe_weight_copies():
+    m = load_model("llama3-8b")
+    lay = Layout(pp=2, dp=4, zero=1, global_batch=8, seq_len=2048)
+    base = stage_memory(m, lay, 0, 80e9)
+    ds = stage_memory(m, lay, 0, 80e9, policy=MemoryPolicy(optimizer_bytes=8, weight_copies=2))
+    assert ds.optimizer_bytes == pytest.approx(base.optimizer_bytes * 8 / 12)
+    assert ds.weights_bytes == pytest.approx(2 * base.weights_bytes)
+    with pytest.raises(ConfigError, match="weight copies"):
+        MemoryPolicy(weight_copies=3)

@@ -15,7 +15,8 @@ ZeRO-3 / FSDP keeps the layer being computed and the prefetched next one gathere
 PyTorch FSDP2's default); without resharding (ZeRO-2-like FSDP, Llama 3's setting) a stage's gathered weights
 stay from forward to backward. Optimizer offload (Megatron ``--optimizer-cpu-offload`` with
 ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``) moves that fraction of the optimizer states to
-host memory.
+host memory. DeepSeek-V3 (arXiv:2412.19437) keeps the AdamW moments in BF16 (Sec. 3.3.3: 8 B of optimizer state a
+parameter) and, with DualPipe, two copies of the model parameters (Sec. 3.2.1).
 
 FP8 (Transformer Engine): the BF16 weights stay and TE adds FP8 copies of every GEMM weight: data and, on Hopper
 (TN-only FP8 GEMMs), its transpose (``Float8Tensor``, TE PR #1300); Blackwell runs non-TN FP8 GEMMs, so per-tensor
@@ -89,6 +90,8 @@ class MemoryPolicy:
     optimizer_offload_fraction: float = 0.0  # share of optimizer states in host memory
     allocator: str = "expandable"            # PyTorch caching allocator: classic or expandable_segments:True
     logit_bytes: float = 4.0                 # bytes per logit alive at the loss (see module docstring)
+    optimizer_bytes: int = OPTIMIZER_BYTES   # fp32 master + Adam moments; 8 with BF16 moments (DeepSeek-V3)
+    weight_copies: int = 1                   # model replicas a rank keeps (DeepSeek's DualPipe: 2)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # source notes, not read
 
     def __post_init__(self) -> None:
@@ -99,6 +102,9 @@ class MemoryPolicy:
             raise ConfigError(f"fp8_recipe={self.fp8_recipe!r}", f"use one of {', '.join(FP8_RECIPES)}")
         if self.allocator not in ALLOCATORS:
             raise ConfigError(f"allocator={self.allocator!r}", f"use one of {', '.join(ALLOCATORS)}")
+        if self.optimizer_bytes not in (4, 8, 12, 16) or self.weight_copies not in (1, 2):
+            raise ConfigError(f"optimizer_bytes={self.optimizer_bytes!r}, weight_copies={self.weight_copies!r}",
+                              "optimizer bytes per parameter 4, 8, 12 or 16; weight copies 1 or 2")
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise ConfigError(f"optimizer_offload_fraction={self.optimizer_offload_fraction!r}",
                               "give a fraction between 0 and 1")
@@ -108,7 +114,7 @@ class MemoryPolicy:
         """A policy from a registry entry's ``memory`` mapping; unknown keys are a ConfigError."""
         d = dict(d or {})
         known = {"recompute_modules", "grad_bytes", "fp8_recipe", "reshard_after_forward",
-                 "optimizer_offload_fraction", "allocator", "logit_bytes"}
+                 "optimizer_offload_fraction", "allocator", "logit_bytes", "optimizer_bytes", "weight_copies"}
         bad = sorted(set(d) - known - {"source"})
         if bad:
             raise ConfigError(f"unknown memory setting(s) {', '.join(bad)}", f"use {', '.join(sorted(known))}")
@@ -241,11 +247,11 @@ def stage_memory(model: ModelSpec, layout: Layout, stage: int, capacity_bytes: f
     dense_p, expert_p = stage_param_split(model, L, stage)
     d, ed = L.dp * L.cp, L.expert_dp  # ZeRO shards dense weights over dp x cp, experts over expert-DP
     w = weight_bytes(L.precision, L.fp8_params, gpu, pol.fp8_recipe)
-    g, o, z = pol.grad_bytes or L.grad_bytes, OPTIMIZER_BYTES, L.zero
+    g, o, z = pol.grad_bytes or L.grad_bytes, pol.optimizer_bytes, L.zero
 
     def sharded(per: float, from_stage: int) -> float:
         return dense_p * per / (d if z >= from_stage else 1) + expert_p * per / (ed if z >= from_stage else 1)
-    wb, gb = sharded(w, 3), sharded(g, 2)
+    wb, gb = sharded(w, 3) * pol.weight_copies, sharded(g, 2)
     ob = sharded(o, 1) * (1.0 - pol.optimizer_offload_fraction)
     # 16-bit main grads: the optimizer steps on an fp32 copy of the local shard (Megatron's distributed optimizer)
     step_temp = sharded(load_allowances()["fp32_grad_copy_bytes"], 1) * (1.0 - pol.optimizer_offload_fraction) \
