@@ -92,6 +92,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self.parent_ranks: tuple[int, ...] | None = None
         self._scratch: dict[np.dtype, np.ndarray] = {}
         self._mem = CallMemory()   # every remembered choice, plan and call: reset as a unit
+        self.last_schedule: Schedule | None = None   # the schedule of the latest collective this rank ran
         self._owner = threading.current_thread()   # the thread that makes this communicator's calls
         self._owner_id = self._owner.ident
         self._allocs: list[mmap.mmap] = []
