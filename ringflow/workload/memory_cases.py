@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -14,6 +14,9 @@ from ..errors import ConfigError
 from .layout import Layout
 from .memory import MemoryBreakdown, MemoryPolicy, peak_memory
 from .models import load_model
+
+if TYPE_CHECKING:
+    from .compute import GpuSpec
 
 _DATA = Path(__file__).resolve().parents[1] / "data"
 GIB = 2 ** 30
@@ -43,11 +46,13 @@ def case_layout(case: dict[str, Any]) -> Layout:
     return Layout(dp=gpus // per_replica, **lay)
 
 
-def case_memory(case: dict[str, Any]) -> MemoryBreakdown:
-    """Memory per GPU of a registry training case on its topology's GPU, under its run's memory settings."""
+def case_memory(case: dict[str, Any], gpu: GpuSpec | None = None) -> MemoryBreakdown:
+    """Memory per GPU of a registry training case on `gpu` (default: its topology's GPU), under its run's memory
+    settings."""
     from ..sim.references import build_topology
     from .compute import gpu_of_topology
-    gpu = gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0])
+    if gpu is None:
+        gpu = gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0])
     return peak_memory(load_model(case["model"]), case_layout(case), gpu.memory_bytes,
                        policy=run_policy(case), gpu=gpu.name)
 

@@ -29,10 +29,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidArgument
 from ..sim.references import DATA_PATH, NotExpressible, build_topology, read_registry
+
+if TYPE_CHECKING:
+    from .compute import GpuSpec
 
 KINDS = ("collective", "training")
 SETS = ("fit", "held_out")
@@ -239,7 +242,7 @@ def _nccl_busbw(topo: Any, c: dict[str, Any], eps: list[str] | None, consts: Con
 
 def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     from .commmodel import AlphaBetaModel
-    from .compute import EfficiencyModel
+    from .compute import EfficiencyModel, gpu_of_topology
     from .layout import Layout
     from .models import load_model
     from .steptime import step_time
@@ -261,8 +264,16 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     r = step_time(model, layout, topo, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()), eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
               "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
-    return Prediction(float(values[case["metric"]]), "ok", {"note": note, "fits_in_memory": r.memory.fits,
-                                                            "gpu": r.gpu, "mfu": r.mfu})
+    return Prediction(float(values[case["metric"]]), "ok", {"note": note, "gpu": r.gpu, "mfu": r.mfu,
+                                                            **run_memory(case, gpu_of_topology(topo))})
+
+
+def run_memory(case: dict[str, Any], gpu: GpuSpec | None = None) -> dict[str, Any]:
+    """Memory per GPU of a training case under the settings its run states (`memory_cases.case_memory`, not the
+    library's defaults): whether it fits, the predicted peak and the GPU's capacity in GiB."""
+    from .memory_cases import GIB, case_memory
+    m = case_memory(case, gpu)
+    return {"fits_in_memory": m.fits, "memory_gib": m.total_bytes / GIB, "capacity_gib": m.capacity_bytes / GIB}
 
 
 # ---- fitting ---------------------------------------------------------------------------------------------------
@@ -341,8 +352,15 @@ def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None 
     return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
             "unfitted": {s: _stats([r for r in plain if r["set"] == s]) for s in SETS},
             "manifest": _manifest(cases, consts, refit, changes), "split_rule": SPLIT_RULE,
-            "library_curve": _library_curve(),
+            "library_curve": _library_curve(), "memory_measured": _memory_measured(),
             "data": str(path or DATA_PATH)}
+
+
+def _memory_measured() -> list[dict[str, Any]]:
+    """Published peak-memory readings against the memory model (`memory_cases.measured_memory`), in GiB."""
+    from .memory_cases import GIB, measured_memory
+    return [{"id": m.id, "published_gib": m.published_bytes / GIB, "predicted_gib": m.predicted_bytes / GIB,
+             "error": m.error, "source": m.source} for m in measured_memory()]
 
 
 def _manifest(cases: list[dict[str, Any]], consts: Constants, refit: bool, changes: dict[str, Any]) -> dict[str, Any]:
@@ -371,7 +389,8 @@ def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
             "error": err, "status": pr.status, "system": c.get("system", ""), "url": c["source"]["url"],
             "where": c["source"].get("where", ""), "one_server": one_server, "assumed": c.get("assumed", ""),
             "standin": pr.info.get("note", ""), "note": c.get("note", ""),
-            "algorithm": pr.info.get("algorithm", ""), "fits_in_memory": pr.info.get("fits_in_memory")}
+            "algorithm": pr.info.get("algorithm", ""), "fits_in_memory": pr.info.get("fits_in_memory"),
+            "memory_gib": pr.info.get("memory_gib"), "capacity_gib": pr.info.get("capacity_gib")}
 
 
 SCALES = ((8, "1-8 GPUs"), (72, "9-72 GPUs"), (512, "73-512 GPUs"), (2048, "513-2048 GPUs"),
@@ -419,7 +438,7 @@ def _order(dim: str) -> Callable[[str], Any]:
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The validation targets and whether this run meets them (held-out MAE <= 7 %, every held-out case within
-    15 %, every one-server collective within 5 %)."""
+    15 %, every one-server collective within 5 %, every published training run fits in memory)."""
     held = [r for r in rows if r["set"] == "held_out" and r["error"] is not None]
     mae = sum(abs(r["error"]) for r in held) / len(held) if held else float("nan")
     over15 = [r["id"] for r in held if abs(r["error"]) > 0.15]
@@ -429,4 +448,14 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {"target": "every held-out case within 15 %", "value": f"{len(held) - len(over15)} of {len(held)}",
              "met": not over15, "cases": over15},
             {"target": "one-server collectives within 5 % (both sets)", "value": f"{len(one) - len(over5)} of "
-             f"{len(one)}", "met": not over5, "cases": over5}]
+             f"{len(one)}", "met": not over5, "cases": over5},
+            memory_target(rows)]
+
+
+def memory_target(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every training run a source published fits in the memory model under its stated settings (both sets)."""
+    ran = [r for r in rows if r.get("fits_in_memory") is not None]
+    out = [r["id"] for r in ran if not r["fits_in_memory"]]
+    return {"target": "every published training run fits in memory (both sets)",
+            "value": f"{len(ran) - len(out)} of {len(ran)} fit ({len(out)} 'does not fit')", "met": not out,
+            "cases": out}

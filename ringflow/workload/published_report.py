@@ -155,6 +155,19 @@ def not_expressible(result: dict[str, Any]) -> list[list[str]]:
             for r in result["rows"] if r["status"] != "ok"]
 
 
+def memory_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Predicted memory per GPU of every training case that ran, under its run's stated settings."""
+    return [[r["id"], r["set"], f"{r['memory_gib']:.1f}", f"{r['capacity_gib']:.1f}",
+             "fits" if r["fits_in_memory"] else "does not fit"]
+            for r in result["rows"] if r.get("memory_gib") is not None]
+
+
+def measured_memory_rows(result: dict[str, Any]) -> list[list[str]]:
+    """Published peak-memory readings against the prediction for the same layout and settings."""
+    return [[m["id"], f"{m['published_gib']:.1f}", f"{m['predicted_gib']:.1f}", f"{m['error']:+.1%}", m["source"]]
+            for m in result.get("memory_measured") or []]
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     def esc(x: str) -> str:
         return str(x).replace("|", "\\|").replace("\n", " ")
@@ -205,6 +218,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
                for line in [f"### By {dim}", "", *_md_table(["set", dim, *BY_HEADER[1:]], by_rows(result, dim))]),
              "## Held-out set", "", *_md_table(CASE_HEADER, case_rows(result, "held_out")),
              "## Fitting set", "", *_md_table(CASE_HEADER, case_rows(result, "fit")),
+             "## Memory per GPU", "",
+             "Every training case's peak memory per GPU on its fullest pipeline stage "
+             "(`memory_cases.case_memory`), under the memory settings its run states (recompute modules, main-grad "
+             "precision, allocator: `ringflow/data/memory_runs.yaml` or the case's own `memory:`), against the "
+             "GPU's capacity. The registry's sources publish throughput, not memory.", "",
+             *_md_table(["case", "set", "predicted GiB", "capacity GiB", "memory model"], memory_rows(result)),
+             "### Published memory readings", "",
+             "Runs whose source publishes peak memory per GPU (`ringflow/data/memory_measured.yaml`), predicted "
+             "with the layout and settings the source states; error = predicted / published - 1.", "",
+             *_md_table(["run", "published GiB", "predicted GiB", "error", "source"], measured_memory_rows(result)),
              "## Not expressible yet (or failing in the model)", "",
              *_md_table(["case", "set", "what is missing"], not_expressible(result)),
              "## Cases and sources", "",
