@@ -30,7 +30,9 @@ from ringflow.workload.published import (
     evaluate,
     fit,
     load_cases,
+    memory_target,
     predict,
+    row,
     split_sets,
 )
 from ringflow.workload.published_report import markdown
@@ -169,12 +171,36 @@ def test_the_report_has_both_sets_and_the_gaps(cases: list[dict]) -> None:
     held = [r for r in res["rows"] if r["set"] == "held_out" and r["error"] is not None]
     assert held and all(r["error"] == pytest.approx(r["predicted"] / r["published"] - 1) for r in held)
     assert res["summary"]["held_out"]["all"]["n"] == len(held)
-    for part in ("## Manifest", "### By framework", "### By scale", "held-out cases used by any fit: none"):
+    for part in ("## Manifest", "### By framework", "### By scale", "held-out cases used by any fit: none",
+                 "## Memory per GPU", "### Published memory readings", "torchtitan-llama3.1-8b-fsdp8-cp1-32k"):
         assert part in text
+    trained = [r for r in res["rows"] if r["kind"] == "training" and r["status"] == "ok"]
+    assert trained and all(r["fits_in_memory"] and r["memory_gib"] > 0 for r in trained)
+    assert res["memory_measured"] and all(m["published_gib"] > 0 and m["predicted_gib"] > 0
+                                          for m in res["memory_measured"])
     m = res["manifest"]
     assert m["refit"] and not m["held_out_in_a_fit"]
     assert m["counts"]["fit"]["cases"] + m["counts"]["held_out"]["cases"] == len(res["rows"])
     assert all(r["group"] for r in res["rows"])
+
+
+def test_every_training_run_that_ran_fits_in_the_validations_own_result(cases: list[dict]) -> None:
+    consts = stored_constants(cases)
+    rows = [row(c, predict(c, consts)) for c in cases if c["kind"] == "training"]
+    ran = [r for r in rows if r["status"] == "ok"]
+    assert len(ran) >= 25
+    out = [f"{r['id']}: {r['memory_gib']:.1f} of {r['capacity_gib']:.1f} GiB" for r in ran if not r["fits_in_memory"]]
+    assert not out, out
+    assert all(0 < r["memory_gib"] <= r["capacity_gib"] for r in ran)
+    target = memory_target(rows)
+    assert target["met"] and target["value"].startswith(f"{len(ran)} of {len(ran)} fit")
+    # the check can fail: the same run with 8 sequences per micro-batch does not fit
+    big = next(c for c in cases if c["id"] == "bridge-25.11-h100-llama3-70b-fp8")
+    tight = copy.deepcopy(big)
+    tight["layout"]["micro_batch"] = 8
+    r = row(tight, predict(tight, consts))
+    assert r["fits_in_memory"] is False and r["memory_gib"] > r["capacity_gib"]
+    assert not memory_target([r])["met"] and memory_target([r])["cases"] == [tight["id"]]
 
 
 def test_cli_validate_published(tmp_path: Path, cases: list[dict]) -> None:

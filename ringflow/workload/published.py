@@ -232,12 +232,12 @@ def _nccl_busbw(topo: Any, c: dict[str, Any], eps: list[str] | None, consts: Con
     from ..sim.results import busbw_factor
     size = int(c["size_bytes"])
     n = c.get("nranks") or (len(eps) if eps else len(topo.endpoints()))
-    row = nccl_rows(topo, c["collective"], [size], n, params=params_for(topo, consts.sim_overrides()),
-                    endpoints=eps)[0]
-    algo = f"nccl: {row['algorithm']}/{row['protocol']}"
-    if row.get("sim_time_us"):
-        return size / (row["sim_time_us"] * 1e3) * busbw_factor(c["collective"], n), algo + " (simulated)"
-    return float(row["busbw_GBps"]), algo + " (NCCL model)"
+    tuned = nccl_rows(topo, c["collective"], [size], n, params=params_for(topo, consts.sim_overrides()),
+                      endpoints=eps)[0]
+    algo = f"nccl: {tuned['algorithm']}/{tuned['protocol']}"
+    if tuned.get("sim_time_us"):
+        return size / (tuned["sim_time_us"] * 1e3) * busbw_factor(c["collective"], n), algo + " (simulated)"
+    return float(tuned["busbw_GBps"]), algo + " (NCCL model)"
 
 
 def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
@@ -345,8 +345,8 @@ def evaluate(path: str | Path | None = None, cases: list[dict[str, Any]] | None 
     if refit is None:
         refit = not (packaged and chooser == "sim" and predictor is predict)
     consts = fit(cases, predictor, chooser) if refit else fitting.stored_constants(cases)
-    rows = [_row(c, predictor(c, consts)) for c in cases]
-    plain = [_row(c, predictor(c, replace(Constants.defaults(chooser), eff_max=consts.eff_max,
+    rows = [row(c, predictor(c, consts)) for c in cases]
+    plain = [row(c, predictor(c, replace(Constants.defaults(chooser), eff_max=consts.eff_max,
                                           d_half=consts.d_half, n_half=consts.n_half))) for c in cases]
     changes = fitting.release_changes(cases) if packaged else {"tag": None, "changed": [], "new": [], "removed": []}
     return {"constants": consts.to_dict(), "rows": rows, "summary": summarize(rows), "targets": targets(rows),
@@ -377,7 +377,8 @@ def _manifest(cases: list[dict[str, Any]], consts: Constants, refit: bool, chang
             "refit": refit, "fitted_file": None if refit else str(fitting.FITTED_PATH), "release": changes}
 
 
-def _row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
+def row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
+    """The report row of case `c` predicted as `pr`: signed error, set, breakdown keys, memory fit."""
     err = pr.value / c["value"] - 1.0 if pr.value is not None else None
     topo = c.get("topology") or {}
     one_server = c["kind"] == "collective" and pr.info.get("link_class") in ("nvlink", "nvls_reduce") \
