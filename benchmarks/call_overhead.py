@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 def worker(out: str) -> None:
     """One rank: time each layer, write rank 0's rows."""
     import ringflow
-    from ringflow.runtime import hotpath
     from ringflow.runtime.bench import median_call_s
+    from ringflow.runtime.call import hotpath
     from ringflow.runtime.transport.manager import LANE_COLL
     comm = ringflow.init()
     x = np.ones(2, np.float32)

@@ -141,7 +141,7 @@ def run_gloo(spec: dict, n: int, timeout_s: float) -> list[dict]:
         with open(spec_path, "w") as fh:
             json.dump(spec, fh)
         init = os.path.join(tmp, "init")
-        from ringflow.runtime.launcher import binding
+        from ringflow.runtime.job.launcher import binding
         cores = binding(n)  # the same one-core-per-rank placement ringflow run and mpirun use
         procs = [subprocess.Popen([sys.executable, __file__, "--gloo-worker", spec_path, str(r), str(n), init, out],
                                   preexec_fn=None if cores is None else (lambda c=cores[r]: os.sched_setaffinity(0, c)))

@@ -85,8 +85,8 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
     import numpy as np
 
     import ringflow
-    from ringflow.runtime.record import Recorder
-    from ringflow.runtime.record_native import NativeRecorder, recorder_class
+    from ringflow.runtime.recording.record import Recorder
+    from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
     if os.environ.get("RINGFLOW_WORLD_SIZE"):
         comm = ringflow.init()
     else:
@@ -134,8 +134,8 @@ def parts(calls: int, rounds: int = 5) -> None:
     import numpy as np
 
     import ringflow
-    from ringflow.runtime import record
-    from ringflow.runtime.record_native import NativeRecorder, recorder_class
+    from ringflow.runtime.recording import record
+    from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
     comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
     rec = comm._rec
     meta, guard = ("all_reduce", np.dtype("float32"), 2, None, "max"), comm._guard

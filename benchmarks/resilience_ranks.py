@@ -579,8 +579,8 @@ class Job:
         import secrets
         import subprocess
 
-        from ringflow.runtime import auth
-        from ringflow.runtime.store import StoreServer
+        from ringflow.runtime.job import auth
+        from ringflow.runtime.job.store import StoreServer
         self.n, self.out = n, Path(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.secret = auth.new_secret()

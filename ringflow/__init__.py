@@ -33,9 +33,9 @@ _LAZY = {
     "init": "ringflow.runtime",
     "Communicator": "ringflow.runtime",
     "Work": "ringflow.runtime",
-    "get_rank": "ringflow.runtime.identity",
-    "get_world_size": "ringflow.runtime.identity",
-    "local_rank": "ringflow.runtime.identity",
+    "get_rank": "ringflow.runtime.call.identity",
+    "get_world_size": "ringflow.runtime.call.identity",
+    "local_rank": "ringflow.runtime.call.identity",
     "Topology": "ringflow.topology",
     "Schedule": "ringflow.algorithms",
 }

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ringflow.runtime.calltext import MAX_TIMEOUT_CHARS, phrase, timeout_sentence
+from ringflow.runtime.call.calltext import MAX_TIMEOUT_CHARS, phrase, timeout_sentence
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (8, 1 << 16)   # error_text_ranks.SMALL (one-shot, checks itself) and LARGE (argument check first)

@@ -193,7 +193,7 @@ def test_call_sites_stay_right_when_one_entry_point_is_reached_from_different_de
     """The remembered depth of the user's frame (per code object) is checked before it is used: a call through
     a user wrapper, then straight from module level (a shallower stack), each get their own line."""
     code = ("import numpy as np, ringflow\n"
-            "from ringflow.runtime import record\n"
+            "from ringflow.runtime.recording import record\n"
             "def wrapper(comm, x):\n"
             "    return comm.all_reduce(x)\n"
             "comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')\n"
@@ -212,7 +212,7 @@ def test_descriptions_start_again_past_their_bound_and_read_back_right(tmp_path:
     """Past MAX_DESCS a process numbers its call descriptions from 0 again (between written batches, here one
     call each); each call still reads back with the description written before it."""
     code = ("import numpy as np, ringflow\n"
-            "from ringflow.runtime import record\n"
+            "from ringflow.runtime.recording import record\n"
             "record.MAX_DESCS = 2\n"
             "comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')\n"
             "for n in (1, 2, 3, 4, 5, 1):\n"

@@ -16,7 +16,7 @@ import pytest
 from test_record_diagnose import RANKS, site_line
 
 from ringflow.errors import InvalidArgument
-from ringflow.runtime.flightring import read_ring
+from ringflow.runtime.recording.flightring import read_ring
 from ringflow.workload.diagnose import diagnose, render
 
 ROOT = Path(__file__).resolve().parents[1]

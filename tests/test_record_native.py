@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_record_files import _one_rank_script
 
-from ringflow.runtime import record
 from ringflow.runtime.native import _record
-from ringflow.runtime.record_native import NativeRecorder, recorder_class
+from ringflow.runtime.recording import record
+from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
 from ringflow.workload.recorded import call_rows
 
 needs_c = pytest.mark.skipif(_record is None, reason="the C recorder was not built (no compiler at install)")
@@ -24,9 +24,9 @@ needs_c = pytest.mark.skipif(_record is None, reason="the C recorder was not bui
 # one without metadata, a job a lane's worker thread runs for this thread (with_site), and a guarded call that raises.
 SCENARIO = """
 import functools, json
-from ringflow.runtime.work import Lane, Work
+from ringflow.runtime.call.work import Lane, Work
 import numpy as np, ringflow
-from ringflow.runtime import record
+from ringflow.runtime.recording import record
 record.FLUSH_EVERY = 3
 def wrapper(comm, x):
     return comm.all_reduce(x)

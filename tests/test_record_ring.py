@@ -1,4 +1,4 @@
-"""The flight recorder's file-backed ring (runtime/flightring.py, native/_record.c's Ring): what it keeps, that the
+"""The flight recorder's file-backed ring (runtime/recording/flightring.py, native/_record.c's Ring): what it keeps, that the
 C and Python writers write the same bytes, that a SIGTERM marks it ended and still kills the rank, and the job
 directory `ringflow run` makes for it."""
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ringflow.runtime import flightring
 from ringflow.runtime.native import _record
-from ringflow.runtime.record_rows import WAIT
+from ringflow.runtime.recording import flightring
+from ringflow.runtime.recording.record_rows import WAIT
 from ringflow.workload.diagnose import diagnose, render
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -177,6 +177,6 @@ def test_alloc_regions_after_every_rank_is_killed_without_the_launcher(tmp_path:
         deadline = time.monotonic() + 5  # each rank's reaper unlinks its regions once the kernel closes its pipe
         while (leaked := _segments(job.job_id)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        from ringflow.runtime.launcher import cleanup_shm
+        from ringflow.runtime.job.launcher import cleanup_shm
         cleanup_shm(job.job_id)  # what `ringflow run` does at exit; do not leave them on the machine
         assert leaked == []

@@ -25,9 +25,9 @@ import pytest
 from conftest import ROOT  # noqa: E402
 
 from ringflow.errors import InvalidArgument, RingflowSystemError, Timeout
-from ringflow.runtime import auth, storeclient, storewire
-from ringflow.runtime import store as store_mod
-from ringflow.runtime.store import Store, StoreFull, StoreServer
+from ringflow.runtime.job import auth, storeclient, storewire
+from ringflow.runtime.job import store as store_mod
+from ringflow.runtime.job.store import Store, StoreFull, StoreServer
 
 FLOOD = 2000      # silent connections per target over the test
 WAVES = 4         # in waves, each opened as fast as possible, 0.4 s apart, so the flood overlaps the probes
@@ -43,7 +43,7 @@ def _limit(n: int) -> str:
 
 STORE = '''
 import sys, time
-from ringflow.runtime.store import StoreServer
+from ringflow.runtime.job.store import StoreServer
 server = StoreServer("127.0.0.1", 0, sys.argv[1])
 print(server.address[1], flush=True)
 time.sleep(600)
@@ -53,7 +53,7 @@ RANK = _limit(FD_LIMIT) + '''
 import json, os, statistics, sys, time
 import numpy as np
 import ringflow
-from ringflow.runtime.store import Store
+from ringflow.runtime.job.store import Store
 from ringflow.runtime.transport.tcp import dial
 out = sys.argv[1]
 secret, (st_host, st_port) = os.environ["RINGFLOW_SECRET"], os.environ["RINGFLOW_STORE_ADDR"].split(":")
@@ -233,7 +233,7 @@ def test_a_flood_of_silent_connections_delays_nobody_who_has_the_secret(tmp_path
 
 DESCRIPTOR_STARVED_STORE = _limit(48) + '''
 import logging, sys, time
-from ringflow.runtime.store import StoreServer
+from ringflow.runtime.job.store import StoreServer
 server = StoreServer("127.0.0.1", 0, sys.argv[1])
 print(server.address[1], flush=True)
 time.sleep(600)

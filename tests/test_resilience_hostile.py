@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from resilience_ranks import EXPECT_FRAMES, Job  # noqa: E402
 
 from ringflow.errors import ProtocolError, RemoteError, RingflowSystemError
-from ringflow.runtime import auth, store
-from ringflow.runtime.store import Store, StoreServer, decode, encode
+from ringflow.runtime.job import auth, store
+from ringflow.runtime.job.store import Store, StoreServer, decode, encode
 from ringflow.runtime.transport import frames
 from ringflow.runtime.transport.base import Sink
 from ringflow.runtime.transport.frames import HEADER_BYTES, Kind

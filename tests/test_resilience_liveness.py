@@ -202,8 +202,8 @@ def test_names_pre_created_by_another_user_cannot_stop_the_job(tmp_path: Path) -
     subprocess.run(["/bin/sh", "-c", 'for n in "$@"; do : > "$n"; done', "squat", *names], check=True,
                    preexec_fn=lambda: os.setuid(nobody))
     assert all(os.stat(n).st_uid == nobody for n in names)
-    from ringflow.runtime import auth
-    from ringflow.runtime.store import StoreServer
+    from ringflow.runtime.job import auth
+    from ringflow.runtime.job.store import StoreServer
     secret = auth.new_secret()
     server = StoreServer("127.0.0.1", 0, secret)
     (tmp_path / "job.py").write_text(SQUATTED)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ringflow.runtime import auth
+from ringflow.runtime.job import auth
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ringflow
-from ringflow.runtime import identity
+from ringflow.runtime.call import identity
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from ringflow.runtime import hostload
-from ringflow.runtime.hostload import HostLoadMeter
+from ringflow.runtime.job import hostload
+from ringflow.runtime.job.hostload import HostLoadMeter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/stat")
 

@@ -6,14 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringflow.runtime import hotpath, native
-from ringflow.runtime.ops import BITWISE_OPS, SUPPORTED_DTYPES, UFUNCS, check_dtype
+from ringflow.runtime import native
+from ringflow.runtime.call import hotpath
+from ringflow.runtime.call.ops import BITWISE_OPS, SUPPORTED_DTYPES, UFUNCS, check_dtype
 
 needs_hot = pytest.mark.skipif(native._hotpath is None, reason="native executor not built (no C compiler at install)")
 
 
 def _dtype(name: str) -> np.dtype:
-    from ringflow.runtime.ops import BFLOAT16
+    from ringflow.runtime.call.ops import BFLOAT16
     return BFLOAT16 if name == "bfloat16" else np.dtype(name)  # type: ignore[return-value]
 
 

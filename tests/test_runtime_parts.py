@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from ringflow.errors import InvalidArgument, ProtocolError
-from ringflow.runtime import env as rt_env
 from ringflow.runtime.bench import bus_factor
-from ringflow.runtime.ops import Buf, parse_op
+from ringflow.runtime.call.ops import Buf, parse_op
+from ringflow.runtime.job import env as rt_env
 from ringflow.runtime.transport import frames
 from ringflow.runtime.transport.tcp import select_interface
 
@@ -205,7 +205,7 @@ def test_rows_settle_over_nccl_tests_five_warm_up_calls() -> None:
 
 
 def test_large_tcp_transfers_are_striped_element_aligned() -> None:
-    from ringflow.runtime.executor import STRIPE_MIN_BYTES, stripes
+    from ringflow.runtime.call.executor import STRIPE_MIN_BYTES, stripes
     assert stripes(1000, 4, 2) == [(0, 1000)]
     parts = stripes(STRIPE_MIN_BYTES + 12, 4, 3)
     assert len(parts) == 3 and sum(p[1] for p in parts) == STRIPE_MIN_BYTES + 12
@@ -228,7 +228,7 @@ def test_runtime_reranks_tuner_choice_with_local_copy_cost() -> None:
 
 
 def test_launcher_sets_one_blas_thread_per_rank_unless_chosen() -> None:
-    from ringflow.runtime.launcher import rank_env
+    from ringflow.runtime.job.launcher import rank_env
     env = rank_env(0, 4, "127.0.0.1:1", "s", "j", base={"MKL_NUM_THREADS": "3"})
     assert env["OMP_NUM_THREADS"] == "1" and env["OPENBLAS_NUM_THREADS"] == "1"
     assert env["MKL_NUM_THREADS"] == "3"  # the user's choice stands
@@ -309,7 +309,7 @@ def test_a_socket_wait_polls_its_sockets_for_the_budget_and_sees_data_that_lands
     import select
     import socket
 
-    from ringflow.runtime.executor import _sockets_ready
+    from ringflow.runtime.call.executor import _sockets_ready
 
     a, b = socket.socketpair()
     try:

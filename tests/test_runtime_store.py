@@ -11,8 +11,8 @@ import pytest
 
 from ringflow import config
 from ringflow.errors import InvalidArgument, ProtocolError, RingflowSystemError, Timeout
-from ringflow.runtime import auth, storeclient
-from ringflow.runtime.store import PrefixStore, Store, StoreFull, StoreServer, decode, encode, parse_addr
+from ringflow.runtime.job import auth, storeclient
+from ringflow.runtime.job.store import PrefixStore, Store, StoreFull, StoreServer, decode, encode, parse_addr
 
 
 @pytest.fixture()

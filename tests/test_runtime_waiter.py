@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from ringflow.errors import Timeout
-from ringflow.runtime import executor
+from ringflow.runtime.call import executor
 from ringflow.runtime.transport import doorbell
 
 

@@ -246,7 +246,7 @@ def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, softw
 
 def _same_host(trace: dict, path: str, json_out: bool) -> None:
     """`replay --host-model`: recorded vs modelled communication time, and the replayed run length."""
-    from ..runtime.plugins import load_cost_model
+    from ..runtime.job.plugins import load_cost_model
     from ..workload.replay import replay
     from ..workload.replay_host import HostDurations, communication_time, exposed_time
     shm = len({v.get("hostname") for v in trace["ranks"].values()}) <= 1

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         program: list[str] = typer.Argument(..., help="script.py \\[args...] (or -m module, or a command)"),
     ) -> None:
         """Start N local ranks with RINGFLOW_* set; stop all and exit with a failing rank's code."""
-        from ..runtime.launcher import run
+        from ..runtime.job.launcher import run
         raise typer.Exit(run(nprocs, program, timeout_s=timeout, prefix=not no_prefix, bind=bind))
 
     @app.command("bench")
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         """Serve a standalone rendezvous store (for large jobs); SIGINT or SIGTERM stops it."""
         from .. import config
         from ..errors import ConfigError
-        from ..runtime.store import StoreServer
+        from ..runtime.job.store import StoreServer
         sec = _read_secret(secret_file) if secret_file else str(config.get("SECRET") or "")
         if not sec:
             raise ConfigError("the store needs the job secret",

@@ -27,7 +27,7 @@ from ..algorithms.layout import CallShape
 from ..algorithms.plan import Plan, compile_plan
 from ..algorithms.schedule import Buffer, OpKind, Schedule
 from ..errors import InvalidArgument
-from ..runtime.executor import STRIPE_MIN_BYTES, stripes
+from ..runtime.call.executor import STRIPE_MIN_BYTES, stripes
 from ..runtime.transport import protocol
 
 TRANSPORTS = ("shm", "tcp")
@@ -42,7 +42,7 @@ F_STEP, F_CROWDED, F_MSGS, F_PEERS, F_COPY, F_KERNEL, F_REDUCE, F_L2, F_LLC = ra
 def tcp_streams() -> int:
     """Streams a large TCP transfer is striped over (the communicator's constant, or RINGFLOW_NCHANNELS)."""
     from .. import config
-    from ..runtime.communicator import TCP_STREAMS
+    from ..runtime.call.communicator import TCP_STREAMS
     knob = int(config.get("NCHANNELS") or 0)
     return knob if knob > 0 else TCP_STREAMS
 

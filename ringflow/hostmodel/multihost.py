@@ -23,7 +23,7 @@ def measure(nhosts: int, per_host: int, rate_mbit: float, sizes: Sequence[int] =
             timeout_s: float = 300.0) -> list[dict]:
     """Run the worker on emulated hosts; the measured rows (ring and hierarchical)."""
     from ..errors import RingflowSystemError as RfSystemError
-    from ..runtime import auth
+    from ..runtime.job import auth
     from ..testing import netns
     n = nhosts * per_host
     with netns.NetnsCluster(nhosts, rate_mbit=rate_mbit) as cl, tempfile.TemporaryDirectory() as d:

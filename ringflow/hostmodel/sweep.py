@@ -16,7 +16,7 @@ from ..algorithms.schedule import Collective, Schedule
 from ..algorithms.selection import call_shape, flat_choice
 from ..errors import InvalidArgument
 from ..runtime.bench import run_rank_job
-from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
+from ..runtime.job.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from . import wakeup
 from .features import TRANSPORTS, cache_sizes, call_features, host_cores
 

@@ -22,7 +22,7 @@ import numpy as np
 from ..algorithms.schedule import Collective
 from ..algorithms.selection import call_shape, model_decision
 from ..runtime.bench import launch
-from ..runtime.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
+from ..runtime.job.hostload import FOREIGN_BUSY_FRACTION, HostLoadMeter
 from .model import HostCostModel
 from .sweep import BUSY_RETRIES, FLAT, INPLACE, measure_quietly, runtime_default, single_ring_bytes, wait_for_quiet
 

@@ -35,7 +35,7 @@ NBYTES = 8            # the probe: one float64 all-reduce
 def _spin_windows() -> tuple[float, float, int]:
     """(hot spin us, bulk spin us, low-latency threshold bytes) of this runtime."""
     from .. import config
-    from ..runtime.executor import HOT_SPIN_S
+    from ..runtime.call.executor import HOT_SPIN_S
     from ..runtime.transport.doorbell import spin_budget_s
     return HOT_SPIN_S * 1e6, spin_budget_s(2) * 1e6, int(config.get("LL_THRESHOLD"))
 

@@ -12,10 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .communicator import Communicator, init
-    from .work import Work
+    from .call.communicator import Communicator, init
+    from .call.work import Work
 
-_WHERE = {"init": "communicator", "Communicator": "communicator", "Work": "work"}
+_WHERE = {"init": "call.communicator", "Communicator": "call.communicator", "Work": "call.work"}
 
 __all__ = ["init", "Communicator", "Work"]
 

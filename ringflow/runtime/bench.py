@@ -265,7 +265,7 @@ def check_launch(colls: list[str], sizes: list[int], nprocs: int, dtype: str, op
                  check: bool) -> None:
     """Every argument a benchmark's ranks would reject, rejected here before any rank starts."""
     from ..algorithms.tuner import parse_algo_spec
-    from .ops import SUPPORTED_DTYPES, parse_op
+    from .call.ops import SUPPORTED_DTYPES, parse_op
     if nprocs < 1:
         raise InvalidArgument(f"{nprocs} ranks", "run at least 1 rank (-n 1 or more)")
     if dtype not in SUPPORTED_DTYPES:

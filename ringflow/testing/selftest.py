@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, Timeout
 from ..runtime import native
-from ..runtime.ops import BFLOAT16, UFUNCS, finish_avg
+from ..runtime.call.ops import BFLOAT16, UFUNCS, finish_avg
 
 DTYPES = ["int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 OPS = ["sum", "prod", "min", "max", "avg"]

@@ -21,8 +21,8 @@ from typing import Any, cast
 from .. import config
 from ..errors import ConfigError, InvalidArgument, RingflowSystemError, Timeout
 from ..runtime import Communicator, logs
-from ..runtime.rendezvous import SharedState
-from ..runtime.store import Store
+from ..runtime.job.rendezvous import SharedState
+from ..runtime.job.store import Store
 
 _BOOT_KEY = "ringflow/boot"
 

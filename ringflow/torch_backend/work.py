@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidUsage, RingflowError
-from ..runtime.calltext import TORCH, in_dialect
-from ..runtime.record import with_site
-from ..runtime.work import Lane as RuntimeLane
+from ..runtime.call.calltext import TORCH, in_dialect
+from ..runtime.call.work import Lane as RuntimeLane
+from ..runtime.recording.record import with_site
 
 
 def backend_error(exc: BaseException, what: str) -> dist.DistBackendError:

@@ -1,6 +1,6 @@
 """`ringflow diagnose`: who holds everyone up, from flight records or a recording.
 
-First what is on record: per rank its record file, flight rings (runtime/flightring.py) and flight record, or
+First what is on record: per rank its record file, flight rings (runtime/recording/flightring.py) and flight record, or
 that it left none, and how the job and each rank ended (the launcher's job.json). Then the findings: ranks that
 never entered the collective others wait in (a hang); ranks that entered it only after the others had given up
 (late, by how much, against the others' timeout); ranks whose sequence of collectives differs from their

@@ -40,7 +40,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def call_rows(rows: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
     """The call rows of a record file: each ``calls`` line's packed (seq, enq_ns, start_ns, end_ns, desc) rows
-    expanded with their description line's fields (runtime/record.py writes them)."""
+    expanded with their description line's fields (runtime/recording/record.py writes them)."""
     descs: dict[int, dict[str, Any]] = {}
     out = []
     for r in rows:
@@ -70,7 +70,7 @@ class _Rank:
         self.calls: dict[tuple, dict[str, Any]] = {}
         self.flight: dict[str, Any] | None = None
         self.recorded: int | None = None   # calls its record file holds (None: no record file)
-        self.rings: list[dict[str, Any]] = []   # its flight rings (runtime/flightring.py), calls left out
+        self.rings: list[dict[str, Any]] = []   # its flight rings (runtime/recording/flightring.py), calls left out
 
     def add_calls(self, rows: Iterable[dict[str, Any]]) -> None:
         for c in rows:
@@ -119,7 +119,7 @@ def read_dir(directory: str | Path) -> dict[int, _Rank]:
 
 def _read_rings(d: Path, ranks: dict[int, _Rank]) -> None:
     """Add each rank's flight rings (those of its latest process, when a directory holds older ones too)."""
-    from ..runtime.flightring import read_ring
+    from ..runtime.recording.flightring import read_ring
     rings = []
     for p in sorted(d.glob("ring-rank*.bin")):
         try:

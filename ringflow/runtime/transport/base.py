@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import InvalidArgument
-from ..calltext import mismatch_error
+from ..call.calltext import mismatch_error
 
 
 class Sink:

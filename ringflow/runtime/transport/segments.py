@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 from ...errors import RingflowSystemError
-from .. import reaper
+from ..job import reaper
 
 SHM_DIR = "/dev/shm"
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from ... import config
 from ...errors import ConfigError, InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
-from .. import auth
-from ..gate import LISTEN_BACKLOG, Gate
+from ..job import auth
+from ..job.gate import LISTEN_BACKLOG, Gate
 from . import frames
 from .base import Mismatch, Sink, XferOp
 from .frames import HEADER_BYTES, Kind

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..algorithms.plan import Plan
-from ..algorithms.schedule import Buffer, OpKind
-from ..errors import RemoteError, RingflowError, Timeout
+from ...algorithms.plan import Plan
+from ...algorithms.schedule import Buffer, OpKind
+from ...errors import RemoteError, RingflowError, Timeout
+from ..logs import trace_step, tracing
+from ..native import copy_into
+from ..transport import doorbell
+from ..transport.base import Mismatch, Sink, XferOp
+from ..transport.frames import Kind
 from .calltext import hint
-from .logs import trace_step, tracing
-from .native import copy_into
-from .transport import doorbell
-from .transport.base import Mismatch, Sink, XferOp
-from .transport.frames import Kind
 
 if TYPE_CHECKING:
-    from .transport.manager import Transport
+    from ..transport.manager import Transport
 
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.schedule import Collective
-from ..errors import InvalidArgument
+from ...algorithms.schedule import Collective
+from ...errors import InvalidArgument
 
 try:  # bfloat16 lives in ml_dtypes (a dependency); keep the import soft for odd installs
     import ml_dtypes

@@ -10,8 +10,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidArgument
-from .env import from_launcher
+from ...errors import InvalidArgument
+from ..job.env import from_launcher
 
 _default: weakref.ref[Any] | None = None   # the world communicator init() returned last
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from ..errors import InvalidArgument, Terminated, raise_terminated
+from ...errors import InvalidArgument, Terminated, raise_terminated
 from . import auth
 from .store import StoreServer
 

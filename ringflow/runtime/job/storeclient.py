@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
+from ...errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
 from .storewire import (
     ADD,

@@ -13,7 +13,7 @@ import struct
 import time
 from collections.abc import Iterable
 
-from ..errors import ProtocolError
+from ...errors import ProtocolError
 from . import auth
 
 MAX_MSG_BYTES = 64 * 2**20

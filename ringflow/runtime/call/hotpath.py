@@ -16,17 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.plan import Plan, StepPlan
-from ..algorithms.schedule import Buffer, OpKind
-from ..errors import ProtocolError
-from . import native
+from ...algorithms.plan import Plan, StepPlan
+from ...algorithms.schedule import Buffer, OpKind
+from ...errors import ProtocolError
+from .. import native
+from ..transport import cma
+from ..transport.base import Mismatch
+from ..transport.frames import Kind
+from ..transport.protocol import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID
+from ..transport.shm import ShmIn, ShmOut
 from .executor import GOODBYE_GRACE_S, CallContext, departed, needs_check, step_mismatch, timed_out
 from .ops import BFLOAT16
-from .transport import cma
-from .transport.base import Mismatch
-from .transport.frames import Kind
-from .transport.protocol import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID
-from .transport.shm import ShmIn, ShmOut
 
 T_SEND, T_RECV, T_RECV_REDUCE, T_COPY, T_REDUCE = range(5)
 RC_DONE, RC_STALLED, RC_MISMATCH, RC_PROTOCOL, RC_CMA, RC_REGION = range(6)

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from .. import config
-from ..errors import InvalidArgument
+from ... import config
+from ...errors import InvalidArgument
 from . import flightring
 from .record_rows import (
     ALGO,
@@ -174,7 +174,7 @@ def global_rank(comm: Any) -> int:
     if "/" not in comm.ns:
         return int(comm.rank)
     try:
-        from .identity import get_rank
+        from ..call.identity import get_rank
         return get_rank()
     except InvalidArgument:
         return int(comm.rank)
@@ -413,7 +413,7 @@ class Recorder:
 
     def failed(self, exc: BaseException) -> None:
         """A call raised: write the record and dump the flight record (if a directory is configured)."""
-        from ..errors import InvalidUsage
+        from ...errors import InvalidUsage
         if isinstance(exc, InvalidUsage):
             return
         self.flush()

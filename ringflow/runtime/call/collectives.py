@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from ..algorithms.schedule import Collective
-from ..errors import InvalidArgument
+from ...algorithms.schedule import Collective
+from ...errors import InvalidArgument
+from ..native import copy_into
+from ..transport.frames import call_signature
+from ..transport.manager import LANE_COLL, Transport
 from .executor import CallContext, Waiter, check_exchange, describe
 from .fastcall import MISS, FastCalls
-from .native import copy_into
 from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op, unaliased
-from .transport.frames import call_signature
-from .transport.manager import LANE_COLL, Transport
 from .work import Work
 
 ArrayT = TypeVar("ArrayT")   # a NumPy array or a CPU torch.Tensor

@@ -19,8 +19,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .. import config
-from ..errors import InvalidArgument
+from ... import config
+from ...errors import InvalidArgument
 from .store import parse_addr
 
 log = logging.getLogger("ringflow.runtime")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from ..errors import InvalidUsage, Timeout
+from ...errors import InvalidUsage, Timeout
 
 
 class Work:

@@ -25,12 +25,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import config
-from ..errors import ProtocolError, RemoteError, RingflowError, Timeout
+from ... import config
+from ...errors import ProtocolError, RemoteError, RingflowError, Timeout
+from ..transport import frames
+from ..transport.frames import Kind
+from ..transport.tcp import read_frame
 from .calltext import hint
-from .transport import frames
-from .transport.frames import Kind
-from .transport.tcp import read_frame
 
 log = logging.getLogger("ringflow.runtime")
 

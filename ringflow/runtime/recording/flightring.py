@@ -32,22 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument
-from .record_rows import (
-    ASYNC,
-    CODE,
-    DESC,
-    LANE,
-    LANES,
-    LINE,
-    META,
-    SEQ,
-    STATUS,
-    T_END,
-    T_ENQ,
-    T_START,
-    WAIT,
-)
+from ...errors import InvalidArgument
+from .record_rows import ASYNC, CODE, DESC, LANE, LANES, LINE, META, SEQ, STATUS, T_END, T_ENQ, T_START, WAIT
 
 MAGIC = b"RFRING01"
 VERSION = 1

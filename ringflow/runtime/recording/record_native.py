@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import config
+from ... import config
+from ..native import _record, record_native
 from . import record
-from .native import _record, record_native
 from .record import Recorder
 
 

@@ -19,7 +19,7 @@ import secrets
 import socket
 import time
 
-from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
+from ...errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 
 log = logging.getLogger("ringflow.runtime")
 

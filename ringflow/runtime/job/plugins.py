@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from ..algorithms.selection import CostModel
-from ..errors import ConfigError
+from ...algorithms.selection import CostModel
+from ...errors import ConfigError
 
 ENTRY_POINT_GROUP = "ringflow.cost_models"
 

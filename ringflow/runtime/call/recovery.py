@@ -29,8 +29,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import Aborted, InvalidArgument, InvalidUsage, Timeout
-from .store import PrefixStore
+from ...errors import Aborted, InvalidArgument, InvalidUsage, Timeout
+from ..job.store import PrefixStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .communicator import Communicator
@@ -110,7 +110,7 @@ def agree(comm: Communicator, exclude: Iterable[int] = (), timeout: float | None
 def remove_segments(comm: Communicator, ranks: Iterable[int]) -> int:
     """Unlink the shared-memory names `ranks` created in this communicator that no receiver mapped yet
     (a rank killed between creating a segment and its peer opening it); the number removed."""
-    from .transport.shm import SHM_DIR, segment_name, unlink_quiet
+    from ..transport.shm import SHM_DIR, segment_name, unlink_quiet
     n = 0
     for r in ranks:
         prefix = segment_name(comm._sh.job, comm.uid, int(r), 0, "x").rsplit("-", 2)[0]  # the name up to the source

@@ -24,31 +24,32 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
-from ..algorithms.layout import CallShape, partitioned
-from ..algorithms.plan import compile_plan
-from ..algorithms.schedule import Buffer, Collective, Schedule
-from ..algorithms.selection import CostModel, pick_schedule
-from ..errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
-from . import hotpath, native
+from ... import config
+from ...algorithms.layout import CallShape, partitioned
+from ...algorithms.plan import compile_plan
+from ...algorithms.schedule import Buffer, Collective, Schedule
+from ...algorithms.selection import CostModel, pick_schedule
+from ...errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
+from .. import native
+from ..job.plugins import load_cost_model
+from ..job.rendezvous import SharedState, host_id, join
+from ..job.store import PrefixStore
+from ..logs import tracing
+from ..recording.record import Recorder, dump_all
+from ..recording.record_native import attach
+from ..transport import doorbell
+from ..transport.frames import Kind, call_signature
+from ..transport.manager import LANE_COLL, PeerCard, Transport, buffsize, lane_of
+from ..transport.tcp import Listener, dial, select_interface
+from . import hotpath
 from .callmemory import MAX_PREPARED, MAX_SCHEDULES, CallMemory, state_of
 from .collectives import CollectiveCalls
 from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, describe, run_bound
 from .groups import Groups
 from .identity import set_default
-from .logs import tracing
 from .objects import ObjectCalls
 from .ops import UFUNCS, Buf, parse_op
 from .p2p import PointToPoint
-from .plugins import load_cost_model
-from .record import Recorder, dump_all
-from .record_native import attach
-from .rendezvous import SharedState, host_id, join
-from .store import PrefixStore
-from .transport import doorbell
-from .transport.frames import Kind, call_signature
-from .transport.manager import LANE_COLL, PeerCard, Transport, buffsize, lane_of
-from .transport.tcp import Listener, dial, select_interface
 from .watchdog import Watchdog
 from .work import LANE_THREADS, Lane, Work
 
@@ -366,7 +367,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         s = mem.schedules.get(key)
         if s is not None:
             return s
-        from .. import config as _cfg
+        from ... import config as _cfg
         with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
             s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes,
                               mem.model)

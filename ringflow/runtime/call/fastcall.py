@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..algorithms.schedule import Collective
+from ...algorithms.schedule import Collective
+from ..transport.manager import LANE_COLL
 from . import hotpath
 from .callmemory import MAX_ENTRIES, CallMemory, IdentityEntry, ShapeEntry, shape_key
 from .executor import CallContext
 from .ops import as_numpy, averages_here, finish_avg
-from .transport.manager import LANE_COLL
 
 MISS = object()        # the remembered paths do not apply: take the full path
 

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidArgument
-from .store import PrefixStore
+from ...errors import InvalidArgument
+from ..job.store import PrefixStore
 
 if TYPE_CHECKING:
-    from .rendezvous import SharedState
+    from ..job.rendezvous import SharedState
 
 
 GroupT = TypeVar("GroupT", bound="Groups")

@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 #: the fields of a call description that ranks must agree on, in the order a sentence names them
 FIELDS = ("collective", "count", "dtype", "op", "root", "shape")

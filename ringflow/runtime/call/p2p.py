@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
+from ..transport.base import Sink
+from ..transport.frames import Kind
+from ..transport.manager import LANE_RECV, LANE_SEND, Transport
 from .executor import Waiter, drive
 from .ops import Buf
-from .transport.base import Sink
-from .transport.frames import Kind
-from .transport.manager import LANE_RECV, LANE_SEND, Transport
 from .work import Work
 
 

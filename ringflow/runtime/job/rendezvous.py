@@ -10,9 +10,10 @@ import os
 import socket
 import threading
 
-from .. import config
-from ..errors import InvalidArgument, RingflowError, RingflowSystemError, Timeout
-from . import auth, logs
+from ... import config
+from ...errors import InvalidArgument, RingflowError, RingflowSystemError, Timeout
+from .. import logs
+from . import auth
 from .env import detect
 from .store import PortInUse, Store, StoreServer
 

@@ -23,8 +23,8 @@ import socket
 import threading
 import time
 
-from .. import config
-from ..errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
+from ... import config
+from ...errors import InvalidArgument, ProtocolError, RemoteError, RingflowSystemError, Timeout
 from . import auth
 from .gate import LISTEN_BACKLOG, Gate, RateLimitedLog
 from .storeclient import PrefixStore as PrefixStore
