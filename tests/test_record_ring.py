@@ -1,6 +1,6 @@
-"""The flight recorder's file-backed ring (runtime/recording/flightring.py, native/_record.c's Ring): what it keeps, that the
-C and Python writers write the same bytes, that a SIGTERM marks it ended and still kills the rank, and the job
-directory `ringflow run` makes for it."""
+"""The flight recorder's file-backed ring (runtime/recording/flightring.py, native/_record.c's Ring): what it
+keeps, that the C and Python writers write the same bytes, that a SIGTERM marks it ended and still kills the
+rank, and the job directory `ringflow run` makes for it."""
 from __future__ import annotations
 
 import os

@@ -37,7 +37,8 @@ def test_no_protocol_number_is_written_out_a_second_time() -> None:
     for name in protocol.C_NAMES:
         literal = re.search(rf"^\s*(#define\s+{name}\s+\(?\s*\d|static[^;=]*\b{name}\s*=\s*\d)", c_src, re.M)
         assert literal is None, f"_hotpath.c defines {name} itself instead of taking RF_{name} from _protocol.h"
-    for path in ("ringflow/runtime/transport/shm.py", "ringflow/hostmodel/features.py", "ringflow/runtime/call/hotpath.py"):
+    for path in ("ringflow/runtime/transport/shm.py", "ringflow/hostmodel/features.py",
+                 "ringflow/runtime/call/hotpath.py"):
         src = (ROOT / path).read_text()
         for name in protocol.C_NAMES:
             assert re.search(rf"^{name}\s*=", src, re.M) is None, f"{path} assigns {name}: protocol.py owns it"
