@@ -54,15 +54,15 @@ class IdentityEntry:
     """A call remembered for the very objects it was made with: their weak references and states, and the native
     runner of its plan (`go(deadline)`)."""
 
-    __slots__ = ("xref", "outref", "xstate", "outstate", "prep", "hot", "ctx", "scratch", "go", "average", "meta",
-                 "description")
+    __slots__ = ("xref", "outref", "xstate", "outstate", "prep", "hot", "ctx", "bases", "scratch", "go", "average",
+                 "meta", "description")
 
     def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
-                 scratch: np.ndarray | None, go: Callable[[float], None], average: bool, meta: tuple,
-                 description: str) -> None:
+                 bases: tuple[int, int, int], scratch: np.ndarray | None, go: Callable[[float], None], average: bool,
+                 meta: tuple, description: str) -> None:
         self.xref, self.outref = weakref.ref(x), (None if out is None else weakref.ref(out))
         self.xstate, self.outstate = state_of(x), (None if out is None else state_of(out))
-        self.prep, self.hot, self.ctx, self.go = prep, hot, ctx, go
+        self.prep, self.hot, self.ctx, self.go, self.bases = prep, hot, ctx, go, bases   # bases: IN, OUT, SCRATCH
         self.scratch = scratch   # the communicator's scratch array the plan's addresses point into (None: none)
         self.average, self.meta, self.description = average, meta, description
 

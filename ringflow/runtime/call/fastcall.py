@@ -175,6 +175,6 @@ class FastCalls:
             return
         if len(mem.by_object) >= MAX_ENTRIES:
             mem.by_object.clear()
-        mem.by_object[key] = IdentityEntry(x, out, prep, hot, ctx, scratch,
+        mem.by_object[key] = IdentityEntry(x, out, prep, hot, ctx, bases, scratch,
                                            hotpath.runner(hot, ctx, bases, self._transport.regions), avg, meta,
                                            coll.value)
