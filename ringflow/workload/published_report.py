@@ -204,7 +204,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
                  "the simulator's own choice") + ". Training: `workload.step_time` with the alpha-beta "
              "communication model and the fitted constants.",
              "- Targets: held-out mean absolute error <= 7 %, every held-out case within 15 %, every collective on "
-             "one server within 5 %.", "",
+             "one server within 5 %, every published training run fits in memory under the settings its run "
+             "states (`memory_cases.case_memory`).", "",
              "## Manifest", "", *manifest_lines(result),
              "## Fitted constants", "", *_md_table(CONST_HEADER, constant_rows(result)),
              "## Targets", "", *_md_table(["target", "this run", "status", "cases missing it"], target_rows(result)),
