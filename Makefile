@@ -1,10 +1,11 @@
-# The two commands of the README quick start: `make demo` and `make test`.
+# The two commands of the README quick start: `make demo` and `make test`; `make test-long` runs the rest of the
+# suite (the tests marked `long`: the real-process matrices, soak, floods, emulated hosts, calibration runs).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-long lint venv clean
 
 $(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c ringflow/runtime/native/_hotpath.c ringflow/runtime/native/_record.c
 	$(PY) -m venv $(VENV)
@@ -26,8 +27,12 @@ lint: $(STAMP)
 	$(BIN)/mypy ringflow
 	$(BIN)/lint-imports --no-cache
 
+# `make test` and `make test-long` together run every test once
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -x --durations=15
+	$(BIN)/python -m pytest -q -x -m "not long" --durations=15
+
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m long --durations=15
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("nthreads", [2, 4])
+@pytest.mark.parametrize("nthreads", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_a_second_thread_gets_invalid_usage_and_the_owner_exact_results(nthreads: int) -> None:
     calls = 300
     p = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--no-bind", "--timeout", "240", "--",

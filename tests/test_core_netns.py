@@ -9,7 +9,8 @@ import pytest
 from ringflow.testing import netns
 
 REASON = netns.available()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"multi-host emulation unavailable: {REASON}")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"multi-host emulation unavailable: {REASON}"),
+              pytest.mark.long]
 
 
 def _tcp_echo_roundtrip(cl: netns.NetnsCluster) -> str:

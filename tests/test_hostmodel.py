@@ -152,6 +152,7 @@ def test_satisfies_the_runtime_protocol() -> None:
     assert d.chosen is d.flat or d.flat_us > m.margin * d.chosen_us
 
 
+@pytest.mark.long
 def test_real_calibration_writes_a_model(tmp_path) -> None:
     from ringflow.hostmodel.model import read_file, write_file
     from ringflow.hostmodel.sweep import calibrate, refit

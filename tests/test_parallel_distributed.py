@@ -28,7 +28,8 @@ def run_example(tmp_path: Path, n: int, script: str, *args: str, timeout_s: floa
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("n", [1, 4])   # 2 ranks: the torch test; 3 ranks: PS and async DP
+# 2 ranks: the torch test; 3 ranks: PS and async DP
+@pytest.mark.parametrize("n", [1, pytest.param(4, marks=pytest.mark.long)])
 def test_ddp_numpy_equals_single_process(tmp_path: Path, n: int) -> None:
     r = run_example(tmp_path, n, "ddp_numpy.py", "--steps", "4", "--batch", "48", "--bucket-cap", "4KiB",
                     "--first-bucket", "1KiB", "--overlap-width", "64", "--overlap-steps", "2")
@@ -39,6 +40,7 @@ def test_ddp_numpy_equals_single_process(tmp_path: Path, n: int) -> None:
     assert 0.0 <= r["overlap_fraction"] <= 1.0
 
 
+@pytest.mark.long
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch (optional extra) is not installed")
 def test_ddp_torch_equals_single_process(tmp_path: Path) -> None:
     r = run_example(tmp_path, 2, "ddp_torch.py", "--steps", "4", "--batch", "48", "--bucket-cap", "4KiB",
@@ -49,7 +51,7 @@ def test_ddp_torch_equals_single_process(tmp_path: Path) -> None:
     assert r["in_order_all_ranks"]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_tensor_parallel_block_equals_unsplit(tmp_path: Path, n: int) -> None:
     r = run_example(tmp_path, n, "tensor_parallel.py", "--d-model", "16", "--heads", "4", "--d-ff", "32",
                     "--steps", "3")
@@ -58,7 +60,7 @@ def test_tensor_parallel_block_equals_unsplit(tmp_path: Path, n: int) -> None:
     assert r["calls"] == {"forward": 2, "backward": 2}
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_pipeline_both_schedules_equal_single_process(tmp_path: Path, n: int) -> None:
     m = 4
     r = run_example(tmp_path, n, "pipeline_parallel.py", "--micro-batches", str(m), "--steps", "3",
@@ -72,6 +74,7 @@ def test_pipeline_both_schedules_equal_single_process(tmp_path: Path, n: int) ->
     assert r["gpipe"]["loss"] == pytest.approx(r["1f1b"]["loss"], abs=TOL)
 
 
+@pytest.mark.long
 def test_param_server_consistency_sharded(tmp_path: Path) -> None:
     s = 1
     r = run_example(tmp_path, 3, "param_server.py", "--placement", "sharded", "--staleness", str(s),
@@ -83,6 +86,7 @@ def test_param_server_consistency_sharded(tmp_path: Path) -> None:
         assert r[mode]["updates"] >= 8 * 3 and r[mode]["accuracy"] > 0.5
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("placement", ["cpu", "rank0"])
 def test_param_server_other_placements(tmp_path: Path, placement: str) -> None:
     r = run_example(tmp_path, 3, "param_server.py", "--placement", placement, "--modes", "bsp,ssp",
@@ -91,12 +95,14 @@ def test_param_server_other_placements(tmp_path: Path, placement: str) -> None:
     assert r["ssp"]["max_clock_gap"] == 0
 
 
+@pytest.mark.long
 def test_async_dp_replicas_agree_after_drain(tmp_path: Path) -> None:
     r = run_example(tmp_path, 3, "async_dp.py", "--steps", "10", "--batch", "48", "--slow-ms", "10")
     assert r["async"]["replica_spread"] <= TOL
     assert r["async"]["accuracy"] > 0.5 and r["sync"]["accuracy"] > 0.5
 
 
+@pytest.mark.long
 def test_hybrid_dp_x_tp_equals_unsplit(tmp_path: Path) -> None:
     r = run_example(tmp_path, 4, "hybrid_parallel.py", "--tp", "2", "--steps", "3")
     assert (r["tp"], r["dp"]) == (2, 2)

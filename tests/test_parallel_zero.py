@@ -20,7 +20,7 @@ TOL = 1e-12
 ITEM = 8   # float64
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_zero_stages_equal_data_parallel_and_shard_as_predicted(n: int) -> None:
     cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), str(ROOT / "tests" / "zero_ranks.py")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

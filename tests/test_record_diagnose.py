@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from record_ranks import slow_ranks
 
 from ringflow.workload.diagnose import diagnose, render, stragglers
@@ -86,6 +87,7 @@ def test_a_rank_that_skips_an_all_reduce_is_a_sequence_mismatch(tmp_path: Path) 
     assert again[0]["outliers"][0]["how"].startswith("skipped all_reduce")
 
 
+@pytest.mark.long
 def test_a_rank_twenty_percent_slower_is_ranked_first_within_twenty_steps(tmp_path: Path) -> None:
     trials, steps, seed = 20, 20, 7
     p = launch(4, ["straggler", "--trials", str(trials), "--steps", str(steps), "--step-ms", "10", "--slow", "1.2",

@@ -79,7 +79,7 @@ def _check_hang(d: Path) -> str:
     return text
 
 
-@pytest.mark.parametrize("record", [False, True], ids=["run", "record"])
+@pytest.mark.parametrize("record", [False, pytest.param(True, marks=pytest.mark.long)], ids=["run", "record"])
 def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path, record: bool) -> None:
     """Under `ringflow record` too (SIGTERM to it): its rank files hold no calls yet, the rings hold them."""
     p = _start(tmp_path, ["sleep", "--steps", "6", "--at", str(AT), "--timeout", "120"], record)

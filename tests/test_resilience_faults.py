@@ -25,7 +25,8 @@ def _segments(job_id: str) -> list[str]:
     return glob.glob(f"/dev/shm/ringflow-{job_id}-*")
 
 
-@pytest.mark.parametrize("transport,n,victims", [("shm", 3, [1]), ("tcp", 3, [1]), ("shm", 4, [0, 2])])
+@pytest.mark.parametrize("transport,n,victims", [("shm", 3, [1]), pytest.param("tcp", 3, [1], marks=pytest.mark.long),
+                                                  pytest.param("shm", 4, [0, 2], marks=pytest.mark.long)])
 def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(tmp_path: Path, transport: str,
                                                                                n: int, victims: list[int]) -> None:
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
@@ -59,6 +60,7 @@ def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(t
         assert _segments(job.job_id) == []
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("mode", ["exclude", "absent"])
 def test_shrink_leaves_out_an_excluded_or_silent_rank(tmp_path: Path, mode: str) -> None:
     deadline_s = 1.5
@@ -74,7 +76,7 @@ def test_shrink_leaves_out_an_excluded_or_silent_rank(tmp_path: Path, mode: str)
                 assert deadline_s - 0.05 <= res["shrink_s"] <= deadline_s + SLACK_S, res
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("transport", ["shm", pytest.param("tcp", marks=pytest.mark.long)])
 def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank(tmp_path: Path,
                                                                                  transport: str) -> None:
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
@@ -93,6 +95,7 @@ def test_mismatched_counts_dtypes_and_roots_raise_invalid_argument_on_every_rank
             assert res["usable_after"] is True
 
 
+@pytest.mark.long
 def test_abort_from_another_thread_unblocks_the_waiting_call(tmp_path: Path) -> None:
     with Job(2, "abort", tmp_path, ["--timeout", "30", "--delay-s", "0.5"]) as job:
         assert job.wait(90) == [0, 0], job.logs()
@@ -109,6 +112,7 @@ def test_abort_from_another_thread_unblocks_the_waiting_call(tmp_path: Path) -> 
         assert r0["after_ok"] and r1["after_ok"]
 
 
+@pytest.mark.long
 def test_per_call_timeouts_fire_within_tolerance(tmp_path: Path) -> None:
     lim = 1.0
     with Job(2, "timeout", tmp_path, ["--timeout", "30", "--call-timeout", str(lim)]) as job:
@@ -123,6 +127,7 @@ def test_per_call_timeouts_fire_within_tolerance(tmp_path: Path) -> None:
         assert r0["after_ok"] and job.result(1)["after_ok"]
 
 
+@pytest.mark.long
 def test_no_shared_memory_left_after_every_rank_is_killed_mid_collective(tmp_path: Path) -> None:
     with Job(4, "loop", tmp_path, ["--count", str(1 << 20), "--timeout", "30", "--max-s", "60"]) as job:
         job.wait_ready()
@@ -138,6 +143,7 @@ def test_no_shared_memory_left_after_every_rank_is_killed_mid_collective(tmp_pat
         assert _segments(job.job_id) == []
 
 
+@pytest.mark.long
 def test_launcher_removes_every_name_after_a_rank_is_killed(tmp_path: Path) -> None:
     """`ringflow run`: a SIGKILLed rank stops the job and the launcher removes the job's names, including the
     comm.alloc regions (named, and mapped by peers on demand, so they live as long as the communicator)."""
@@ -168,6 +174,7 @@ def test_launcher_removes_every_name_after_a_rank_is_killed(tmp_path: Path) -> N
     assert _segments(job_id) == []
 
 
+@pytest.mark.long
 def test_alloc_regions_after_every_rank_is_killed_without_the_launcher(tmp_path: Path) -> None:
     with Job(2, "loop", tmp_path, ["--alloc", "--count", str(1 << 18), "--timeout", "30", "--max-s", "60"]) as job:
         job.wait_ready()

@@ -174,6 +174,7 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_flood_of_silent_connections_delays_nobody_who_has_the_secret(tmp_path: Path, transport: str) -> None:
     secret = auth.new_secret()
@@ -240,6 +241,7 @@ time.sleep(600)
 '''
 
 
+@pytest.mark.long
 def test_a_store_out_of_descriptors_sheds_strangers_and_keeps_serving(tmp_path: Path) -> None:
     """48 descriptors, 1,000 silent connections (400 at once): accept hits EMFILE again and again; the gate sheds
     pending handshakes, backs off and goes on, and clients with the secret keep connecting during and after."""
@@ -319,6 +321,7 @@ def test_a_store_port_in_use_fails_at_once_with_the_fix() -> None:
         first.close()
 
 
+@pytest.mark.long
 def test_store_requests_end_by_the_callers_deadline_and_reconnect_after() -> None:
     """A stopped store (its connections stay open, nothing answers): every request ends by its deadline with a
     typed error; a store nobody listens on ends the connect by its timeout; once it answers again, the client
@@ -376,6 +379,7 @@ with ringflow.init(timeout=30) as comm:
 '''
 
 
+@pytest.mark.long
 def test_shrink_with_a_stopped_store_ends_by_its_timeout(tmp_path: Path) -> None:
     secret = auth.new_secret()
     with _process(STORE, secret) as server:
@@ -502,6 +506,7 @@ def _insider(port: int, secret: str) -> socket.socket | None:
     return s
 
 
+@pytest.mark.long
 def test_a_client_with_the_secret_cannot_exhaust_the_stores_threads_or_descriptors(tmp_path: Path) -> None:
     """An insider holds twice the cap of idle connections and keeps opening more while a 2-rank job runs against
     the store (each newcomer takes the place of the connection idle longest, the job's included: its client dials

@@ -254,7 +254,7 @@ def _interfaces() -> list[tuple[str, str]]:
     return picks
 
 
-@pytest.mark.parametrize("pick", [0, 1])
+@pytest.mark.parametrize("pick", [0, pytest.param(1, marks=pytest.mark.long)])
 def test_listeners_bind_only_the_selected_interface_and_refuse_outsiders(tmp_path: Path, pick: int) -> None:
     ifaces = _interfaces()
     if pick >= len(ifaces):

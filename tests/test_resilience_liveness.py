@@ -51,6 +51,7 @@ with ringflow.init() as comm:
 '''
 
 
+@pytest.mark.long
 def test_a_rank_that_holds_the_gil_for_15_s_is_alive(tmp_path: Path) -> None:
     p = _run(tmp_path, GIL_HOG, 2)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
@@ -90,8 +91,8 @@ json.dump(res, open(f"{out}/r0.json", "w"))
 '''
 
 
-@pytest.mark.parametrize("mode", ["destroy", "with"])
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
+@pytest.mark.parametrize("mode", ["destroy", pytest.param("with", marks=pytest.mark.long)])
+@pytest.mark.parametrize("transport", ["shm", pytest.param("tcp", marks=pytest.mark.long)])
 def test_a_peer_that_leaves_is_named_within_a_second_and_shrink_does_not_wait_for_it(tmp_path: Path, mode: str,
                                                                                      transport: str) -> None:
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
@@ -129,8 +130,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
-@pytest.mark.parametrize("n,transport", [(2, "shm"), (4, "shm"), (2, "tcp"), (4, "tcp")])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.long),
+                                 pytest.param(signal.SIGKILL, marks=pytest.mark.long)], ids=lambda s: s.name)
+@pytest.mark.parametrize("n,transport", [(2, "shm"), pytest.param(4, "shm", marks=pytest.mark.long),
+                                         pytest.param(2, "tcp", marks=pytest.mark.long),
+                                         pytest.param(4, "tcp", marks=pytest.mark.long)])
 def test_a_stopped_or_killed_launcher_leaves_no_rank_and_no_shared_memory(tmp_path: Path, sig: signal.Signals,
                                                                           n: int, transport: str) -> None:
     (tmp_path / "job.py").write_text(IDLE_JOB)
@@ -239,7 +243,8 @@ with ringflow.init() as comm:
 '''
 
 
-@pytest.mark.parametrize("launcher", ["slurm", "openmpi", "mpich"])
+@pytest.mark.parametrize("launcher", ["slurm", pytest.param("openmpi", marks=pytest.mark.long),
+                                      pytest.param("mpich", marks=pytest.mark.long)])
 def test_ranks_started_by_a_batch_launcher_need_no_ringflow_variable(tmp_path: Path, launcher: str) -> None:
     """The variables srun, Open MPI's mpirun and MPICH's / Intel MPI's mpiexec set, and nothing else: the ranks find
     each other (loopback store on a port derived from the job id, served by rank 0)."""

@@ -61,6 +61,7 @@ def test_trace_shows_every_schedule_step_with_rank_prefix_in_per_rank_files(tmp_
         assert any(m.startswith("communicator ") and f"rank {r}/3 ready" in m for m in infos), infos
 
 
+@pytest.mark.long
 def test_info_has_no_trace_and_warn_and_version_are_quiet(tmp_path: Path) -> None:
     info = _run(tmp_path / "info", "INFO")
     assert all(lines and {lv for lv, _ in lines} == {"INFO"} for lines in info)

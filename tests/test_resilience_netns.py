@@ -16,7 +16,7 @@ from ringflow.testing import netns
 pytestmark = [pytest.mark.usefixtures("no_leaked_shared_memory")]
 
 
-pytestmark.append(pytest.mark.netns)
+pytestmark += [pytest.mark.netns, pytest.mark.long]
 TIMEOUT_S = 20.0  # the communicator timeout the ranks run with
 
 

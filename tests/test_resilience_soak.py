@@ -28,7 +28,7 @@ def _flat(points: list[dict], what: str) -> dict:
     return {"rss_growth_kib": last["rss_kib"] - base["rss_kib"], "fds": (base["fds"], last["fds"])}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_soak_collectives_and_communicator_cycles_keep_memory_and_fds_flat(tmp_path: Path) -> None:
     with Job(2, "soak", tmp_path, ["--ops", str(OPS), "--cycles", str(CYCLES), "--timeout", "60"]) as job:
         assert job.wait(240) == [0, 0], job.logs()

@@ -50,7 +50,7 @@ def run_suite(n: int, suite: str, out: Path, extra_env: dict[str, str] | None = 
     return _results(out, n)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.long), pytest.param(4, marks=pytest.mark.long)])
 def test_shared_memory_matrix(n: int, tmp_path: Path) -> None:
     """Every collective x dtype x op x count, in place and not: on the native executor where it was built."""
     results = run_suite(n, "core", tmp_path)
@@ -61,7 +61,7 @@ def test_shared_memory_matrix(n: int, tmp_path: Path) -> None:
             assert res["native_runs"] > 0, "the native executor was built but never ran a plan"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long), pytest.param(4, marks=pytest.mark.long)])
 def test_shared_memory_matrix_in_python(n: int, tmp_path: Path) -> None:
     """The same matrix with the native executor off (RINGFLOW_NATIVE=0): the pure-Python fallback."""
     results = run_suite(n, "core", tmp_path, {"RINGFLOW_NATIVE": "0"})
@@ -69,12 +69,14 @@ def test_shared_memory_matrix_in_python(n: int, tmp_path: Path) -> None:
     assert all(res["native_runs"] == 0 and not res["native"] for res in results)
 
 
+@pytest.mark.long
 def test_shared_memory_matrix_oversubscribed(tmp_path: Path) -> None:
     """8 ranks on a host with fewer cores: waits must sleep, not spin, or this takes minutes."""
     results = run_suite(8, "core", tmp_path, timeout_s=280.0)
     _assert_clean(results, 600)
 
 
+@pytest.mark.long
 def test_single_copy_is_used_and_slots_still_work(tmp_path: Path) -> None:
     """Large same-host messages go by single copy (process_vm_readv) where the kernel allows it; with
     RINGFLOW_CMA_DISABLE=1 the same matrix passes through the shared-memory slots."""
@@ -88,7 +90,7 @@ def test_single_copy_is_used_and_slots_still_work(tmp_path: Path) -> None:
     assert all(res["cma_reads"] == 0 and res["cma_links"] == 0 for res in off)
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long)])
 def test_tcp_only_matrix(n: int, tmp_path: Path) -> None:
     results = run_suite(n, "tcp", tmp_path, {"RINGFLOW_SHM_DISABLE": "1", "RINGFLOW_TRAFFIC_CLASS": "184"})
     _assert_clean(results, 100)
@@ -96,11 +98,13 @@ def test_tcp_only_matrix(n: int, tmp_path: Path) -> None:
         assert set(res["transports"].values()) == {"tcp"}
 
 
+@pytest.mark.long
 def test_torch_tensors(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     _assert_clean(run_suite(2, "torch", tmp_path), 3)
 
 
+@pytest.mark.long
 def test_two_hosts_in_network_namespaces(tmp_path: Path) -> None:
     """Ranks 0,1 in one namespace and 2,3 in another: TCP between the 'hosts', shm within each."""
     from ringflow.testing import netns

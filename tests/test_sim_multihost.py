@@ -9,6 +9,7 @@ REASON = netns.available()
 
 
 @pytest.mark.netns
+@pytest.mark.long
 @pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
 def test_ring_and_hierarchical_measured_and_predicted_on_two_emulated_hosts() -> None:
     from ringflow.hostmodel import multihost

@@ -53,7 +53,7 @@ def _check_basic(res: list[dict], n: int) -> None:
         assert d["bcast"] == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.long)])
 def test_torchrun(n: int) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--local-addr", "127.0.0.1",
@@ -65,6 +65,7 @@ def test_torchrun(n: int) -> None:
     assert all(d["shm_peers"] == [p for p in range(n) if p != d["rank"]] for d in res)   # one host: shared memory
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("init", ["env", "file"])
 def test_ringflow_run(tmp_path: Path, init: str) -> None:
     """`ringflow run` exports torchrun's variables: init_process_group("ringflow") needs no arguments; an explicit
@@ -76,6 +77,7 @@ def test_ringflow_run(tmp_path: Path, init: str) -> None:
     _check_basic(_results(proc.stdout), 2)
 
 
+@pytest.mark.long
 def test_recorded_torch_calls_name_the_user_line_and_keep_async_ops_async(tmp_path: Path) -> None:
     """`ringflow record` around a torch job: a queued (async_op=True) all_reduce is recorded as asynchronous,
     issued when the user's line queued it; every call carries the user's line in the rank script."""
@@ -100,6 +102,7 @@ def test_recorded_torch_calls_name_the_user_line_and_keep_async_ops_async(tmp_pa
         assert queued["enq_ns"] <= w["enq_ns"] <= w["end_ns"]
 
 
+@pytest.mark.long
 def test_two_hosts_shared_memory_inside_tcp_between() -> None:
     reason = netns.available()
     if reason is not None:
@@ -117,6 +120,7 @@ def test_two_hosts_shared_memory_inside_tcp_between() -> None:
     assert [d["shm_peers"] for d in res] == [[1], [0], []]
 
 
+@pytest.mark.long
 def test_dead_rank_under_ddp_is_a_backend_error_naming_it() -> None:
     timeout_s, n = 4.0, 3
     env = {**ENV, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
