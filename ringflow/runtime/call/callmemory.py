@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from . import hotpath
 from .executor import CallContext
 
@@ -27,12 +28,16 @@ MAX_SCHEDULES = 1024   # tuner choices
 MAX_PREPARED = 4096    # compiled plans
 
 _address = hotpath.address
+_array_state = None if native._hotpath is None else native._hotpath.array_state
 
 
-def state_of(obj: Any) -> tuple | None:
+def state_of(obj: Any) -> Any:
     """What determines a call's plan about one buffer: dtype, shape, strides, data address and, for a NumPy
-    array, writeability; None for an object that is neither an ndarray nor a tensor (never remembered)."""
+    array, contiguity and writeability (one C call for an ndarray: the holder keeps its dtype alive, whose address
+    the state names); None for an object that is neither an ndarray nor a tensor (never remembered)."""
     if type(obj) is np.ndarray:
+        if _array_state is not None:
+            return _array_state(obj)
         return (obj.dtype, obj.shape, obj.strides, _address(obj), obj.flags.writeable)
     ptr = getattr(obj, "data_ptr", None)
     if ptr is not None:   # a torch tensor: its storage can be swapped, resized or re-viewed under the same object
@@ -54,14 +59,15 @@ class IdentityEntry:
     """A call remembered for the very objects it was made with: their weak references and states, and the native
     runner of its plan (`go(deadline)`)."""
 
-    __slots__ = ("xref", "outref", "xstate", "outstate", "prep", "hot", "ctx", "bases", "scratch", "go", "average",
-                 "meta", "description")
+    __slots__ = ("xref", "outref", "xstate", "outstate", "dtypes", "prep", "hot", "ctx", "bases", "scratch", "go",
+                 "average", "meta", "description")
 
     def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
                  bases: tuple[int, int, int], scratch: np.ndarray | None, go: Callable[[float], None], average: bool,
                  meta: tuple, description: str) -> None:
         self.xref, self.outref = weakref.ref(x), (None if out is None else weakref.ref(out))
         self.xstate, self.outstate = state_of(x), (None if out is None else state_of(out))
+        self.dtypes = (x.dtype, getattr(out, "dtype", None))   # alive while the states name their addresses
         self.prep, self.hot, self.ctx, self.go, self.bases = prep, hot, ctx, go, bases   # bases: IN, OUT, SCRATCH
         self.scratch = scratch   # the communicator's scratch array the plan's addresses point into (None: none)
         self.average, self.meta, self.description = average, meta, description

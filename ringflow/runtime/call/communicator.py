@@ -432,6 +432,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                 self._last_native = (prep, hot, ctx, bases, None if scratch is out else scratch)
                 return
         bound = prep.bound
+        # the binding keeps its arrays (and so their dtypes, which their states name) alive
         state = (state_of(ident[0]), state_of(ident[1])) if small and ident and ident[0] is not None else None
         if state is not None and bound is not None and bound.refs[0] is ident[0] and bound.refs[1] is ident[1] \
                 and bound.refs[2] == state and (not prep.has_scratch or bound.refs[3] is self._scratch.get(dtype)):

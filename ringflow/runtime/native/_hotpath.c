@@ -1085,6 +1085,47 @@ static PyObject *set_array_type(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* The leading fields of numpy's PyArrayObject_fields (numpy/ndarraytypes.h; the same in NumPy 1 and 2). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    intptr_t *dimensions;
+    intptr_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayFields;
+
+#define ARRAY_C_CONTIGUOUS 0x0001   /* NPY_ARRAY_C_CONTIGUOUS */
+#define ARRAY_WRITEABLE 0x0400      /* NPY_ARRAY_WRITEABLE */
+
+/* array_state(a) -> bytes: what determines a remembered call's plan about an array, in one call (attribute
+   reads from Python cost a microsecond): data address, dtype object, contiguity and writeability, shape and
+   strides. Equal bytes mean the same memory seen the same way, as long as the caller keeps the dtype alive. */
+static PyObject *array_state(PyObject *self, PyObject *arg)
+{
+    if (ndarray_type == NULL || !PyObject_TypeCheck(arg, ndarray_type)) {
+        PyErr_SetString(PyExc_TypeError, "array_state() takes a numpy.ndarray (after set_array_type)");
+        return NULL;
+    }
+    ArrayFields *a = (ArrayFields *)arg;
+    int nd = a->nd;
+    if (nd < 0 || nd > 64) {
+        PyErr_SetString(PyExc_ValueError, "array_state(): the array's dimension count is out of range");
+        return NULL;
+    }
+    intptr_t buf[3 + 2 * 64];
+    buf[0] = (intptr_t)a->data;
+    buf[1] = (intptr_t)a->descr;
+    buf[2] = ((intptr_t)nd << 32) | (a->flags & (ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE));
+    for (int i = 0; i < nd; i++) {
+        buf[3 + i] = a->dimensions[i];
+        buf[3 + nd + i] = a->strides[i];
+    }
+    return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)((3 + 2 * nd) * sizeof(intptr_t)));
+}
+
 static PyObject *address(PyObject *self, PyObject *arg)
 {
     if (ndarray_type == NULL || !PyObject_TypeCheck(arg, ndarray_type)) {
@@ -1102,6 +1143,7 @@ static PyMethodDef methods[] = {
     {"load_acquire", load_acquire, METH_O, "load_acquire(address) -> the 64-bit word"},
     {"plan", make_plan, METH_VARARGS, "build a HotPlan"},
     {"reduce_into", reduce_into, METH_VARARGS, "out = a (op) b"},
+    {"array_state", array_state, METH_O, "array_state(ndarray) -> bytes: address, dtype, flags, shape, strides"},
     {"set_array_type", set_array_type, METH_O, "set_array_type(numpy.ndarray): the type address() takes"},
     {"address", address, METH_O, "a NumPy array's data address (as ndarray.ctypes.data)"},
     {NULL, NULL, 0, NULL},
