@@ -162,7 +162,7 @@ def main() -> int:
         except RingflowError as e:
             conn.send(("err", type(e).__name__, str(e)[:300]))
         except Exception:   # noqa: BLE001 - a bug of the test or of ringflow: the driver fails with it
-            conn.send(("crash", traceback.format_exc()[-3000:]))
+            conn.send(("crash", traceback.format_exc()[-6000:]))
     rank.comm.destroy()
     world.destroy()
     return 0

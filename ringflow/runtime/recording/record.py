@@ -410,6 +410,7 @@ class Recorder:
             _proc.write_calls(self.ns, p, self.pack_rows)
             self.pending = []
         self.end_ring(state)
+        _proc.recorders.discard(self)   # a flight record names live communicators only
 
     def failed(self, exc: BaseException) -> None:
         """A call raised: write the record and dump the flight record (if a directory is configured)."""
@@ -438,6 +439,15 @@ def _write_manifest(d: Path, comm: Any) -> None:
     (d / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
 
 
+def _flight(rec: Recorder) -> dict[str, Any] | None:
+    """rec's flight record; None once its communicator is gone (a recorder the garbage collector has not
+    taken yet)."""
+    try:
+        return rec.flight()
+    except ReferenceError:
+        return None
+
+
 def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | None:
     """Write every live communicator's flight record of this process to `path` (default
     ``<dump dir>/flight-rank<R>.json``); None when no directory is configured."""
@@ -453,7 +463,7 @@ def dump_all(reason: str, path: str | os.PathLike[str] | None = None) -> Path | 
     recs = list(_proc.recorders)
     doc = {"kind": "flight", "format": FORMAT, "rank": _proc.rank, "pid": os.getpid(),
            "hostname": socket.gethostname(), "reason": reason, "mono_ns": _now(), "wall_ns": time.time_ns(),
-           "mono0_ns": _proc.mono0, "wall0_ns": _proc.wall0, "comms": [r.flight() for r in recs]}
+           "mono0_ns": _proc.mono0, "wall0_ns": _proc.wall0, "comms": [f for r in recs if (f := _flight(r))]}
     p = Path(path)
     tmp = p.with_name(p.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
