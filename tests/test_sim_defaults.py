@@ -27,7 +27,7 @@ def _topology(preset: str, nodes: int):
     return load_topology(spec) if nodes == 1 else build_cluster(spec, nodes)
 
 
-@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in BIG_PRESETS else p
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.long) if p in BIG_PRESETS else p
                                     for p in preset_names()])
 def test_default_algorithm_simulates_every_collective_with_progress(preset: str) -> None:
     for nodes in (1, 2):
