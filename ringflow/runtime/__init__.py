@@ -8,8 +8,9 @@ the launcher, the logs) does not load the communicator and the algorithms behind
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .call.communicator import Communicator, init
@@ -20,14 +21,4 @@ _WHERE = {"init": "call.communicator", "Communicator": "call.communicator", "Wor
 __all__ = ["init", "Communicator", "Work"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, __all__)

@@ -8,13 +8,13 @@ rings = find_rings(topo)                   # channels: Ring(ranks=(0, 3, 2, 1, 5
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import TopologyError
+from ..lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .cluster import FABRICS, build_cluster
@@ -75,14 +75,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, __all__)
