@@ -64,7 +64,8 @@ def _value(draw: Any, param: Any) -> str:
     return draw(WORDS)
 
 
-@pytest.mark.parametrize("path", _commands(), ids=lambda p: " ".join(p))
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.long) if p == ("plan",) else p
+                                  for p in _commands()], ids=lambda p: " ".join(p))
 @settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_options_run_or_fail_with_one_typed_line(path: tuple[str, ...], data: st.DataObject,

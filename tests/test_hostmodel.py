@@ -98,6 +98,7 @@ def test_nnls_matches_kkt_conditions() -> None:
     assert np.allclose(nnls(a, a @ xt), xt, atol=1e-9)
 
 
+@pytest.mark.long
 def test_fit_recovers_parameters_noise_free(synthetic) -> None:
     feats, y = synthetic
     p = fit_params([Sample(f, t) for f, t in zip(feats, y, strict=True)], cores=2)
@@ -105,6 +106,7 @@ def test_fit_recovers_parameters_noise_free(synthetic) -> None:
         assert getattr(p, k) == pytest.approx(v, rel=1e-3, abs=1e-3), k
 
 
+@pytest.mark.long
 def test_fit_with_small_noise_recovers_bandwidths_and_predictions(synthetic) -> None:
     feats, y = synthetic
     rng = np.random.default_rng(7)

@@ -184,6 +184,7 @@ def test_the_report_has_both_sets_and_the_gaps(cases: list[dict]) -> None:
     assert all(r["group"] for r in res["rows"])
 
 
+@pytest.mark.long
 def test_every_training_run_that_ran_fits_in_the_validations_own_result(cases: list[dict]) -> None:
     consts = stored_constants(cases)
     rows = [row(c, predict(c, consts)) for c in cases if c["kind"] == "training"]

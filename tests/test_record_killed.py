@@ -101,6 +101,7 @@ def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path, 
     print(text)
 
 
+@pytest.mark.long
 def test_a_sleeping_rank_is_named_after_sigkill_to_every_rank(tmp_path: Path) -> None:
     p = _start(tmp_path, ["sleep", "--steps", "6", "--at", str(AT), "--timeout", "120"])
     rings = _await_hang(tmp_path)
@@ -119,6 +120,7 @@ def test_a_sleeping_rank_is_named_after_sigkill_to_every_rank(tmp_path: Path) ->
     print(text)
 
 
+@pytest.mark.long
 def test_a_rank_that_arrives_after_the_others_gave_up_is_named_late(tmp_path: Path) -> None:
     late_s, timeout_s = 6.0, 2.0
     d, _ = _run(tmp_path, ["late", "--steps", "5", "--at", str(AT), "--late", str(late_s), "--timeout",

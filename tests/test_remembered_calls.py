@@ -274,6 +274,7 @@ class RememberedCalls(RuleBasedStateMachine):
         assert 0 <= self.gen < 50
 
 
+@pytest.mark.long
 def test_remembered_calls_give_the_exact_result_or_a_typed_error_on_every_rank(job: Job) -> None:
     RememberedCalls.job = job
     run_state_machine_as_test(RememberedCalls, settings=settings(

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 RANK = """
 import gc, json, numpy as np, ringflow
 def rss_mib():
@@ -30,6 +32,7 @@ comm.destroy()
 """
 
 
+@pytest.mark.long
 def test_twenty_remembered_temporaries_of_64_mib_are_freed_when_dropped() -> None:
     p = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--no-bind", "--timeout", "280", "--",
                         sys.executable, "-c", RANK], capture_output=True, text=True, timeout=300)

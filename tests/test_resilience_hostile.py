@@ -289,6 +289,7 @@ def test_listeners_bind_only_the_selected_interface_and_refuse_outsiders(tmp_pat
         assert (raw_local[0], raw_local[1]) in refused and (bad_local[0], bad_local[1]) in refused, refused
 
 
+@pytest.mark.long
 def test_silent_clients_do_not_stall_a_ranks_transport_listener(tmp_path: Path) -> None:
     """Clients that connect and never answer the challenge are handled beside honest peers, not before them:
     a serial listener would hold the ranks' first connections for 5 s per silent client."""

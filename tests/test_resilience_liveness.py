@@ -91,8 +91,9 @@ json.dump(res, open(f"{out}/r0.json", "w"))
 '''
 
 
-@pytest.mark.parametrize("mode", ["destroy", pytest.param("with", marks=pytest.mark.long)])
-@pytest.mark.parametrize("transport", ["shm", pytest.param("tcp", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("mode", ["destroy", "with"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_peer_that_leaves_is_named_within_a_second_and_shrink_does_not_wait_for_it(tmp_path: Path, mode: str,
                                                                                      transport: str) -> None:
     env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}

@@ -61,7 +61,8 @@ def test_shared_memory_matrix(n: int, tmp_path: Path) -> None:
             assert res["native_runs"] > 0, "the native executor was built but never ran a plan"
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.long), pytest.param(4, marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_shared_memory_matrix_in_python(n: int, tmp_path: Path) -> None:
     """The same matrix with the native executor off (RINGFLOW_NATIVE=0): the pure-Python fallback."""
     results = run_suite(n, "core", tmp_path, {"RINGFLOW_NATIVE": "0"})

@@ -15,7 +15,8 @@ from ringflow.runtime.call import identity
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.long), 2, pytest.param(3, marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("n", [1, 2, 3])
 def test_conveniences_on_real_ranks(n: int) -> None:
     cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), str(ROOT / "tests" / "conveniences_ranks.py")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -161,6 +161,7 @@ def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:
     assert "busbw" in p.stdout
 
 
+@pytest.mark.long
 def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_path: Path) -> None:
     """`--passes 3 --iters 7`: every row is timed in 3 sweeps of ceil(7 / 3) samples each, its time the
     median of all 9, and its results still checked."""

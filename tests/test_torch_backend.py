@@ -46,7 +46,8 @@ def launch(tmp_path: Path, n: int, argv: list[str], *, torchrun_env: bool = Fals
     return outputs_of(procs, timeout_s, ok)
 
 
-@pytest.mark.parametrize("n", [2] + [pytest.param(n, marks=pytest.mark.long) for n in (1, 3, 4, 8)])
+@pytest.mark.long
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_operation_matrix(tmp_path: Path, n: int) -> None:
     """Every operation x dtype against a NumPy reference; 8 ranks outnumber this machine's cores."""
     outs = launch(tmp_path, n, [str(ROOT / "tests" / "torch_backend_ranks.py")], timeout_s=300.0 if n > 4 else 90.0)

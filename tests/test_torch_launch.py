@@ -53,7 +53,8 @@ def _check_basic(res: list[dict], n: int) -> None:
         assert d["bcast"] == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("n", [2, 4])
 def test_torchrun(n: int) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(n),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--local-addr", "127.0.0.1",
