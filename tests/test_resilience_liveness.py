@@ -221,9 +221,9 @@ def test_names_pre_created_by_another_user_cannot_stop_the_job(tmp_path: Path) -
         assert [pr.returncode for pr in procs] == [0, 0], outs
         assert all(json.loads((tmp_path / f"r{r}.json").read_text())["ok"] for r in range(2))
         from ringflow.errors import RingflowSystemError
-        from ringflow.runtime.transport.shm import _create
+        from ringflow.runtime.transport.segments import create
         with pytest.raises(RingflowSystemError, match="already exists"):
-            _create(os.path.basename(names[0]), 4096)
+            create(os.path.basename(names[0]), 4096)
     finally:
         server.close()
         for n in names:
