@@ -280,4 +280,7 @@ def test_remembered_calls_give_the_exact_result_or_a_typed_error_on_every_rank(j
     run_state_machine_as_test(RememberedCalls, settings=settings(
         max_examples=25, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck),
         phases=(Phase.explicit, Phase.reuse, Phase.generate)))   # no shrinking: the ranks' state is not replayable
-    assert TALLY["all_reduce"] > 200 and sum(TALLY.values()) > 600, TALLY
+    calls = sum(TALLY[k] for k in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))
+    mutations = sum(TALLY[k] for k in ("x.dtype =", "flags.writeable =", "tensor resize", "tensor set_", "tensor data",
+                                       "resize_ on one rank", "drop and reallocate", "view at an offset"))
+    assert calls >= 150 and mutations >= 30, TALLY   # the run exercised enough to mean something
