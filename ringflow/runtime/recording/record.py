@@ -63,7 +63,7 @@ log = logging.getLogger("ringflow.runtime")
 FORMAT = "ringflow-record/2"   # 2: calls as packed rows of described calls
 FLUSH_EVERY = 1024   # calls kept before the record file is written (also at destroy, exit and on errors)
 MAX_DESCS = 65536    # call descriptions a process remembers (each keeps its objects alive) before starting again
-_PKG = str(Path(__file__).resolve().parents[1]) + os.sep   # .../ringflow/
+_PKG = str(Path(__file__).resolve().parents[2]) + os.sep   # .../ringflow/
 _now = time.perf_counter_ns    # CLOCK_MONOTONIC on Linux: one clock for every process of a host
 _getframe = sys._getframe
 
