@@ -31,6 +31,11 @@ _address = hotpath.address
 _array_state = None if native._hotpath is None else native._hotpath.array_state
 
 
+def reader_of(obj: Any) -> Callable[[Any], Any]:
+    """The fastest function that reads `state_of(obj)` for objects of obj's type (the C reader for an ndarray)."""
+    return _array_state if type(obj) is np.ndarray and _array_state is not None else state_of
+
+
 def state_of(obj: Any) -> Any:
     """What determines a call's plan about one buffer: dtype, shape, strides, data address and, for a NumPy
     array, contiguity and writeability (one C call for an ndarray: the holder keeps its dtype alive, whose address
@@ -59,14 +64,15 @@ class IdentityEntry:
     """A call remembered for the very objects it was made with: their weak references and states, and the native
     runner of its plan (`go(deadline)`)."""
 
-    __slots__ = ("xref", "outref", "xstate", "outstate", "dtypes", "prep", "hot", "ctx", "bases", "scratch", "go",
-                 "average", "meta", "description")
+    __slots__ = ("xref", "outref", "xstate", "outstate", "read", "dtypes", "prep", "hot", "ctx", "bases", "scratch",
+                 "go", "average", "meta", "description")
 
     def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
                  bases: tuple[int, int, int], scratch: np.ndarray | None, go: Callable[[float], None], average: bool,
                  meta: tuple, description: str) -> None:
         self.xref, self.outref = weakref.ref(x), (None if out is None else weakref.ref(out))
         self.xstate, self.outstate = state_of(x), (None if out is None else state_of(out))
+        self.read = reader_of(x)   # x's type is part of its identity: the same reader serves every hit
         self.dtypes = (x.dtype, getattr(out, "dtype", None))   # alive while the states name their addresses
         self.prep, self.hot, self.ctx, self.go, self.bases = prep, hot, ctx, go, bases   # bases: IN, OUT, SCRATCH
         self.scratch = scratch   # the communicator's scratch array the plan's addresses point into (None: none)
@@ -74,7 +80,7 @@ class IdentityEntry:
 
     def matches(self, x: Any, out: Any) -> bool:
         """True if x and out are the objects remembered, in the state remembered."""
-        if self.xref() is not x or state_of(x) != self.xstate:
+        if self.xref() is not x or self.read(x) != self.xstate:
             return False
         if out is None:
             return self.outref is None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +49,7 @@ class FastCalls:
         _transport: Any
         _guard: Callable[..., None]
         _own_thread: Callable[[str], None]
+        _owner_id: int | None
         last_schedule: Any
 
     _mem: CallMemory
@@ -139,7 +141,8 @@ class FastCalls:
     def _fast_go(self, prep: Any, ctx: CallContext, fn: Callable[[float], None], description: str, meta: tuple,
                  timeout: float | None, result: Any) -> Any:
         """Run a remembered call's `fn` as the communicator's next collective, recorded like any other."""
-        self._own_thread(description)
+        if get_ident() != self._owner_id:
+            self._own_thread(description)
         seq = self._op_seq
         self._op_seq = seq + 1
         ctx.op_seq = seq
