@@ -120,7 +120,7 @@ class CallMemory:
     """Everything one communicator remembers about calls: the tuner's cost model and choices, compiled plans,
     identity entries, call-shape entries, and the objects called once (weakly)."""
 
-    __slots__ = ("model", "schedules", "prepared", "by_object", "by_shape", "seen", "resets")
+    __slots__ = ("model", "schedules", "prepared", "by_object", "by_shape", "seen")
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
@@ -129,14 +129,12 @@ class CallMemory:
         self.by_object: dict[tuple, IdentityEntry] = {}
         self.by_shape: dict[tuple, ShapeEntry] = {}
         self.seen: dict[tuple, weakref.ref | None] = {}
-        self.resets = 0
 
     def reset(self, model: Any = None) -> None:
         """Forget every remembered choice, plan and entry, and pick with `model` from now on."""
         self.model = model
         for d in (self.schedules, self.prepared, self.by_object, self.by_shape, self.seen):
             d.clear()
-        self.resets += 1
 
     def entries(self) -> int:
         """How many identity and call-shape entries are held."""

@@ -48,7 +48,7 @@ from .executor import GOODBYE_GRACE_S, CallContext, Waiter, _Broken, bind, descr
 from .groups import Groups
 from .identity import set_default
 from .objects import ObjectCalls
-from .ops import UFUNCS, Buf, parse_op
+from .ops import UFUNCS, Buf, parse_op, same_memory
 from .p2p import PointToPoint
 from .watchdog import Watchdog
 from .work import LANE_THREADS, Lane, Work
@@ -397,9 +397,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
                  splits: tuple[tuple[int, ...], ...] | None = None, ident: tuple = ()) -> None:
         """Run one collective call; `schedule=None` asks the tuner (cached per call shape)."""
         dtype = out.dtype
-        # in place: the same memory exactly (partial overlaps were copied by ops.unaliased)
-        inplace = inp is out or (inp.size > 0 and inp.nbytes == out.nbytes and np.may_share_memory(inp, out)
-                                 and hotpath.address(inp) == hotpath.address(out))
+        inplace = same_memory(inp, out)   # partial overlaps were copied by ops.unaliased
         key = (coll, count, dtype, opname, root, inplace, splits, None if schedule is None else id(schedule))
         calls = self._mem.prepared
         prep = calls.get(key)

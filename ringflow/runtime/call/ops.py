@@ -91,14 +91,18 @@ class Buf:
         self.flat = arr.reshape(-1)
 
 
+def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """True if two flat arrays are the same memory exactly (same start and size): a call on them works in place."""
+    return a is b or (a.size > 0 and a.nbytes == b.nbytes and np.may_share_memory(a, b)
+                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 def unaliased(x: Buf, out: Buf) -> Buf:
-    """x itself, or a private copy of it where it overlaps `out` other than exactly (same start and size: in
-    place): a collective's output may then be written while its input is still read, so the input is copied
-    first and every rank gets the exact result. The copy's `orig` is None (it is never remembered)."""
+    """x itself, or a private copy of it where it overlaps `out` other than exactly (`same_memory`: in place): a
+    collective's output may then be written while its input is still read, so the input is copied first and
+    every rank gets the exact result. The copy's `orig` is None (it is never remembered)."""
     xf, of = x.flat, out.flat
-    if xf is of or not xf.size or not of.size or not np.may_share_memory(xf, of):
-        return x
-    if xf.nbytes == of.nbytes and xf.__array_interface__["data"][0] == of.__array_interface__["data"][0]:
+    if not xf.size or not of.size or same_memory(xf, of) or not np.may_share_memory(xf, of):
         return x
     c = Buf.__new__(Buf)
     c.orig, c.arr = None, x.arr.copy()
