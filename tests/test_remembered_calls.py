@@ -8,6 +8,7 @@ allowed outcomes are the exact result on every rank or a typed error on every ra
 """
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -50,14 +51,14 @@ TALLY: Counter[str] = Counter()   # steps run, by kind: the test's size, printed
 class Job:
     """Two rank processes under `ringflow run`, each connected to this driver."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         key = secrets.token_bytes(16)
         self.listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = self.listener.address
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ringflow", "run", "-n", str(NRANKS), "--no-bind", "--timeout", "900", "--",
              sys.executable, str(ROOT / "tests" / "remembered_ranks.py"), f"{host}:{port}", key.hex()],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
         self.conns: list[Any] = [None] * NRANKS
         accepted = [self.listener.accept() for _ in range(NRANKS)]   # each rank's handshake, before its init
         for c in accepted:
@@ -85,9 +86,11 @@ class Job:
         return out
 
 
-@pytest.fixture(scope="module")
-def job() -> Any:
-    j = Job()
+# with the flight recorder off, a remembered call on NumPy arrays runs as one C call (hotpath.call_runner); with it
+# on, through the recorder in Python
+@pytest.fixture(scope="module", params=["recorder on", "recorder off"])
+def job(request: pytest.FixtureRequest) -> Any:
+    j = Job({} if request.param == "recorder on" else {"RINGFLOW_FLIGHT_RECORDER": "0"})
     yield j
     out = j.close()
     assert j.proc.returncode == 0, out[-3000:]

@@ -62,10 +62,10 @@ def weak(obj: Any) -> weakref.ref | None:
 
 class IdentityEntry:
     """A call remembered for the very objects it was made with: their weak references and states, and the native
-    runner of its plan (`go(deadline)`)."""
+    runner of its plan (`go(deadline)`; for NumPy arrays also `runner`, the whole call in C)."""
 
     __slots__ = ("xref", "outref", "xstate", "outstate", "read", "dtypes", "prep", "hot", "ctx", "bases", "scratch",
-                 "go", "average", "meta", "description")
+                 "go", "runner", "average", "meta", "description")
 
     def __init__(self, x: Any, out: Any, prep: Any, hot: hotpath.Prepared, ctx: CallContext,
                  bases: tuple[int, int, int], scratch: np.ndarray | None, go: Callable[[float], None], average: bool,
@@ -77,6 +77,9 @@ class IdentityEntry:
         self.prep, self.hot, self.ctx, self.go, self.bases = prep, hot, ctx, go, bases   # bases: IN, OUT, SCRATCH
         self.scratch = scratch   # the communicator's scratch array the plan's addresses point into (None: none)
         self.average, self.meta, self.description = average, meta, description
+        # the whole repeated call in C, re-checking both arrays (None: x or out is not an ndarray, or the plan has
+        # its own check exchange; `go` serves those)
+        self.runner = hotpath.call_runner(hot, ctx, bases, x, out)
 
     def matches(self, x: Any, out: Any) -> bool:
         """True if x and out are the objects remembered, in the state remembered."""

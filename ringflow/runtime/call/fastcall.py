@@ -6,7 +6,8 @@ shape is remembered, and from the second call with the same objects on, so are t
 (`callmemory.IdentityEntry`: weak references and the state that determines the plan). A remembered
 call only re-reads that state, bumps the sequence number, sets the deadline and runs the native
 plan: the argument check across ranks still happens, inside the plan's first messages or its check
-exchange. Anything unusual (async_op, a failed communicator, a pending async call, a changed dtype,
+exchange. On NumPy arrays, with the flight recorder off, the re-read of both arrays, the deadline and the
+plan's first native pass are one C call (`hotpath.call_runner`). Anything unusual (async_op, a failed communicator, a pending async call, a changed dtype,
 shape, stride, address or writeability) takes the full path, whose rules are the only rules.
 
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
@@ -71,7 +72,12 @@ class FastCalls:
         f = by_object.get(key)
         if f is None:
             return MISS
-        if f.prep.hot is not f.hot or not f.matches(x, out):
+        if f.prep.hot is not f.hot:
+            by_object.pop(key, None)
+            return MISS
+        if f.runner is not None and self._rec is None:
+            return self._fast_native(f, key, x, out, timeout)
+        if not f.matches(x, out):
             by_object.pop(key, None)
             return MISS
         result = x if out is None else out
@@ -84,6 +90,38 @@ class FastCalls:
                 finish_avg(as_numpy(result).reshape(-1), n)
             return self._fast_go(f.prep, f.ctx, avg, f.description, f.meta, timeout, result)
         return self._fast_go(f.prep, f.ctx, go, f.description, f.meta, timeout, result)
+
+    def _fast_native(self, f: IdentityEntry, key: tuple, x: Any, out: Any, timeout: float | None) -> Any:
+        """`_fast_again` for NumPy arrays with the recorder off: the re-check of x and out, the deadline and the
+        plan's first native pass are one C call (`IdentityEntry.runner`); only a call that pass leaves unfinished
+        goes on in Python."""
+        if get_ident() != self._owner_id:
+            self._own_thread(f.description)
+        prep = f.prep
+        seq, last = self._op_seq, self._last_call
+        self._op_seq = seq + 1
+        self._last_call, self._in_call = (seq, prep.desc), True
+        self.last_schedule = prep.schedule
+        spans = self._transport.regions.packed
+        try:
+            rc = f.runner.go(x, out, seq, self.timeout if timeout is None else timeout, spans)
+        except BaseException:
+            self._in_call = False
+            raise
+        if rc:
+            if rc < 0:   # x or out is not what was remembered: nothing ran, the full path decides
+                self._op_seq, self._last_call, self._in_call = seq, last, False
+                self._mem.by_object.pop(key, None)
+                return MISS
+            ctx, hot, bases = f.ctx, f.hot, f.bases
+            ctx.op_seq, ctx.deadline = seq, f.runner.deadline
+            self._guard(lambda _: hotpath.resume(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
+        else:
+            self._in_call = False
+        result = x if out is None else out
+        if f.average:
+            finish_avg(as_numpy(result).reshape(-1), self.size)
+        return result
 
     def _shape_run(self, key: tuple, fast_key: tuple | None, x: np.ndarray, out: Any, timeout: float | None) -> Any:
         """Run the call shape remembered under `key` on arrays x and out (within `timeout` s; the communicator is

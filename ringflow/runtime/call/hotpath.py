@@ -11,6 +11,7 @@ a call whose connections a peer has not created yet (the next call tries again).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -229,10 +230,10 @@ def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans
         if bad:
             raise bad[0][1].error(ctx.description)
     prep.steps.hp.reset()
-    _steps(prep, ctx, bases, spans, None)
+    resume(prep, ctx, bases, spans, None)
 
 
-def _steps(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes, rc: int | None) -> None:
+def resume(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes, rc: int | None) -> None:
     """The call's steps from where they stand to the end (`rc`: what their last native pass returned; None: run
     one); a message of another call raises."""
     bad = _drive(prep.steps, ctx, bases, spans, rc)
@@ -279,7 +280,7 @@ def _drive(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes
 def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], regions: Any) -> Any:
     """`execute` for one remembered call (the repeated-call path), as one function of the deadline (and of other
     addresses than `bases`, for a remembered call shape): a plan that checks itself runs its first native pass
-    inline, and only what that pass leaves goes through `_steps`."""
+    inline, and only what that pass leaves goes through `resume`."""
     if prep.check is not None:
         return lambda deadline, b=bases: execute(prep, ctx, b, regions.packed)
     hp, w = prep.steps.hp, ctx.waiter
@@ -290,8 +291,22 @@ def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], region
         rc = hp.run(ctx.sig, ctx.op_seq, ctx.deadline, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s, b[0], b[1],
                     b[2], spans)
         if rc != RC_DONE:
-            _steps(prep, ctx, b, spans, rc)
+            resume(prep, ctx, b, spans, rc)
     return go
+
+
+def call_runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], x: Any, out: Any) -> Any:
+    """A remembered call on NumPy arrays x (and out) as one C object (`_hotpath.Runner`): its `go(x, out, op_seq,
+    timeout_s, spans)` re-checks that x and out are the arrays remembered in the state remembered (else returns -1,
+    having done nothing) and runs the plan's first native pass; None where the plan needs its own check exchange or
+    an array is not exactly an ndarray (`runner` serves those)."""
+    if prep.check is not None or native._hotpath is None or type(x) is not np.ndarray \
+            or (out is not None and type(out) is not np.ndarray):
+        return None
+    w, st = ctx.waiter, native._hotpath.array_state
+    return native._hotpath.runner(prep.steps.hp, weakref.ref(x), st(x), None if out is None else weakref.ref(out),
+                                  None if out is None else st(out), ctx.sig, w.bell.fd,
+                                  w.hot_s if ctx.ll else 0.0, w.spin_s, *bases)
 
 
 def _conn_of(plan: NativePlan, peer: int, kind: type) -> Any:

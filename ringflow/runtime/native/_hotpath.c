@@ -568,20 +568,15 @@ static int run_locals(HotPlan *p, int s, int early)
     return 0;
 }
 
-/* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s, in_addr, out_addr, scratch_addr, spans) -> rc */
-static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
+/* Runs the plan from where it stands (the step `p->step`) on the call's buffers, the GIL released, until it is
+ * done, a step found a mismatch, an error, or one bounded sleep passed without progress (RC_STALLED). */
+static int run_plan(HotPlan *p, uint64_t sig, uint64_t op_seq, double deadline, int bell, double hot_s, double spin_s,
+                    uint64_t in_addr, uint64_t out_addr, uint64_t scratch_addr, const uint64_t *spans, int64_t nspans)
 {
-    unsigned long long sig, op_seq, in_addr, out_addr, scratch_addr;
-    double deadline, hot_s, spin_s;
-    int bell;
-    Py_buffer spans;
-    if (!PyArg_ParseTuple(args, "KKdiddKKKy*", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s, &in_addr, &out_addr,
-                          &scratch_addr, &spans))
-        return NULL;
     p->sig = sig & 0xFFFFFFFFull, p->op_seq = op_seq;
     p->base[0] = (char *)(uintptr_t)in_addr, p->base[1] = (char *)(uintptr_t)out_addr;
     p->base[2] = (char *)(uintptr_t)scratch_addr;
-    p->spans = (const uint64_t *)spans.buf, p->nspans = spans.len / 24;
+    p->spans = spans, p->nspans = nspans;
     int rc = RC_DONE;
     Py_BEGIN_ALLOW_THREADS
     while (p->step < p->nsteps) {
@@ -644,6 +639,21 @@ static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
 out:
     Py_END_ALLOW_THREADS
     p->spans = NULL, p->nspans = 0;
+    return rc;
+}
+
+/* run(sig, op_seq, deadline, bell_fd, hot_s, spin_s, in_addr, out_addr, scratch_addr, spans) -> rc */
+static PyObject *HotPlan_run(HotPlan *p, PyObject *args)
+{
+    unsigned long long sig, op_seq, in_addr, out_addr, scratch_addr;
+    double deadline, hot_s, spin_s;
+    int bell;
+    Py_buffer spans;
+    if (!PyArg_ParseTuple(args, "KKdiddKKKy*", &sig, &op_seq, &deadline, &bell, &hot_s, &spin_s, &in_addr, &out_addr,
+                          &scratch_addr, &spans))
+        return NULL;
+    int rc = run_plan(p, sig, op_seq, deadline, bell, hot_s, spin_s, in_addr, out_addr, scratch_addr,
+                      (const uint64_t *)spans.buf, spans.len / 24);
     PyBuffer_Release(&spans);
     return PyLong_FromLong(rc);
 }
@@ -1100,22 +1110,14 @@ typedef struct {
 #define ARRAY_C_CONTIGUOUS 0x0001   /* NPY_ARRAY_C_CONTIGUOUS */
 #define ARRAY_WRITEABLE 0x0400      /* NPY_ARRAY_WRITEABLE */
 
-/* array_state(a) -> bytes: what determines a remembered call's plan about an array, in one call (attribute
-   reads from Python cost a microsecond): data address, dtype object, contiguity and writeability, shape and
-   strides. Equal bytes mean the same memory seen the same way, as long as the caller keeps the dtype alive. */
-static PyObject *array_state(PyObject *self, PyObject *arg)
+/* What determines a remembered call's plan about an array, as words: data address, dtype object, contiguity and
+   writeability, shape and strides (buf holds 3 + 2 * 64 words); the word count, or -1 for a dimension count out of
+   range. Equal words mean the same memory seen the same way, as long as the caller keeps the dtype alive. */
+static int state_words(ArrayFields *a, intptr_t *buf)
 {
-    if (ndarray_type == NULL || !PyObject_TypeCheck(arg, ndarray_type)) {
-        PyErr_SetString(PyExc_TypeError, "array_state() takes a numpy.ndarray (after set_array_type)");
-        return NULL;
-    }
-    ArrayFields *a = (ArrayFields *)arg;
     int nd = a->nd;
-    if (nd < 0 || nd > 64) {
-        PyErr_SetString(PyExc_ValueError, "array_state(): the array's dimension count is out of range");
-        return NULL;
-    }
-    intptr_t buf[3 + 2 * 64];
+    if (nd < 0 || nd > 64)
+        return -1;
     buf[0] = (intptr_t)a->data;
     buf[1] = (intptr_t)a->descr;
     buf[2] = ((intptr_t)nd << 32) | (a->flags & (ARRAY_C_CONTIGUOUS | ARRAY_WRITEABLE));
@@ -1123,7 +1125,23 @@ static PyObject *array_state(PyObject *self, PyObject *arg)
         buf[3 + i] = a->dimensions[i];
         buf[3 + nd + i] = a->strides[i];
     }
-    return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)((3 + 2 * nd) * sizeof(intptr_t)));
+    return 3 + 2 * nd;
+}
+
+/* array_state(a) -> bytes: state_words in one call (attribute reads from Python cost a microsecond). */
+static PyObject *array_state(PyObject *self, PyObject *arg)
+{
+    if (ndarray_type == NULL || !PyObject_TypeCheck(arg, ndarray_type)) {
+        PyErr_SetString(PyExc_TypeError, "array_state() takes a numpy.ndarray (after set_array_type)");
+        return NULL;
+    }
+    intptr_t buf[3 + 2 * 64];
+    int n = state_words((ArrayFields *)arg, buf);
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "array_state(): the array's dimension count is out of range");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)(n * sizeof(intptr_t)));
 }
 
 static PyObject *address(PyObject *self, PyObject *arg)
@@ -1134,6 +1152,121 @@ static PyObject *address(PyObject *self, PyObject *arg)
     }
     return PyLong_FromVoidPtr(((ArrayHead *)arg)->data);
 }
+
+/* ------------------------------------------------------------------ the remembered call, in one C call */
+/* A Runner is a call remembered for the very arrays it was made with (fastcall.py): its native plan, the buffer
+ * addresses, and what determines the plan about each array (weak reference, state words). `go` re-checks them all
+ * and runs the plan, so a repeated call costs one C call beyond the communicator's own bookkeeping. */
+typedef struct {
+    PyObject_HEAD
+    HotPlan *plan;
+    PyObject *xref, *xstate;     /* weakref.ref to x, and array_state(x) when remembered */
+    PyObject *outref, *outstate; /* the same for out; NULL where the call had no out */
+    uint64_t sig, base[3];
+    int bell;
+    double hot_s, spin_s;
+    double deadline;             /* the deadline of the latest go(), for resuming a call go() left unfinished */
+} Runner;
+
+static PyTypeObject RunnerType;
+
+/* 1 if `obj` is the array `ref` refers to, in the state `state` holds; 0 otherwise */
+static int same_array(PyObject *obj, PyObject *ref, PyObject *state)
+{
+    if (PyWeakref_GetObject(ref) != obj || ndarray_type == NULL || Py_TYPE(obj) != ndarray_type)
+        return 0;
+    intptr_t buf[3 + 2 * 64];
+    int n = state_words((ArrayFields *)obj, buf);
+    Py_ssize_t len = PyBytes_GET_SIZE(state);
+    return n >= 0 && len == (Py_ssize_t)(n * sizeof(intptr_t)) && !memcmp(buf, PyBytes_AS_STRING(state), (size_t)len);
+}
+
+/* runner(plan, xref, xstate, outref, outstate, sig, bell_fd, hot_s, spin_s, in, out, scratch) -> Runner
+ * (outref and outstate None where the call has no out) */
+static PyObject *make_runner(PyObject *self, PyObject *args)
+{
+    PyObject *plan, *xref, *xstate, *outref, *outstate;
+    unsigned long long sig, b0, b1, b2;
+    int bell;
+    double hot_s, spin_s;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOKiddKKK", &HotPlanType, &plan, &_PyWeakref_RefType, &xref, &PyBytes_Type,
+                          &xstate, &outref, &outstate, &sig, &bell, &hot_s, &spin_s, &b0, &b1, &b2))
+        return NULL;
+    int has_out = outref != Py_None;
+    if (has_out != (outstate != Py_None) ||
+        (has_out && (!PyWeakref_CheckRefExact(outref) || !PyBytes_Check(outstate)))) {
+        PyErr_SetString(PyExc_TypeError, "runner(): outref and outstate are a weakref.ref and bytes, or both None");
+        return NULL;
+    }
+    Runner *r = PyObject_New(Runner, &RunnerType);
+    if (!r)
+        return NULL;
+    r->plan = (HotPlan *)Py_NewRef(plan);
+    r->xref = Py_NewRef(xref), r->xstate = Py_NewRef(xstate);
+    r->outref = has_out ? Py_NewRef(outref) : NULL, r->outstate = has_out ? Py_NewRef(outstate) : NULL;
+    r->sig = sig, r->bell = bell, r->hot_s = hot_s, r->spin_s = spin_s;
+    r->base[0] = b0, r->base[1] = b1, r->base[2] = b2;
+    r->deadline = 0;
+    return (PyObject *)r;
+}
+
+/* go(x, out, op_seq, timeout_s, spans) -> rc, or -1 (nothing done) where x or out is not the array remembered
+ * in the state remembered */
+static PyObject *Runner_go(Runner *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "go(x, out, op_seq, timeout_s, spans: bytes)");
+        return NULL;
+    }
+    PyObject *x = args[0], *out = args[1];
+    if (!same_array(x, r->xref, r->xstate) ||
+        (r->outref == NULL ? out != Py_None : !same_array(out, r->outref, r->outstate)))
+        return PyLong_FromLong(-1);
+    unsigned long long op_seq = PyLong_AsUnsignedLongLong(args[2]);
+    double timeout_s = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    HotPlan *p = r->plan;
+    p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
+    r->deadline = now_s() + timeout_s;
+    Py_ssize_t nspans = PyBytes_GET_SIZE(args[4]) / 24;
+    int rc = run_plan(p, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1],
+                      r->base[2], (const uint64_t *)PyBytes_AS_STRING(args[4]), nspans);
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *Runner_deadline(Runner *r, void *Py_UNUSED(closure)) { return PyFloat_FromDouble(r->deadline); }
+
+static void Runner_dealloc(Runner *r)
+{
+    Py_XDECREF(r->plan);
+    Py_XDECREF(r->xref);
+    Py_XDECREF(r->xstate);
+    Py_XDECREF(r->outref);
+    Py_XDECREF(r->outstate);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+static PyMethodDef Runner_methods[] = {
+    {"go", (PyCFunction)(void (*)(void))Runner_go, METH_FASTCALL,
+     "go(x, out, op_seq, timeout_s, spans) -> rc, or -1 where x or out changed (nothing done)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Runner_getset[] = {
+    {"deadline", (getter)Runner_deadline, NULL, "the deadline of the latest go() (time.monotonic seconds)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RunnerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ringflow.runtime.native._hotpath.Runner",
+    .tp_basicsize = sizeof(Runner),
+    .tp_dealloc = (destructor)Runner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a call remembered for its arrays: re-checks them and runs its native plan in one call",
+    .tp_methods = Runner_methods,
+    .tp_getset = Runner_getset,
+};
 
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
@@ -1146,6 +1279,7 @@ static PyMethodDef methods[] = {
     {"array_state", array_state, METH_O, "array_state(ndarray) -> bytes: address, dtype, flags, shape, strides"},
     {"set_array_type", set_array_type, METH_O, "set_array_type(numpy.ndarray): the type address() takes"},
     {"address", address, METH_O, "a NumPy array's data address (as ndarray.ctypes.data)"},
+    {"runner", make_runner, METH_VARARGS, "a remembered call's Runner (see Runner.go)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1153,7 +1287,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath", "the nati
 
 PyMODINIT_FUNC PyInit__hotpath(void)
 {
-    if (PyType_Ready(&HotPlanType) < 0)
+    if (PyType_Ready(&HotPlanType) < 0 || PyType_Ready(&RunnerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
