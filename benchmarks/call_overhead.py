@@ -2,6 +2,7 @@
 """Where the time of a small collective goes: the native loop alone, the Python around it, the full path.
 
     .venv/bin/python benchmarks/call_overhead.py --nranks 2 --json overhead.json
+    RINGFLOW_FLIGHT_RECORDER=0 .venv/bin/python benchmarks/call_overhead.py --nranks 2,4 --parts
 
 Per rank count, two jobs (native executor on, and RINGFLOW_NATIVE=0), each timing an 8-byte
 all-reduce (float32) with ringflow.runtime.bench.median_call_s (the slowest rank's median time per
@@ -14,6 +15,19 @@ call) in these ways:
   the new array's address), minus the time to make the array (measured alone).
 
 Each row is a separate measurement; the differences between rows are the per-call overhead of each layer.
+
+``--parts`` adds, for the native job, the breakdown of the repeated call (same array) into its layers, each
+measured in the same job, and the waits' counters of the native module (`_hotpath.stats`) over that row:
+
+* ``Python entry``: the communicator's Python (argument key, remembered-call lookup, open/owner checks, sequence
+  number and call bookkeeping): the full call minus one ``Runner.go`` called from Python.
+* ``C call and re-checks``: ``Runner.go`` minus the native loop run in C (the Python-to-C call, the weak
+  reference and array-state re-check of x, the deadline).
+* ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls), split into
+  ``waiting for the peer's flag`` (time inside the native waits: the peer's message crossing cores plus the
+  ranks' skew) and ``own work`` (the rest: slot copy, header words, reduction, bookkeeping).
+* per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
+With the flight recorder on (the default under ``ringflow run``), the full call also pays the recorder.
 """
 from __future__ import annotations
 
@@ -32,9 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def worker(out: str) -> None:
+def worker(out: str, parts: bool) -> None:
     """One rank: time each layer, write rank 0's rows."""
     import ringflow
+    from ringflow.runtime import native
     from ringflow.runtime.bench import median_call_s
     from ringflow.runtime.call import hotpath
     from ringflow.runtime.transport.manager import LANE_COLL
@@ -49,12 +64,20 @@ def worker(out: str) -> None:
 
     rows: dict[str, float] = {}
 
-    def timed(name: str, call: object) -> None:
-        rows[name] = median_call_s(call, comm.barrier, slowest, iters=30)[0] * 1e6  # type: ignore[arg-type]
+    def timed(name: str, call: object, per: int = 1) -> None:
+        rows[name] = median_call_s(call, comm.barrier, slowest, iters=30)[0] * 1e6 / per  # type: ignore[arg-type]
+
+    def counted(name: str, call: object, per: int = 1) -> dict[str, float]:
+        """`timed`, and the native module's wait counters per call over it."""
+        before = native._hotpath.stats()
+        timed(name, call, per)
+        after = native._hotpath.stats()
+        runs = max(1, after["runs"] - before["runs"])
+        return {k: (after[k] - before[k]) / runs for k in ("waits", "wait_ns", "sleeps", "rings")}
 
     for _ in range(20):
         comm.all_reduce(x, op="max")
-    timed("same array: comm.all_reduce(x)", lambda: comm.all_reduce(x, op="max"))
+    full = counted("same array: comm.all_reduce(x)", lambda: comm.all_reduce(x, op="max"))
     # the remembered call, taken before the new arrays below crowd the repeated-call table
     fast = next((f for k, f in comm._mem.by_object.items() if k[0] == "all_reduce" and k[1] == id(x)), None)
     timed("making the array alone", lambda: np.ones(2, np.float32))
@@ -78,17 +101,68 @@ def worker(out: str) -> None:
 
         timed("hotpath.execute", execute_plain)
         timed("native loop (HotPlan.run)", loop)
+        if parts and fast.runner is not None:
+            _parts(rows, full, fast, x, regions, comm, counted)
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
     comm.destroy()
 
 
-def run_job(n: int, native: bool) -> dict[str, float]:
+REPEAT = 50   # calls per Runner.repeat
+
+
+def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.ndarray, regions: object,
+           comm: object, counted: object) -> None:
+    """The breakdown rows of --parts (see the module docstring)."""
+    from ringflow.runtime.call import hotpath
+    r, hp, ctx, bases = fast.runner, fast.hot.steps.hp, fast.ctx, fast.bases   # type: ignore[attr-defined]
+    w = ctx.waiter
+    sig, fd, hot_s, spin_s = ctx.sig, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s
+    seq = [comm._op_seq]   # type: ignore[attr-defined]  # every rank makes the same calls, so the same numbers
+
+    def go() -> None:
+        rc = r.go(x, None, seq[0], 60.0, regions.packed)   # type: ignore[attr-defined]
+        while rc == hotpath.RC_STALLED:   # a peer was descheduled: resume, as hotpath.resume does
+            rc = hp.run(sig, seq[0], r.deadline, fd, hot_s, spin_s, *bases, regions.packed)  # type: ignore
+        seq[0] += 1
+        if rc != hotpath.RC_DONE:
+            raise RuntimeError(f"Runner.go ended with code {rc}")
+
+    def repeat() -> None:
+        rc = r.repeat(x, None, seq[0], REPEAT, 60.0, regions.packed)   # type: ignore[attr-defined]
+        seq[0] += REPEAT
+        if rc != hotpath.RC_DONE:
+            raise RuntimeError(f"Runner.repeat ended with code {rc}")
+
+    counted("one C call (Runner.go)", go)   # type: ignore[operator]
+    native_c = counted("native loop in C (Runner.repeat)", repeat, REPEAT)   # type: ignore[operator]
+    comm._op_seq = seq[0]   # type: ignore[attr-defined]
+    total, c_call = rows["same array: comm.all_reduce(x)"], rows["one C call (Runner.go)"]
+    loop = rows["native loop in C (Runner.repeat)"]
+    wait_us = native_c["wait_ns"] / 1e3
+    rows.update({
+        "parts: Python entry": total - c_call,
+        "parts: C call and re-checks": c_call - loop,
+        "parts: native loop": loop,
+        "parts:   waiting for the peer's flag": wait_us,
+        "parts:   own work": loop - wait_us,
+        "parts: full call": total,
+        "per call (native loop): waits": native_c["waits"],
+        "per call (native loop): sleeps": native_c["sleeps"],
+        "per call (native loop): doorbells rung": native_c["rings"],
+        "per call (full call): sleeps": full["sleeps"],
+        "per call (full call): doorbells rung": full["rings"],
+    })
+
+
+def run_job(n: int, native: bool, parts: bool = False) -> dict[str, float]:
     """One job of n ranks; rank 0's rows."""
     with tempfile.TemporaryDirectory(prefix="rf-ovh-") as tmp:
         out = os.path.join(tmp, "rows.json")
         env = dict(os.environ, RINGFLOW_NATIVE="1" if native else "0")
         cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), sys.executable, __file__, "--worker", out]
+        if parts:
+            cmd.append("--parts")
         subprocess.run(cmd, env=env, check=True, timeout=600)
         return json.loads(Path(out).read_text())
 
@@ -97,20 +171,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nranks", default="2,4")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--parts", action="store_true", help="the repeated call's breakdown (native job)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        worker(a.worker)
+        worker(a.worker, a.parts)
         return 0
     result = {}
     for n in (int(v) for v in a.nranks.split(",")):
         for native in (True, False):
-            rows = run_job(n, native)
+            rows = run_job(n, native, a.parts and native)
             label = f"{n} ranks, native {'on' if native else 'off'}"
             result[label] = rows
             print(f"== {label}: 8-byte all_reduce, us per call (slowest rank's median)")
             for k, v in rows.items():
-                print(f"  {k:<42}{v:>8.2f}")
+                print(f"  {k:<44}{v:>8.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0

@@ -6,9 +6,10 @@ shape is remembered, and from the second call with the same objects on, so are t
 (`callmemory.IdentityEntry`: weak references and the state that determines the plan). A remembered
 call only re-reads that state, bumps the sequence number, sets the deadline and runs the native
 plan: the argument check across ranks still happens, inside the plan's first messages or its check
-exchange. On NumPy arrays, with the flight recorder off, the re-read of both arrays, the deadline and the
-plan's first native pass are one C call (`hotpath.call_runner`). Anything unusual (async_op, a failed communicator, a pending async call, a changed dtype,
-shape, stride, address or writeability) takes the full path, whose rules are the only rules.
+exchange. On NumPy arrays, with the flight recorder off, the re-read of both arrays, the deadline
+and the plan's first native pass are one C call (`hotpath.call_runner`). Anything unusual (async_op,
+a failed communicator, a pending async call, a changed dtype, shape, stride, address or
+writeability) takes the full path, whose rules are the only rules.
 
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
 or that the call allocates it or works in place, op or root): a later call on other arrays of that

@@ -213,6 +213,9 @@ typedef struct {
 
 static int bell_fd = -1;
 static unsigned long long n_runs, n_cma_reads; /* calls completed natively, messages read by single copy */
+/* where the waits went (benchmarks/call_overhead.py --parts): waits, their nanoseconds, sleeps on the doorbell,
+   doorbells rung for a sleeping peer */
+static unsigned long long n_waits, wait_ns, n_sleeps, n_rings;
 
 static void ring(HotPlan *p, int b)
 {
@@ -230,6 +233,7 @@ static void ring(HotPlan *p, int b)
             fd = none;
         }
     }
+    __atomic_add_fetch(&n_rings, 1, __ATOMIC_RELAXED);
     (void)sendto(fd, "\1", 1, MSG_DONTWAIT, (struct sockaddr *)&p->bells[b], p->bell_len[b]);
 }
 
@@ -504,11 +508,14 @@ static void start_step(HotPlan *p, int s)
 static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, double deadline)
 {
     int lo = p->step_start[s], hi = p->step_start[s + 1];
-    double end = now_s() + (hot_s > 0 ? hot_s : spin_s);
+    double start = now_s(), end = start + (hot_s > 0 ? hot_s : spin_s);
+    int woke = 0;
     for (;;) {
         for (int k = lo; k < hi; k++)
-            if (!p->ops[k].done && (p->ops[k].prev < 0 || p->ops[p->ops[k].prev].done) && ready(&p->ops[k]))
-                return 1;
+            if (!p->ops[k].done && (p->ops[k].prev < 0 || p->ops[p->ops[k].prev].done) && ready(&p->ops[k])) {
+                woke = 1;
+                goto done;
+            }
         if (now_s() > end)
             break;
         if (hot_s <= 0)
@@ -517,7 +524,6 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
     for (int k = lo; k < hi; k++)
         if (!p->ops[k].done)
             set_waiting(&p->ops[k], 1);
-    int woke = 0;
     for (int k = lo; k < hi; k++)
         if (!p->ops[k].done && (p->ops[k].prev < 0 || p->ops[p->ops[k].prev].done) && ready(&p->ops[k]))
             woke = 1;
@@ -526,6 +532,7 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
         if (left > 0) {
             if (left > 0.005)
                 left = 0.005;
+            __atomic_add_fetch(&n_sleeps, 1, __ATOMIC_RELAXED);
             struct pollfd pf = {bell, POLLIN, 0};
             (void)poll(&pf, 1, (int)(left * 1000) + 1);
             char buf[256];
@@ -536,6 +543,9 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
     for (int k = lo; k < hi; k++)
         if (!p->ops[k].done)
             set_waiting(&p->ops[k], 0);
+done:
+    __atomic_add_fetch(&n_waits, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&wait_ns, (unsigned long long)((now_s() - start) * 1e9), __ATOMIC_RELAXED);
     return woke;
 }
 
@@ -986,7 +996,8 @@ static PyObject *reduce_into(PyObject *self, PyObject *args)
 
 static PyObject *stats(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("{sKsK}", "runs", n_runs, "cma_reads", n_cma_reads);
+    return Py_BuildValue("{sKsKsKsKsKsK}", "runs", n_runs, "cma_reads", n_cma_reads, "waits", n_waits, "wait_ns",
+                         wait_ns, "sleeps", n_sleeps, "rings", n_rings);
 }
 
 /* protocol() -> {name: value}: the shared-memory protocol numbers this module was built with (_protocol.h) */
@@ -1235,6 +1246,39 @@ static PyObject *Runner_go(Runner *r, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLong(rc);
 }
 
+/* repeat(x, out, op_seq, n, timeout_s, spans) -> rc: go() n times in a row (op_seq, op_seq + 1, ...) without
+ * returning to Python, resuming a stalled call until its deadline, up to the first call that ends otherwise than
+ * done (its rc); the floor of a repeated call (benchmarks/call_overhead.py). Every rank must call it with the
+ * same n. */
+static PyObject *Runner_repeat(Runner *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyBytes_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "repeat(x, out, op_seq, n, timeout_s, spans: bytes)");
+        return NULL;
+    }
+    if (!same_array(args[0], r->xref, r->xstate) ||
+        (r->outref == NULL ? args[1] != Py_None : !same_array(args[1], r->outref, r->outstate)))
+        return PyLong_FromLong(-1);
+    unsigned long long op_seq = PyLong_AsUnsignedLongLong(args[2]);
+    long long n = PyLong_AsLongLong(args[3]);
+    double timeout_s = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    HotPlan *p = r->plan;
+    const uint64_t *spans = (const uint64_t *)PyBytes_AS_STRING(args[5]);
+    Py_ssize_t nspans = PyBytes_GET_SIZE(args[5]) / 24;
+    int rc = RC_DONE;
+    for (long long i = 0; i < n && rc == RC_DONE; i++) {
+        p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
+        r->deadline = now_s() + timeout_s;
+        do /* a stalled call (a peer descheduled) resumes until its deadline */
+            rc = run_plan(p, r->sig, op_seq + (unsigned long long)i, r->deadline, r->bell, r->hot_s, r->spin_s,
+                          r->base[0], r->base[1], r->base[2], spans, nspans);
+        while (rc == RC_STALLED && now_s() < r->deadline);
+    }
+    return PyLong_FromLong(rc);
+}
+
 static PyObject *Runner_deadline(Runner *r, void *Py_UNUSED(closure)) { return PyFloat_FromDouble(r->deadline); }
 
 static void Runner_dealloc(Runner *r)
@@ -1250,6 +1294,8 @@ static void Runner_dealloc(Runner *r)
 static PyMethodDef Runner_methods[] = {
     {"go", (PyCFunction)(void (*)(void))Runner_go, METH_FASTCALL,
      "go(x, out, op_seq, timeout_s, spans) -> rc, or -1 where x or out changed (nothing done)"},
+    {"repeat", (PyCFunction)(void (*)(void))Runner_repeat, METH_FASTCALL,
+     "repeat(x, out, op_seq, n, timeout_s, spans) -> rc: go() n times without returning to Python (a benchmark)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1269,7 +1315,9 @@ static PyTypeObject RunnerType = {
 };
 
 static PyMethodDef methods[] = {
-    {"stats", stats, METH_NOARGS, "{runs, cma_reads}: plans completed natively and single-copy reads"},
+    {"stats", stats, METH_NOARGS,
+     "{runs, cma_reads, waits, wait_ns, sleeps, rings}: plans completed natively, single-copy reads, waits for a "
+     "peer, nanoseconds in them, sleeps on the doorbell, doorbells rung"},
     {"protocol", protocol, METH_NOARGS, "the shared-memory protocol numbers this module was built with"},
     {"plan_codes", plan_codes, METH_NOARGS, "the codes of a plan's rows: types, return codes, dtypes, ops"},
     {"store_release", (PyCFunction)(void (*)(void))store_release, METH_FASTCALL, "store_release(address, value)"},
