@@ -16,9 +16,12 @@ Model (all constants below are settable through `EfficiencyModel`):
   and the BF16 parts that remain).
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
-  are padded to capacity (GShard / Switch Transformer convention), else the balanced load (expert load
-  imbalance is not modelled). Expert GEMMs are grouped GEMMs over all local experts: same efficiency curve,
-  floored per pass by the local experts' weight traffic at HBM bandwidth (`expert_roofline_s`).
+  are padded to capacity (GShard / Switch Transformer convention), else the balanced load, times the layout's
+  ``expert_imbalance`` (the busiest expert's load over the balanced one). Expert GEMMs are grouped GEMMs over all
+  local experts: same efficiency curve, floored per pass by the local experts' weight traffic at HBM bandwidth
+  (`expert_roofline_s`); a grouped GEMM of 128 experts x 512 tokens (hidden 2048, width 768) measured 648-714
+  TFLOP/s on one H200 (issue 58), the dense curve's range. Each MoE layer and pass adds its router, token
+  permute/unpermute and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate fitted per kind).
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 
@@ -85,10 +88,14 @@ def gpu_of_topology(topo: Topology) -> GpuSpec:
 
 
 def _fitted_curve() -> dict[str, float]:
-    """eff_max, d_half, n_half as `ringflow.workload.fitting.refit` wrote them (fitting half only)."""
+    """eff_max, d_half, n_half and the MoE dispatchers' rates as `ringflow.workload.fitting.refit` wrote them
+    (fitting half only; a dispatcher without a fitted rate gets 0, the term left out)."""
     path = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
     c = json.loads(path.read_text())["constants"]
-    return {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
+    out = {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
+    rates = c.get("dispatch_eps") or {}
+    out.update({f"{k}_dispatch_eps": float(rates.get(k, 0.0)) for k in ("alltoall", "flex")})
+    return out
 
 
 _CURVE = _fitted_curve()
@@ -104,6 +111,14 @@ class EfficiencyModel:
     mem_eff: float = 0.8       # fraction of HBM bandwidth that elementwise kernels reach (assumption)
     fp8_gemm_factor: float = 0.7  # fraction of FP8's 2x peak that real GEMMs reach (assumption)
     software_factor: float = 1.0  # framework efficiency multiplier (see SOFTWARE_PROFILES)
+    # MoE token dispatchers: routed elements per second per GPU and pass (workload/moe.py); fitted, 0 = left out
+    alltoall_dispatch_eps: float = _CURVE["alltoall_dispatch_eps"]
+    flex_dispatch_eps: float = _CURVE["flex_dispatch_eps"]
+    fused_permute: bool = True    # MoE permute/unpermute as one fused kernel (Megatron --moe-permute-fusion)
+
+    def dispatch_eps(self, dispatcher: str) -> float:
+        """The fitted rate of a token dispatcher kind (moe.DISPATCHERS)."""
+        return self.flex_dispatch_eps if dispatcher == "flex" else self.alltoall_dispatch_eps
 
     def gemm_efficiency(self, d: float, n: float) -> float:
         """Fraction of peak a GEMM of width d with n rows reaches."""
@@ -187,6 +202,14 @@ def expert_roofline_s(flops: float, params: float, weight_bytes: float, rate: fl
     return fwd, bwd
 
 
+def _moe_layer_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyModel, tokens: float,
+                 mem_Bps: float) -> float:
+    """Router, permute/unpermute and dispatcher seconds of one MoE layer and pass (workload/moe.py)."""
+    from .moe import layer_cost
+    return layer_cost(tokens, model.top_k, model.hidden, model.experts, mem_Bps, gpu.hbm_GBps * 1e9,
+                      e.dispatch_eps(layout.ep_dispatcher) if layout.ep > 1 else 0.0, e.fused_permute).total_s
+
+
 def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
                      eff: EfficiencyModel | None = None, stage: str | int = "middle") -> MicrobatchTimes:
     """Compute time of one micro-batch on one GPU of a pipeline stage (an index, or 'first', 'middle',
@@ -218,10 +241,11 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     # (read forward; read, and the FP32 main gradient read and written, backward)
     x_flops = tokens * ex * (1.0 + pad) / t
     x_params = n_moe * model.routed_expert_params() / (layout.expert_tp * layout.ep)
-    x_fwd, x_bwd = expert_roofline_s(x_flops, x_params, 1 if layout.precision == "fp8" else 2, rate, mem_Bps,
-                                     layout.grad_bytes)
-    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps
-    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps
+    x_fwd, x_bwd = expert_roofline_s(x_flops * layout.expert_imbalance, x_params,
+                                     1 if layout.precision == "fp8" else 2, rate, mem_Bps, layout.grad_bytes)
+    moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
+    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s
+    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
         t_rec = rec_flops / rate + 2 * act / mem_Bps

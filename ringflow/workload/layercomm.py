@@ -7,8 +7,9 @@ Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2``
   region per pass is one all-reduce of A (Megatron), or with sequence parallelism an all-gather + a
   reduce-scatter of A (the same bytes; activations between regions are then split by TP);
 - **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
-  ``T/tp x top_k x h x 2`` B (x the capacity factor when padded; tokens are split over TP ranks before
-  dispatch); the fraction ``(ep-1)/ep`` of it leaves the rank; with ``overlap_ep`` hidden under compute;
+  ``T/tp x top_k x h x 2`` B (x the capacity factor when padded, x the expert imbalance: the busiest rank
+  receives that much more; tokens are split over TP ranks before dispatch); the fraction ``(ep-1)/ep`` of it
+  leaves the rank; with ``overlap_ep`` hidden under compute;
 - **ETP** (expert TP > 1, MoE layers): the dispatched tokens all-gathered over the expert-TP group before the
   experts and reduce-scattered after, per pass;
 - **CP** (cp > 1, every layer): ``p2p`` ring attention passes this rank's K and V (``T x (k d_qk + k d_v) x 2 / tp``
@@ -69,7 +70,7 @@ def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
         else:
             out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp, "gemm"))
     pad = L.capacity_factor or 1.0
-    routed = tokens / L.tp * model.top_k * pad * model.hidden * ACT_BYTES
+    routed = tokens / L.tp * model.top_k * pad * L.expert_imbalance * model.hidden * ACT_BYTES
     if n_moe and L.ep > 1:
         out.append(CommCall("ep", "all_to_all", routed, 2 * passes * n_moe, L.ep, "compute"))
     if n_moe and L.expert_tp > 1:

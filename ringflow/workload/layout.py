@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidArgument
 from .models import ModelSpec
+from .moe import check_dispatcher
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp8")
@@ -61,6 +62,9 @@ class Layout:
                                          # DualPipe, Megatron --overlap-moe-expert-parallel-comm)
     offload_layers: int = 0              # layers per pipeline stage whose stored activations go to host memory
                                          # (Megatron --cpu-offloading-num-layers); the copies hide under compute
+    ep_dispatcher: str = "alltoall"      # MoE token dispatcher: alltoall (Megatron's all-to-all) or flex (DeepEP /
+                                         # HybridEP, Megatron --moe-flex-dispatcher-backend); workload/moe.py
+    expert_imbalance: float = 1.0        # MoE: busiest expert's load / balanced load (1: force-balanced routing)
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "global_batch", "seq_len", "interleave"):
@@ -81,6 +85,10 @@ class Layout:
         if self.capacity_factor and not self.capacity_factor >= 1.0:
             raise ConfigError(f"capacity_factor={self.capacity_factor!r} below 1 drops tokens even when balanced",
                               "give a capacity factor >= 1 (e.g. 1.25), or 0 for dropless routing")
+        check_dispatcher(self.ep_dispatcher)
+        if not (isinstance(self.expert_imbalance, (int, float)) and self.expert_imbalance >= 1.0):
+            raise ConfigError(f"expert_imbalance={self.expert_imbalance!r} below 1",
+                              "give the busiest expert's load over the balanced load (>= 1; 1 = balanced)")
         if self.fp8_params and self.precision != "fp8":
             raise ConfigError("fp8_params without precision fp8", "add --precision fp8 or drop --fp8-params")
         if self.stage_layers and (self.first_stage_layers or self.last_stage_layers):

@@ -59,6 +59,7 @@ class Constants:
     eff_max: float = field(default_factory=lambda: _library_curve()["eff_max"])   # compute curve (compute.py)
     d_half: float = field(default_factory=lambda: _library_curve()["d_half"])
     n_half: float = field(default_factory=lambda: _library_curve()["n_half"])
+    dispatch_eps: dict[str, float] = field(default_factory=dict)   # MoE dispatcher kind -> routed elements/s
 
     @classmethod
     def defaults(cls, chooser: str = "sim") -> Constants:
@@ -81,14 +82,14 @@ class Constants:
         return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
                 "nvls_reduce_gflops": self.nvls_reduce_gflops, "eff_max": self.eff_max, "d_half": self.d_half,
                 "n_half": self.n_half, "fitted_on": {k: list(v) for k, v in self.fitted_on.items()},
-                "chooser": self.chooser}
+                "chooser": self.chooser, "dispatch_eps": dict(self.dispatch_eps)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Constants:
         """The constants `to_dict` wrote."""
         return cls(d["nvlink_eff"], d["net_eff"], dict(d.get("software") or {}), d.get("nvls_reduce_gflops", 0.0),
                    {k: list(v) for k, v in (d.get("fitted_on") or {}).items()}, d.get("chooser", "sim"),
-                   d["eff_max"], d["d_half"], d["n_half"])
+                   d["eff_max"], d["d_half"], d["n_half"], dict(d.get("dispatch_eps") or {}))
 
 
 def _library_curve() -> dict[str, float]:
@@ -260,7 +261,9 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
         raise NotExpressible(f"layout field not supported ({exc})") from None
     topo, note = build_topology(case["topology"], gpus)
     eff = replace(EfficiencyModel(), eff_max=consts.eff_max, d_half=consts.d_half, n_half=consts.n_half,
-                  software_factor=consts.software.get(case["era"], 1.0))
+                  software_factor=consts.software.get(case["era"], 1.0),
+                  alltoall_dispatch_eps=consts.dispatch_eps.get("alltoall", 0.0),
+                  flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0))
     r = step_time(model, layout, topo, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()), eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
               "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
@@ -313,7 +316,9 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
     fit_compute_curve(fit_cases, consts, predictor)
     eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"} - {REFERENCE_ERA})
     for era in eras:
-        mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
+        # dense runs set the stack's factor; MoE runs set the dispatcher rates below (their own mechanism)
+        mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era and not is_moe_case(c)] or \
+            [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
         for _ in range(TRAINING_ROUNDS):
             got = [(c, predictor(c, consts)) for c in mine]
             ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]
@@ -322,7 +327,16 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
             k = consts.software.get(era, 1.0) * _centre([c["value"] / pr.value for c, pr in ok])
             consts.software[era] = min(k, 1.0 / consts.eff_max)
             consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
+    from .moe_fit import fit_dispatchers
+    fit_dispatchers(fit_cases, consts, predictor)
     return consts
+
+
+def is_moe_case(case: dict[str, Any]) -> bool:
+    """Whether a training case runs a mixture-of-experts model with expert parallelism."""
+    from .models import load_model
+    return case.get("kind") == "training" and int((case.get("layout") or {}).get("ep", 1)) > 1 and \
+        load_model(case["model"]).is_moe
 
 
 def _catalog_reduce_gflops() -> float:

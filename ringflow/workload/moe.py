@@ -1,0 +1,97 @@
+"""Mixture-of-experts mechanisms beside the expert GEMMs: routing, token permutation, the token dispatcher, load
+imbalance and the bytes a dispatch sends inside and across servers.
+
+Per MoE layer and pass (forward or backward) on one GPU, with ``T`` tokens, ``k`` experts per token and hidden
+size ``h`` (``T k`` routed tokens, ``T k h`` routed elements):
+
+- **router**: a softmax and a top-k over ``T x E`` scores, memory-bound (read and written at the elementwise HBM
+  rate); its ``h E`` GEMM is already in the model FLOPs;
+- **permute / unpermute**: gathering the routed tokens into expert order before the dispatch and scattering them
+  back after the combine, each reading and writing ``T k h`` elements. An eager indexing gather moves
+  `PERMUTE_INDEXING_FRACTION` of the HBM bandwidth (measured: ~0.95 TB/s on one H200, issue 58 of this
+  project); a fused permute kernel (Megatron ``--moe-permute-fusion``) the elementwise rate;
+- **token dispatcher**: the host side and the bookkeeping of a dropless dispatch (token counts per expert, the
+  device-to-host copy of the split sizes, chunk sorting) cost ``T k h / rate`` per pass, the rate a constant of
+  the dispatcher kind (`DISPATCHERS`) fitted on the fitting half of the published registry
+  (``python -m ringflow.workload.fitting``); 0 leaves the term out;
+- **imbalance**: ``expert_imbalance`` (the busiest expert's load over the balanced load, >= 1) multiplies the
+  busiest rank's expert GEMMs and what it receives; published MoE benchmarks force-balance tokens (1.0).
+
+`dispatch_bytes` splits one rank's dispatch over NVLink and the network: a flat all-to-all sends each routed
+copy to its expert's rank; a hierarchical dispatch (DeepEP, HybridEP) sends a token once to each destination
+server, at most ``node_limit`` servers (DeepSeek-V3's node-limited routing: 4), and fans it out over NVLink there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+DISPATCHERS = ("alltoall", "flex")   # Megatron's all-to-all dispatcher; the flex one (DeepEP / HybridEP)
+# One H200, torch index_select / index_add over routed tokens: ~0.95 TB/s of 4.8 TB/s HBM (issue 58, measured).
+PERMUTE_INDEXING_TBps = 0.95
+PERMUTE_INDEXING_HBM_TBps = 4.8
+PERMUTE_INDEXING_FRACTION = PERMUTE_INDEXING_TBps / PERMUTE_INDEXING_HBM_TBps
+ACT_BYTES = 2
+
+
+@dataclass(frozen=True)
+class MoeLayerCost:
+    """Seconds per MoE layer and pass beside the expert GEMMs and the all-to-all."""
+
+    router_s: float
+    permute_s: float
+    dispatcher_s: float
+
+    @property
+    def total_s(self) -> float:
+        """Router + permute/unpermute + dispatcher."""
+        return self.router_s + self.permute_s + self.dispatcher_s
+
+
+def check_dispatcher(name: str) -> str:
+    """The dispatcher kind, or a ConfigError naming the known ones."""
+    if name not in DISPATCHERS:
+        raise ConfigError(f"ep_dispatcher={name!r}", f"use one of {', '.join(DISPATCHERS)}")
+    return name
+
+
+def layer_cost(tokens: float, top_k: int, hidden: int, experts: int, mem_Bps: float, hbm_Bps: float,
+               dispatch_eps: float = 0.0, fused_permute: bool = True) -> MoeLayerCost:
+    """Router, permute/unpermute and dispatcher seconds of one MoE layer in one pass on one GPU.
+
+    `tokens` on the GPU (after TP's sequence split), `mem_Bps` the elementwise HBM rate, `hbm_Bps` the HBM peak,
+    `dispatch_eps` the dispatcher's routed elements per second (0: not modelled)."""
+    if tokens < 0 or top_k < 1 or hidden < 1 or experts < 1 or mem_Bps <= 0 or hbm_Bps <= 0:
+        raise ConfigError(f"MoE layer cost of tokens={tokens}, top_k={top_k}, hidden={hidden}, experts={experts}",
+                          "give non-negative tokens and positive sizes and bandwidths")
+    routed = tokens * top_k * hidden
+    router = 3 * tokens * experts * 4 / mem_Bps            # fp32 scores: written, read by softmax + top-k, written
+    rate = mem_Bps if fused_permute else hbm_Bps * PERMUTE_INDEXING_FRACTION
+    permute = 2 * (2 * routed * ACT_BYTES) / rate          # permute and unpermute, each reads and writes T k h
+    dispatcher = routed / dispatch_eps if dispatch_eps > 0 else 0.0
+    return MoeLayerCost(router, permute, dispatcher)
+
+
+def dispatch_bytes(tokens: float, top_k: int, hidden: int, ep: int, per_server: int, hierarchical: bool,
+                   node_limit: int = 0, imbalance: float = 1.0) -> tuple[float, float]:
+    """(NVLink bytes, network bytes) one rank sends in one dispatch (the combine returns the same).
+
+    `ep` ranks in the group, `per_server` of them in each server; a routed copy goes to a uniformly chosen expert
+    rank. Flat: the copies for other ranks of this server go over NVLink, the rest over the network. Hierarchical:
+    a token crosses the network once per other server holding one of its experts (expected distinct servers
+    among `top_k` picks, capped by `node_limit`), then fans out over NVLink."""
+    if ep < 1 or per_server < 1 or ep % per_server or imbalance < 1.0:
+        raise ConfigError(f"dispatch over ep={ep} with {per_server} ranks per server, imbalance {imbalance}",
+                          "give ep a multiple of the ranks per server and an imbalance >= 1")
+    row = hidden * ACT_BYTES
+    copies = tokens * top_k * imbalance
+    servers = ep // per_server
+    local = copies * (per_server - 1) / ep * row
+    if not hierarchical or servers == 1:
+        return local, copies * (ep - per_server) / ep * row
+    picks = min(top_k, node_limit) if node_limit else top_k
+    distinct = servers * (1.0 - (1.0 - 1.0 / servers) ** picks)   # expected servers a token's experts span
+    remote_servers = distinct * (servers - 1) / servers
+    fanout = copies * (ep - per_server) / ep * row                 # copies delivered inside remote servers
+    return local + fanout, tokens * imbalance * remote_servers * row

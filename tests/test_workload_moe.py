@@ -1,0 +1,73 @@
+"""MoE mechanisms of the training model: router, permute, dispatcher, imbalance and hierarchical dispatch."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ringflow.errors import ConfigError
+from ringflow.workload.compute import EfficiencyModel, gpu_spec, microbatch_times
+from ringflow.workload.layercomm import stage_calls
+from ringflow.workload.layout import Layout
+from ringflow.workload.models import load_model
+from ringflow.workload.moe import PERMUTE_INDEXING_FRACTION, dispatch_bytes, layer_cost
+
+QWEN3_30B = {"name": "qwen3-30b-a3b", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
+             "ffn_hidden": 6144, "expert_ffn_hidden": 768, "experts": 128, "top_k": 8, "vocab": 151936,
+             "seq_len": 4096}
+
+
+def _layout(**kw: object) -> Layout:
+    base = dict(dp=8, ep=8, micro_batch=1, global_batch=64, seq_len=4096, zero=1, precision="bf16")
+    return Layout(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_dispatcher_time_is_routed_elements_over_its_rate() -> None:
+    c = layer_cost(4096, 8, 2048, 128, 2.0e12, 3.35e12, dispatch_eps=1e10)
+    assert c.dispatcher_s == pytest.approx(4096 * 8 * 2048 / 1e10)
+    assert layer_cost(4096, 8, 2048, 128, 2.0e12, 3.35e12).dispatcher_s == 0.0
+
+
+def test_indexing_permute_runs_at_the_measured_fraction_of_hbm() -> None:
+    fused = layer_cost(4096, 8, 2048, 128, 2.68e12, 3.35e12, fused_permute=True).permute_s
+    eager = layer_cost(4096, 8, 2048, 128, 2.68e12, 3.35e12, fused_permute=False).permute_s
+    assert eager / fused == pytest.approx(2.68e12 / (3.35e12 * PERMUTE_INDEXING_FRACTION))
+    assert PERMUTE_INDEXING_FRACTION == pytest.approx(0.95 / 4.8)
+
+
+def test_hierarchical_dispatch_sends_a_token_once_per_remote_server() -> None:
+    flat = dispatch_bytes(8192, 8, 7168, ep=64, per_server=8, hierarchical=False)
+    hier = dispatch_bytes(8192, 8, 7168, ep=64, per_server=8, hierarchical=True, node_limit=4)
+    assert flat[1] == pytest.approx(8192 * 8 * 7 / 8 * 7168 * 2)
+    assert hier[1] < flat[1] / 2          # at most 4 servers per token instead of 7 of 8 copies
+    assert hier[1] <= 8192 * 4 * 7168 * 2
+    one_server = dispatch_bytes(8192, 8, 7168, ep=8, per_server=8, hierarchical=True)
+    assert one_server[1] == 0.0
+
+
+def test_bad_dispatch_or_imbalance_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="ep_dispatcher"):
+        _layout(ep_dispatcher="deepep-v9")
+    with pytest.raises(ConfigError, match="expert_imbalance"):
+        _layout(expert_imbalance=0.5)
+    with pytest.raises(ConfigError, match="multiple of the ranks per server"):
+        dispatch_bytes(1024, 8, 1024, ep=12, per_server=8, hierarchical=True)
+
+
+def test_imbalance_slows_the_experts_and_grows_the_dispatch() -> None:
+    model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
+    even = microbatch_times(model, _layout(), gpu)
+    skew = microbatch_times(model, _layout(expert_imbalance=1.5), gpu)
+    assert skew.forward_s > even.forward_s and skew.backward_s > even.backward_s
+    a2a = {L: next(c for c in stage_calls(model, L, 0) if c.dim == "ep").nbytes
+           for L in (_layout(), _layout(expert_imbalance=1.5))}
+    assert list(a2a.values())[1] == pytest.approx(1.5 * list(a2a.values())[0])
+
+
+def test_the_dispatcher_rate_of_the_layouts_kind_is_used() -> None:
+    model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
+    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=1e10, flex_dispatch_eps=1e12)
+    slow = microbatch_times(model, _layout(ep_dispatcher="alltoall"), gpu, eff)
+    fast = microbatch_times(model, _layout(ep_dispatcher="flex"), gpu, eff)
+    per_layer = 4096 * 8 * 2048 * (1 / 1e10 - 1 / 1e12)
+    assert slow.forward_s - fast.forward_s == pytest.approx(48 * per_layer, rel=1e-6)
