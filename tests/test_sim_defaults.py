@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -110,3 +111,40 @@ def test_train_gpus_places_the_job_on_the_first_servers(app) -> None:
     bad = runner.invoke(app, args + ["--nodes", "2", "--gpus", "24"])
     assert isinstance(bad.exception, InvalidArgument)
     assert "--gpus 24" in str(bad.exception) and "16 GPUs" in str(bad.exception)
+
+
+def test_default_collectives_on_one_nvl72_rack_pick_nvls_with_a_chunk_count() -> None:
+    topo = load_topology("gb200-nvl72")
+    for coll in ("all_reduce", "reduce_scatter", "all_gather"):
+        res = simulate(topo, coll, 1 << 24, progress=lambda f: None)   # as `ringflow sim` calls it, 72 ranks
+        assert res.nranks == 72 and res.algorithm == "nvls" and res.protocol == "simple", coll
+        assert any("pipeline chunks" in n for n in res.notes), res.notes
+        assert 0 < res.busbw_GBps < 900, (coll, res.busbw_GBps)   # under NVLink5's 900 GB/s per direction
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_nvls_model_from_its_few_step_template_equals_the_full_table(coll: str) -> None:
+    from ringflow.sim import analytic
+    from ringflow.sim.fabric import fabric_for
+    from ringflow.sim.nvls import nvls_table, template
+    from ringflow.sim.params import params_for
+    topo = load_topology("dgx-h100")
+    prm = params_for(topo)
+    fab = fabric_for(topo, prm, topo.endpoints()[:8])
+    sizes = np.array([8.0, 1 << 16, 1 << 24, 1 << 33])
+    for chunks in (4, 16, 64):
+        tab = nvls_table(8, chunks, Collective.parse(coll))
+        assert template(tab) is not None
+        fast = analytic.model_for(tab, fab, prm)
+        full = analytic.build_model(tab, fab, prm)
+        assert fast.routed is None                      # built without routing the full table
+        for p in range(len(prm.protocols)):
+            assert np.array_equal(np.sort(np.unique(fast.line_step)), np.sort(np.unique(full.line_step)))
+            for b in sizes:
+                assert fast.step_times_us(b, p) == pytest.approx(full.step_times_us(b, p), rel=1e-12)
+        assert np.array_equal(fast.times_us(sizes)[0], full.times_us(sizes)[0])
+        assert np.array_equal(fast.rank_last_step, full.rank_last_step)
+        assert fast.link_frac == pytest.approx(full.link_frac, rel=1e-12)
+        assert np.array_equal(fast.flows.p_link, full.flows.p_link)   # routed on first use
+    odd = nvls_table(8, 3, Collective.parse(coll))                    # not a power of two: built in full
+    assert template(odd) is None

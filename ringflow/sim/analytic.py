@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .columns import column_keys
 from .fabric import Fabric, Flows, route_table
 from .params import LINK_CLASSES, SimParams
 from .transfers import TransferTable
@@ -34,7 +35,7 @@ class AnalyticModel:
     """Precomputed per-step cost lines of one schedule on one fabric."""
 
     table: TransferTable
-    flows: Flows
+    routed: Flows | None          # the table's flows; None: routed on first use (`flows`)
     protocols: list[str]
     base_us: np.ndarray           # [Pr]
     line_step: np.ndarray         # [U] step of each unique cost line (sorted)
@@ -45,6 +46,15 @@ class AnalyticModel:
     local_c: np.ndarray           # [nsteps] max local work per step, microseconds per byte of B
     link_frac: np.ndarray         # [L] bytes per byte of B on each link
     rank_last_step: np.ndarray    # [nranks] last step a rank takes part in (-1: none)
+    fabric: Fabric | None = None  # where `flows` routes the table when `routed` is None
+
+    @property
+    def flows(self) -> Flows:
+        """The table's transfers routed on the fabric (sub-flows and their links)."""
+        if self.routed is None:
+            assert self.fabric is not None
+            self.routed = route_table(self.table, self.fabric)
+        return self.routed
 
     def step_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
         """Duration of every step (length nsteps) for one size and protocol."""
@@ -102,7 +112,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     # deduplicate lines per step (identical (a, c) for all protocols)
     if T:
         rows = np.concatenate([table.step[None, :].astype(np.float64), np.round(a, 9), c * 0 + np.round(c, 15)])
-        urows, first = np.unique(rows, axis=1, return_index=True)
+        _, first = np.unique(column_keys(rows), return_index=True)
         order = np.argsort(table.step[first], kind="stable")
         first = first[order]
         line_step = table.step[first]
@@ -123,19 +133,49 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     return AnalyticModel(table, flows, [p.name for p in params.protocols],
                          np.array([p.base_us + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
                                    for p in params.protocols]), line_step, line_a, line_c,
-                         starts, steps_present, local_c, link_frac, last)
+                         starts, steps_present, local_c, link_frac, last, fab)
 
 
 _MODELS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
+def expand_model(template: AnalyticModel, table: TransferTable, step_map: np.ndarray, scale: float,
+                 fab: Fabric) -> AnalyticModel:
+    """The model of `table` from that of a `template` table whose step step_map[s] moves the same rows as step s
+    of `table`, each row's bytes times `scale` (a power of two, so every cost line scales exactly)."""
+    nsteps = int(step_map.size)
+    counts = np.diff(np.searchsorted(template.line_step, np.arange(template.table.nsteps + 1)))
+    starts = np.searchsorted(template.line_step, np.arange(template.table.nsteps))
+    from .fabric import ragged
+    idx, owner = ragged(starts[step_map], counts[step_map])
+    line_step = np.arange(nsteps, dtype=np.int64)[owner]
+    steps_present, step_starts = np.unique(line_step, return_index=True)
+    flows = template.flows
+    p_step = template.table.step[flows.f_transfer[flows.p_flow]]
+    per_step = np.bincount(step_map, minlength=template.table.nsteps).astype(np.float64)
+    link_frac = np.bincount(flows.p_link, weights=flows.pair_frac() * per_step[p_step] * scale,
+                            minlength=fab.nlinks)
+    last_of = np.full(template.table.nsteps, -1, dtype=np.int64)
+    np.maximum.at(last_of, step_map, np.arange(nsteps, dtype=np.int64))
+    last = np.where(template.rank_last_step >= 0, last_of[np.clip(template.rank_last_step, 0, None)], -1)
+    local_c = np.zeros(max(nsteps, 1))
+    local_c[:nsteps] = template.local_c[step_map] * scale
+    return AnalyticModel(table, None, template.protocols, template.base_us, line_step, template.line_a[:, idx],
+                         template.line_c[:, idx] * scale, step_starts, steps_present, local_c, link_frac, last, fab)
+
+
 def model_for(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
-    """Cached `build_model` per (fabric, table)."""
+    """Cached `build_model` per (fabric, table); an NVLS table's from its few-step template (`nvls.template`)."""
     per = _MODELS.setdefault(fab, {})
     hit = per.get(id(table))
     if hit is not None and hit[0] is table:
         return hit[1]
-    model = build_model(table, fab, params)
+    from .nvls import template
+    tpl = template(table)
+    if tpl is not None:
+        model = expand_model(model_for(tpl[0], fab, params), table, tpl[1], tpl[2], fab)
+    else:
+        model = build_model(table, fab, params)
     per[id(table)] = (table, model)
     if len(per) > 64:
         per.pop(next(iter(per)))

@@ -187,9 +187,9 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
     from .fastpath import FASTPATH_MIN_TRANSFERS, expected_transfers, fast_table
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     if algorithm == "nvls":   # in-switch reduction: a table only (sim.nvls), no runtime schedule
-        from .nvls import nvls_table, require_nvls
+        from .nvls import cached_table, require_nvls
         require_nvls(topo, eps[:nranks], coll)
-        return nvls_table(nranks, nsegs or 1, coll)
+        return cached_table(nranks, nsegs or 1, coll)
     kw = _layout_args(topo, coll, algorithm, eps, nchannels)
     nch = kw.get("nchannels", 1)
     if expected_transfers(algorithm, nranks, nch, kw.get("host_groups")) > FASTPATH_MIN_TRANSFERS:

@@ -40,6 +40,8 @@ NVLS efficiency.
 """
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,6 +49,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
+from .columns import column_keys
 from .fabric import _val
 from .transfers import TransferTable
 
@@ -63,9 +66,26 @@ REDUCE, MULTICAST = 1, 2
 NVLS_COLLECTIVES = (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER)
 
 
+_SWITCHES: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
 def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
-    """(node, generation) of the one NVLS-capable NVSwitch every endpoint hangs off, or None."""
+    """(node, generation) of the one NVLS-capable NVSwitch every endpoint hangs off, or None (cached per
+    topology while its graph keeps its nodes and links)."""
     g = topo.graph
+    key = (id(g), g.number_of_nodes(), g.number_of_edges(), tuple(endpoints))
+    try:
+        per = _SWITCHES.setdefault(topo, {})
+    except TypeError:
+        return _nvls_switch(g, endpoints)
+    if key not in per:
+        if len(per) > 256:
+            per.clear()
+        per[key] = _nvls_switch(g, endpoints)
+    return per[key]
+
+
+def _nvls_switch(g: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
     common: set[str] | None = None
     for e in endpoints:
         sw = {v for _, v in g.out_edges(e)
@@ -154,6 +174,34 @@ def nvls_table(nranks: int, nchunks: int, collective: Collective = Collective.AL
                          in_switch=kind.astype(np.int8))
 
 
+@functools.lru_cache(maxsize=64)
+def cached_table(nranks: int, nchunks: int, collective: Collective) -> TransferTable:
+    """`nvls_table`, built once per arguments (tables are never modified)."""
+    return nvls_table(nranks, nchunks, collective)
+
+
+def template(table: TransferTable) -> tuple[TransferTable, np.ndarray, float] | None:
+    """(a few-step table, the step of it each step of `table` repeats, the byte scale) where `table` is an NVLS
+    table of 2**k > 2 chunks (`nvls_table`); None otherwise. Its middle steps all move the same rows, each row
+    1 / C of a block, so the analytic model of C chunks is that of 2 (all-reduce: fill, steady, drain) or 1
+    (reduce-scatter, all-gather) with every step's bytes scaled by a power of two: exact in floating point."""
+    if table.algorithm != "nvls" or table.in_switch is None or table.collective not in NVLS_COLLECTIVES:
+        return None
+    both = table.collective == Collective.ALL_REDUCE
+    chunks = table.nsteps - 1 if both else table.nsteps
+    small = 2 if both else 1
+    if chunks <= small or chunks & (chunks - 1) or table.lrank.size:
+        return None
+    full = cached_table(table.nranks, chunks, table.collective)
+    if full is not table and not all(np.array_equal(getattr(full, f), getattr(table, f))
+                                     for f in ("step", "src", "dst", "chan", "frac", "nmsg", "in_switch")):
+        return None
+    step_map = np.ones(table.nsteps, dtype=np.int64) if both else np.zeros(table.nsteps, dtype=np.int64)
+    if both:
+        step_map[0], step_map[-1] = 0, 2
+    return cached_table(table.nranks, small, table.collective), step_map, small / chunks
+
+
 def switch_weights(table: TransferTable, f_transfer: np.ndarray, p_flow: np.ndarray, p_link: np.ndarray) -> np.ndarray:
     """Per (flow, link) pair: 1 / the rows of the same switch operation on that link (their bytes cross
     it once), 1 elsewhere."""
@@ -164,8 +212,8 @@ def switch_weights(table: TransferTable, f_transfer: np.ndarray, p_flow: np.ndar
     kind = table.in_switch[tr].astype(np.int64)
     on = np.flatnonzero(kind > 0)
     anchor = np.where(kind[on] == REDUCE, table.dst[tr[on]], table.src[tr[on]])
-    key = np.stack([table.step[tr[on]], kind[on], anchor, p_link[on]])
-    _, inv, cnt = np.unique(key, axis=1, return_inverse=True, return_counts=True)
+    key = column_keys(np.stack([table.step[tr[on]], kind[on], anchor, p_link[on]]))
+    _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
     w[on] = 1.0 / cnt[inv.reshape(-1)]
     return w
 
