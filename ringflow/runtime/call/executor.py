@@ -27,6 +27,7 @@ import numpy as np
 from ...algorithms.plan import Plan
 from ...algorithms.schedule import Buffer, OpKind
 from ...errors import RemoteError, RingflowError, Timeout
+from .. import native
 from ..logs import trace_step, tracing
 from ..native import copy_into
 from ..transport import doorbell
@@ -82,6 +83,9 @@ class Waiter:
         crowded = doorbell.oversubscribed(local_ranks)
         self.hot_s = 0.0 if crowded else HOT_SPIN_S
         self.socket_s = 0.0 if crowded else SOCKET_SPIN_S
+        self.yields = crowded  # bulk spins hand the core over (to a peer rank waiting for it)
+        if crowded and native._hotpath is not None:
+            native._hotpath.set_spin_yield(True)  # process-wide: oversubscription is the host's
         self.failure = failure  # raises if the communicator failed or was aborted
 
     def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:
@@ -90,8 +94,11 @@ class Waiter:
         `hot` (messages below RINGFLOW_LL_THRESHOLD): spin HOT_SPIN_S without yielding, then sleep at
         once: a peer that is not there by then is descheduled, often waiting for this very core, and
         spinning (or sched_yield, which on a busy host hands the core to anybody for a timeslice)
-        would only delay it. Bulk transfers spin yielding the core, up to the spin budget: the peer
-        is busy copying the next slice and will be back within tens of microseconds.
+        would only delay it. Bulk transfers spin up to the spin budget: the peer is busy copying the
+        next slice and will be back within tens of microseconds. They yield the core while spinning only
+        where the host's ranks outnumber its cores (the peer may be waiting for this core); with a core
+        per rank a yield hands the core to whatever else runs on the host for a whole timeslice, so on a
+        busy host a bulk call would wait milliseconds for a peer that was back within microseconds.
         Socket-only waits poll their sockets for SOCKET_SPIN_S before sleeping, unless the host is
         oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-80 us on a
         VM, more the longer it slept), and a pair of ranks can lock into paying it on every call.
@@ -107,7 +114,7 @@ class Waiter:
                         return
                 if time.monotonic() > end:
                     break
-                if not hot_spin:
+                if not hot_spin and self.yields:
                     os.sched_yield()
         elif self.socket_s > 0 and _sockets_ready(pending, self.socket_s):
             return

@@ -504,6 +504,19 @@ static void start_step(HotPlan *p, int s)
     }
 }
 
+/* Bulk waits spin yielding the core only where this host's ranks outnumber its cores (set_spin_yield): with a
+ * core per rank a yield hands the core to another process for a timeslice, not to the peer. */
+static int spin_yields;
+
+static PyObject *set_spin_yield(PyObject *self, PyObject *arg)
+{
+    int v = PyObject_IsTrue(arg);
+    if (v < 0)
+        return NULL;
+    spin_yields = v;
+    Py_RETURN_NONE;
+}
+
 /* Waits without burning a core: spin (hot: without yielding), then sleep once on this lane's doorbell. */
 static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, double deadline)
 {
@@ -518,7 +531,7 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
             }
         if (now_s() > end)
             break;
-        if (hot_s <= 0)
+        if (hot_s <= 0 && spin_yields)
             sched_yield();
     }
     for (int k = lo; k < hi; k++)
@@ -1328,6 +1341,7 @@ static PyMethodDef methods[] = {
     {"set_array_type", set_array_type, METH_O, "set_array_type(numpy.ndarray): the type address() takes"},
     {"address", address, METH_O, "a NumPy array's data address (as ndarray.ctypes.data)"},
     {"runner", make_runner, METH_VARARGS, "a remembered call's Runner (see Runner.go)"},
+    {"set_spin_yield", set_spin_yield, METH_O, "set_spin_yield(flag): bulk waits yield the core while spinning"},
     {NULL, NULL, 0, NULL},
 };
 
