@@ -115,18 +115,16 @@ def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.n
            comm: object, counted: object) -> None:
     """The breakdown rows of --parts (see the module docstring)."""
     from ringflow.runtime.call import hotpath
-    r, hp, ctx, bases = fast.runner, fast.hot.steps.hp, fast.ctx, fast.bases   # type: ignore[attr-defined]
-    w = ctx.waiter
-    sig, fd, hot_s, spin_s = ctx.sig, w.bell.fd, w.hot_s if ctx.ll else 0.0, w.spin_s
+    r, ctx, bases = fast.runner, fast.ctx, fast.bases   # type: ignore[attr-defined]
     seq = [comm._op_seq]   # type: ignore[attr-defined]  # every rank makes the same calls, so the same numbers
 
     def go() -> None:
-        rc = r.go(x, None, seq[0], 60.0, regions.packed)   # type: ignore[attr-defined]
-        while rc == hotpath.RC_STALLED:   # a peer was descheduled: resume, as hotpath.resume does
-            rc = hp.run(sig, seq[0], r.deadline, fd, hot_s, spin_s, *bases, regions.packed)  # type: ignore
+        spans = regions.packed   # type: ignore[attr-defined]
+        rc = r.go(x, None, seq[0], 60.0, spans)
+        if rc != hotpath.RC_DONE:   # a peer was descheduled: finish as the communicator does
+            ctx.op_seq, ctx.deadline = seq[0], r.deadline
+            hotpath.resume_call(fast.hot, ctx, bases, spans, rc)   # type: ignore[attr-defined]
         seq[0] += 1
-        if rc != hotpath.RC_DONE:
-            raise RuntimeError(f"Runner.go ended with code {rc}")
 
     def repeat() -> None:
         rc = r.repeat(x, None, seq[0], REPEAT, 60.0, regions.packed)   # type: ignore[attr-defined]

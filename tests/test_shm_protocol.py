@@ -242,7 +242,7 @@ def test_a_plan_the_native_executor_refuses_is_a_typed_error_naming_the_row() ->
 def test_the_plan_rows_codes_are_the_ones_the_c_module_reads() -> None:
     codes = native._hotpath.plan_codes()
     names = ("NCOLS", "T_SEND", "T_RECV", "T_RECV_REDUCE", "T_COPY", "T_REDUCE", "RC_DONE", "RC_STALLED",
-             "RC_MISMATCH", "RC_PROTOCOL", "RC_CMA", "RC_REGION")
+             "RC_MISMATCH", "RC_PROTOCOL", "RC_CMA", "RC_REGION", "CHECK_RC")
     assert {n: getattr(hotpath, n) for n in names} == {n: codes[n] for n in names}
     assert {str(dt): code for dt, code in hotpath._DTYPES.items()} == \
         {str(dt): codes[str(dt)] for dt in hotpath._DTYPES}

@@ -116,7 +116,7 @@ class FastCalls:
                 return MISS
             ctx, hot, bases = f.ctx, f.hot, f.bases
             ctx.op_seq, ctx.deadline = seq, f.runner.deadline
-            self._guard(lambda _: hotpath.resume(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
+            self._guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
         else:
             self._in_call = False
         result = x if out is None else out

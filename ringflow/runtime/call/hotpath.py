@@ -277,6 +277,22 @@ def _drive(plan: NativePlan, ctx: Any, bases: tuple[int, int, int], spans: bytes
         rc = None
 
 
+CHECK_RC = 16   # Runner.go's code for a call whose check exchange did not finish: CHECK_RC + the exchange's rc
+
+
+def resume_call(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes, rc: int) -> None:
+    """Finish a call whose first native pass (Runner.go) returned `rc`, as `execute` would have."""
+    steps_rc: int | None = rc
+    if rc >= CHECK_RC:
+        assert prep.check is not None   # only a runner with a check exchange returns these
+        bad = _drive(prep.check, ctx, bases, spans, rc - CHECK_RC)
+        if bad:
+            raise bad[0][1].error(ctx.description)
+        prep.steps.hp.reset()
+        steps_rc = None
+    resume(prep, ctx, bases, spans, steps_rc)
+
+
 def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], regions: Any) -> Any:
     """`execute` for one remembered call (the repeated-call path), as one function of the deadline (and of other
     addresses than `bases`, for a remembered call shape): a plan that checks itself runs its first native pass
@@ -298,14 +314,15 @@ def runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], region
 def call_runner(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], x: Any, out: Any) -> Any:
     """A remembered call on NumPy arrays x (and out) as one C object (`_hotpath.Runner`): its `go(x, out, op_seq,
     timeout_s, spans)` re-checks that x and out are the arrays remembered in the state remembered (else returns -1,
-    having done nothing) and runs the plan's first native pass; None where the plan needs its own check exchange or
-    an array is not exactly an ndarray (`runner` serves those)."""
-    if prep.check is not None or native._hotpath is None or type(x) is not np.ndarray \
-            or (out is not None and type(out) is not np.ndarray):
+    having done nothing) and runs the call's first native pass (the check exchange where the plan needs one, then
+    the plan), returning what `resume_call` takes; None where an array is not exactly an ndarray (`runner` serves
+    those)."""
+    if native._hotpath is None or type(x) is not np.ndarray or (out is not None and type(out) is not np.ndarray):
         return None
     w, st = ctx.waiter, native._hotpath.array_state
-    return native._hotpath.runner(prep.steps.hp, weakref.ref(x), st(x), None if out is None else weakref.ref(out),
-                                  None if out is None else st(out), ctx.sig, w.bell.fd,
+    check = None if prep.check is None else prep.check.hp
+    oref, ostate = (None, None) if out is None else (weakref.ref(out), st(out))
+    return native._hotpath.runner(prep.steps.hp, check, weakref.ref(x), st(x), oref, ostate, ctx.sig, w.bell.fd,
                                   w.hot_s if ctx.ll else 0.0, w.spin_s, *bases)
 
 

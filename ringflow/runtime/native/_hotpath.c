@@ -49,6 +49,7 @@
 
 enum { T_SEND = 0, T_RECV = 1, T_RECV_REDUCE = 2, T_COPY = 3, T_REDUCE = 4 };
 enum { RC_DONE = 0, RC_STALLED = 1, RC_MISMATCH = 2, RC_PROTOCOL = 3, RC_CMA = 4, RC_REGION = 5 };
+enum { CHECK_RC = 16 }; /* a Runner's check exchange returned CHECK_RC + its rc (the plan has not started) */
 enum { D_BOOL, D_I8, D_U8, D_I16, D_U16, D_I32, D_U32, D_I64, D_U64, D_F16, D_BF16, D_F32, D_F64 };
 enum { O_SUM, O_PROD, O_MIN, O_MAX, O_BAND, O_BOR, O_BXOR };
 
@@ -1042,6 +1043,7 @@ static PyObject *plan_codes(PyObject *self, PyObject *Py_UNUSED(ignored))
         {"NCOLS", NCOLS}, {"T_SEND", T_SEND}, {"T_RECV", T_RECV}, {"T_RECV_REDUCE", T_RECV_REDUCE},
         {"T_COPY", T_COPY}, {"T_REDUCE", T_REDUCE}, {"RC_DONE", RC_DONE}, {"RC_STALLED", RC_STALLED},
         {"RC_MISMATCH", RC_MISMATCH}, {"RC_PROTOCOL", RC_PROTOCOL}, {"RC_CMA", RC_CMA}, {"RC_REGION", RC_REGION},
+        {"CHECK_RC", CHECK_RC},
         {"bool", D_BOOL}, {"int8", D_I8}, {"uint8", D_U8}, {"int16", D_I16}, {"uint16", D_U16}, {"int32", D_I32},
         {"uint32", D_U32}, {"int64", D_I64}, {"uint64", D_U64}, {"float16", D_F16}, {"bfloat16", D_BF16},
         {"float32", D_F32}, {"float64", D_F64}, {"sum", O_SUM}, {"prod", O_PROD}, {"min", O_MIN}, {"max", O_MAX},
@@ -1184,6 +1186,7 @@ static PyObject *address(PyObject *self, PyObject *arg)
 typedef struct {
     PyObject_HEAD
     HotPlan *plan;
+    HotPlan *check;              /* the argument-check exchange run before the plan, or NULL (the plan checks) */
     PyObject *xref, *xstate;     /* weakref.ref to x, and array_state(x) when remembered */
     PyObject *outref, *outstate; /* the same for out; NULL where the call had no out */
     uint64_t sig, base[3];
@@ -1205,17 +1208,21 @@ static int same_array(PyObject *obj, PyObject *ref, PyObject *state)
     return n >= 0 && len == (Py_ssize_t)(n * sizeof(intptr_t)) && !memcmp(buf, PyBytes_AS_STRING(state), (size_t)len);
 }
 
-/* runner(plan, xref, xstate, outref, outstate, sig, bell_fd, hot_s, spin_s, in, out, scratch) -> Runner
- * (outref and outstate None where the call has no out) */
+/* runner(plan, check, xref, xstate, outref, outstate, sig, bell_fd, hot_s, spin_s, in, out, scratch) -> Runner
+ * (check: the argument-check plan or None; outref and outstate None where the call has no out) */
 static PyObject *make_runner(PyObject *self, PyObject *args)
 {
-    PyObject *plan, *xref, *xstate, *outref, *outstate;
+    PyObject *plan, *check, *xref, *xstate, *outref, *outstate;
     unsigned long long sig, b0, b1, b2;
     int bell;
     double hot_s, spin_s;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOKiddKKK", &HotPlanType, &plan, &_PyWeakref_RefType, &xref, &PyBytes_Type,
-                          &xstate, &outref, &outstate, &sig, &bell, &hot_s, &spin_s, &b0, &b1, &b2))
+    if (!PyArg_ParseTuple(args, "O!OO!O!OOKiddKKK", &HotPlanType, &plan, &check, &_PyWeakref_RefType, &xref,
+                          &PyBytes_Type, &xstate, &outref, &outstate, &sig, &bell, &hot_s, &spin_s, &b0, &b1, &b2))
         return NULL;
+    if (check != Py_None && !PyObject_TypeCheck(check, &HotPlanType)) {
+        PyErr_SetString(PyExc_TypeError, "runner(): check is a HotPlan or None");
+        return NULL;
+    }
     int has_out = outref != Py_None;
     if (has_out != (outstate != Py_None) ||
         (has_out && (!PyWeakref_CheckRefExact(outref) || !PyBytes_Check(outstate)))) {
@@ -1226,6 +1233,7 @@ static PyObject *make_runner(PyObject *self, PyObject *args)
     if (!r)
         return NULL;
     r->plan = (HotPlan *)Py_NewRef(plan);
+    r->check = check == Py_None ? NULL : (HotPlan *)Py_NewRef(check);
     r->xref = Py_NewRef(xref), r->xstate = Py_NewRef(xstate);
     r->outref = has_out ? Py_NewRef(outref) : NULL, r->outstate = has_out ? Py_NewRef(outstate) : NULL;
     r->sig = sig, r->bell = bell, r->hot_s = hot_s, r->spin_s = spin_s;
@@ -1234,8 +1242,26 @@ static PyObject *make_runner(PyObject *self, PyObject *args)
     return (PyObject *)r;
 }
 
-/* go(x, out, op_seq, timeout_s, spans) -> rc, or -1 (nothing done) where x or out is not the array remembered
- * in the state remembered */
+/* One call's first native pass: the check exchange (if any), then the plan; the plan's rc, or CHECK_RC + rc where
+ * the check exchange did not finish (the plan has not started) */
+static int run_call(Runner *r, uint64_t op_seq, double timeout_s, const uint64_t *spans, int64_t nspans)
+{
+    HotPlan *p = r->plan, *c = r->check;
+    r->deadline = now_s() + timeout_s;
+    if (c) {
+        c->step = 0, c->step_started = 0, c->err_op = -1, c->err_code = 0;
+        int rc = run_plan(c, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1],
+                          r->base[2], spans, nspans);
+        if (rc != RC_DONE)
+            return CHECK_RC + rc;
+    }
+    p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
+    return run_plan(p, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1], r->base[2],
+                    spans, nspans);
+}
+
+/* go(x, out, op_seq, timeout_s, spans) -> rc (run_call's), or -1 (nothing done) where x or out is not the array
+ * remembered in the state remembered */
 static PyObject *Runner_go(Runner *r, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5 || !PyBytes_Check(args[4])) {
@@ -1250,13 +1276,8 @@ static PyObject *Runner_go(Runner *r, PyObject *const *args, Py_ssize_t nargs)
     double timeout_s = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    HotPlan *p = r->plan;
-    p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
-    r->deadline = now_s() + timeout_s;
-    Py_ssize_t nspans = PyBytes_GET_SIZE(args[4]) / 24;
-    int rc = run_plan(p, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1],
-                      r->base[2], (const uint64_t *)PyBytes_AS_STRING(args[4]), nspans);
-    return PyLong_FromLong(rc);
+    return PyLong_FromLong(run_call(r, op_seq, timeout_s, (const uint64_t *)PyBytes_AS_STRING(args[4]),
+                                    PyBytes_GET_SIZE(args[4]) / 24));
 }
 
 /* repeat(x, out, op_seq, n, timeout_s, spans) -> rc: go() n times in a row (op_seq, op_seq + 1, ...) without
@@ -1277,17 +1298,28 @@ static PyObject *Runner_repeat(Runner *r, PyObject *const *args, Py_ssize_t narg
     double timeout_s = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    HotPlan *p = r->plan;
     const uint64_t *spans = (const uint64_t *)PyBytes_AS_STRING(args[5]);
     Py_ssize_t nspans = PyBytes_GET_SIZE(args[5]) / 24;
     int rc = RC_DONE;
     for (long long i = 0; i < n && rc == RC_DONE; i++) {
-        p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
-        r->deadline = now_s() + timeout_s;
-        do /* a stalled call (a peer descheduled) resumes until its deadline */
-            rc = run_plan(p, r->sig, op_seq + (unsigned long long)i, r->deadline, r->bell, r->hot_s, r->spin_s,
-                          r->base[0], r->base[1], r->base[2], spans, nspans);
-        while (rc == RC_STALLED && now_s() < r->deadline);
+        uint64_t seq = op_seq + (unsigned long long)i;
+        rc = run_call(r, seq, timeout_s, spans, nspans);
+        for (;;) { /* a stalled call (a peer descheduled) resumes until its deadline */
+            if ((rc != RC_STALLED && rc != CHECK_RC + RC_STALLED) || now_s() >= r->deadline)
+                break;
+            HotPlan *p = rc == RC_STALLED ? r->plan : r->check;
+            rc = run_plan(p, r->sig, seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1],
+                          r->base[2], spans, nspans);
+            if (p == r->check) {
+                if (rc != RC_DONE) {
+                    rc += CHECK_RC;
+                    continue;
+                }
+                r->plan->step = 0, r->plan->step_started = 0, r->plan->err_op = -1, r->plan->err_code = 0;
+                rc = run_plan(r->plan, r->sig, seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0],
+                              r->base[1], r->base[2], spans, nspans);
+            }
+        }
     }
     return PyLong_FromLong(rc);
 }
@@ -1297,6 +1329,7 @@ static PyObject *Runner_deadline(Runner *r, void *Py_UNUSED(closure)) { return P
 static void Runner_dealloc(Runner *r)
 {
     Py_XDECREF(r->plan);
+    Py_XDECREF(r->check);
     Py_XDECREF(r->xref);
     Py_XDECREF(r->xstate);
     Py_XDECREF(r->outref);
