@@ -7,12 +7,12 @@ hits each alike.
     python benchmarks/record_overhead.py --ab [--nranks 1,2] [--pairs 9]
     python benchmarks/record_overhead.py --parts
 
-`--ab` times in one process per rank (RINGFLOW_RECORD set), on the same communicator and the same array, the
-repeated call with the recorder off, with the Python recorder, with the C one (runtime/record_native.py) and with
-the C one under gc.disable(), alternating within each of `--pairs` rounds, so load from other programs hits
-each alike (each mode's time in a round: the fastest of 5 runs of `--calls`, at most 4000); it prints per mode
-the added microseconds per call (min and median over the rounds, slowest rank). `--parts` splits each
-recorder's cost per call into its parts (one rank, in process).
+`--ab` times in one process per rank, with the flight ring on as `ringflow run` has it (RINGFLOW_DUMP_DIR set),
+on the same communicator and the same 8-byte array, the repeated all-reduce with the recorder off, with the C
+recorder (runtime/record_native.py) and with the Python one, alternating within each of `--pairs` rounds, so load
+from other programs hits each alike (each mode's time in a round: the fastest of 5 runs of `--calls`, at most
+4000); it prints per mode the added microseconds per call (min and median over the rounds, slowest rank).
+`--parts` times each recorder alone, in process: what it adds per call to a collective of one of two ranks.
 """
 from __future__ import annotations
 
@@ -75,13 +75,11 @@ def ddp_rank(steps: int) -> None:
             print(json.dumps({"step_s": float(med[0])}))
 
 
-AB_MODES = ("off", "python", "native", "native_nogc")
+AB_MODES = ("off", "ring", "ring_python")
 
 
 def ab_rank(pairs: int, calls: int, out: str) -> None:
     """Rank side of --ab: per round, the us per call of each mode (rank 0 writes them as JSON)."""
-    import gc
-
     import numpy as np
 
     import ringflow
@@ -97,8 +95,7 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
 
     def timed(mode: str) -> float:
         comm._rec = None if mode == "off" else rec
-        rec.__class__ = Recorder if mode == "python" else NativeRecorder
-        gc.disable() if mode == "native_nogc" else gc.enable()
+        rec.__class__ = Recorder if mode == "ring_python" else NativeRecorder if native else Recorder
         comm.barrier()
         reps = []
         for _ in range(5):
@@ -106,7 +103,6 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
             for _ in range(calls):
                 comm.all_reduce(x, op="max")
             reps.append((time.perf_counter() - t) / calls * 1e6)
-        gc.enable()
         comm._rec = None
         buf[0] = min(reps)   # the run least disturbed by other programs on the machine
         comm.all_reduce(buf, op="max")
@@ -119,16 +115,57 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
     for i in range(pairs):
         for mode in (modes if i % 2 == 0 else modes[::-1]):
             res[mode].append(timed(mode))
+    rec.__class__ = NativeRecorder if native else Recorder
     comm._rec = rec
     if comm.rank == 0:
         Path(out).write_text(json.dumps(res))
     comm.destroy()
 
 
+class _TwoRanks:
+    """What a recorder reads of its communicator, for one of two ranks (--parts times the recorder alone)."""
+
+    ns, rank, size, last_schedule = "parts", 0, 2, None
+
+
+def _nothing(deadline: float) -> None:
+    pass
+
+
+# the remembered-call path's frames between the user's line and the recorder (ringflow's own: skipped for the site)
+def _fast_go(r: Any, a: tuple) -> Any:
+    return r.call(0, "all_reduce", a[0], a[1], _nothing, 1e18) if r is not None else a[1](_nothing, 1e18, 0)
+
+
+def _fast_again(r: Any, a: tuple) -> Any:
+    return _fast_go(r, a)
+
+
+def _fast_paths(r: Any, a: tuple) -> Any:
+    return _fast_again(r, a)
+
+
+def _all_reduce(r: Any, a: tuple) -> Any:
+    return _fast_paths(r, a)
+
+
+def _best(r: Any, a: tuple, calls: int) -> float:
+    """The fastest of 9 runs of `calls` calls, ns per call."""
+    out = []
+    for _ in range(9):
+        if r is not None and r.pending:
+            r.pending = []   # as a flush leaves it
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            _all_reduce(r, a)
+        out.append((time.perf_counter_ns() - t) / calls)
+    return min(out)
+
+
 def parts(calls: int, rounds: int = 5) -> None:
-    """Per-part ns per call of each recorder on one rank (RINGFLOW_RECORD set): the recorder called as the
-    runtime calls it, two ringflow frames below the user's line, with a guard that does nothing; the fastest
-    of `rounds` x 9 runs."""
+    """ns per call each recorder adds to a repeated collective, one rank, in process: the recorder called as the
+    remembered-call path calls it (four ringflow frames below the user's line) for one of two ranks, with a guard
+    that runs a call doing nothing; the fastest of `rounds` x 9 runs, against the guard alone."""
     import gc
 
     import numpy as np
@@ -137,52 +174,40 @@ def parts(calls: int, rounds: int = 5) -> None:
     from ringflow.runtime.recording import record
     from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
     comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
-    rec = comm._rec
-    meta, guard = ("all_reduce", np.dtype("float32"), 2, None, "max"), comm._guard
-
-    def fn(deadline: float) -> None:
-        pass
-
-    def inner(r: Any, g: Any) -> Any:   # ringflow's _run
-        return r.call(0, "all_reduce", meta, g, fn, 1e18) if r is not None else guard(fn, 1e18, 0)
-
-    def outer(r: Any, g: Any) -> Any:   # ringflow's comm.all_reduce
-        return inner(r, g)
-    for f in (inner, outer):   # skipped by the call-site search, as ringflow's own frames are
+    a = (("all_reduce", np.dtype("float32"), 2, None, "max"), comm._guard)
+    tmp = Path(tempfile.mkdtemp(prefix="rf-parts-"))
+    for f in (_fast_go, _fast_again, _fast_paths, _all_reduce):
         record._internal[f.__code__] = True
-
-    def best(r: Any, g: Any) -> float:
-        out = []
-        for _ in range(9):
-            t = time.perf_counter_ns()
-            for _ in range(calls):
-                outer(r, g)
-            out.append((time.perf_counter_ns() - t) / calls)
-        return min(out)
-    res: dict[tuple[str, str], list[float]] = {}
-    classes = [record.Recorder] + ([NativeRecorder] if recorder_class() is NativeRecorder else [])
+    kinds: dict[str, tuple[type, bool]] = {"Python recorder, ring": (record.Recorder, False)}
+    if recorder_class() is NativeRecorder:
+        kinds.update({"C recorder, ring (ringflow run)": (NativeRecorder, False),
+                      "C recorder, ring + every call kept": (NativeRecorder, True)})
+    recs, who = {}, _TwoRanks()   # held: a recorder refers to its communicator weakly
+    for k, (cls, recording) in kinds.items():
+        recs[k] = r = cls(who, 256, "")
+        r.open_ring(tmp, 256)
+        r.pending = [] if recording else None
+    res: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for cls in classes:
-            rec.__class__, k = cls, cls.__name__
-            res.setdefault((k, "off (the guard alone)"), []).append(best(None, guard))
-            rec.pending = None
-            res.setdefault((k, "entry only: site, seq, entry, ring"), []).append(best(rec, None))
-            res.setdefault((k, "+ timing the guarded call"), []).append(best(rec, guard))
-            rec.pending = []
-            res.setdefault((k, "+ pending list and writes"), []).append(best(rec, guard))
-            gc.disable()
-            res.setdefault((k, "  the same with gc.disable()"), []).append(best(rec, guard))
-            gc.enable()
-    rec.__class__ = classes[-1]
+        res.setdefault("off", []).append(_best(None, a, calls))
+        for k, r in recs.items():
+            res.setdefault(k, []).append(_best(r, a, calls))
+        gc.collect()
+    for r in recs.values():
+        r.end_ring(2)
     comm.destroy()
-    for (k, what), v in res.items():
-        print(f"{k:<16}{what:<38}{min(v):8.0f} ns per call")
+    off = min(res.pop("off"))
+    print(f"{'off (the guarded call alone)':<38}{off:8.0f} ns per call")
+    for k, v in res.items():
+        print(f"{k:<38}{min(v) - off:+8.0f} ns per call")
 
 
 def ab(nranks: list[int], pairs: int, calls: int) -> None:
-    """In-process A/B of the recorder modes at each rank count; prints added us per call (min, median)."""
+    """In-process A/B of the recorder modes at each rank count, the flight ring on as `ringflow run` puts it;
+    prints added us per call (min, median)."""
     me = [sys.executable, str(Path(__file__).resolve())]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGFLOW_RECORD", "RINGFLOW_FLIGHT"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RINGFLOW_RECORD", "RINGFLOW_FLIGHT",
+                                                                     "RINGFLOW_DUMP"))}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     report = {}
     for n in nranks:
@@ -190,7 +215,8 @@ def ab(nranks: list[int], pairs: int, calls: int) -> None:
             out = os.path.join(tmp, "ab.json")
             role = [*me, "--role", "ab", "--pairs", str(pairs), "--calls", str(calls), "--out", out]
             cmd = role if n == 1 else [sys.executable, "-m", "ringflow", "run", "-n", str(n), "--", *role]
-            subprocess.run(cmd, env={**env, "RINGFLOW_RECORD": os.path.join(tmp, "rec")}, check=True, timeout=600)
+            subprocess.run(cmd, env={**env, "RINGFLOW_DUMP_DIR": os.path.join(tmp, "job")}, check=True,
+                           timeout=600)
             res = json.loads(Path(out).read_text())
         off = res.pop("off")
         rows = {"off_us": {"min": min(off), "median": statistics.median(off)}}
@@ -218,7 +244,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--ab", action="store_true", help="in-process A/B of recorder off / Python / C")
+    ap.add_argument("--ab", action="store_true", help="in-process A/B of recorder off / C / Python")
     ap.add_argument("--nranks", default="1,2", help="--ab: rank counts")
     ap.add_argument("--pairs", type=int, default=9, help="--ab: rounds of the modes")
     ap.add_argument("--parts", action="store_true", help="per-part cost of each recorder, one rank, in process")
@@ -229,7 +255,6 @@ def main() -> None:
         ab_rank(a.pairs, a.calls, a.out)
         return
     if a.parts:
-        os.environ.setdefault("RINGFLOW_RECORD", tempfile.mkdtemp(prefix="rf-rec-"))
         parts(min(a.calls, 4000))
         return
     if a.ab:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from test_record_files import _one_rank_script
 
 from ringflow.runtime.native import _record
 from ringflow.runtime.recording import record
+from ringflow.runtime.recording.flightring import read_ring
 from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
 from ringflow.workload.recorded import call_rows
 
@@ -48,6 +52,9 @@ for key in ((1, 7), (1, 7), (2, 7), (1, 7)):
     enter(rec, 1, "send", ("send", np.dtype("float32"), 4, key[0], key[1]))
 enter(rec, 2, "recv", None)
 enter(rec, 2, "recv", None)
+miss = object()   # a collective that runs itself (the remembered-call path): one that ran, one that ran nothing
+rec.run("all_reduce", ("all_reduce", np.dtype("float64"), 4, None, "sum"), miss, lambda v: v, 5)
+rec.run("all_reduce", ("all_reduce", np.dtype("float64"), 4, None, "sum"), miss, lambda v: v, miss)
 sink = []
 job = record.with_site(functools.partial(comm.all_reduce, x), sink)
 lane = Lane("worker")   # a lane's worker thread, as the torch backend runs queued calls
@@ -86,8 +93,12 @@ def test_c_and_python_recorders_make_the_same_entries(tmp_path: Path) -> None:
     want = [src.index(t) + 1 for t in ("    return comm.all_reduce(x)", "    comm.all_reduce(x)",
                                        "    comm.all_reduce(np.ones(2))")]
     assert [int(e[4].split(":")[1].split(" ")[0]) for e in ring[:9]] == want * 3
-    assert [e[1] for e in ring if e[0] == 0 and e[2] == "all_reduce"] == list(range(9)) + [10, 11]
+    # the call run by `run` is the 12th collective; the one that ran nothing is taken back, number and all
+    assert [e[1] for e in ring if e[0] == 0 and e[2] == "all_reduce"] == list(range(9)) + [10, 11, 12]
     assert ring[9][2] == "broadcast" and ring[10][6] is True   # the asynchronous all_reduce
+    ran = next(e for e in ring if e[1] == 11 and e[0] == 0)
+    run_line = next(i + 1 for i, t in enumerate(src) if t.startswith("rec.run(") and t.endswith(", 5)"))
+    assert ran[4].endswith(f":{run_line} (<module>)") and ran[5] == "" and ran[9], ran
     sends = [e[1] for e in ring if e[3] == "send"]
     assert sends == [0, 1, 0, 2]   # per (lane, peer, tag)
     assert [e[1] for e in ring if e[3] == "recv"] == [0, 1]   # no metadata: per (lane, description)
@@ -111,7 +122,7 @@ def test_record_files_of_both_recorders_hold_the_same_calls(tmp_path: Path) -> N
         return [{k: v for k, v in r.items() if not k.endswith("_ns") and k != "comm"}   # the job id is new
                 for r in call_rows(rows, path)]
     c, py = calls("1"), calls("0")
-    assert len(c) == 20 and c == py
+    assert len(c) == 21 and c == py
 
 
 def _desc_ids() -> tuple[list[list], object]:
@@ -182,3 +193,45 @@ def test_entry_times_are_on_the_perf_counter_clock(tmp_path: Path, monkeypatch: 
         assert t0 <= _record.clock_ns() and e[record.CODE] is test_entry_times_are_on_the_perf_counter_clock.__code__
     finally:
         comm.destroy()
+
+
+# Two ranks under `ringflow run` (the flight ring on, as it puts it) repeat an all-reduce on one array, which the
+# remembered-call path runs as one C call (the recorder's `run` records it); then the array's shape changes, so
+# that path runs nothing and the full path runs the call.
+TWO_RANKS = """
+import json
+import numpy as np, ringflow
+from ringflow.runtime.call.fastcall import MISS
+comm = ringflow.init()
+got, native = [], comm._fast_native
+comm._fast_native = lambda *a: got.append(native(*a)) or got[-1]
+x = np.ones(4, np.float32)
+for i in range(6):
+    comm.all_reduce(x)
+x.shape = (2, 2)
+comm.all_reduce(x)
+e = comm._rec.ring
+if comm.rank == 0:
+    print(json.dumps({"misses": sum(g is MISS for g in got), "ran": sum(g is x for g in got),
+                      "calls": [[c[1], c[8], c[9], c[10] is not None, 0 < c[4] <= c[5] < c[6]] for c in e]}))
+comm.destroy()
+"""
+
+
+@needs_c
+@pytest.mark.long
+def test_the_remembered_call_path_is_recorded_and_a_call_it_did_not_run_is_recorded_once(tmp_path: Path) -> None:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RINGFLOW_")},
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "RINGFLOW_DUMP_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--no-bind", "--", sys.executable, "-c",
+                        TWO_RANKS], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(next(ln for ln in p.stdout.splitlines() if '"misses"' in ln).split(" ", 1)[-1])
+    assert out["misses"] == 1 and out["ran"] >= 3, out   # from the second or third call on, and the shape change
+    src = TWO_RANKS.splitlines()
+    lines = [src.index("    comm.all_reduce(x)") + 1] * 6 + [src.index("comm.all_reduce(x)") + 1]
+    assert out["calls"] == [[seq, line, "", True, True] for seq, line in enumerate(lines)]
+    for path in tmp_path.glob("ring-rank*.bin"):   # each rank's ring file: the same seven calls, once each
+        calls = [c for c in read_ring(path)["calls"] if c["op"] == "all_reduce"]
+        assert [(c["seq"], int(c["site"].split(":")[-1].split(" ")[0]), c["status"]) for c in calls] == \
+            [(seq, line, "ok") for seq, line in enumerate(lines)]

@@ -204,6 +204,11 @@ class PyRing:
         struct.pack_into("<q", self.mm, off + S_STATUS * 8, self.name(e[STATUS]) if e[STATUS] else -1)
         struct.pack_into("<q", self.mm, off + S_END * 8, int(e[T_END]))
 
+    def cancel(self, pos: int) -> None:
+        """Leave the slot of the call at `pos` empty (a call taken back: it did not run)."""
+        if pos >= 0 and self.mm is not None and _word_at(self.mm, self.at + (pos % self.n) * SLOT_BYTES) == pos + 1:
+            struct.pack_into("<q", self.mm, self.at + (pos % self.n) * SLOT_BYTES, 0)
+
     def find(self, e: list[Any]) -> int:
         """The position of an entry written earlier (an asynchronous call run later), -1 if overwritten."""
         if self.mm is None:

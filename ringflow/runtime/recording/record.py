@@ -283,18 +283,21 @@ class Recorder:
         self.fring_map: Any = None    # its mapping
 
     pack_rows = staticmethod(pack_rows)   # the rows of the record file (record_native.py's are C's)
-    ring_class: Any = flightring.PyRing   # the ring's writer (record_native.py's is C's)
 
     def open_ring(self, directory: Path, nslots: int) -> None:
         """Create this communicator's ring file in `directory` and write every call into it from now on."""
+        mm, slots_at = self.ring_file(directory, nslots)
+        self.fring_map = mm
+        self.fring = flightring.PyRing(mm, slots_at, nslots, flightring.Names(mm))
+
+    def ring_file(self, directory: Path, nslots: int) -> tuple[Any, int]:
+        """A new ring file of `nslots` slots in `directory` (flightring.create): its mapping and slots' offset."""
         with _proc.lock:
             k = _proc.nrings
             _proc.nrings = k + 1
         directory.mkdir(parents=True, exist_ok=True)
         info = flightring.process_info(self.info(), os.getpid(), _proc.mono0, _proc.wall0)
-        mm, slots_at = flightring.create(directory / f"ring-rank{self.grank}-{k}.bin", nslots, info)
-        self.fring_map = mm
-        self.fring = self.ring_class(mm, slots_at, nslots, flightring.Names(mm))
+        return flightring.create(directory / f"ring-rank{self.grank}-{k}.bin", nslots, info)
 
     def end_ring(self, state: int) -> None:
         """Mark the ring ended (`state`: flightring.DESTROYED or EXITED) and stop writing it."""
@@ -366,18 +369,50 @@ class Recorder:
             fring.exit(pos, e)
         if lane == 0 and self.size > 1:
             e[ALGO] = self.comm.last_schedule   # its name is read when the entry is written
-        return e
+        return None
+
+    def run(self, description: str, meta: tuple | None, miss: Any, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args): a collective that runs without the communicator's guard (the remembered-call path on NumPy
+        arrays), recorded as `call` records one; fn returning `miss` ran nothing, and its record is taken back (the
+        full path records the call)."""
+        last = self.last
+        e = self.call(0, description, meta, None, None, 0.0)
+        got: list[Any] = []
+        self.call(0, description, meta, lambda _fn, _deadline, _lane: got.append(fn(*args)), None, 0.0, entry=e)
+        if got[0] is miss:
+            self.take_back(e, last)
+        return got[0]
+
+    def take_back(self, e: list[Any], last: list[Any] | None) -> None:
+        """Forget collective `e`, which did not run: its place in the ring left empty, its sequence number and the
+        latest collective (`last`) as they were."""
+        fring = self.fring
+        if fring is not None:
+            fring.cancel(fring.find(e))
+        for kept in (self.ring, self.pending or [], getattr(_queued, "sink", None) or []):
+            for i in range(len(kept) - 1, -1, -1):
+                it = kept[i]
+                if it is e or (type(it) is tuple and it[1] is e):
+                    del kept[i]
+                    break
+        if self.coll_seq == e[SEQ] + 1:
+            self.coll_seq = e[SEQ]
+        self.last = last
 
     def waited(self, e: list[Any], t0: int, t1: int) -> None:
         """The program waited on the Work of asynchronous call `e` from t0 to t1 (ns): a "wait" entry naming it
         (its lane, sequence number and metadata), so a replay blocks the rank there until the call ends."""
         code, line = call_site(2)   # from Work.wait outward (not call_site_of's cache: its depths are the calls')
         w = [WAIT, e[SEQ], e[META], LANES[e[LANE]], t0, t0, t1, code, line, "", None, False]
-        self.ring.append(w)
+        self.keep(w)
         if self.pending is not None:
             self.pending.append(w)
+
+    def keep(self, e: list[Any]) -> None:
+        """Keep a new entry among the last calls (and in the ring file)."""
+        self.ring.append(e)
         if self.fring is not None:
-            self.fring.enter(w)
+            self.fring.enter(e)
 
     # -------------------------------------------------------------- off the hot path
     def status(self) -> dict[str, object]:
