@@ -76,8 +76,11 @@ class FastCalls:
         if f.prep.hot is not f.hot:
             by_object.pop(key, None)
             return MISS
-        if f.runner is not None and self._rec is None:
-            return self._fast_native(f, key, x, out, timeout)
+        if f.runner is not None:
+            rec = self._rec
+            if rec is None:
+                return self._fast_native(f, key, x, out, timeout)
+            return rec.run(f.description, f.meta, MISS, self._fast_native, f, key, x, out, timeout)
         if not f.matches(x, out):
             by_object.pop(key, None)
             return MISS
@@ -93,9 +96,9 @@ class FastCalls:
         return self._fast_go(f.prep, f.ctx, go, f.description, f.meta, timeout, result)
 
     def _fast_native(self, f: IdentityEntry, key: tuple, x: Any, out: Any, timeout: float | None) -> Any:
-        """`_fast_again` for NumPy arrays with the recorder off: the re-check of x and out, the deadline and the
-        plan's first native pass are one C call (`IdentityEntry.runner`); only a call that pass leaves unfinished
-        goes on in Python."""
+        """`_fast_again` for NumPy arrays (the recorder's `run` records it): the re-check of x and out, the deadline
+        and the plan's first native pass are one C call (`IdentityEntry.runner`); only a call that pass leaves
+        unfinished goes on in Python."""
         if get_ident() != self._owner_id:
             self._own_thread(f.description)
         prep = f.prep
