@@ -71,3 +71,20 @@ def test_the_dispatcher_rate_of_the_layouts_kind_is_used() -> None:
     fast = microbatch_times(model, _layout(ep_dispatcher="flex"), gpu, eff)
     per_layer = 4096 * 8 * 2048 * (1 / 1e10 - 1 / 1e12)
     assert slow.forward_s - fast.forward_s == pytest.approx(48 * per_layer, rel=1e-6)
+
+
+def test_per_operator_checkpointing_keeps_odd_matmuls_and_recomputes_even_ones() -> None:
+    from ringflow.workload.memory_activations import activation_bytes_per_layer, op_checkpoint_split
+    model = load_model("llama3-8b")
+    kept, rec = op_checkpoint_split(model)
+    h, f = model.hidden, model.ffn_hidden
+    assert kept == h + model.heads * model.v_dim + model.q_width + model.v_width + f + h   # input, attn, Q V W1 W2
+    assert rec == pytest.approx(2 * h * (model.kv_hidden + model.heads * model.v_dim + f))  # K, O, W3
+    lay = Layout(dp=8, micro_batch=1, global_batch=8, seq_len=8192, zero=3, recompute="op")
+    mem = {r: activation_bytes_per_layer(model, lay, r) for r in ("full", "op", "selective")}
+    assert mem["full"] < mem["op"] < mem["selective"]
+    gpu = gpu_spec("H100")
+    t_op = microbatch_times(model, lay, gpu)
+    t_full = microbatch_times(model, lay.with_(recompute="full"), gpu)
+    assert 0 < t_op.recompute_s < t_full.recompute_s
+    assert t_op.hardware_flops - t_op.model_flops == pytest.approx(8192 * rec * model.layers)

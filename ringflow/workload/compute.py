@@ -255,6 +255,10 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
             (activation_bytes_per_layer(model, layout.with_(flash_attention=False), "none")
              - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * (stop - start)
         t_rec = attn / rate + 2 * score / mem_Bps
+    elif layout.recompute == "op":   # the matmuls not kept, and every elementwise op, rebuilt (memory_activations)
+        from .memory_activations import op_checkpoint_split
+        rec_flops = tokens * op_checkpoint_split(model)[1] * (stop - start) / t
+        t_rec = rec_flops / rate + 2 * act / mem_Bps
     else:
         rec_flops, t_rec = 0.0, 0.0
     return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,

@@ -22,7 +22,7 @@ from ..errors import ConfigError, InvalidArgument
 from .models import ModelSpec
 from .moe import check_dispatcher
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full", "op")   # op: per-operator selective checkpointing (torchtitan)
 PRECISIONS = ("bf16", "fp8")
 CP_COMM = ("p2p", "a2a", "allgather")   # ring attention, Ulysses all-to-all, all-gather of K/V (Llama 3)
 
@@ -40,7 +40,7 @@ class Layout:
     global_batch: int = 512         # sequences per optimizer step
     seq_len: int = 2048
     zero: int = 0                   # 0 none, 1 optimizer states, 2 + gradients, 3 + parameters (= FSDP)
-    recompute: str = "none"         # none | selective | full
+    recompute: str = "none"         # none | selective | full | op
     sequence_parallel: bool = False
     interleave: int = 1             # virtual pipeline stages per GPU (1 = plain 1F1B)
     bucket_bytes: int = 40_000_000 * 4   # DP gradient bucket (Megatron: 40M fp32 elements)
