@@ -291,8 +291,19 @@ os._exit(0)
 
 
 def test_a_timeout_names_the_ranks_that_did_not_arrive_and_what_they_last_did(tmp_path: Path) -> None:
-    p = _run(tmp_path, LATE, 3, timeout_s=7)
-    assert p.returncode != 0   # the launcher's timeout ends the sleeping and the stopped rank
+    (tmp_path / "job.py").write_text(LATE)
+    launcher = subprocess.Popen([sys.executable, "-m", "ringflow", "run", "-n", "3", "--timeout", "120",
+                                 str(tmp_path / "job.py"), str(tmp_path)], env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "launcher.err", "w"))
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "r0.json").exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)    # rank 0 writes its file in one call; let the write finish
+    finally:
+        launcher.terminate()   # ends the sleeping and the stopped rank
+        launcher.wait(timeout=30)
+    assert (tmp_path / "r0.json").exists(), (tmp_path / "launcher.err").read_text()
     err = json.loads((tmp_path / "r0.json").read_text())["error"]
     assert err is not None and "(call #1) timed out" in err and "{" not in err, err
     assert "rank 1 has not entered it (done with call #0, all_reduce of 4096 x float64 (op sum))" in err, err
