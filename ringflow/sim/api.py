@@ -13,7 +13,7 @@ from . import analytic, flow
 from .fabric import Fabric, fabric_for
 from .params import SimParams, params_for
 from .results import SimResult, count_for_size, size_for_count
-from .transfers import TransferTable, coarsen, from_schedule
+from .transfers import TransferTable, coarsen, from_schedule, pipelined
 
 ENGINES = ("analytic", "flow")
 
@@ -149,7 +149,7 @@ def _layout_args(topo: Any, coll: Collective, algorithm: str, eps: list[str],
     from ..algorithms import registry
     kwargs: dict[str, Any] = {}
     info = registry.info(algorithm)
-    if algorithm == "hierarchical":
+    if algorithm == "hierarchical" or (info.grouped and algorithm == "pxn"):
         kwargs["host_groups"] = [list(g) for g in topo.host_groups(eps)]
     if info.multichannel:
         from ..topology import find_rings
@@ -201,7 +201,22 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
         kw["root"] = root
     if nsegs is not None:
         kw["nsegs"] = nsegs
-    return from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
+    tab = from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
+    return pipelined(tab) if algorithm == "pxn" else tab
+
+
+def pxn_applies(topo: Any, coll: Collective, eps: Sequence[str]) -> bool:
+    """True for an all-to-all over two or more servers of equally many (two or more) GPUs, each GPU with a NIC
+    on its server: where NCCL runs all-to-all as grouped sends with PXN (NCCL_PXN_DISABLE=0, the default since
+    NCCL 2.12; NVIDIA, "Doubling all2all Performance with NVIDIA Collective Communication Library 2.12"): every
+    peer at once, remote blocks through the local GPU on the destination's rail."""
+    if coll != Collective.ALL_TO_ALL or not hasattr(topo, "host_groups") or not hasattr(topo, "nics"):
+        return False
+    groups = topo.host_groups(list(eps))
+    if len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2:
+        return False
+    gpus = set(topo.gpus())
+    return all(e in gpus for e in eps) and all(topo.nics(host=topo.host_of(eps[g[0]])) for g in groups)
 
 
 def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm: str, *,
@@ -230,8 +245,11 @@ def choose_algorithm(topo: Any, collective: Collective | str, nranks: int, size_
     builds every candidate schedule, which is too slow for thousands of ranks). An all-reduce,
     reduce-scatter or all-gather inside one NVLS-capable NVSwitch domain takes NVLS where the simulator
     finds it faster (sim.nvls); an all-reduce over several such servers with two or more ranks on each
-    takes NVLS-Tree where it is faster (NCCL's default across Hopper servers, `nvls_tree_faster`)."""
+    takes NVLS-Tree where it is faster (NCCL's default across Hopper servers, `nvls_tree_faster`); an
+    all-to-all over servers of GPUs with NICs takes PXN (`pxn_applies`)."""
     coll = Collective.parse(collective)
+    if pxn_applies(topo, coll, (list(endpoints) if endpoints is not None else endpoints_of(topo))[:nranks]):
+        return "pxn"
     flat, flat_us = _flat_choice(topo, coll, nranks, size_bytes, dtype, params, endpoints)
     from .nvls import NVLS_COLLECTIVES, nvls_switch
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]

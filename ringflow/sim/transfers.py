@@ -225,3 +225,15 @@ def coarsen(table: TransferTable, max_transfers: int) -> TransferTable:
     return replace(table, nsteps=int(m + 1), step=uniq[0], src=uniq[1], dst=uniq[2], chan=uniq[3],
                    frac=nf, nmsg=nm, nserial=ns, lrank=lu[0], lstep=lu[1], lcopy=lc, lreduce=lr,
                    coarsened=max(table.coarsened, factor))
+
+
+def pipelined(table: TransferTable) -> TransferTable:
+    """`table` with every step run at once: for schedules whose relays forward each chunk as it lands (NCCL's
+    PXN all-to-all: the NVLink hop to the rail's GPU and that GPU's NIC send overlap, chunk by chunk), so a link
+    carries the bytes of every step together and each row pays the hop latencies of all steps in sequence."""
+    if table.nsteps <= 1:
+        return table
+    import dataclasses
+    zeros = np.zeros(table.ntransfers, dtype=np.int64)
+    return dataclasses.replace(table, nsteps=1, step=zeros, nserial=table.serial() * table.nsteps,
+                               lstep=np.zeros(table.lstep.size, dtype=np.int64))
