@@ -88,3 +88,16 @@ def test_per_operator_checkpointing_keeps_odd_matmuls_and_recomputes_even_ones()
     t_full = microbatch_times(model, lay.with_(recompute="full"), gpu)
     assert 0 < t_op.recompute_s < t_full.recompute_s
     assert t_op.hardware_flops - t_op.model_flops == pytest.approx(8192 * rec * model.layers)
+
+
+def test_a_release_with_add_new_keeps_recorded_digests_and_adds_only_new_held_out_cases(tmp_path) -> None:
+    import json
+
+    from ringflow.workload.fitting import release
+    from ringflow.workload.published import load_cases
+    held = [c["id"] for c in load_cases() if c["set"] == "held_out"]
+    out = tmp_path / "release.json"
+    out.write_text(json.dumps({"tag": "old", "held_out": {held[0]: "digest-then", "gone-case": "x"}}))
+    doc = release("new", out=out, add_new=True)
+    assert doc["tag"] == "new" and doc["held_out"][held[0]] == "digest-then"
+    assert set(doc["held_out"]) == set(held)

@@ -15,7 +15,8 @@ It writes ``ringflow/data/fitted.json``: the values, the case ids each was fitte
 rule and a digest of every fitting case. `compute.EfficiencyModel` takes its curve from that file, and
 `published.evaluate` uses its constants for the packaged registry, refusing them when the fitting cases have
 changed since. ``--release TAG`` records a digest of every held-out case under a release tag
-(``ringflow/data/published_release.json``); the report counts the held-out cases changed since.
+(``ringflow/data/published_release.json``; with ``--add-new`` the recorded cases keep their digests and only
+new held-out cases are added); the report counts the held-out cases changed since.
 """
 from __future__ import annotations
 
@@ -118,10 +119,20 @@ def stored_constants(cases: list[dict[str, Any]], path: str | Path = FITTED_PATH
     return Constants.from_dict(doc["constants"])
 
 
-def release(tag: str, path: str | Path | None = None, out: str | Path = RELEASE_PATH) -> dict[str, Any]:
-    """Record a digest of every held-out case under the release `tag`."""
+def release(tag: str, path: str | Path | None = None, out: str | Path = RELEASE_PATH,
+            add_new: bool = False) -> dict[str, Any]:
+    """Record a digest of every held-out case under the release `tag`; with `add_new`, the cases already in the
+    recorded release keep the digest they had there (so their changes since still count) and only the held-out
+    cases it lacks are added."""
     cases = load_cases(path)
-    doc = {"tag": tag, "held_out": {c["id"]: case_digest(c) for c in cases if c["set"] == "held_out"}}
+    now = {c["id"]: case_digest(c) for c in cases if c["set"] == "held_out"}
+    if add_new:
+        try:
+            then = json.loads(Path(out).read_text()).get("held_out") or {}
+        except (OSError, ValueError):
+            then = {}
+        now = {k: then.get(k, v) for k, v in now.items()}
+    doc = {"tag": tag, "held_out": now}
     Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return doc
 
@@ -144,9 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", help="registry file (default: the packaged one)")
     ap.add_argument("-o", "--out", default=str(FITTED_PATH), help="where to write the fitted constants")
     ap.add_argument("--release", metavar="TAG", help="record the held-out cases' digests under this tag instead")
+    ap.add_argument("--add-new", action="store_true",
+                    help="with --release: keep the recorded digests, add only the held-out cases not yet recorded")
     args = ap.parse_args(argv)
     if args.release:
-        doc = release(args.release, args.data)
+        doc = release(args.release, args.data, add_new=args.add_new)
         print(f"release {doc['tag']}: {len(doc['held_out'])} held-out cases recorded in {RELEASE_PATH}")
         return 0
     doc = refit(args.data, args.out)
