@@ -88,6 +88,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("SINGLE_RING_THRESHOLD", 256 * 2**10, parse_size, "Below this size (bytes) one channel is used "
          "(NCCL_SINGLE_RING_THRESHOLD, 256 KiB).", "runtime"),
     Knob("CHECKS_DISABLE", False, _bool, "1 skips the cross-rank argument checks (count, dtype, op).", "runtime"),
+    Knob("RECEIVER_CHECK", True, _bool, "1 checks a call's arguments on its first step's messages, adding "
+         "zero-byte messages where that step lacks a pair (no separate exchange before the data); 0 opens such "
+         "calls with a CHECK exchange. The same on every rank.", "runtime"),
     Knob("TCP_CONGESTION", "auto", _str, "TCP congestion control of data sockets: `auto` (same-host peers "
          "use cubic or reno, since BBR paces even loopback: +40 us per 64 KiB message after a bulk "
          "transfer; other peers keep the system's), `system`, or a name the kernel offers.", "runtime"),

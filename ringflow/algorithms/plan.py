@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import InvalidArgument
 from .layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
 from .schedule import Buffer, ChunkRef, Op, OpKind, Schedule, is_self_checking
+from .verify_messages import missing, verifiable
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,13 @@ class Plan:
     max_xfer_bytes: int = 0
 
 
-_PLANS: dict[tuple[int, CallShape, int, bool], tuple[Schedule, Plan]] = {}
+_PLANS: dict[tuple[int, CallShape, int, bool, bool], tuple[Schedule, Plan]] = {}
 _PLANS_MAX = 1024
 
 
 def compile_plan(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
     """One rank's compiled program for this call shape (cached per schedule object and shape)."""
-    key = (id(schedule), shape, rank, inplace)
+    key = (id(schedule), shape, rank, inplace, verifiable(schedule))
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
@@ -176,12 +177,23 @@ class _Compiler:
             xf[0] = replace(xf[0], lone=True)
         return StepPlan(tuple(xf), tuple(loc))
 
+    def verify_messages(self, step: StepPlan) -> StepPlan:
+        """Step 0 with the zero-byte verify messages that make it check every pair (algorithms.verify_messages)."""
+        to, frm = missing(self.schedule, self.rank)
+        self.peers.update(to + frm)
+        extra = [Xfer(OpKind.SEND, p, "c0", Buffer.IN, 0, 0) for p in to]
+        extra += [Xfer(OpKind.RECV, p, "c0", Buffer.OUT, 0, 0) for p in frm]
+        return StepPlan(step.xfers + tuple(extra), step.locals)
+
     def plan(self) -> Plan:
         steps = [self.step(si, list(ops)) for si, ops in enumerate(self.schedule.steps(self.rank))]
         sch = self.schedule
+        verified = verifiable(sch)
+        if verified:
+            steps[0] = self.verify_messages(steps[0])
         scratch = buffer_elements(self.shape, sch, Buffer.SCRATCH, self.rank) if Buffer.SCRATCH in sch.layouts else 0
         biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
-        return Plan(tuple(steps), scratch, is_self_checking(sch), tuple(sorted(self.peers)), biggest)
+        return Plan(tuple(steps), scratch, verified or is_self_checking(sch), tuple(sorted(self.peers)), biggest)
 
 
 def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:

@@ -7,11 +7,14 @@ blocking until all are done (waiting with `Waiter` when nothing moves), then run
 and reductions in listed order. Semantics follow `algorithms.schedule`: sends read values as of the
 start of the step (a send whose source a receive of the same step overwrites is snapshotted first).
 
-Cross-rank argument checks: every message carries the call signature. A schedule whose step 0
-exchanges exactly one message between every pair of ranks (e.g. the one-shot all-reduce) checks
-itself; others are preceded by a CHECK exchange of the call description. Either way every rank
-receives one message from every peer before any data moves, so disagreeing ranks all raise
-InvalidArgument and the communicator stays usable.
+Cross-rank argument checks: every message carries the call signature, which its receiver compares
+with its own before it uses a byte of the payload. A plan whose step 0 moves exactly one message each
+way between every pair of ranks checks itself: the one-shot all-reduce, 2-rank exchanges, and plans the
+compiler completes with zero-byte verify messages (algorithms.verify_messages: a 2-rank broadcast's
+receiver answers its root in the same step). Other plans open with a CHECK exchange of the call
+description. Either way every rank hears from every peer before data reaches the user's arrays, so
+disagreeing ranks all raise InvalidArgument, and every message posted is consumed: the communicator
+stays usable.
 """
 from __future__ import annotations
 
@@ -284,10 +287,14 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
 
 
 def needs_check(plan: Plan, ctx: CallContext) -> bool:
-    """True if the call opens with the CHECK exchange: its plan's first step does not check every pair of ranks
-    (big transfers may be striped, which is only safe once every rank agreed on the sizes)."""
-    self_check = plan.self_checking and plan.max_xfer_bytes < STRIPE_MIN_BYTES
-    return ctx.checks and ctx.nranks > 1 and not self_check
+    """True if the call opens with the CHECK exchange: its plan's first step does not check every pair of ranks,
+    or may stripe a transfer over several TCP streams (safe only once every rank agreed on the sizes)."""
+    if not ctx.checks or ctx.nranks < 2:
+        return False
+    if not plan.self_checking:
+        return True
+    return plan.max_xfer_bytes >= STRIPE_MIN_BYTES and ctx.streams > 1 and \
+        any(ctx.transport.kind(p) == "tcp" for p in plan.peers)
 
 
 def run_plan(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: Callable) -> None:

@@ -1,0 +1,53 @@
+"""Verify messages: the argument check carried by a plan's first step instead of a CHECK exchange before it.
+
+Every message carries the call signature and its receiver compares it with its own before a byte of the
+payload is used (a message of another call is drained, not delivered). A plan whose first step moves exactly
+one channel-0 message each way between every pair of ranks therefore checks every pair in that step
+(`schedule.is_self_checking`). A schedule whose first step lacks some of those messages gets them as
+*verify messages*: zero-byte messages on channel 0, posted with the step's data. Then every rank hears from
+every peer in step 0, so ranks that disagree all raise InvalidArgument in step 0, every message posted is
+consumed, and the communicator stays usable; ranks that agree pay no round trip before the data moves.
+
+That keeps the guarantee "on a mismatch no data is delivered" only where no rank could take data from one
+peer before another peer's message shows the mismatch: 2 ranks (each hears from one peer), or no first-step
+receive that lands in the user's arrays (IN or OUT). Other schedules keep the CHECK exchange.
+RINGFLOW_RECEIVER_CHECK=0 turns verify messages off (every rank must use the same setting).
+"""
+from __future__ import annotations
+
+from .. import config
+from .schedule import Buffer, OpKind, Schedule, Step, is_self_checking
+
+
+def _pairs(step: Step, kind_is_send: bool) -> list[tuple[int, int]]:
+    return [(op.peer, op.channel) for op in step if op.peer is not None
+            and (op.kind == OpKind.SEND if kind_is_send else op.kind.is_recv)]
+
+
+def verifiable(schedule: Schedule) -> bool:
+    """True if this schedule's first step, completed by verify messages, checks every pair of ranks and no rank
+    can take data into IN or OUT from one peer before a mismatch with another shows (the module docstring)."""
+    n = schedule.nranks
+    if n < 2 or schedule.nswitches or not config.get("RECEIVER_CHECK") or is_self_checking(schedule):
+        return False
+    for r in range(n):
+        prog = schedule.steps(r)
+        if not prog:
+            return False
+        sends, recvs = _pairs(prog[0], True), _pairs(prog[0], False)
+        for got in (sends, recvs):
+            if any(ch != 0 for _, ch in got) or len(set(got)) != len(got):
+                return False   # more than one message, or another channel: more than verify messages can match
+        if n > 2 and any(op.kind.is_recv and op.dst is not None and op.dst.buffer != Buffer.SCRATCH
+                         for op in prog[0]):
+            return False
+    return True
+
+
+def missing(schedule: Schedule, rank: int) -> tuple[list[int], list[int]]:
+    """(peers to send a verify message to, peers to receive one from) in step 0 of `rank` (a verifiable schedule)."""
+    step = schedule.steps(rank)[0]
+    to = {p for p, _ in _pairs(step, True)}
+    frm = {p for p, _ in _pairs(step, False)}
+    peers = [p for p in range(schedule.nranks) if p != rank]
+    return [p for p in peers if p not in to], [p for p in peers if p not in frm]

@@ -1,0 +1,89 @@
+"""The receiver-verified argument check: a 2-rank broadcast (reduce, gather, scatter) checks its arguments on its
+first step's messages, completed by a zero-byte verify message from the receiver, instead of a CHECK exchange
+before the data. Disagreeing ranks all raise InvalidArgument with their arrays untouched, and the communicator
+stays usable, with the verify messages on and off (RINGFLOW_RECEIVER_CHECK), over shared memory and TCP, on the
+native and the Python executor.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ringflow import config
+from ringflow.algorithms.layout import CallShape
+from ringflow.algorithms.plan import compile_plan
+from ringflow.algorithms.registry import get_schedule
+from ringflow.algorithms.schedule import Collective, OpKind
+from ringflow.algorithms.verify_messages import verifiable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _plan(coll: Collective, algo: str, n: int, rank: int, root: int | None = 0, count: int = 1 << 14):
+    sch = get_schedule(coll, algo, n, root=root)
+    return sch, compile_plan(sch, CallShape(coll, n, count, 4, None), rank, coll == Collective.BROADCAST)
+
+
+@pytest.mark.parametrize("algo", ["binomial", "ring"])
+def test_a_two_rank_broadcast_checks_itself_with_one_zero_byte_message_back_to_the_root(algo: str) -> None:
+    sch, root_plan = _plan(Collective.BROADCAST, algo, 2, 0)
+    _, leaf_plan = _plan(Collective.BROADCAST, algo, 2, 1)
+    assert verifiable(sch) and root_plan.self_checking and leaf_plan.self_checking
+    back = [x for x in root_plan.steps[0].xfers if x.kind == OpKind.RECV]
+    assert [(x.peer, x.key, x.nbytes) for x in back] == [(1, "c0", 0)]
+    sent = [x for x in leaf_plan.steps[0].xfers if x.kind == OpKind.SEND]
+    assert [(x.peer, x.key, x.nbytes) for x in sent] == [(0, "c0", 0)]
+    data = [x for x in leaf_plan.steps[0].xfers if x.kind == OpKind.RECV]
+    assert len(data) == 1 and data[0].nbytes > 0   # the data itself is unchanged
+
+
+def test_verify_messages_are_off_where_they_could_not_keep_data_undelivered() -> None:
+    # 4 ranks: a binomial broadcast's first receiver would take data while another peer's message disagrees
+    sch, plan = _plan(Collective.BROADCAST, "binomial", 4, 2)
+    assert not verifiable(sch) and not plan.self_checking
+    assert all(x.nbytes > 0 for x in plan.steps[0].xfers)
+    # a plan that already checks itself gets nothing added
+    sch, plan = _plan(Collective.ALL_TO_ALL, "pairwise", 2, 0, root=None)
+    assert not verifiable(sch) and plan.self_checking
+    assert all(x.nbytes > 0 for x in plan.steps[0].xfers)
+    with config.override(RECEIVER_CHECK=False):
+        sch, plan = _plan(Collective.BROADCAST, "binomial", 2, 0)
+        assert not verifiable(sch) and not plan.self_checking
+        assert len(plan.steps[0].xfers) == 1
+
+
+def _run(tmp: Path, env: dict[str, str]) -> list[dict]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RINGFLOW_")}
+    base["PYTHONPATH"] = str(ROOT) + os.pathsep + base.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--timeout", "90",
+                           str(ROOT / "tests" / "receiver_check_ranks.py"), str(tmp)], env={**base, **env},
+                          capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    pytest.param({"RINGFLOW_RECEIVER_CHECK": "0"}, marks=pytest.mark.long),
+    pytest.param({"RINGFLOW_NATIVE": "0"}, marks=pytest.mark.long),
+    pytest.param({"RINGFLOW_SHM_DISABLE": "1"}, marks=pytest.mark.long),
+    pytest.param({"RINGFLOW_SHM_DISABLE": "1", "RINGFLOW_RECEIVER_CHECK": "0"}, marks=pytest.mark.long),
+], ids=["shm", "shm-check-exchange", "shm-python", "tcp", "tcp-check-exchange"])
+def test_disagreeing_ranks_all_raise_with_their_arrays_untouched_and_stay_usable(tmp_path: Path,
+                                                                                  env: dict[str, str]) -> None:
+    results = _run(tmp_path, env)
+    names = set(results[0]["cases"])
+    assert names == set(results[1]["cases"]) and len(names) == 15
+    for res in results:
+        for name, case in res["cases"].items():
+            assert case["type"] == "InvalidArgument", (res["rank"], name, case)
+            assert case["unchanged"], f"rank {res['rank']}: {name} delivered data"
+            assert case["elapsed_s"] < 10.0, (res["rank"], name, case)  # far below the 30 s timeout
+        assert res["exact_after"] is True
+    assert np.isfinite([c["elapsed_s"] for r in results for c in r["cases"].values()]).all()
