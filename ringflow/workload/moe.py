@@ -10,8 +10,8 @@ size ``h`` (``T k`` routed tokens, ``T k h`` routed elements):
   back after the combine, each reading and writing ``T k h`` elements. An eager indexing gather moves
   `PERMUTE_INDEXING_FRACTION` of the HBM bandwidth (measured: ~0.95 TB/s on one H200, issue 58 of this
   project); a fused permute kernel (Megatron ``--moe-permute-fusion``) the elementwise rate;
-- **token dispatcher**: the host side and the bookkeeping of a dropless dispatch (token counts per expert, the
-  device-to-host copy of the split sizes, chunk sorting) cost ``T k h / rate`` per pass, the rate a constant of
+- **token dispatcher**: what a dropless dispatch costs beyond these (token counts per expert, the device-to-host
+  copy of the split sizes, chunk sorting; not measured apart yet) is ``T k h / rate`` per pass, the rate a constant of
   the dispatcher kind (`DISPATCHERS`) fitted on the fitting half of the published registry
   (``python -m ringflow.workload.fitting``); 0 leaves the term out;
 - **imbalance**: ``expert_imbalance`` (the busiest expert's load over the balanced load, >= 1) multiplies the

@@ -87,6 +87,12 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
             continue
         rows.append([f"software_factor ({era})", "1 (not fitted)" if k is None else f"{k:.3f}", "1",
                      ", ".join(fitted.get(f"software[{era}]", [])) or "no expressible fitting case"])
+    from .moe import DISPATCHERS
+    for kind in DISPATCHERS:
+        rate = (c.get("dispatch_eps") or {}).get(kind)
+        rows.append([f"MoE dispatcher rate ({kind}, G routed elements/s per GPU and pass)",
+                     f"{rate / 1e9:.1f}" if rate else "0 (term left out)", "0",
+                     ", ".join(fitted.get(f"dispatch_eps[{kind}]", [])) or "no MoE fitting case"])
     return rows
 
 
@@ -195,8 +201,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "the NVSwitch chip's in-switch reduction rate (NVLS collectives that rate bounds), each by a few "
              "multiplicative steps toward a median published / predicted of 1; the compute curve of "
              "`compute.EfficiencyModel` (eff_max, d_half, n_half) on the reference era's fitting cases, which "
-             "`train` and `plan` use too; one per-stack software factor per other software era. Held-out values "
+             "`train` and `plan` use too; one per-stack software factor per other software era, on that era's "
+             "dense runs; the token dispatcher's rate per dispatcher kind (alltoall, flex: DeepEP / HybridEP) on "
+             "the MoE runs (`moe_fit`, bisection to a median published / predicted of 1). Held-out values "
              "are never read by a fit.",
+             "- MoE layers (`workload/moe.py`): expert GEMMs as grouped GEMMs on the dense curve (a grouped GEMM "
+             "of Qwen3-30B-A3B's experts measured 648-714 TFLOP/s on one H200), router and token "
+             "permute/unpermute memory-bound (an indexing permute at 0.95 TB/s measured on one H200, a fused one "
+             "at the elementwise rate), the dispatcher's fitted time per routed element, expert imbalance "
+             "(published benchmarks force-balance: 1), EP all-to-alls hidden under compute where the run's "
+             "configuration overlaps them.",
              "- Collectives: `ringflow.sim` (analytic engine) with the fitted link efficiencies; a case without a "
              "forced algorithm (NCCL's default in the source) takes " + (
                  "NCCL's own choice from its tuning model (`--nccl`, as `ringflow sim --nccl`), simulated where "
