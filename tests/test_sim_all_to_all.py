@@ -30,7 +30,8 @@ def test_pxn_traffic_stays_on_its_rail() -> None:
     assert "spine" not in tiers and any(t == "nic" for t in tiers)
 
 
-def test_all_to_all_inside_one_server_or_on_cpu_ranks_keeps_the_flat_choice() -> None:
+def test_all_to_all_inside_one_server_without_nvlink_or_on_cpu_ranks_keeps_the_flat_choice() -> None:
     assert simulate(load_topology("dgx-h100"), "all_to_all", 1 << 24).algorithm != "pxn"
+    assert simulate(build_cluster("pcie-8gpu", 2), "all_to_all", 1 << 24).algorithm != "pxn"   # relays need NVLink
     cpu = build_cluster("host-cpu:4", 2)
     assert simulate(cpu, "all_to_all", 1 << 20).algorithm != "pxn"

@@ -10,7 +10,7 @@ import numpy as np
 from ..algorithms.schedule import Collective, Schedule, is_self_checking
 from ..errors import InvalidArgument
 from . import analytic, flow
-from .fabric import Fabric, fabric_for
+from .fabric import Fabric, _val, fabric_for
 from .params import SimParams, params_for
 from .results import SimResult, count_for_size, size_for_count
 from .transfers import TransferTable, coarsen, from_schedule, pipelined
@@ -216,7 +216,12 @@ def pxn_applies(topo: Any, coll: Collective, eps: Sequence[str]) -> bool:
     if len(groups) < 2 or len({len(g) for g in groups}) != 1 or len(groups[0]) < 2:
         return False
     gpus = set(topo.gpus())
-    return all(e in gpus for e in eps) and all(topo.nics(host=topo.host_of(eps[g[0]])) for g in groups)
+    if not all(e in gpus for e in eps) or not all(topo.nics(host=topo.host_of(eps[g[0]])) for g in groups):
+        return False
+    first = [eps[r] for r in groups[0]]   # PXN relays over NVLink only: every GPU pair of a server on NVLink
+    g = topo.graph
+    return all(_val(g.edges[u, v].get("type")) == "nvlink"
+               for i, a in enumerate(first) for b in first[i + 1:] for u, v in topo.path_edges(topo.path(a, b)))
 
 
 def schedule_for(topo: Any, collective: Collective | str, nranks: int, algorithm: str, *,
