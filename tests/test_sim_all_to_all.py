@@ -35,3 +35,9 @@ def test_all_to_all_inside_one_server_without_nvlink_or_on_cpu_ranks_keeps_the_f
     assert simulate(build_cluster("pcie-8gpu", 2), "all_to_all", 1 << 24).algorithm != "pxn"   # relays need NVLink
     cpu = build_cluster("host-cpu:4", 2)
     assert simulate(cpu, "all_to_all", 1 << 20).algorithm != "pxn"
+
+
+def test_pxn_counts_as_nccls_own_all_to_all() -> None:
+    from ringflow.sim.nccl_tuner import nccl_has
+    assert nccl_has("all_to_all", "pxn") and nccl_has("all_to_all", "pairwise")
+    assert not nccl_has("all_to_all", "bruck") and not nccl_has("all_reduce", "pxn")

@@ -70,8 +70,8 @@ _P2P_COLLECTIVES = (Collective.ALL_TO_ALL, Collective.ALL_TO_ALLV, Collective.GA
 def nccl_has(collective: Collective | str, algorithm: str) -> bool:
     """Whether NCCL itself runs this algorithm for this collective; False marks ringflow-only algorithms."""
     coll = Collective.parse(collective)
-    if coll in _P2P_COLLECTIVES:
-        return algorithm in ("pairwise", "direct", "p2p")
+    if coll in _P2P_COLLECTIVES:   # pxn: its grouped sends relayed over NVLink to the rail's GPU (NCCL 2.12+)
+        return algorithm in ("pairwise", "direct", "p2p") or (algorithm == "pxn" and coll == Collective.ALL_TO_ALL)
     if coll in (Collective.BROADCAST, Collective.REDUCE):
         return algorithm == "ring"
     if coll in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
