@@ -184,6 +184,7 @@ typedef struct {
     int done, first, drain;
     int64_t off, total, slice;
     uint64_t posted;
+    uint64_t tail_seen;         /* the receiver's tail as last read (a send reads it again only when that is full) */
     uint64_t got_total, got_sig, got_rid;
     int bad;
     char *detail;
@@ -216,7 +217,7 @@ static int bell_fd = -1;
 static unsigned long long n_runs, n_cma_reads; /* calls completed natively, messages read by single copy */
 /* where the waits went (benchmarks/call_overhead.py --parts): waits, their nanoseconds, sleeps on the doorbell,
    doorbells rung for a sleeping peer */
-static unsigned long long n_waits, wait_ns, n_sleeps, n_rings;
+static __thread unsigned long long n_waits, wait_ns, n_sleeps, n_rings;   /* the calling thread's */
 
 static void ring(HotPlan *p, int b)
 {
@@ -234,7 +235,7 @@ static void ring(HotPlan *p, int b)
             fd = none;
         }
     }
-    __atomic_add_fetch(&n_rings, 1, __ATOMIC_RELAXED);
+    n_rings++;
     (void)sendto(fd, "\1", 1, MSG_DONTWAIT, (struct sockaddr *)&p->bells[b], p->bell_len[b]);
 }
 
@@ -255,13 +256,20 @@ static int64_t slice_bytes(int64_t total, int64_t slot_bytes)
 static inline volatile uint64_t *hdr(hop_t *o, uint64_t h) { return o->ctl + SLOT_HDR_WORD + (h % o->nslots) * HDR_WORDS; }
 
 /* ------------------------------------------------------------------ sending */
+/* True if slot h is free. The tail (the receiver's word) is read only when the last value read says the ring is
+ * full: it only grows, so an old value errs on the safe side, and the sender spares a cache miss per message. */
+static inline int slot_free(hop_t *o, uint64_t h)
+{
+    return h - o->tail_seen < o->nslots || h - (o->tail_seen = ld(&o->ctl[W_TAIL])) < o->nslots;
+}
+
 static int send_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off)
 {
     volatile uint64_t *c = o->ctl;
     int moved = 0;
     if (!o->posted) {
         uint64_t h = c[W_SHEAD];
-        if (h - ld(&c[W_TAIL]) >= o->nslots)
+        if (!slot_free(o, h))
             return 0;
         volatile uint64_t *b = hdr(o, h);
         b[1] = c[W_SSEQ];
@@ -297,7 +305,7 @@ static int send_progress(HotPlan *p, hop_t *o)
     int moved = 0;
     while (!o->done) {
         uint64_t h = c[W_SHEAD];
-        if (h - ld(&c[W_TAIL]) >= o->nslots)
+        if (!slot_free(o, h))
             return moved;
         uint64_t i = h % o->nslots;
         int64_t n = o->total - o->off;
@@ -546,7 +554,7 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
         if (left > 0) {
             if (left > 0.005)
                 left = 0.005;
-            __atomic_add_fetch(&n_sleeps, 1, __ATOMIC_RELAXED);
+            n_sleeps++;
             struct pollfd pf = {bell, POLLIN, 0};
             (void)poll(&pf, 1, (int)(left * 1000) + 1);
             char buf[256];
@@ -558,8 +566,8 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
         if (!p->ops[k].done)
             set_waiting(&p->ops[k], 0);
 done:
-    __atomic_add_fetch(&n_waits, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&wait_ns, (unsigned long long)((now_s() - start) * 1e9), __ATOMIC_RELAXED);
+    n_waits++;
+    wait_ns += (unsigned long long)((now_s() - start) * 1e9);
     return woke;
 }
 
@@ -1362,8 +1370,8 @@ static PyTypeObject RunnerType = {
 
 static PyMethodDef methods[] = {
     {"stats", stats, METH_NOARGS,
-     "{runs, cma_reads, waits, wait_ns, sleeps, rings}: plans completed natively, single-copy reads, waits for a "
-     "peer, nanoseconds in them, sleeps on the doorbell, doorbells rung"},
+     "{runs, cma_reads, waits, wait_ns, sleeps, rings}: plans completed natively, single-copy reads, and (by the "
+     "calling thread) waits for a peer, nanoseconds in them, sleeps on the doorbell, doorbells rung"},
     {"protocol", protocol, METH_NOARGS, "the shared-memory protocol numbers this module was built with"},
     {"plan_codes", plan_codes, METH_NOARGS, "the codes of a plan's rows: types, return codes, dtypes, ops"},
     {"store_release", (PyCFunction)(void (*)(void))store_release, METH_FASTCALL, "store_release(address, value)"},
