@@ -1,6 +1,7 @@
 """Tensors and reduce ops from torch to ringflow: contiguous staging, dtype views and op names."""
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -10,6 +11,9 @@ from ..errors import InvalidArgument
 #: dtypes ringflow moves and reduces as they are
 NATIVE = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64}
+#: dtypes ringflow takes as NumPy views (bfloat16 has no NumPy dtype: it goes as the tensor)
+_VIEWABLE = NATIVE - {torch.bfloat16}
+MAX_SEEN = 256   # tensors `Direct` remembers having seen (emptied when full)
 #: bitwise ops (integer and bool tensors only)
 BITWISE = frozenset({"band", "bor", "bxor"})
 _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "BAND": "band",
@@ -46,6 +50,37 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu":
         raise InvalidArgument(f"tensor on {t.device}", "the ringflow backend moves CPU tensors; use .cpu()")
     return t
+
+
+class Direct:
+    """What to hand ringflow for a tensor it can take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
+    ringflow share, not requiring grad), or None. A tensor called before goes as itself: ringflow remembers the
+    call for that very object. A new one goes as a NumPy view of its memory: ringflow runs the plan it remembered
+    for the call's shape at the view's address, so fresh tensors (DDP's and FSDP's) skip the full path."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[int, weakref.ref] = {}   # id -> the tensor, weakly (a dead one's id may be reused)
+
+    def __call__(self, t: torch.Tensor) -> Any:
+        """The tensor itself, a NumPy view of it, or None (ringflow cannot take it as it is: stage it)."""
+        if type(t) is not torch.Tensor or t.dtype not in _VIEWABLE:
+            return None
+        seen = self._seen
+        ref = seen.get(id(t))
+        if ref is not None and ref() is t:
+            return t if t.is_contiguous() else None
+        try:
+            a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits)
+        except (RuntimeError, TypeError):
+            return None
+        if not a.flags.c_contiguous:
+            return None
+        if len(seen) >= MAX_SEEN:
+            seen.clear()
+        seen[id(t)] = weakref.ref(t)
+        return a
 
 
 class Staged:

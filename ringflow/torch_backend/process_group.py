@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
-from .convert import NATIVE, Staged, op_of, pack, same_dtype, unpack, work_view
+from .convert import NATIVE, Direct, Staged, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store, group_timeout_s
 from .work import Lane, RingflowWork
 
 COLL, SEND, RECV = 0, 1, 2
-_NO_TIMEOUT = datetime.timedelta(0)   # what an options object holds when the call gives no timeout
+_PREMUL_SUM = 8   # hash() of a ReduceOp is its RedOpType's value; PREMUL_SUM's factor varies (never cached)
 
 
 def _numel_all(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -38,6 +38,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         self._lanes = [Lane("coll"), Lane("send"), Lane("recv")]
         self._group_name = ""
         self._op_cache: dict[tuple[int, torch.dtype], tuple[str, Any]] = {}
+        self._direct_ops: dict[tuple[int, torch.dtype], str] = {}   # (op, dtype) ringflow reduces as they are
+        self._direct = Direct()
 
     # ---------------------------------------------------------------- identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -63,10 +65,10 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     # ---------------------------------------------------------------- dispatch
     def _timeout(self, opts: Any) -> float:
+        """The call's timeout in seconds: the options' own where set (torch leaves it unset, -1 ms, or 0), else
+        the group's."""
         t = getattr(opts, "timeout", None)
-        if t is None or t == _NO_TIMEOUT:
-            return self._timeout_s
-        s = t.total_seconds() if isinstance(t, datetime.timedelta) else -1.0
+        s = t.total_seconds() if type(t) is datetime.timedelta else -1.0
         return s if s > 0 else self._timeout_s
 
     def _ops(self, opts: Any, tensors: Sequence[torch.Tensor]) -> list[tuple[str, Any]]:
@@ -93,7 +95,10 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def _now(self, what: str, job: Callable[[float], object], outputs: list[torch.Tensor], opts: Any) -> RingflowWork:
         """Submit a call on the user's own tensors (the fast path: no staging objects, no body frame)."""
         t = self._timeout(opts)
-        return self._lanes[COLL].submit(lambda: job(t), what, outputs, not opts.asyncOp)
+        lane = self._lanes[COLL]
+        if not opts.asyncOp and (w := lane.run_now(lambda: job(t), what, outputs)) is not None:
+            return w
+        return lane.submit(lambda: job(t), what, outputs, False)
 
     def _reduce_flat(self, flat: torch.Tensor, name: str, factor: Any, t: float, root: int | None = None) -> None:
         if factor is not None:
@@ -106,14 +111,26 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     # ---------------------------------------------------------------- reductions
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce each tensor in place."""
+        if opts is not None and len(tensors) == 1:
+            # the common case: ringflow reduces the user's memory itself (no staging, no extra frames)
+            x = tensors[0]
+            name = self._direct_ops.get((hash(opts.reduceOp), x.dtype)) if _HASH_IS_KIND else None
+            if name is not None and (a := self._direct(x)) is not None:
+                t = self._timeout(opts)
+                if not opts.asyncOp and (w := self._lanes[COLL].run_now(
+                        lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce", tensors)) is not None:
+                    return w
+                return self._lanes[COLL].submit(lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce",
+                                                tensors, False)
         ops = self._ops(opts, tensors)
         if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]
-            if factor is None and x.dtype in NATIVE and x.is_contiguous():
-                # the common case: ringflow reduces the user's tensor itself (no staging, no extra frames)
-                t = self._timeout(opts)
-                return self._lanes[COLL].submit(lambda: self.comm.all_reduce(x, name, timeout=t), "allreduce",
-                                                tensors, not opts.asyncOp)
+            if factor is None and x.dtype in NATIVE:
+                key = (hash(_op(opts)), x.dtype)
+                if key[0] != _PREMUL_SUM:
+                    self._direct_ops[key] = name
+                if x.is_contiguous():   # bfloat16 (no NumPy view) or a first call: ringflow takes the tensor
+                    return self._now("allreduce", lambda t: self.comm.all_reduce(x, name, timeout=t), tensors, opts)
 
         def body(t: float) -> None:
             for x, (name, factor) in zip(tensors, ops, strict=True):
@@ -171,9 +188,10 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
         name, factor = self._ops(opts, [output])[0]
-        if opts is not None and factor is None and _direct(output) and _direct(input) and input.dim() == 1:
+        if opts is not None and factor is None and input.dim() == 1 and (o := self._direct(output)) is not None \
+                and (i := self._direct(input)) is not None:
             return self._now("reduce_scatter_tensor",
-                             lambda t: self.comm.reduce_scatter(input, name, out=output, timeout=t), [output], opts)
+                             lambda t: self.comm.reduce_scatter(i, name, out=o, timeout=t), [output], opts)
         return self._submit(COLL, "reduce_scatter_tensor",
                             lambda t: self._rs(output, self._private(input, factor is not None),
                                                name, factor, t), [output], opts)
@@ -202,9 +220,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """Copy the root's tensors into every rank's."""
         root = int(opts.rootRank)
-        if len(tensors) == 1 and _direct(tensors[0]):
-            x = tensors[0]
-            return self._now("broadcast", lambda t: self.comm.broadcast(x, root, timeout=t), tensors, opts)
+        if len(tensors) == 1 and (a := self._direct(tensors[0])) is not None:
+            return self._now("broadcast", lambda t: self.comm.broadcast(a, root, timeout=t), tensors, opts)
 
         def body(t: float) -> None:
             for x in tensors:
@@ -251,8 +268,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Gather every rank's input into one flat output (all_gather_into_tensor)."""
-        if opts is not None and _direct(output) and _direct(input):
-            return self._now("all_gather_into_tensor", lambda t: self.comm.all_gather(input, out=output, timeout=t),
+        if opts is not None and (o := self._direct(output)) is not None and (i := self._direct(input)) is not None:
+            return self._now("all_gather_into_tensor", lambda t: self.comm.all_gather(i, out=o, timeout=t),
                              [output], opts)
         return self._submit(COLL, "all_gather_into_tensor", lambda t: self._ag(output, input, t), [output], opts)
 
@@ -314,10 +331,10 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> RingflowWork:
         """all_to_all_single: rows of dim 0, equal or by split sizes."""
-        if opts is not None and not output_split_sizes and not input_split_sizes and _direct(output) \
-                and _direct(input):
-            return self._now("all_to_all_single", lambda t: self.comm.all_to_all(input, out=output, timeout=t),
-                             [output], opts)
+        if opts is not None and not output_split_sizes and not input_split_sizes \
+                and (o := self._direct(output)) is not None and (i := self._direct(input)) is not None:
+            return self._now("all_to_all_single", lambda t: self.comm.all_to_all(i, out=o, timeout=t), [output],
+                             opts)
 
         def body(t: float) -> None:
             so = Staged(output)
@@ -377,9 +394,20 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         self.comm.destroy()
 
 
-def _direct(t: torch.Tensor) -> bool:
-    """Whether ringflow can take t as it is: a contiguous tensor of a dtype it moves."""
-    return t.dtype in NATIVE and t.is_contiguous()
+
+
+def _hash_is_kind() -> bool:
+    """Whether hash() of a ReduceOp is its RedOpType's value in this torch (the direct-op cache keys on it)."""
+    r = dist.ReduceOp
+    kinds: list[Any] = [r.SUM, r.AVG, r.PRODUCT, r.MIN, r.MAX, r.BAND, r.BOR, r.BXOR]
+    try:
+        values = [int(k) for k in kinds]
+        return [hash(r(k)) for k in kinds] == values and _PREMUL_SUM not in values
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+_HASH_IS_KIND = _hash_is_kind()
 
 
 def _op(opts: Any) -> Any:

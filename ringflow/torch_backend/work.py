@@ -63,18 +63,24 @@ def _futures() -> tuple[torch.futures.Future, torch._C.Future]:
 class RingflowWork(dist.Work):
     """A torch Work for one ringflow operation: wait(timeout), is_completed(), get_future()."""
 
+    # a Work made already finished (a synchronous call run inline) keeps these class defaults: no event, no
+    # recorder entries, and a future made on request
+    _exc: BaseException | None = None
+    _done: threading.Event | None = None
+    _src: torch.futures.Future | None = None
+    _future: torch._C.Future | None = None
+    recorded: Any = ()   # queued Works: a list of the (recorder, entry) of the call it ran, when recording
+
     def __init__(self, description: str, result: list[torch.Tensor] | None = None, *, done: bool = False,
                  exc: BaseException | None = None) -> None:
         super().__init__()
         self.description = description
         self._result = result if result is not None else []
-        self._exc = exc
-        # a Work made already finished (a synchronous call run inline) needs no event and makes its future lazily
-        self._done: threading.Event | None = None if done else threading.Event()
-        self._src: torch.futures.Future | None = None
-        self._future: torch._C.Future | None = None
-        self.recorded: list[tuple[Any, list[Any]]] = []   # (recorder, entry) of the call it ran, when recording
+        if exc is not None:
+            self._exc = exc
         if not done:
+            self._done = threading.Event()
+            self.recorded = []
             self._src, self._future = _futures()
 
     def _finish(self, exc: BaseException | None = None) -> None:
@@ -85,8 +91,12 @@ class RingflowWork(dist.Work):
 
     def wait(self, timeout: Any = None) -> bool:
         """Block until done; DistBackendError if it failed or did not finish within `timeout`."""
+        if self._done is None:   # finished when made
+            if self._exc is not None:
+                raise backend_error(self._exc, self.description) from self._exc
+            return True
         t0 = time.perf_counter_ns()
-        if self._done is not None and not self._done.is_set():
+        if not self._done.is_set():
             t = _seconds(timeout)
             if not self._done.wait(t):
                 raise dist.DistBackendError(f"ringflow {self.description}: Timeout: not completed within {t}s "
@@ -146,6 +156,19 @@ class Lane:
         self.name = name
         self._lane = RuntimeLane(f"torch-{name}")
         self._exec = threading.Lock()
+
+    def run_now(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork | None:
+        """Run a synchronous job in this thread if nothing is queued on the lane: its finished Work (None: the lane
+        is busy or closed, and `submit` decides)."""
+        lane = self._lane
+        if lane.busy or lane.closed:
+            return None
+        with self._exec:
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                return RingflowWork(description, outputs, done=True, exc=exc)
+        return RingflowWork(description, outputs, done=True)
 
     def submit(self, job: Job, description: str, outputs: list[torch.Tensor], inline: bool) -> RingflowWork:
         """Run job (inline if allowed and nothing is queued); its Work."""
