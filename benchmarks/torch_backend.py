@@ -2,6 +2,8 @@
 
     python benchmarks/torch_backend.py --ranks 2 4 --min 8 --max 64MiB [-o out.json] [--plot out.png]
     python benchmarks/torch_backend.py --ddp [--steps 30]        # DDP step time of examples/torch/train_lm.py
+    python benchmarks/torch_backend.py --init [--rounds 5]       # init and destroy cost, gloo versus ringflow
+    python benchmarks/torch_backend.py --per-call [--min 8 --max 4KiB --factor 512]   # small all_reduce per call
 
 Each rank process initialises gloo as the default group and a ringflow group over the same ranks
 (`new_group(backend="ringflow")`), then times all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
@@ -11,6 +13,25 @@ The three are interleaved round by round, rotating which goes first; each cell i
 the per-round median time per call (max over ranks). torch's calls are all_gather_single and
 reduce_scatter_single where torch has them (all_gather_into_tensor and reduce_scatter_tensor warn).
 "overhead" is torch-on-ringflow minus the own API: what the backend adds.
+
+--per-call times one small all_reduce (float32, 2 ranks unless --ranks) six ways, interleaved as above:
+gloo, torch on ringflow with the same tensor every call ("repeated") and with a new tensor every call
+("fresh", made outside the timed region, as DDP and FSDP hand the backend new tensors), the own API on the
+same tensor and on a fresh one, and the own API on a NumPy array. Each cell is the median over rounds of the
+per-round 10th percentile of the time per call (max over ranks): the calls that other processes on a shared
+machine did not delay (a median there measures the machine's load). "adds" is what the backend adds to a
+call: torch's time per call minus the time inside its call into ringflow's Communicator (timed from the
+inside, so waiting for the other rank is not counted), same statistic.
+
+--init starts fresh rank processes per round, gloo and ringflow alternating (file:// rendezvous), with
+ringflow byte-compiled beforehand into a temporary PYTHONPYCACHEPREFIX, as an installed package is. Each
+rank imports torch.distributed, waits for the others at a file barrier, then times from there: importing
+the backend (ringflow only), `init_process_group`, the first all_reduce of 8 bytes, and
+`destroy_process_group`, in wall-clock and CPU seconds; each cell is the median over rounds of the slowest
+rank. To see what init imports, and what each import costs (cumulative microseconds, second column):
+
+    python -X importtime -c "import torch.distributed, ringflow.torch_backend.process_group" 2>&1 \\
+        | grep -E "ringflow|networkx|scipy|numpy" | sort -t'|' -k2 -n | tail -25
 """
 from __future__ import annotations
 
@@ -168,20 +189,191 @@ def _ddp(ranks: list[int], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
+PER_CALL = ["gloo", "torch repeated", "torch fresh", "own repeated", "own fresh", "own numpy"]
+ADDS = ["torch repeated adds", "torch fresh adds"]   # time per call outside the backend's call into ringflow
+QUANTILE = 0.1   # --per-call: the fastest tenth of calls, those the other processes of a shared machine left alone
+
+
+def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, out_path: str) -> None:
+    """One rank of --per-call: time a small all_reduce each PER_CALL way, interleaved; rank 0 writes the rows."""
+    import warnings
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=n)
+    rf = dist.new_group(list(range(n)), backend="ringflow")
+    comm = rf.comm
+    rows = []
+    inner: list[float] = []
+    real = comm.all_reduce
+
+    def timed(*a: Any, **kw: Any) -> Any:   # the backend's call into ringflow, timed from the inside
+        t0 = time.perf_counter()
+        try:
+            return real(*a, **kw)
+        finally:
+            inner.append(time.perf_counter() - t0)
+    for nbytes in sizes:
+        k = max(1, nbytes // 4)
+        same, arr = torch.ones(k), np.ones(k, np.float32)
+        fns: dict[str, Callable[[Any], Any]] = {
+            "gloo": lambda t: dist.all_reduce(t), "torch repeated": lambda t: dist.all_reduce(t, group=rf),
+            "torch fresh": lambda t: dist.all_reduce(t, group=rf), "own repeated": comm.all_reduce,
+            "own fresh": comm.all_reduce, "own numpy": comm.all_reduce}
+        per: dict[str, list[float]] = {w: [] for w in [*PER_CALL, *ADDS]}
+        for rnd in range(rounds):
+            for w in PER_CALL[rnd % 6:] + PER_CALL[:rnd % 6]:
+                fn, fresh = fns[w], w.endswith("fresh")
+                arg = arr if w == "own numpy" else same
+                for _ in range(20):
+                    fn(torch.ones(k) if fresh else arg)
+                dist.barrier()
+                ts, adds = [], []
+                if w.startswith("torch"):
+                    comm.all_reduce = timed
+                for _ in range(300):
+                    a = torch.ones(k) if fresh else arg
+                    inner.clear()
+                    t0 = time.perf_counter()
+                    fn(a)
+                    ts.append(time.perf_counter() - t0)
+                    if inner:
+                        adds.append(ts[-1] - inner[0])
+                comm.__dict__.pop("all_reduce", None)
+                med = torch.tensor([sorted(v)[int(len(v) * QUANTILE)] if v else 0.0 for v in (ts, adds)],
+                                   dtype=torch.float64)
+                dist.all_reduce(med, dist.ReduceOp.MAX)
+                per[w].append(med[0].item() * 1e6)
+                if adds:
+                    per[f"{w} adds"].append(med[1].item() * 1e6)
+        rows.append({"bytes": nbytes, "ranks": n, "rounds": rounds,
+                     **{f"{w}_us": statistics.median(v) for w, v in per.items()}})
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(rows, fh)
+    dist.destroy_process_group()
+
+
+def _per_call_table(rows: list[dict[str, Any]]) -> str:
+    head = "".join(f"{w + ' us':>18}" for w in PER_CALL)
+    lines = [f"{'ranks':>5}{'bytes':>7}{head}{'adds repeated':>15}{'adds fresh':>12}"]
+    for r in rows:
+        cells = "".join(f"{r[w + '_us']:>18.1f}" for w in PER_CALL)
+        lines.append(f"{r['ranks']:>5}{r['bytes']:>7}{cells}{r['torch repeated adds_us']:>15.1f}"
+                     f"{r['torch fresh adds_us']:>12.1f}")
+    return "\n".join(lines)
+
+
+INIT_FIELDS = ["import_s", "init_s", "first_s", "total_s", "cpu_s", "destroy_s"]
+
+
+def init_rank(backend: str, rank: int, n: int, init: str, sync: str, out_path: str) -> None:
+    """One rank of an --init round: time importing the backend, init, the first all_reduce and destroy."""
+    import torch
+    import torch.distributed as dist
+    open(os.path.join(sync, f"{backend}.{rank}"), "w").close()
+    while sum(f.startswith(f"{backend}.") for f in os.listdir(sync)) < n:   # every rank has torch imported
+        time.sleep(0.0005)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if backend == "ringflow":
+        import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
+    t1 = time.perf_counter()
+    dist.init_process_group(backend, init_method=f"file://{init}", rank=rank, world_size=n)
+    t2 = time.perf_counter()
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    t3, c3 = time.perf_counter(), time.process_time()
+    if x.tolist() != [float(n)] * 2:
+        sys.exit(f"{backend}: the first all_reduce gave {x.tolist()}")
+    dist.destroy_process_group()
+    t4 = time.perf_counter()
+    with open(out_path, "w") as fh:
+        json.dump({"import_s": t1 - t0, "init_s": t2 - t1, "first_s": t3 - t2, "total_s": t3 - t0,
+                   "cpu_s": c3 - c0, "destroy_s": t4 - t3}, fh)
+
+
+def _init_cost(ranks: list[int], rounds: int) -> list[dict[str, Any]]:
+    """--init: per world size and backend, the median over rounds of the slowest rank's times."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # byte-compiled first, as an installed package is (PYTHONDONTWRITEBYTECODE would recompile every start)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+               "PYTHONPYCACHEPREFIX": os.path.join(tmp, "pycache")}
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(ROOT, "ringflow")], env=env, check=True)
+        for n in ranks:
+            per: dict[str, list[dict[str, float]]] = {"gloo": [], "ringflow": []}
+            for rnd in range(rounds):
+                for backend in (["gloo", "ringflow"] if rnd % 2 == 0 else ["ringflow", "gloo"]):
+                    d = os.path.join(tmp, f"{backend}.{n}.{rnd}")
+                    os.mkdir(d)
+                    outs = [os.path.join(d, f"out{r}.json") for r in range(n)]
+                    procs = [subprocess.Popen([sys.executable, __file__, "--init-rank", backend, str(r), str(n),
+                                               os.path.join(d, "init"), d, outs[r]], env=env) for r in range(n)]
+                    if any(p.wait() != 0 for p in procs):
+                        sys.exit(f"a rank of the {n}-rank {backend} init run failed")
+                    got = []
+                    for o in outs:
+                        with open(o) as fh:
+                            got.append(json.load(fh))
+                    per[backend].append({f: max(g[f] for g in got) for f in INIT_FIELDS})
+            for backend, runs in per.items():
+                rows.append({"ranks": n, "backend": backend, "rounds": rounds,
+                             **{f: statistics.median(r[f] for r in runs) for f in INIT_FIELDS}})
+    return rows
+
+
+def _init_table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'ranks':>5} {'backend':<9}{'import s':>9}{'init s':>8}{'first AR s':>11}{'total s':>9}{'CPU s':>7}"
+             f"{'destroy s':>10}"]
+    for r in rows:
+        lines.append(f"{r['ranks']:>5} {r['backend']:<9}{r['import_s']:>9.3f}{r['init_s']:>8.3f}{r['first_s']:>11.3f}"
+                     f"{r['total_s']:>9.3f}{r['cpu_s']:>7.3f}{r['destroy_s']:>10.3f}")
+    for n in sorted({r["ranks"] for r in rows}):
+        g, f = (next(r for r in rows if r["ranks"] == n and r["backend"] == b) for b in ("gloo", "ringflow"))
+        lines.append(f"{n} ranks: ringflow costs {f['total_s'] - g['total_s']:+.3f} s over gloo for import + init + "
+                     f"first all_reduce, {f['destroy_s'] - g['destroy_s']:+.3f} s for destroy")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Launch the rank processes for each world size and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--ranks", type=int, nargs="+", help="world sizes (default 2 4; 2 for --init and --per-call)")
     ap.add_argument("--min", default="8")
-    ap.add_argument("--max", default="64MiB")
-    ap.add_argument("--factor", type=int, default=8, help="size step")
+    ap.add_argument("--max", help="largest size (default 64MiB; 4KiB for --per-call)")
+    ap.add_argument("--factor", type=int, help="size step (default 8; 512 for --per-call)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per cell")
     ap.add_argument("--ddp", action="store_true", help="time DDP training steps instead (examples/torch/train_lm.py)")
     ap.add_argument("--steps", type=int, default=30, help="training steps per --ddp run")
+    ap.add_argument("--init", action="store_true", help="time import + init + first all_reduce and destroy instead")
+    ap.add_argument("--per-call", action="store_true", help="time a small all_reduce per call, repeated and fresh "
+                    "tensors, torch against the own API")
     ap.add_argument("-o", "--output", default="", help="write the rows as JSON")
     ap.add_argument("--plot", default="", help="write a plot (PNG) of time per call against size")
     ap.add_argument("--rank-args", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--per-call-rank", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--init-rank", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    small = args.init or args.per_call or args.per_call_rank
+    args.ranks = args.ranks or ([2] if small else [2, 4])
+    args.max = args.max or ("4KiB" if small else "64MiB")
+    args.factor = args.factor or (512 if small else 8)
+    if args.init_rank:
+        b, r, n, init, sync, out = args.init_rank
+        init_rank(b, int(r), int(n), init, sync, out)
+        return
+    if args.init:
+        irows = _init_cost(args.ranks, args.rounds)
+        print(_init_table(irows))
+        if args.output:
+            with open(args.output, "w") as fh:
+                json.dump({"init": irows}, fh, indent=1)
+        return
     if args.ddp:
         drows = _ddp(args.ranks, args.steps)
         print(f"{'ranks':>6}{'gloo ms/step':>14}{'ringflow ms/step':>18}{'speed-up':>10}")
@@ -200,7 +392,7 @@ def main() -> None:
         sizes.append(_size(args.max))
     if args.rank_args:
         r, n, init, out = args.rank_args
-        rank_main(int(r), int(n), init, sizes, args.rounds, out)
+        (per_call_rank if args.per_call_rank else rank_main)(int(r), int(n), init, sizes, args.rounds, out)
         return
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -209,16 +401,17 @@ def main() -> None:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
             procs = [subprocess.Popen([sys.executable, __file__, "--min", args.min, "--max", args.max, "--factor",
                                        str(args.factor), "--rounds", str(args.rounds), "--rank-args", str(r),
-                                       str(n), os.path.join(tmp, f"i{n}"), out], env=env) for r in range(n)]
+                                       str(n), os.path.join(tmp, f"i{n}"), out]
+                                      + (["--per-call-rank"] if args.per_call else []), env=env) for r in range(n)]
             if any(p.wait() != 0 for p in procs):
                 sys.exit(f"a rank of the {n}-rank run failed")
             with open(out) as fh:
                 rows.extend(json.load(fh))
-    print(_table(rows))
+    print(_per_call_table(rows) if args.per_call else _table(rows))
     if args.output:
         with open(args.output, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)
-    if args.plot:
+    if args.plot and not args.per_call:
         _plot(rows, args.plot)
 
 
