@@ -16,17 +16,22 @@ call) in these ways:
 
 Each row is a separate measurement; the differences between rows are the per-call overhead of each layer.
 
-``--parts`` adds, for the native job, the breakdown of the repeated call (same array) into its layers, each
-measured in the same job, and the waits' counters of the native module (`_hotpath.stats`) over that row:
+``--parts`` adds, for the native job, the breakdown of the repeated call (same array) into its layers, and the
+waits' counters of the native module (`_hotpath.stats`, this thread's) over the rows that exchange:
 
-* ``Python entry``: the communicator's Python (argument key, remembered-call lookup, open/owner checks, sequence
-  number and call bookkeeping): the full call minus one ``Runner.go`` called from Python.
-* ``C call and re-checks``: ``Runner.go`` minus the native loop run in C (the Python-to-C call, the weak
-  reference and array-state re-check of x, the deadline).
-* ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls), split into
-  ``waiting for the peer's flag`` (time inside the native waits: the peer's message crossing cores plus the
-  ranks' skew) and ``own work`` (the rest: slot copy, header words, reduction, bookkeeping).
+* ``Python entry up to the C call`` (CPU time, local): the communicator's Python (argument key, remembered-call
+  lookup, open/owner checks, sequence number and call bookkeeping), timed with the remembered runner swapped for
+  one that is done at once, minus that stand-in's own call.
+* ``C call and identity check`` (CPU time, local): ``Runner.go`` on another array, which returns before reading
+  any state (the array-state re-check adds one memcmp of about 40 bytes).
+* ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls; slowest rank's median),
+  split into ``waiting for the peer's flag`` (time inside the native waits, this rank's median per call: the
+  peer's message crossing cores plus the ranks' skew) and ``own work`` (the rest: slot copy, header words,
+  reduction, bookkeeping).
+* ``rest``: the full call minus the three parts (the GIL's release and return, skew and scheduling between two
+  Python processes, measurement noise).
 * per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
+CPU-time rows are robust to other load on the machine; the wall-time rows are not (compare within one run).
 With the flight recorder on (the default under ``ringflow run``), the full call also pays the recorder.
 """
 from __future__ import annotations
@@ -68,12 +73,22 @@ def worker(out: str, parts: bool) -> None:
         rows[name] = median_call_s(call, comm.barrier, slowest, iters=30)[0] * 1e6 / per  # type: ignore[arg-type]
 
     def counted(name: str, call: object, per: int = 1) -> dict[str, float]:
-        """`timed`, and the native module's wait counters per call over it."""
-        before = native._hotpath.stats()
-        timed(name, call, per)
-        after = native._hotpath.stats()
-        runs = max(1, after["runs"] - before["runs"])
-        return {k: (after[k] - before[k]) / runs for k in ("waits", "wait_ns", "sleeps", "rings")}
+        """`timed`, and the native module's wait counters per call, counted inside the timed calls only (not in
+        the barriers and slowest-rank reductions between samples)."""
+        keys = ("runs", "waits", "wait_ns", "sleeps", "rings")
+        sums = dict.fromkeys(keys, 0)
+        wait_ns: list[float] = []   # per timed call, per native run in it: the median is robust to preemption
+
+        def call_counted() -> None:
+            before = native._hotpath.stats()
+            call()   # type: ignore[operator]
+            after = native._hotpath.stats()
+            for k in keys:
+                sums[k] += after[k] - before[k]
+            wait_ns.append((after["wait_ns"] - before["wait_ns"]) / max(1, after["runs"] - before["runs"]))
+        timed(name, call_counted, per)
+        runs = max(1, sums["runs"])
+        return {"wait_ns": float(np.median(wait_ns)), **{k: sums[k] / runs for k in ("waits", "sleeps", "rings")}}
 
     for _ in range(20):
         comm.all_reduce(x, op="max")
@@ -111,6 +126,28 @@ def worker(out: str, parts: bool) -> None:
 REPEAT = 50   # calls per Runner.repeat
 
 
+class _Done:
+    """A stand-in for a Runner whose every call is done at once (times the Python around it, alone)."""
+
+    deadline = 0.0
+
+    @staticmethod
+    def go(x: object, out: object, op_seq: int, timeout_s: float, spans: bytes) -> int:
+        return 0
+
+
+def cpu_us(fn: object, n: int = 20000) -> float:
+    """This thread's CPU time per call of a local function (best of 5 runs of n calls): no peer, no waiting, and
+    time the scheduler gave to other processes not counted."""
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.thread_time()
+        for _ in range(n):
+            fn()   # type: ignore[operator]
+        best = min(best, (time.thread_time() - t0) / n)
+    return best * 1e6
+
+
 def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.ndarray, regions: object,
            comm: object, counted: object) -> None:
     """The breakdown rows of --parts (see the module docstring)."""
@@ -135,16 +172,26 @@ def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.n
     counted("one C call (Runner.go)", go)   # type: ignore[operator]
     native_c = counted("native loop in C (Runner.repeat)", repeat, REPEAT)   # type: ignore[operator]
     comm._op_seq = seq[0]   # type: ignore[attr-defined]
-    total, c_call = rows["same array: comm.all_reduce(x)"], rows["one C call (Runner.go)"]
-    loop = rows["native loop in C (Runner.repeat)"]
+    # local, CPU time: the communicator's Python with a runner that is done at once, and the C call's entry and
+    # identity check (another array: it returns -1 before any state is read or anything is sent)
+    done, other = _Done(), np.ones(2, np.float32)
+    fast.runner = done   # type: ignore[attr-defined]
+    try:
+        entry = cpu_us(lambda: comm.all_reduce(x, op="max"))   # type: ignore[attr-defined]
+        entry -= cpu_us(lambda: done.go(x, None, 0, 60.0, b""))
+    finally:
+        fast.runner = r   # type: ignore[attr-defined]
+    c_entry = cpu_us(lambda: r.go(other, None, 0, 60.0, b""))
+    total, loop = rows["same array: comm.all_reduce(x)"], rows["native loop in C (Runner.repeat)"]
     wait_us = native_c["wait_ns"] / 1e3
     rows.update({
-        "parts: Python entry": total - c_call,
-        "parts: C call and re-checks": c_call - loop,
+        "parts (CPU): Python entry up to the C call": entry,
+        "parts (CPU): C call and identity check": c_entry,
         "parts: native loop": loop,
         "parts:   waiting for the peer's flag": wait_us,
         "parts:   own work": loop - wait_us,
         "parts: full call": total,
+        "parts: rest (full - entry - C call - loop)": total - entry - c_entry - loop,
         "per call (native loop): waits": native_c["waits"],
         "per call (native loop): sleeps": native_c["sleeps"],
         "per call (native loop): doorbells rung": native_c["rings"],

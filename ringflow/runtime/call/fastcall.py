@@ -109,8 +109,8 @@ class FastCalls:
         spans = self._transport.regions.packed
         try:
             rc = f.runner.go(x, out, seq, self.timeout if timeout is None else timeout, spans)
-        except BaseException:
-            self._in_call = False
+        except BaseException:   # go() raises only on its arguments, before anything ran or was sent
+            self._op_seq, self._last_call, self._in_call = seq, last, False
             raise
         if rc:
             if rc < 0:   # x or out is not what was remembered: nothing ran, the full path decides
