@@ -12,7 +12,9 @@ on the same communicator and the same 8-byte array, the repeated all-reduce with
 recorder (runtime/record_native.py) and with the Python one, alternating within each of `--pairs` rounds, so load
 from other programs hits each alike (each mode's time in a round: the fastest of 5 runs of `--calls`, at most
 4000); it prints per mode the added microseconds per call (min and median over the rounds, slowest rank).
-`--parts` times each recorder alone, in process: what it adds per call to a collective of one of two ranks.
+`--parts` times each recorder alone, in process: what it adds per call to a collective of one of two ranks, as
+`run` records a NumPy call the remembered-call path runs natively and as `call` records one run through the
+communicator's guard.
 """
 from __future__ import annotations
 
@@ -132,8 +134,19 @@ def _nothing(deadline: float) -> None:
     pass
 
 
-# the remembered-call path's frames between the user's line and the recorder (ringflow's own: skipped for the site)
+def _native(a: tuple) -> tuple:   # stands for the remembered call's one native call (fastcall._fast_native)
+    return a
+
+
+_MISS = object()
+
+
+# the remembered-call path's frames between the user's line and the recorder (ringflow's own: skipped for the site);
+# a[2]: "run" (a NumPy call the remembered path runs natively, recorded by `run`) or "call" (one run through the
+# communicator's guard, recorded by `call`)
 def _fast_go(r: Any, a: tuple) -> Any:
+    if a[2] == "run":
+        return r.run("all_reduce", a[0], _MISS, _native, a) if r is not None else _native(a)
     return r.call(0, "all_reduce", a[0], a[1], _nothing, 1e18) if r is not None else a[1](_nothing, 1e18, 0)
 
 
@@ -164,8 +177,9 @@ def _best(r: Any, a: tuple, calls: int) -> float:
 
 def parts(calls: int, rounds: int = 5) -> None:
     """ns per call each recorder adds to a repeated collective, one rank, in process: the recorder called as the
-    remembered-call path calls it (four ringflow frames below the user's line) for one of two ranks, with a guard
-    that runs a call doing nothing; the fastest of `rounds` x 9 runs, against the guard alone."""
+    remembered-call path calls it (four ringflow frames below the user's line) for one of two ranks, around a
+    call that does nothing (`run`: as a NumPy call's one native call; `call`: through the communicator's guard);
+    the fastest of `rounds` x 9 runs, against the same call unrecorded."""
     import gc
 
     import numpy as np
@@ -174,7 +188,7 @@ def parts(calls: int, rounds: int = 5) -> None:
     from ringflow.runtime.recording import record
     from ringflow.runtime.recording.record_native import NativeRecorder, recorder_class
     comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
-    a = (("all_reduce", np.dtype("float32"), 2, None, "max"), comm._guard)
+    meta = ("all_reduce", np.dtype("float32"), 2, None, "max")
     tmp = Path(tempfile.mkdtemp(prefix="rf-parts-"))
     for f in (_fast_go, _fast_again, _fast_paths, _all_reduce):
         record._internal[f.__code__] = True
@@ -187,19 +201,23 @@ def parts(calls: int, rounds: int = 5) -> None:
         recs[k] = r = cls(who, 256, "")
         r.open_ring(tmp, 256)
         r.pending = [] if recording else None
-    res: dict[str, list[float]] = {}
+    res: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
-        res.setdefault("off", []).append(_best(None, a, calls))
-        for k, r in recs.items():
-            res.setdefault(k, []).append(_best(r, a, calls))
+        for how in ("run", "call"):
+            a = (meta, comm._guard, how)
+            res.setdefault(("off", how), []).append(_best(None, a, calls))
+            for k, r in recs.items():
+                res.setdefault((k, how), []).append(_best(r, a, calls))
         gc.collect()
     for r in recs.values():
         r.end_ring(2)
     comm.destroy()
-    off = min(res.pop("off"))
-    print(f"{'off (the guarded call alone)':<38}{off:8.0f} ns per call")
-    for k, v in res.items():
-        print(f"{k:<38}{min(v) - off:+8.0f} ns per call")
+    for how in ("run", "call"):
+        off = min(res.pop(("off", how)))
+        print(f"{how}: {'off (the call alone)':<36}{off:8.0f} ns per call")
+        for (k, h), v in res.items():
+            if h == how:
+                print(f"{how}: {k:<36}{min(v) - off:+8.0f} ns per call")
 
 
 def ab(nranks: list[int], pairs: int, calls: int) -> None:

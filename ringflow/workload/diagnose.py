@@ -317,8 +317,8 @@ def _sources(info: dict[str, Any], ring_only: int, flight: dict[str, Any] | None
     elif info.get("recorded") == 0:
         parts.append("record file without calls (they are written every 1,024 calls and at exit)")
     for rg in rings:
-        head, n = int(rg["head"]), int(rg["nslots"])
-        kept = f"all {head} calls" if head <= n else f"the last {n} of {head} calls"
+        head, n = int(rg["head"]), int(rg.get("kept", min(int(rg["head"]), int(rg["nslots"]))))
+        kept = f"all {head} calls" if n >= head else f"the last {n} of {head} calls"
         what = "ring" if recorded else "ring only"
         ns = rg.get("info", {}).get("comm", "?")
         name = "world" if ns == world else ns

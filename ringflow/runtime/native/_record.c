@@ -379,7 +379,7 @@ static int call_site(PyObject **code, PyObject **line, PyObject **queued)
 /* ---------------------------------------------------------------- the call ring */
 enum { S_GEN, S_LANE, S_SEQ, S_ENQ, S_START, S_END, S_OP, S_DTYPE, S_COUNT, S_ROOT, S_REDOP, S_SITE, S_LINE,
        S_STATUS, S_OF, S_SPARE, SLOT_WORDS };
-enum { H_HEAD = 3, H_STATE = 4, H_END_NS = 5, H_SIGNAL = 6 };   /* header words */
+enum { H_HEAD = 3, H_STATE = 4, H_END_NS = 5, H_SIGNAL = 6, H_TAKEN = 12 };   /* header words */
 enum { RING_RUNNING = 0, RING_SIGNALLED = 3 };
 #define WAIT_LANE 3
 #define RING_NONE INT64_MIN
@@ -640,8 +640,10 @@ static void ring_hole(Ring *r, int64_t pos)
         memset(m, 0, sizeof *m);
     }
     int64_t *s = live_slot(r, pos);
-    if (s != NULL)
+    if (s != NULL) {
         __atomic_store_n(&s[S_GEN], 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&r->hdr[H_TAKEN], r->hdr[H_TAKEN] + 1, __ATOMIC_RELEASE);
+    }
     mslot_release(&old);
 }
 

@@ -4,9 +4,10 @@ Each call is written into the mapping as it is entered (before it runs) and agai
 the records are in the page cache, and so on disk, when the rank is SIGKILLed or blocked in a native wait.
 ``ring-rank<R>-<K>.bin`` (R: the global rank, K: the process's K-th communicator) holds:
 
-- a header page: magic, version, slot count, ``head`` (calls written so far), how the ring ended (``state``,
-  ``end_ns``, the signal), and a JSON text of the communicator and process (comm, rank, size, global_rank,
-  pid, hostname, mono0_ns, wall0_ns);
+- a header page: magic, version, slot count, ``head`` (slots written so far), how the ring ended (``state``,
+  ``end_ns``, the signal), ``taken`` (calls written then taken back, their slots left empty: a remembered call
+  that ran nothing and went to the full path, which writes it again), and a JSON text of the communicator and
+  process (comm, rank, size, global_rank, pid, hostname, mono0_ns, wall0_ns);
 - a names area: each text a call refers to (operation, dtype, reduction, status, call site) once, as a
   little-endian uint16 length and its UTF-8 bytes; a call refers to a text by its offset there;
 - ``nslots`` slots of 16 little-endian int64: GEN (the call's number + 1; 0 while it is being written), lane
@@ -46,7 +47,7 @@ NONE = -(1 << 63)   # root or peer: none
 
 # header words (int64, byte offset / 8)
 H_VERSION, H_NSLOTS, H_HEAD, H_STATE, H_END_NS, H_SIGNAL, H_SLOTS_AT, H_NAMES_AT, H_NAMES_CAP, H_NAMES_USED, \
-    H_INFO_LEN = range(1, 12)
+    H_INFO_LEN, H_TAKEN = range(1, 13)
 # slot words
 S_GEN, S_LANE, S_SEQ, S_ENQ, S_START, S_END, S_OP, S_DTYPE, S_COUNT, S_ROOT, S_REDOP, S_SITE, S_LINE, S_STATUS, \
     S_OF, S_SPARE = range(SLOT_WORDS)
@@ -208,6 +209,7 @@ class PyRing:
         """Leave the slot of the call at `pos` empty (a call taken back: it did not run)."""
         if pos >= 0 and self.mm is not None and _word_at(self.mm, self.at + (pos % self.n) * SLOT_BYTES) == pos + 1:
             struct.pack_into("<q", self.mm, self.at + (pos % self.n) * SLOT_BYTES, 0)
+            _set(self.mm, H_TAKEN, _word(self.mm, H_TAKEN) + 1)
 
     def find(self, e: list[Any]) -> int:
         """The position of an entry written earlier (an asynchronous call run later), -1 if overwritten."""
@@ -243,8 +245,9 @@ def _word_at(mm: Any, off: int) -> int:
 
 # ------------------------------------------------------------------ reading
 def read_ring(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A ring file: ``info`` (its header's JSON), ``head`` (calls written), ``nslots``, ``state`` (how it ended,
-    in words), ``end_ns``, ``signal`` and ``calls`` (the kept calls, oldest first, as record_rows.row() dicts)."""
+    """A ring file: ``info`` (its header's JSON), ``head`` (calls written, less those taken back), ``nslots``,
+    ``state`` (how it ended, in words), ``end_ns``, ``signal``, ``calls`` (the kept calls, oldest first, as
+    record_rows.row() dicts) and ``kept`` (how many)."""
     raw = Path(path).read_bytes()
     if len(raw) < HEADER_BYTES or raw[:8] != MAGIC:
         raise InvalidArgument(f"{path} is not a ringflow flight ring (or its rank died while making it)",
@@ -270,8 +273,9 @@ def read_ring(path: str | os.PathLike[str]) -> dict[str, Any]:
     comm = str(info.get("comm"))
     calls = [_call(comm, s, text) for s in kept]
     state = word(H_STATE)
-    return {"info": info, "head": head, "nslots": nslots, "state": STATES.get(state, str(state)),
-            "state_code": state, "end_ns": word(H_END_NS), "signal": word(H_SIGNAL), "calls": calls}
+    return {"info": info, "head": head - word(H_TAKEN), "nslots": nslots, "state": STATES.get(state, str(state)),
+            "state_code": state, "end_ns": word(H_END_NS), "signal": word(H_SIGNAL), "kept": len(calls),
+            "calls": calls}
 
 
 def _call(comm: str, s: list[int], text: Callable[[int], str | None]) -> dict[str, Any]:
