@@ -1,6 +1,9 @@
 # The two commands of the README quick start: `make demo` and `make test`; `make test-long` runs the rest of the
 # suite (the tests marked `long`: the real-process matrices, soak, floods, emulated hosts, calibration runs).
 PY ?= python3
+# The tests start hundreds of Python processes that import ringflow: let them reuse compiled bytecode
+# (__pycache__, git-ignored) even where the environment turns it off.
+unexport PYTHONDONTWRITEBYTECODE
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
