@@ -66,7 +66,7 @@ def _value(draw: Any, param: Any) -> str:
 
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.long) if p == ("plan",) else p
                                   for p in _commands()], ids=lambda p: " ".join(p))
-@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_options_run_or_fail_with_one_typed_line(path: tuple[str, ...], data: st.DataObject,
                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
