@@ -90,6 +90,7 @@ def test_per_operator_checkpointing_keeps_odd_matmuls_and_recomputes_even_ones()
     assert t_op.hardware_flops - t_op.model_flops == pytest.approx(8192 * rec * model.layers)
 
 
+@pytest.mark.long
 def test_a_release_with_add_new_keeps_recorded_digests_and_adds_only_new_held_out_cases(tmp_path) -> None:
     import json
 
@@ -101,3 +102,19 @@ def test_a_release_with_add_new_keeps_recorded_digests_and_adds_only_new_held_ou
     doc = release("new", out=out, add_new=True)
     assert doc["tag"] == "new" and doc["held_out"][held[0]] == "digest-then"
     assert set(doc["held_out"]) == set(held)
+
+
+def test_a_flex_dispatch_across_servers_sends_fewer_network_bytes_than_the_flat_all_to_all() -> None:
+    from ringflow.sim.references import build_topology
+    from ringflow.workload.commmodel import AlphaBetaModel
+    from ringflow.workload.steptime import step_time
+    model = load_model("deepseek-v3")
+    assert model.node_limit == 4
+    topo, _ = build_topology({"preset": "dgx-h100", "nodes": 8}, 64)
+    base = dict(pp=2, dp=32, ep=32, stage_layers=(31, 30), global_batch=64, seq_len=4096, zero=1,
+                precision="fp8")
+    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=0.0, flex_dispatch_eps=0.0)
+    flat = step_time(model, Layout(**base, ep_dispatcher="alltoall"), topo, comm=AlphaBetaModel(), eff=eff)
+    hier = step_time(model, Layout(**base, ep_dispatcher="flex"), topo, comm=AlphaBetaModel(), eff=eff)
+    assert 0 < hier.breakdown["ep_exposed"] < 0.75 * flat.breakdown["ep_exposed"]
+    assert hier.breakdown["compute"] == pytest.approx(flat.breakdown["compute"])

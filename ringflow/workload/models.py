@@ -71,6 +71,7 @@ class ModelSpec:
     shared_experts: int = 0      # MoE: experts every token goes through (DeepSeek-V3: 1)
     dense_layers: int = 0        # MoE: the first n layers are dense with ffn_hidden (DeepSeek-V3: 3)
     embedding_norm: bool = False  # a norm right after the input embedding (BLOOM)
+    node_limit: int = 0          # MoE: servers a token's experts may span (DeepSeek-V3: 4); 0 = no limit
     source: str = ""             # where the dimensions come from (paper, config.json URL)
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
           hidden under GEMMs down to max(comm - gemm, comm/4) with ``overlap_tp``
         + CP exposed: ring attention's K/V passes hidden under the attention compute (p2p), or the Ulysses
           all-to-alls / Llama-3 all-gathers (exposed)
-        + EP exposed: dispatch + combine all-to-all per MoE layer and pass, sized from the routing; the
+        + EP exposed: dispatch + combine all-to-all per MoE layer and pass, sized from the routing (a flex
+          dispatcher across servers: hierarchical, one network copy per destination server); the
           expert-TP all-gather / reduce-scatter of the dispatched tokens (with TP overlap like TP); with
           ``overlap_ep`` the all-to-alls hide under the compute (DualPipe-style), exposed only beyond it
         + PP: one activation send forward and one gradient send backward per virtual stage
@@ -110,8 +111,24 @@ class _Stage:
         return self.mb.total_s + sum(self.comm.values())
 
 
+def _hierarchical_a2a_s(nbytes: float, grp: list[str], topo: Any, comm: CommModel, model: ModelSpec) -> float | None:
+    """Seconds of one flex (DeepEP / HybridEP) dispatch or combine across servers: each token crosses the network
+    once per other server holding one of its experts (at most the model's node limit), then fans out over NVLink
+    (`moe.dispatch_bytes`); None where the group sits in one server or the model has no link table."""
+    links = getattr(comm, "links", None)
+    if links is None or len(grp) < 2:
+        return None
+    gl = links(grp, topo)
+    if gl.servers < 2 or gl.n % gl.per_server:
+        return None
+    from .moe import dispatch_bytes
+    tokens = nbytes / (model.top_k * model.hidden * ACT_BYTES)
+    nv_b, net_b = dispatch_bytes(tokens, model.top_k, model.hidden, gl.n, gl.per_server, True, model.node_limit)
+    return (gl.inter_hop_us + gl.intra_hop_us) * 1e-6 + max(nv_b / (gl.nvlink_GBps * 1e9), net_b / (gl.nic_GBps * 1e9))
+
+
 def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any, comm: CommModel,
-                groups: dict[str, list[str]], f: Any) -> dict[str, float]:
+                groups: dict[str, list[str]], f: Any, model: ModelSpec) -> dict[str, float]:
     """Exposed communication seconds per dimension for one micro-batch of a stage."""
     raw: dict[str, float] = {}
     hidden: dict[tuple[str, str], float] = {}  # (dimension, what it hides under) -> seconds
@@ -119,7 +136,11 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
         if c.dim not in groups:
             continue
         grp = groups[c.dim][:2] if c.collective == "sendrecv" else groups[c.dim]  # a ring pass: neighbour pairs
-        s = c.calls * comm.time_s(c.collective, c.nbytes, grp, topo) * f("tp" if c.dim == "etp" else c.dim)
+        one = _hierarchical_a2a_s(c.nbytes, grp, topo, comm, model) \
+            if c.dim == "ep" and L.ep_dispatcher == "flex" else None
+        if one is None:
+            one = comm.time_s(c.collective, c.nbytes, grp, topo)
+        s = c.calls * one * f("tp" if c.dim == "etp" else c.dim)
         key = "ep" if c.dim == "etp" else c.dim
         under = c.hides_under
         if (under == "gemm" and L.overlap_tp) or under == "attention" or (under == "compute" and L.overlap_ep):
@@ -176,7 +197,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
         if st is None:
             mb = microbatch_times(model, L, gpu, eff, stage=i)
             calls = stage_calls(model, L, i)
-            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f), calls)
+            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model), calls)
         stages.append(st)
     times = [s.total_s for s in stages]
     slow = max(range(p), key=lambda i: (times[i], i))
