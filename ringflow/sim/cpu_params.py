@@ -43,7 +43,8 @@ class CpuHostParams:
     # exchanges the call's description with every peer before data moves.
     call_overhead_per_peer_us: float = 0.0
     # The runtime's CHECK exchange of a call's arguments before any data moves, unless the schedule's
-    # first step already exchanges with every peer (algorithms.schedule.is_self_checking): microseconds.
+    # first step already exchanges with every peer (algorithms.schedule.is_self_checking), or does once the
+    # compiler adds its verify messages (algorithms.verify_messages): microseconds.
     check_us: float = 0.0
     # Overrides (any simulator parameter) applied when `host_transport` is the key: shm and TCP
     # figures of one host side by side.
