@@ -4,13 +4,14 @@ and on the step time of a 4-rank NumPy DDP training loop, with the flight record
 hits each alike.
 
     python benchmarks/record_overhead.py [--rounds 3] [--steps 40]
-    python benchmarks/record_overhead.py --ab [--nranks 1,2] [--pairs 9]
+    python benchmarks/record_overhead.py --ab [--nranks 1,2] [--pairs 9] [--python]
     python benchmarks/record_overhead.py --parts
 
 `--ab` times in one process per rank, with the flight ring on as `ringflow run` has it (RINGFLOW_DUMP_DIR set),
 on the same communicator and the same 8-byte array, the repeated all-reduce with the recorder off, with the C
-recorder (runtime/record_native.py) and with the Python one, alternating within each of `--pairs` rounds, so load
-from other programs hits each alike (each mode's time in a round: the fastest of 5 runs of `--calls`, at most
+recorder (runtime/record_native.py), off again (the noise floor: what "added" reads with nothing added) and, with
+`--python`, with the Python one, alternating within each of `--pairs` rounds, so load from other programs hits
+each alike (each mode's time in a round: the fastest of 5 runs of `--calls`, at most
 4000); it prints per mode the added microseconds per call (min and median over the rounds, slowest rank).
 `--parts` times each recorder alone, in process: what it adds per call to a collective of one of two ranks, as
 `run` records a NumPy call the remembered-call path runs natively and as `call` records one run through the
@@ -77,10 +78,10 @@ def ddp_rank(steps: int) -> None:
             print(json.dumps({"step_s": float(med[0])}))
 
 
-AB_MODES = ("off", "ring", "ring_python")
+AB_MODES = ("off", "ring", "off_again", "ring_python")   # off_again: the recorder off again, the noise floor
 
 
-def ab_rank(pairs: int, calls: int, out: str) -> None:
+def ab_rank(pairs: int, calls: int, out: str, python: bool) -> None:
     """Rank side of --ab: per round, the us per call of each mode (rank 0 writes them as JSON)."""
     import numpy as np
 
@@ -96,7 +97,7 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
     x, buf = np.ones(2, np.float32), np.zeros(1)
 
     def timed(mode: str) -> float:
-        comm._rec = None if mode == "off" else rec
+        comm._rec = None if mode.startswith("off") else rec
         rec.__class__ = Recorder if mode == "ring_python" else NativeRecorder if native else Recorder
         comm.barrier()
         reps = []
@@ -110,7 +111,7 @@ def ab_rank(pairs: int, calls: int, out: str) -> None:
         comm.all_reduce(buf, op="max")
         return float(buf[0])
 
-    modes = AB_MODES if native else AB_MODES[:2]
+    modes = [m for m in AB_MODES if (native or m != "ring_python") and (python or m != "ring_python")]
     for mode in modes:   # warm up every path (and the repeated-call table)
         timed(mode)
     res: dict[str, list[float]] = {m: [] for m in modes}
@@ -220,7 +221,7 @@ def parts(calls: int, rounds: int = 5) -> None:
                 print(f"{how}: {k:<36}{min(v) - off:+8.0f} ns per call")
 
 
-def ab(nranks: list[int], pairs: int, calls: int) -> None:
+def ab(nranks: list[int], pairs: int, calls: int, python: bool) -> None:
     """In-process A/B of the recorder modes at each rank count, the flight ring on as `ringflow run` puts it;
     prints added us per call (min, median)."""
     me = [sys.executable, str(Path(__file__).resolve())]
@@ -231,7 +232,8 @@ def ab(nranks: list[int], pairs: int, calls: int) -> None:
     for n in nranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "ab.json")
-            role = [*me, "--role", "ab", "--pairs", str(pairs), "--calls", str(calls), "--out", out]
+            role = [*me, "--role", "ab", "--pairs", str(pairs), "--calls", str(calls), "--out", out] + \
+                (["--python"] if python else [])
             cmd = role if n == 1 else [sys.executable, "-m", "ringflow", "run", "-n", str(n), "--", *role]
             subprocess.run(cmd, env={**env, "RINGFLOW_DUMP_DIR": os.path.join(tmp, "job")}, check=True,
                            timeout=600)
@@ -262,21 +264,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--calls", type=int, default=20000)
-    ap.add_argument("--ab", action="store_true", help="in-process A/B of recorder off / C / Python")
+    ap.add_argument("--ab", action="store_true", help="in-process A/B of the recorder off / C (/ Python)")
     ap.add_argument("--nranks", default="1,2", help="--ab: rank counts")
     ap.add_argument("--pairs", type=int, default=9, help="--ab: rounds of the modes")
+    ap.add_argument("--python", action="store_true", help="--ab: the Python recorder too")
     ap.add_argument("--parts", action="store_true", help="per-part cost of each recorder, one rank, in process")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.role == "ab":
-        ab_rank(a.pairs, a.calls, a.out)
+        ab_rank(a.pairs, a.calls, a.out, a.python)
         return
     if a.parts:
         parts(min(a.calls, 4000))
         return
     if a.ab:
-        ab([int(v) for v in a.nranks.split(",")], a.pairs, min(a.calls, 4000))
+        ab([int(v) for v in a.nranks.split(",")], a.pairs, min(a.calls, 4000), a.python)
         return
     if a.role == "call":
         print(json.dumps({"value": per_call_us(a.calls)}))
