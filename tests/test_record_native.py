@@ -237,3 +237,27 @@ def test_the_remembered_call_path_is_recorded_and_a_call_it_did_not_run_is_recor
         calls = [c for c in ring["calls"] if c["op"] == "all_reduce"]
         assert [(c["seq"], int(c["site"].split(":")[-1].split(" ")[0]), c["status"]) for c in calls] == \
             [(seq, line, "ok") for seq, line in enumerate(lines)]
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_the_latest_collective_outlives_its_slot_in_a_small_ring(tmp_path: Path, native: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring of 4 calls: a collective, then 5 point-to-point entries take every slot; the latest collective (what
+    a peer's status query reads) is still that collective, and the ring holds the 4 latest calls."""
+    import ringflow
+    monkeypatch.setenv("RINGFLOW_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("RINGFLOW_FLIGHT_RECORDER", "4")
+    monkeypatch.setenv("RINGFLOW_NATIVE", native)
+    comm = ringflow.init(rank=0, world_size=1, store_addr="127.0.0.1:0")
+    try:
+        rec = comm._rec
+        comm.all_reduce(np.ones(3))
+        for tag in range(5):
+            rec.enter(1, "send", ("send", np.dtype("float32"), 4, 0, tag), False)
+        last = rec.last
+        assert last is not None and (last[record.SEQ], record.op_name(last), last[record.T_END] > 0) == \
+            (0, "all_reduce", True)
+        assert rec.status()["rec_seq"] == 0 and rec.status()["rec_done"] is True
+        assert [(e[record.LANE], e[record.META][4]) for e in rec.ring] == [(1, 1), (1, 2), (1, 3), (1, 4)]
+    finally:
+        comm.destroy()
