@@ -71,9 +71,9 @@ _SWITCHES: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 def nvls_switch(topo: Any, endpoints: Sequence[str]) -> tuple[str, int] | None:
     """(node, generation) of the one NVLS-capable NVSwitch every endpoint hangs off, or None (cached per
-    topology while its graph keeps its nodes and links)."""
+    topology while its graph keeps its node count, as `api.endpoints_of`)."""
     g = topo.graph
-    key = (id(g), g.number_of_nodes(), g.number_of_edges(), tuple(endpoints))
+    key = (id(g), len(g), tuple(endpoints))
     try:
         per = _SWITCHES.setdefault(topo, {})
     except TypeError:
