@@ -9,7 +9,6 @@ once per connection (`ShmIn.try_open`), and `RINGFLOW_CMA_DISABLE=1` turns it of
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 import numpy as np
@@ -37,7 +36,8 @@ class _IoVec(ctypes.Structure):
 
 def _load() -> object | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # the process's own symbols, libc's among them (ctypes.util.find_library would run ldconfig at import)
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.process_vm_readv
     except (OSError, AttributeError):
         return None
