@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import secrets
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -133,7 +132,7 @@ def communicator_from_store(store: Any, rank: int, size: int, timeout: float) ->
     logs.setup(_world_rank(rank))
     ts = TorchStore(store, timeout)
     if rank == 0:
-        ts.set(_BOOT_KEY, f"{secrets.token_hex(8)}:{secrets.token_hex(32)}")
+        ts.set(_BOOT_KEY, f"{os.urandom(8).hex()}:{os.urandom(32).hex()}")   # what secrets.token_hex draws
     job, _, secret = ts.get(_BOOT_KEY, timeout).decode().partition(":")
     tos = config.get("TRAFFIC_CLASS")
     tos = None if tos is None or int(tos) < 0 else int(tos)

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import numpy as np
-from numpy.typing import NDArray
 
 from ...algorithms.schedule import Collective
 from ...errors import InvalidArgument
@@ -22,6 +21,9 @@ from .executor import CallContext, Waiter, check_exchange, describe
 from .fastcall import MISS, FastCalls
 from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op, unaliased
 from .work import Work
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray  # annotations only: numpy.typing costs milliseconds to import
 
 ArrayT = TypeVar("ArrayT")   # a NumPy array or a CPU torch.Tensor
 OpLike = Any                 # "sum", "avg", "prod", "min", "max", "band", "bor", "bxor", or a torch ReduceOp
