@@ -490,7 +490,7 @@ static int64_t i64_or(PyObject *v, int64_t dflt)
 /* the offset of obj's text in the names area; -1 when unknown (the area full, or the namer failed) */
 static int64_t name_id(Ring *r, PyObject *obj)
 {
-    if (obj == Py_None || obj == NULL)
+    if (obj == Py_None || obj == NULL || r->namer == NULL)
         return -1;
     Slot *s = table_find(&r->names, obj);
     if (s->key != NULL)
@@ -1168,7 +1168,7 @@ static PyObject *inline_failed(PyObject *self, Ring *ring, int64_t pos, int64_t 
 static int inline_exit(Ring *ring, int64_t pos, int64_t t0, int64_t t1)
 {
     PyObject *sched = NULL;
-    if (ring->size > 1) {   /* the schedule's name is read when the entry is written */
+    if (ring->size > 1 && ring->comm != NULL) {   /* the schedule's name is read when the entry is written */
         PyObject *comm = PyWeakref_Check(ring->comm) ? PyWeakref_GetObject(ring->comm) : ring->comm;
         if (comm == NULL || (comm != Py_None && (sched = PyObject_GetAttr(comm, s_last_schedule)) == NULL))
             return -1;
