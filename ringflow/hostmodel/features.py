@@ -168,7 +168,8 @@ def call_features(schedule: Schedule, shape: CallShape, inplace: bool, transport
     caches = caches or cache_sizes()
     plans = [compile_plan(schedule, shape, r, inplace) for r in range(n)]
     nsteps = max((len(p.steps) for p in plans), default=0)
-    checked = n > 1 and not (plans[0].self_checking and max(p.max_xfer_bytes for p in plans) < STRIPE_MIN_BYTES)
+    striped = transport == "tcp" and tcp_streams() > 1 and max(p.max_xfer_bytes for p in plans) >= STRIPE_MIN_BYTES
+    checked = n > 1 and not (plans[0].self_checking and not striped)   # as executor.needs_check
     off = 1 if checked else 0
     out = np.zeros((nsteps + off, n, len(FEATURES)))
     if checked:
