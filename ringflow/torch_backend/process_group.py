@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..errors import InvalidArgument, InvalidUsage
 from .convert import NATIVE, Direct, Staged, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store, group_timeout_s
-from .work import Lane, RingflowWork
+from .work import Lane, RingflowWork, finished
 
 COLL, SEND, RECV = 0, 1, 2
 _PREMUL_SUM = 8   # hash() of a ReduceOp is its RedOpType's value; PREMUL_SUM's factor varies (never cached)
@@ -117,11 +117,15 @@ class ProcessGroupRingflow(dist.ProcessGroup):
             name = self._direct_ops.get((hash(opts.reduceOp), x.dtype)) if _HASH_IS_KIND else None
             if name is not None and (a := self._direct(x)) is not None:
                 t = self._timeout(opts)
-                if not opts.asyncOp and (w := self._lanes[COLL].run_now(
-                        lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce", tensors)) is not None:
-                    return w
-                return self._lanes[COLL].submit(lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce",
-                                                tensors, False)
+                lane = self._lanes[COLL]
+                if not opts.asyncOp and lane.idle:   # run_now, inlined: the hottest call of training loops
+                    with lane.lock:
+                        try:
+                            self.comm.all_reduce(a, name, timeout=t)
+                        except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                            return finished("allreduce", tensors, exc)
+                    return finished("allreduce", tensors)
+                return lane.submit(lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce", tensors, False)
         ops = self._ops(opts, tensors)
         if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]

@@ -139,6 +139,19 @@ class RingflowWork(dist.Work):
         return f"<RingflowWork {self.description} {'done' if self.is_completed() else 'pending'}>"
 
 
+class _Finished(RingflowWork):
+    __init__ = dist.Work.__init__   # torch's own constructor alone: `finished` sets what a finished Work holds
+
+
+def finished(description: str, outputs: list[torch.Tensor], exc: BaseException | None = None) -> RingflowWork:
+    """A Work for an operation that already ended (a synchronous call run inline), with its outputs or error."""
+    w = _Finished()
+    w.description, w._result = description, outputs
+    if exc is not None:
+        w._exc = exc
+    return w
+
+
 Job = Callable[[], object]
 
 
@@ -157,18 +170,29 @@ class Lane:
         self._lane = RuntimeLane(f"torch-{name}")
         self._exec = threading.Lock()
 
-    def run_now(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork | None:
-        """Run a synchronous job in this thread if nothing is queued on the lane: its finished Work (None: the lane
-        is busy or closed, and `submit` decides)."""
+    @property
+    def idle(self) -> bool:
+        """True if nothing is queued on the lane and it is open: a synchronous call may run in the caller's thread
+        (under `lock`)."""
         lane = self._lane
-        if lane.busy or lane.closed:
+        return not lane.busy and not lane.closed
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while a job runs, inline or queued."""
+        return self._exec
+
+    def run_now(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork | None:
+        """Run a synchronous job in this thread if the lane is idle: its finished Work (None: the lane is busy or
+        closed, and `submit` decides)."""
+        if not self.idle:
             return None
         with self._exec:
             try:
                 job()
             except BaseException as exc:  # noqa: BLE001 - delivered through the Work
-                return RingflowWork(description, outputs, done=True, exc=exc)
-        return RingflowWork(description, outputs, done=True)
+                return finished(description, outputs, exc)
+        return finished(description, outputs)
 
     def submit(self, job: Job, description: str, outputs: list[torch.Tensor], inline: bool) -> RingflowWork:
         """Run job (inline if allowed and nothing is queued); its Work."""
@@ -180,8 +204,8 @@ class Lane:
                 try:
                     job()
                 except BaseException as exc:  # noqa: BLE001 - delivered through the Work
-                    return RingflowWork(description, outputs, done=True, exc=exc)
-            return RingflowWork(description, outputs, done=True)
+                    return finished(description, outputs, exc)
+            return finished(description, outputs)
         work = RingflowWork(description, outputs)
         queued = with_site(job, work.recorded)   # the recorder notes the caller's line, not the worker's
 
