@@ -14,14 +14,16 @@ the per-round median time per call (max over ranks). torch's calls are all_gathe
 reduce_scatter_single where torch has them (all_gather_into_tensor and reduce_scatter_tensor warn).
 "overhead" is torch-on-ringflow minus the own API: what the backend adds.
 
---per-call times one small all_reduce (float32, 2 ranks unless --ranks) six ways, interleaved as above:
-gloo, torch on ringflow with the same tensor every call ("repeated") and with a new tensor every call
-("fresh", made outside the timed region, as DDP and FSDP hand the backend new tensors), the own API on the
-same tensor and on a fresh one, and the own API on a NumPy array. Each cell is the median over rounds of the
-per-round 10th percentile of the time per call (max over ranks): the calls that other processes on a shared
-machine did not delay (a median there measures the machine's load). "adds" is what the backend adds to a
-call: torch's time per call minus the time inside its call into ringflow's Communicator (timed from the
-inside, so waiting for the other rank is not counted), same statistic.
+--per-call times one small all_reduce (float32, 2 ranks unless --ranks) seven ways, interleaved as above:
+gloo; torch on ringflow with the same tensor every call ("repeated") and with a new tensor every call
+("fresh", made outside the timed region, as DDP and FSDP hand the backend new tensors); the own API on the
+same tensor, on a fresh one, and on a NumPy array; and "torch floor", torch on a backend whose all_reduce
+only makes a finished Work (what torch's own dist.all_reduce costs, in every backend's time). Each cell is
+the median over rounds of the per-round 10th percentile of the time per call (max over ranks): the calls
+that other processes on a shared machine did not delay (a median there measures the machine's load).
+"adds" is what the backend adds to a call: torch's time per call minus the time inside its call into
+ringflow's Communicator (timed from the inside, so waiting for the other rank is not counted), same
+statistic; it includes the torch floor.
 
 --init starts fresh rank processes per round, gloo and ringflow alternating (file:// rendezvous), with
 ringflow byte-compiled beforehand into a temporary PYTHONPYCACHEPREFIX, as an installed package is. Each
@@ -189,9 +191,31 @@ def _ddp(ranks: list[int], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-PER_CALL = ["gloo", "torch repeated", "torch fresh", "own repeated", "own fresh", "own numpy"]
+PER_CALL = ["gloo", "torch repeated", "torch fresh", "own repeated", "own fresh", "own numpy", "torch floor"]
 ADDS = ["torch repeated adds", "torch fresh adds"]   # time per call outside the backend's call into ringflow
 QUANTILE = 0.1   # --per-call: the fastest tenth of calls, those the other processes of a shared machine left alone
+
+
+def _noop_backend() -> str:
+    """Register backend "noop": a process group whose all_reduce does nothing (torch's own cost per call)."""
+    import torch.distributed as dist
+
+    class Done(dist.Work):
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+    class Noop(dist.ProcessGroup):
+        def __init__(self, store: Any, rank: int, size: int, timeout: Any) -> None:
+            super().__init__(rank, size)
+
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            return Done()
+
+        def getBackendName(self) -> str:  # noqa: N802 - torch's name
+            return "noop"
+    if "NOOP" not in dist.Backend._plugins:
+        dist.Backend.register_backend("noop", Noop, devices=["cpu"])
+    return "noop"
 
 
 def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, out_path: str) -> None:
@@ -208,6 +232,7 @@ def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, o
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=n)
     rf = dist.new_group(list(range(n)), backend="ringflow")
     comm = rf.comm
+    floor = dist.new_group(list(range(n)), backend=_noop_backend())
     rows = []
     inner: list[float] = []
     real = comm.all_reduce
@@ -224,10 +249,11 @@ def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, o
         fns: dict[str, Callable[[Any], Any]] = {
             "gloo": lambda t: dist.all_reduce(t), "torch repeated": lambda t: dist.all_reduce(t, group=rf),
             "torch fresh": lambda t: dist.all_reduce(t, group=rf), "own repeated": comm.all_reduce,
-            "own fresh": comm.all_reduce, "own numpy": comm.all_reduce}
+            "own fresh": comm.all_reduce, "own numpy": comm.all_reduce,
+            "torch floor": lambda t: dist.all_reduce(t, group=floor)}
         per: dict[str, list[float]] = {w: [] for w in [*PER_CALL, *ADDS]}
         for rnd in range(rounds):
-            for w in PER_CALL[rnd % 6:] + PER_CALL[:rnd % 6]:
+            for w in PER_CALL[rnd % len(PER_CALL):] + PER_CALL[:rnd % len(PER_CALL)]:
                 fn, fresh = fns[w], w.endswith("fresh")
                 arg = arr if w == "own numpy" else same
                 for _ in range(20):
