@@ -5,8 +5,8 @@
     RINGFLOW_FLIGHT_RECORDER=0 .venv/bin/python benchmarks/call_overhead.py --nranks 2,4 --parts
 
 Per rank count, two jobs (native executor on, and RINGFLOW_NATIVE=0), each timing an 8-byte
-all-reduce (float32) with ringflow.runtime.bench.median_call_s (the slowest rank's median time per
-call) in these ways:
+all-reduce (float32) with ringflow.runtime.bench.call_samples_s (rows: the median over samples of the
+slowest rank's time per call) in these ways:
 
 * ``native loop``: the compiled native plan run directly (HotPlan.run): the floor of a call.
 * ``hotpath.execute``: plus the Python that starts it and reads its result.
@@ -24,12 +24,12 @@ waits' counters of the native module (`_hotpath.stats`, this thread's) over the 
   one that is done at once, minus that stand-in's own call.
 * ``C call and identity check`` (CPU time, local): ``Runner.go`` on another array, which returns before reading
   any state (the array-state re-check adds one memcmp of about 40 bytes).
-* ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls; slowest rank's median),
+* ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls; its best sample),
   split into ``waiting for the peer's flag`` (time inside the native waits, this rank's median per call: the
   peer's message crossing cores plus the ranks' skew) and ``own work`` (the rest: slot copy, header words,
   reduction, bookkeeping).
-* ``rest``: the full call minus the three parts (the GIL's release and return, skew and scheduling between two
-  Python processes, measurement noise).
+* ``rest``: the full call (its best sample) minus the three parts (the GIL's release and return, skew and
+  scheduling between two Python processes, measurement noise).
 * per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
 CPU-time rows are robust to other load on the machine; the wall-time rows are not (compare within one run).
 With the flight recorder on (the default under ``ringflow run``), the full call also pays the recorder.
@@ -55,7 +55,7 @@ def worker(out: str, parts: bool) -> None:
     """One rank: time each layer, write rank 0's rows."""
     import ringflow
     from ringflow.runtime import native
-    from ringflow.runtime.bench import median_call_s
+    from ringflow.runtime.bench import call_samples_s
     from ringflow.runtime.call import hotpath
     from ringflow.runtime.transport.manager import LANE_COLL
     comm = ringflow.init()
@@ -69,8 +69,12 @@ def worker(out: str, parts: bool) -> None:
 
     rows: dict[str, float] = {}
 
+    best: dict[str, float] = {}   # the best sample of each row (--parts: robust to other load on the machine)
+
     def timed(name: str, call: object, per: int = 1) -> None:
-        rows[name] = median_call_s(call, comm.barrier, slowest, iters=30)[0] * 1e6 / per  # type: ignore[arg-type]
+        samples = call_samples_s(call, comm.barrier, slowest, iters=30)  # type: ignore[arg-type]
+        rows[name] = float(np.median(samples)) * 1e6 / per
+        best[name] = min(samples) * 1e6 / per
 
     def counted(name: str, call: object, per: int = 1) -> dict[str, float]:
         """`timed`, and the native module's wait counters per call, counted inside the timed calls only (not in
@@ -117,7 +121,7 @@ def worker(out: str, parts: bool) -> None:
         timed("hotpath.execute", execute_plain)
         timed("native loop (HotPlan.run)", loop)
         if parts and fast.runner is not None:
-            _parts(rows, full, fast, x, regions, comm, counted)
+            _parts(rows, best, full, fast, x, regions, comm, counted)
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
     comm.destroy()
@@ -148,8 +152,8 @@ def cpu_us(fn: object, n: int = 20000) -> float:
     return best * 1e6
 
 
-def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.ndarray, regions: object,
-           comm: object, counted: object) -> None:
+def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float], fast: object, x: np.ndarray,
+           regions: object, comm: object, counted: object) -> None:
     """The breakdown rows of --parts (see the module docstring)."""
     from ringflow.runtime.call import hotpath
     r, ctx, bases = fast.runner, fast.ctx, fast.bases   # type: ignore[attr-defined]
@@ -182,15 +186,15 @@ def _parts(rows: dict[str, float], full: dict[str, float], fast: object, x: np.n
     finally:
         fast.runner = r   # type: ignore[attr-defined]
     c_entry = cpu_us(lambda: r.go(other, None, 0, 60.0, b""))
-    total, loop = rows["same array: comm.all_reduce(x)"], rows["native loop in C (Runner.repeat)"]
+    total, loop = best["same array: comm.all_reduce(x)"], best["native loop in C (Runner.repeat)"]
     wait_us = native_c["wait_ns"] / 1e3
     rows.update({
         "parts (CPU): Python entry up to the C call": entry,
         "parts (CPU): C call and identity check": c_entry,
-        "parts: native loop": loop,
+        "parts (best sample): native loop": loop,
         "parts:   waiting for the peer's flag": wait_us,
         "parts:   own work": loop - wait_us,
-        "parts: full call": total,
+        "parts (best sample): full call": total,
         "parts: rest (full - entry - C call - loop)": total - entry - c_entry - loop,
         "per call (native loop): waits": native_c["waits"],
         "per call (native loop): sleeps": native_c["sleeps"],
