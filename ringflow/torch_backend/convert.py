@@ -1,9 +1,11 @@
 """Tensors and reduce ops from torch to ringflow: contiguous staging, dtype views and op names."""
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import InvalidArgument
@@ -54,33 +56,48 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
 
 class Direct:
     """What to hand ringflow for a tensor it can take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
-    ringflow share, not requiring grad), or None. A tensor called before goes as itself: ringflow remembers the
-    call for that very object. A new one goes as a NumPy view of its memory: ringflow runs the plan it remembered
-    for the call's shape at the view's address, so fresh tensors (DDP's and FSDP's) skip the full path."""
+    ringflow share, not requiring grad), or None (stage it).
+
+    A tensor seen for the first time goes as a NumPy view of its memory: ringflow runs the plan it remembered for
+    the call's shape at the view's address, so fresh tensors (DDP's and FSDP's) skip the full path. From its
+    second call on, a tensor goes as one NumPy array kept for it, which ringflow remembers as an object and runs
+    in one native call. That array aliases the tensor's memory without holding the tensor (a kept tensor would
+    never be freed), so it is handed out only while the tensor is alive with the data address, shape, dtype and
+    contiguity it had when the array was made; any change makes a new one."""
 
     __slots__ = ("_seen",)
 
     def __init__(self) -> None:
-        self._seen: dict[int, weakref.ref] = {}   # id -> the tensor, weakly (a dead one's id may be reused)
+        # id -> (the tensor weakly, its array or None, data address, shape, dtype) (a dead tensor's id may be reused)
+        self._seen: dict[int, tuple[weakref.ref, np.ndarray | None, int, torch.Size, torch.dtype]] = {}
 
-    def __call__(self, t: torch.Tensor) -> Any:
-        """The tensor itself, a NumPy view of it, or None (ringflow cannot take it as it is: stage it)."""
+    def __call__(self, t: torch.Tensor) -> np.ndarray | None:
+        """A NumPy array of t's memory, or None (ringflow cannot take it as it is)."""
         if type(t) is not torch.Tensor or t.dtype not in _VIEWABLE:
             return None
         seen = self._seen
-        ref = seen.get(id(t))
-        if ref is not None and ref() is t:
-            return t if t.is_contiguous() else None
+        e = seen.get(id(t))
+        if e is not None and e[0]() is t and e[1] is not None and t.data_ptr() == e[2] and t.shape == e[3] \
+                and t.dtype is e[4] and t.is_contiguous():
+            return e[1]
         try:
             a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits)
         except (RuntimeError, TypeError):
             return None
         if not a.flags.c_contiguous:
             return None
-        if len(seen) >= MAX_SEEN:
+        again = e is not None and e[0]() is t
+        if not again and len(seen) >= MAX_SEEN:
             seen.clear()
-        seen[id(t)] = weakref.ref(t)
-        return a
+        kept = _alias(a) if again and a.size else None
+        seen[id(t)] = (weakref.ref(t), kept, t.data_ptr(), t.shape, t.dtype)
+        return a if kept is None else kept
+
+
+def _alias(a: np.ndarray) -> np.ndarray:
+    """An array over a's memory that does not hold a's owner (the caller checks the owner is alive before use)."""
+    buf = (ctypes.c_char * a.nbytes).from_address(a.ctypes.data)
+    return np.frombuffer(memoryview(buf).cast("B"), dtype=a.dtype).reshape(a.shape)
 
 
 class Staged:
