@@ -232,3 +232,18 @@ def test_simulate_takes_switch_algorithms_by_name() -> None:
     assert got.time_us == want.time_us > 0
     with pytest.raises(InvalidArgument, match="an all_reduce algorithm"):
         simulate(topo, "all_gather", 64 * 2**20, algorithm="nvls_tree")
+
+
+def test_nvl72_racks_drive_at_most_32_channels_and_a_ring_runs_at_its_nvlink_share() -> None:
+    racks = build_cluster("gb200-nvl72", 2)
+    sys_ = nt.system_for(racks, 144)
+    assert sys_.nics_per_node == 72
+    assert sys_.channels() == nt.GRAPH_MAX_CHANNELS == 32          # NCCL's ring graph: MAXCHANNELS / 2
+    assert sys_.run_channels() == 32                               # duplicates stay within the graph's 32
+    nic_GBps = sys_.bw_inter_GBps / 32
+    assert 40 < nic_GBps <= 50                                     # ConnectX-7 400 Gb/s, 32 of the 72 driven
+    ring_busbw = nt.bandwidth_GBps(sys_, AR, "ring", "simple") * 2 * 143 / 144
+    assert ring_busbw == pytest.approx(sys_.bw_intra_GBps, rel=1e-6)   # the NVLink share bounds every channel
+    h100 = nt.system_for(build_cluster("dgx-h100", 2), 16)
+    h100_ring = nt.bandwidth_GBps(h100, AR, "ring", "simple") * 2 * 15 / 16
+    assert h100_ring == pytest.approx(min(h100.bw_intra_GBps, h100.bw_inter_GBps), rel=1e-6)

@@ -16,7 +16,13 @@ What NCCL reads from its topology search, ringflow takes from the topology:
   https://github.com/NVIDIA/nccl/issues/1302);
 - channels: 12 searched channels on NVSwitch servers (A100 and H100 both log 24 = 12 x 2 channels,
   https://github.com/NVIDIA/nccl/issues/578, #1367), one per NIC across servers, 2 on other servers;
-  NCCL duplicates them at run time (2 per NIC), which the bandwidth model does not see.
+  NCCL duplicates them at run time (2 per NIC), which the bandwidth model does not see. A ring or tree graph
+  holds at most MAXCHANNELS / 2 = 32 channels, duplicates included (src/init.cc: ``ringGraph->maxChannels =
+  MAXCHANNELS / 2``; src/graph/search.cc ``ncclTopoDupChannels``: ``min(nChannels * 2, maxChannels)``), and an
+  NVLS graph at most NCCL_MAX_NVLS_ARITY = 32 heads (src/include/device.h): a node with more NICs than that (an
+  NVL72 rack, 72 NICs) drives 32 of them, so its network rate is 32 NICs' worth;
+- one rate per ring or tree channel: the search sets ``bwIntra = bwInter`` to one speed per channel
+  (src/graph/search.cc, ``ncclTopoCompute``), so a channel runs at the slower of its NVLink share and its NIC.
 """
 from __future__ import annotations
 
@@ -56,6 +62,7 @@ TREE_CORRECTION = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
 )
 SEARCH_CHANNELS_NVSWITCH = 12   # nccl#578 (A100), nccl#1367 (H100): 12 searched, 24 after duplication
+GRAPH_MAX_CHANNELS = 32   # ring / tree: MAXCHANNELS (64) / 2 with duplicates (init.cc); NVLS: NCCL_MAX_NVLS_ARITY
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}   # getNetOverhead (x86 vendors)
 
 _COLL = {Collective.BROADCAST: "broadcast", Collective.REDUCE: "reduce", Collective.ALL_GATHER: "all_gather",
@@ -114,12 +121,13 @@ class NcclSystem:
 
     def channels(self) -> int:
         """Searched channels of the graph: one per NIC across nodes, else the intra-node count."""
-        return max(1, self.nics_per_node) if self.nnodes > 1 else self.nchannels_intra
+        nics = min(max(1, self.nics_per_node), GRAPH_MAX_CHANNELS)
+        return nics if self.nnodes > 1 else self.nchannels_intra
 
     def run_channels(self) -> int:
         """Channels NCCL runs: the searched ones doubled (2 per NIC across servers, 24 on an NVSwitch server;
-        https://github.com/NVIDIA/nccl/issues/524)."""
-        return 2 * self.channels()
+        https://github.com/NVIDIA/nccl/issues/524), at most the graph's 32 (``ncclTopoDupChannels``)."""
+        return min(2 * self.channels(), GRAPH_MAX_CHANNELS)
 
     def per_channel(self, algo: str) -> tuple[float, float]:
         """(bwIntra, bwInter) per channel of the algorithm's graph."""
@@ -128,7 +136,8 @@ class NcclSystem:
             return self.bw_intra_GBps / nch, self.bw_intra_GBps / nch
         if algo in ("nvls", "nvls_tree"):
             return self.bw_intra_GBps / nch, self.bw_inter_GBps / nch
-        return self.bw_inter_GBps / nch, self.bw_inter_GBps / nch
+        one = min(self.bw_intra_GBps, self.bw_inter_GBps) / nch   # a ring / tree channel: one speed end to end
+        return one, one
 
 
 @dataclass(frozen=True)
@@ -317,8 +326,8 @@ def system_for(topo: Any, nranks: int, endpoints: Sequence[str] | None = None, p
     intra = nvl * eff.get("nvlink", 1.0) if nvl else pcie * eff.get("pcie", 1.0)
     first_host = [e for e in eps if topo.host_of(e) == hosts[0]]
     nics = topo.nics(host=hosts[0])[:len(first_host)]   # NCCL uses the NICs next to its GPUs (rail-local)
-    inter = sum(float(g.nodes[x].get("speed_gbps", 0.0)) / 8.0
-                * eff.get(str(g.nodes[x].get("fabric", "ib")), eff.get("ib", 1.0)) for x in nics)
+    inter = sum(float(g.nodes[x].get("speed_gbps", 0.0)) / 8.0   # the NICs a graph of <= 32 channels drives
+                * eff.get(str(g.nodes[x].get("fabric", "ib")), eff.get("ib", 1.0)) for x in nics[:GRAPH_MAX_CHANNELS])
     cpus = topo.nodes(kind=None, host=hosts[0])
     vendor = "amd" if any("EPYC" in str(g.nodes[c].get("model", "")) for c in cpus) else "intel"
     return NcclSystem(nranks=nranks, nnodes=nnodes, compcap=_compcap(str(g.nodes[gpu].get("model", ""))),
