@@ -406,6 +406,8 @@ typedef struct {
     int64_t *hdr, *slots;
     PyObject *namer;     /* obj -> the offset of its text in the names area (flightring.Names) */
     Table names;         /* what namer said, per object */
+    PyObject *k_meta, *k_desc, *k_code;   /* the latest collective's static part (held) ... */
+    int64_t k_words[6];  /* ... as its slot's words: op, dtype, count, root, reduction, site */
     int reg;             /* index in g_rings, -1 */
 } Ring;
 
@@ -524,28 +526,41 @@ static void map_write(Ring *r, int64_t pos, long lane, int async, int64_t seq, i
         return;
     int64_t *s = slot_of(r, pos);
     __atomic_store_n(&s[S_GEN], 0, __ATOMIC_RELEASE);
-    if (PyTuple_Check(meta) && PyTuple_GET_SIZE(meta) == 5) {
-        PyObject **q = ((PyTupleObject *)meta)->ob_item;
-        s[S_OP] = name_id(r, q[0]);
-        s[S_DTYPE] = name_id(r, q[1]);
-        s[S_COUNT] = i64_or(q[2], 0);
-        s[S_ROOT] = i64_or(q[3], RING_NONE);
-        s[S_REDOP] = lane == 0 ? name_id(r, q[4]) : i64_or(q[4], -1);
+    PyObject *old[3] = {NULL, NULL, NULL};
+    if (lane == 0 && meta == r->k_meta && desc == r->k_desc && code == r->k_code) {   /* a repeated collective */
+        memcpy(&s[S_OP], r->k_words, 5 * sizeof(int64_t));
+        s[S_SITE] = r->k_words[5];
     } else {
-        s[S_OP] = name_id(r, desc);
-        s[S_DTYPE] = -1, s[S_COUNT] = 0, s[S_ROOT] = RING_NONE, s[S_REDOP] = -1;
+        if (PyTuple_Check(meta) && PyTuple_GET_SIZE(meta) == 5) {
+            PyObject **q = ((PyTupleObject *)meta)->ob_item;
+            s[S_OP] = name_id(r, q[0]);
+            s[S_DTYPE] = name_id(r, q[1]);
+            s[S_COUNT] = i64_or(q[2], 0);
+            s[S_ROOT] = i64_or(q[3], RING_NONE);
+            s[S_REDOP] = lane == 0 ? name_id(r, q[4]) : i64_or(q[4], -1);
+        } else {
+            s[S_OP] = name_id(r, desc);
+            s[S_DTYPE] = -1, s[S_COUNT] = 0, s[S_ROOT] = RING_NONE, s[S_REDOP] = -1;
+        }
+        s[S_SITE] = name_id(r, code);
+        if (lane == 0 && r->slots != NULL) {   /* what a collective's static part names: kept with its objects */
+            old[0] = r->k_meta, old[1] = r->k_desc, old[2] = r->k_code;
+            r->k_meta = Py_NewRef(meta), r->k_desc = Py_NewRef(desc), r->k_code = Py_XNewRef(code);
+            memcpy(r->k_words, &s[S_OP], 5 * sizeof(int64_t));
+            r->k_words[5] = s[S_SITE];
+        }
     }
     s[S_LANE] = lane | (async ? 256 : 0);
     s[S_SEQ] = seq, s[S_ENQ] = enq, s[S_START] = start, s[S_END] = end;
-    s[S_SITE] = name_id(r, code);
     s[S_LINE] = line;
     s[S_STATUS] = status_id(r, status);
     s[S_OF] = lane == WAIT_LANE ? name_id(r, desc) : -1;
     s[S_SPARE] = 0;
-    if (r->slots == NULL)   /* released while a namer ran */
-        return;
-    __atomic_store_n(&s[S_GEN], pos + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&r->hdr[H_HEAD], pos + 1 > r->hdr[H_HEAD] ? pos + 1 : r->hdr[H_HEAD], __ATOMIC_RELEASE);
+    if (r->slots != NULL) {   /* else released while a namer ran */
+        __atomic_store_n(&s[S_GEN], pos + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&r->hdr[H_HEAD], pos + 1 > r->hdr[H_HEAD] ? pos + 1 : r->hdr[H_HEAD], __ATOMIC_RELEASE);
+    }
+    Py_XDECREF(old[0]), Py_XDECREF(old[1]), Py_XDECREF(old[2]);
 }
 
 /* the file's slot of the call at pos, if it is still that call's */
@@ -740,6 +755,9 @@ static int ring_traverse(Ring *r, visitproc visit, void *arg)
     }
     Py_VISIT(r->comm);
     Py_VISIT(r->namer);
+    Py_VISIT(r->k_meta);
+    Py_VISIT(r->k_desc);
+    Py_VISIT(r->k_code);
     return 0;
 }
 
@@ -751,6 +769,9 @@ static int ring_clear(Ring *r)
     r->last_pos = -1;
     Py_CLEAR(r->comm);
     Py_CLEAR(r->namer);
+    Py_CLEAR(r->k_meta);
+    Py_CLEAR(r->k_desc);
+    Py_CLEAR(r->k_code);
     return 0;
 }
 
