@@ -19,16 +19,17 @@ Each row is a separate measurement; the differences between rows are the per-cal
 ``--parts`` adds, for the native job, the breakdown of the repeated call (same array) into its layers, and the
 waits' counters of the native module (`_hotpath.stats`, this thread's) over the rows that exchange:
 
-* ``Python entry up to the C call`` (CPU time, local): the communicator's Python (argument key, remembered-call
-  lookup, open/owner checks, sequence number and call bookkeeping), timed with the remembered runner swapped for
-  one that is done at once, minus that stand-in's own call.
+* ``Python entry and the door's checks`` (CPU time, local): ``comm.all_reduce``'s own Python up to its door and
+  every check the door makes in C before it runs the plan (failed or destroyed communicator, recorder, queued
+  asynchronous call, owning thread, op, timeout, plan, both arrays' state), timed with ``Door.checks`` in place
+  of ``Door.call`` (the bookkeeping it skips is a few dictionary stores).
 * ``C call and identity check`` (CPU time, local): ``Runner.go`` on another array, which returns before reading
   any state (the array-state re-check adds one memcmp of about 40 bytes).
 * ``native loop``: ``Runner.repeat`` (the plan run n times in C, no Python between calls; its best sample),
   split into ``waiting for the peer's flag`` (time inside the native waits, this rank's median per call: the
   peer's message crossing cores plus the ranks' skew) and ``own work`` (the rest: slot copy, header words,
   reduction, bookkeeping).
-* ``rest``: the full call (its best sample) minus the three parts (the GIL's release and return, skew and
+* ``rest``: the full call (its best sample) minus the entry and the native loop (the GIL's release and return, skew and
   scheduling between two Python processes, measurement noise).
 * per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
 CPU-time rows are robust to other load on the machine; the wall-time rows are not (compare within one run).
@@ -130,14 +131,12 @@ def worker(out: str, parts: bool) -> None:
 REPEAT = 50   # calls per Runner.repeat
 
 
-class _Done:
-    """A stand-in for a Runner whose every call is done at once (times the Python around it, alone)."""
+class _Checks:
+    """A stand-in for the communicator's all_reduce door whose call only checks (times the Python and C around the
+    native plan: every check of `Door.call`, no bookkeeping, nothing sent)."""
 
-    deadline = 0.0
-
-    @staticmethod
-    def go(x: object, out: object, op_seq: int, timeout_s: float, spans: bytes) -> int:
-        return 0
+    def __init__(self, door: object) -> None:
+        self.call = door.checks   # type: ignore[attr-defined]
 
 
 def cpu_us(fn: object, n: int = 20000) -> float:
@@ -176,26 +175,27 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
     counted("one C call (Runner.go)", go)   # type: ignore[operator]
     native_c = counted("native loop in C (Runner.repeat)", repeat, REPEAT)   # type: ignore[operator]
     comm._op_seq = seq[0]   # type: ignore[attr-defined]
-    # local, CPU time: the communicator's Python with a runner that is done at once, and the C call's entry and
-    # identity check (another array: it returns -1 before any state is read or anything is sent)
-    done, other = _Done(), np.ones(2, np.float32)
-    fast.runner = done   # type: ignore[attr-defined]
+    # local, CPU time: all_reduce's Python and the door's checks (Door.checks in place of Door.call), and the C
+    # call's entry and identity check (another array: it returns -1 before any state is read or anything is sent)
+    door, other = comm._door_all_reduce, np.ones(2, np.float32)   # type: ignore[attr-defined]
+    if door.checks(x, None, "max", False, None) is not True:
+        raise RuntimeError("the repeated all_reduce does not take its door")
+    comm._door_all_reduce = _Checks(door)   # type: ignore[attr-defined]
     try:
         entry = cpu_us(lambda: comm.all_reduce(x, op="max"))   # type: ignore[attr-defined]
-        entry -= cpu_us(lambda: done.go(x, None, 0, 60.0, b""))
     finally:
-        fast.runner = r   # type: ignore[attr-defined]
+        comm._door_all_reduce = door   # type: ignore[attr-defined]
     c_entry = cpu_us(lambda: r.go(other, None, 0, 60.0, b""))
     total, loop = best["same array: comm.all_reduce(x)"], best["native loop in C (Runner.repeat)"]
     wait_us = native_c["wait_ns"] / 1e3
     rows.update({
-        "parts (CPU): Python entry up to the C call": entry,
+        "parts (CPU): Python entry and the door's checks": entry,
         "parts (CPU): C call and identity check": c_entry,
         "parts (best sample): native loop": loop,
         "parts:   waiting for the peer's flag": wait_us,
         "parts:   own work": loop - wait_us,
         "parts (best sample): full call": total,
-        "parts: rest (full - entry - C call - loop)": total - entry - c_entry - loop,
+        "parts: rest (full - entry - loop)": total - entry - loop,
         "per call (native loop): waits": native_c["waits"],
         "per call (native loop): sleeps": native_c["sleeps"],
         "per call (native loop): doorbells rung": native_c["rings"],

@@ -123,7 +123,7 @@ class CallMemory:
     """Everything one communicator remembers about calls: the tuner's cost model and choices, compiled plans,
     identity entries, call-shape entries, and the objects called once (weakly)."""
 
-    __slots__ = ("model", "schedules", "prepared", "by_object", "by_shape", "seen")
+    __slots__ = ("model", "schedules", "prepared", "by_object", "by_shape", "seen", "doors")
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
@@ -132,12 +132,15 @@ class CallMemory:
         self.by_object: dict[tuple, IdentityEntry] = {}
         self.by_shape: dict[tuple, ShapeEntry] = {}
         self.seen: dict[tuple, weakref.ref | None] = {}
+        self.doors: dict[str, Any] = {}   # collective name -> its Door (fastcall.py): the call remembered last for it
 
     def reset(self, model: Any = None) -> None:
         """Forget every remembered choice, plan and entry, and pick with `model` from now on."""
         self.model = model
         for d in (self.schedules, self.prepared, self.by_object, self.by_shape, self.seen):
             d.clear()
+        for door in self.doors.values():
+            door.clear()
 
     def entries(self) -> int:
         """How many identity and call-shape entries are held."""

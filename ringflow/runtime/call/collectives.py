@@ -42,6 +42,8 @@ class CollectiveCalls(FastCalls):
         _waiters: list[Waiter]
         _run: Callable[..., Any]
         _execute: Callable[..., None]
+        _door_all_reduce: Any
+        _door_broadcast: Any
 
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
@@ -100,6 +102,8 @@ class CollectiveCalls(FastCalls):
     def all_reduce(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
+        if (r := self._door_all_reduce.call(x, out, op, async_op, timeout)) is not MISS:
+            return r
         fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op else None
         r, sk = self._fast_paths(fk, "all_reduce", x, out, op, timeout) if fk is not None else (MISS, None)
         if r is not MISS:
@@ -120,6 +124,8 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: Literal[True], timeout: float | None = ...) -> Work: ...
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
+        if (r := self._door_broadcast.call(x, None, root, async_op, timeout)) is not MISS:
+            return r
         fk = ("broadcast", id(x), root) if type(root) is int and not async_op else None
         r, sk = self._fast_paths(fk, "broadcast", x, None, root, timeout) if fk is not None else (MISS, None)
         if r is not MISS:

@@ -98,6 +98,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._owner_id = self._owner.ident
         self._allocs: list[mmap.mmap] = []
         self._lanes = [Lane("collectives"), Lane("p2p-send"), Lane("p2p-recv")]
+        self._fast_doors()
         # knobs are read once, when the communicator is created (as NCCL does)
         self._checks = not config.get("CHECKS_DISABLE")
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")

@@ -11,6 +11,12 @@ and the plan's first native pass are one C call (`hotpath.call_runner`). Anythin
 a failed communicator, a pending async call, a changed dtype, shape, stride, address or
 writeability) takes the full path, whose rules are the only rules.
 
+all_reduce and broadcast go first to their door (`_hotpath.Door`, one per collective per communicator), which
+holds the identity entries they ran last (a few per collective): one C call makes every check of the remembered
+path (open communicator, recorder off, no queued async call, the owning thread, op or root, timeout, plan, both
+arrays' state), the communicator's bookkeeping (sequence number, last call, last schedule) and the plan's first
+native pass. Any miss returns MISS having changed nothing, and the paths below decide.
+
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
 or that the call allocates it or works in place, op or root): a later call on other arrays of that
 shape, C-contiguous, writeable and not overlapping, runs the same native plan at their addresses.
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...algorithms.schedule import Collective
+from .. import native
 from ..transport.manager import LANE_COLL
 from . import hotpath
 from .callmemory import MAX_ENTRIES, CallMemory, IdentityEntry, ShapeEntry, shape_key
@@ -32,6 +39,19 @@ from .executor import CallContext
 from .ops import as_numpy, averages_here, finish_avg
 
 MISS = object()        # the remembered paths do not apply: take the full path
+DOORS = ("all_reduce", "broadcast")   # the collectives with a Door: the call remembered last for each, run in C
+
+
+class _NoDoor:
+    """The door where the native executor is not built: every call takes the Python paths."""
+
+    @staticmethod
+    def call(x: Any, out: Any, arg: Any, async_op: Any, timeout: Any) -> Any:
+        """Always MISS."""
+        return MISS
+
+    def clear(self) -> None:
+        """Nothing to forget."""
 
 
 class FastCalls:
@@ -56,6 +76,28 @@ class FastCalls:
 
     _mem: CallMemory
     _last_native: tuple | None = None   # (prep, hot, ctx, bases, own scratch or None) of the latest native call
+
+    def _fast_doors(self) -> None:
+        """Give each collective in DOORS its door (`_door_<name>`): the identity entry it remembered last, whose
+        repeat the door checks and runs in one C call (`_hotpath.Door.call`), every check of `_fast_native` included."""
+        make = None if native._hotpath is None else native._hotpath.door
+        for name in DOORS:
+            door = _NoDoor() if make is None else make(self.__dict__, self._lanes[LANE_COLL], MISS)
+            self._mem.doors[name] = door
+            setattr(self, "_door_" + name, door)
+
+    def _fast_open_door(self, name: str, f: IdentityEntry, arg: Any) -> None:
+        """Let the door of collective `name` run identity entry f (called with `arg`, its op or root) from now on."""
+        door = self._mem.doors.get(name)
+        if door is None or f.runner is None or f.average or isinstance(door, _NoDoor):
+            return
+        ctx, hot, bases, runner, transport, guard = f.ctx, f.hot, f.bases, f.runner, self._transport, self._guard
+
+        def resume(seq: int, rc: int) -> None:
+            ctx.op_seq, ctx.deadline = seq, runner.deadline
+            spans = transport.regions.packed
+            guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
+        door.set(runner, arg, f.prep, hot, f.prep.desc, f.prep.schedule, transport.regions, resume)
 
     def _fast_closed(self, timeout: float | None) -> bool:
         """True where no remembered path may run now: a failed or destroyed communicator, a busy collective lane,
@@ -117,11 +159,13 @@ class FastCalls:
                 self._op_seq, self._last_call, self._in_call = seq, last, False
                 self._mem.by_object.pop(key, None)
                 return MISS
+            self._fast_open_door(key[0], f, key[-1])
             ctx, hot, bases = f.ctx, f.hot, f.bases
             ctx.op_seq, ctx.deadline = seq, f.runner.deadline
             self._guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
         else:
             self._in_call = False
+            self._fast_open_door(key[0], f, key[-1])
         result = x if out is None else out
         if f.average:
             finish_avg(as_numpy(result).reshape(-1), self.size)
@@ -220,6 +264,7 @@ class FastCalls:
             return
         if len(mem.by_object) >= MAX_ENTRIES:
             mem.by_object.clear()
-        mem.by_object[key] = IdentityEntry(x, out, prep, hot, ctx, bases, scratch,
-                                           hotpath.runner(hot, ctx, bases, self._transport.regions), avg, meta,
-                                           coll.value)
+        f = mem.by_object[key] = IdentityEntry(x, out, prep, hot, ctx, bases, scratch,
+                                               hotpath.runner(hot, ctx, bases, self._transport.regions), avg, meta,
+                                               coll.value)
+        self._fast_open_door(key[0], f, key[-1])
