@@ -199,27 +199,62 @@ static int frame_line(_PyInterpreterFrame *f, PyObject **line, long *out)
     return cached_line(c, lasti, PyCode_Addr2Line(f->f_code, lasti * (int)sizeof(_Py_CODEUNIT)), line, out);
 }
 
+/* The codes of the frames the latest site was found through, the user's last: a call made along the same codes
+ * (the repeated call of a loop) has its site in the same place, found without classifying each frame again.
+ * Held, so no other code takes an address it names. */
+#define PATH_MAX_FRAMES 64
+static PyObject *path[PATH_MAX_FRAMES];
+static int path_n;
+
+static void path_clear(void)
+{
+    for (int i = 0; i < path_n; i++)
+        Py_CLEAR(path[i]);
+    path_n = 0;
+}
+
 /* The user's call site of a call entered now: the first frame outside ringflow and torch from the recorder's
  * caller outward, within MAX_WALK - 2 frames (as record.call_site_of counts them). 1: found (code a new
  * reference, its line as *lineno and, if line is given, as a new int); 0: none; -1: error. */
 static int user_site(PyObject **code, PyObject **line, long *lineno)
 {
-    _PyInterpreterFrame *f = PyThreadState_Get()->cframe->current_frame;
-    for (long n = 0; f != NULL && n < g_max_walk - 2; f = f->previous) {
-        if (_PyFrame_IsIncomplete(f))   /* skipped, as PyFrame_GetBack does */
+    _PyInterpreterFrame *f = PyThreadState_Get()->cframe->current_frame, *g;
+    int n = 0;
+    for (g = f; g != NULL && path_n > 0; g = g->previous) {   /* the latest site's path again? */
+        if (_PyFrame_IsIncomplete(g))   /* skipped, as PyFrame_GetBack does */
             continue;
-        int t = inside((PyObject *)f->f_code);
+        if ((PyObject *)g->f_code != path[n])
+            break;
+        if (++n == path_n)
+            goto found;
+    }
+    PyObject *seen[PATH_MAX_FRAMES];
+    n = 0;
+    for (g = f; g != NULL && n < g_max_walk - 2; g = g->previous) {
+        if (_PyFrame_IsIncomplete(g))
+            continue;
+        int t = inside((PyObject *)g->f_code);
         if (t < 0)
             return -1;
-        if (!t) {
-            if (frame_line(f, line, lineno) < 0)
-                return -1;
-            *code = Py_NewRef((PyObject *)f->f_code);
-            return 1;
-        }
+        if (n < PATH_MAX_FRAMES)
+            seen[n] = (PyObject *)g->f_code;
         n++;
+        if (!t) {
+            if (n <= PATH_MAX_FRAMES) {
+                path_clear();
+                for (int i = 0; i < n; i++)
+                    path[i] = Py_NewRef(seen[i]);
+                path_n = n;
+            }
+            goto found;
+        }
     }
     return 0;
+found:
+    if (frame_line(g, line, lineno) < 0)
+        return -1;
+    *code = Py_NewRef((PyObject *)g->f_code);
+    return 1;
 }
 #else
 /* record._internal.get(code) of a frame: 1, 0, or -1 when not known yet (-2 on error) */
@@ -1629,6 +1664,9 @@ static PyObject *setup(PyObject *mod, PyObject *args, PyObject *kw)
         return NULL;
     if (internal != g_internal)   /* a new record._internal: what the C side remembered may differ */
         table_clear(&t_internal);
+#if RAW_FRAMES
+    path_clear();   /* found under the knobs as they were */
+#endif
     Py_XSETREF(g_internal, Py_NewRef(internal));
     Py_XSETREF(g_queued, Py_NewRef(queued));
     Py_XSETREF(g_is_internal, Py_NewRef(is_internal));
