@@ -105,7 +105,7 @@ def test_more_nic_bandwidth_never_slows_a_step():
         topo = cluster_for("dgx-h100", 4, nic_gbps=gbps)
         times = [step_time(m, lay, topo, comm=AlphaBetaModel()).step_time_s for lay in lays]
         best = plan(m, topo, 32, 64, 4096, space=PlanSpace(tp=(1, 2, 4), micro_batch=(1, 2), interleave=(1,)),
-                    refine=None).ranked[0].step_time_s
+                    refine=None, keep=1).ranked[0].step_time_s
         if prev is not None:
             assert all(t <= p + 1e-12 for t, p in zip(times + [best], prev, strict=True))
         prev = times + [best]
@@ -123,9 +123,9 @@ def test_narayanan_table1_within_10_percent():
 def test_planner_top_layouts_fit_and_are_sorted():
     m = load_model("llama3-8b")
     topo = cluster_for("dgx-h100", 2)
-    p = plan(m, topo, 16, 32, 4096, refine=None)
+    p = plan(m, topo, 16, 32, 4096, refine=None, keep=10)
     times = [r.step_time_s for r in p.ranked]
-    assert times == sorted(times) and p.evaluated + p.oom == p.searched
+    assert times == sorted(times) and p.evaluated + p.oom + p.pruned == p.searched and p.pruned > 0
     assert all(r.memory.fits for r in p.top(10))
     assert p.top(1)[0].layout.gpus == 16
     with pytest.raises(InvalidArgument):
@@ -148,7 +148,7 @@ def test_the_refine_pass_stops_within_one_call_of_its_budget():
 
     def run(top: int, budget_s: float):
         now[0] = 0.0
-        return plan(m, topo, 16, 32, 4096, refine=slow, refine_top=top, refine_budget_s=budget_s,
+        return plan(m, topo, 16, 32, 4096, refine=slow, refine_top=top, refine_budget_s=budget_s, keep=2,
                     clock=lambda: now[0])
     first = run(1, 1e9)
     calls_first = now[0]

@@ -363,11 +363,14 @@ def plan_command(
     top: int = typer.Option(10, "--top", min=1),
     check: bool = typer.Option(True, "--check/--no-check", help="time the top layouts with the simulator too"),
     check_budget_s: float = typer.Option(12.0, "--check-budget", min=0, help="seconds for the simulator's check"),
-    plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory into this "
-                                       "image (.png, .svg, .pdf)"),
+    every: bool = typer.Option(False, "--all", help="time every layout that fits (default: only those whose "
+                               "lower bound can reach the --top best; the --top are the same either way)"),
+    plot: str | None = typer.Option(None, "--plot", help="scatter of step time vs memory of the layouts timed "
+                                       "into this image (.png, .svg, .pdf); with --all every one that fits"),
     json_out: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Search TP, PP, DP, micro-batch, ZeRO, recomputation and interleaving; rank what fits by step time."""
+    """Search EP x TP x PP x DP x CP layouts (uneven stages, expert TP, MoE dispatcher, CP exchange), micro-batch,
+    ZeRO, recomputation and interleaving; rank what fits by step time."""
     from rich.progress import Progress
 
     from ..workload import load_model
@@ -384,7 +387,7 @@ def plan_command(
         def progress(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
         p = plan(m, t, gpus, batch, seq_len, precision=precision, refine="auto" if check else None,
-                 refine_top=top, refine_budget_s=check_budget_s, progress=progress)
+                 refine_top=top, refine_budget_s=check_budget_s, keep=None if every else top, progress=progress)
     best = p.top(top)
     rows_json = []
     for i, r in enumerate(best):
@@ -400,18 +403,18 @@ def plan_command(
         report_plot(plot, json_out)
     if json_out:
         print_json({"model": m.name, "gpus": gpus, "topology": t.name, "searched": p.searched,
-                    "fits": p.evaluated, "out_of_memory": p.oom, "top": rows_json,
+                    "fits": p.evaluated, "out_of_memory": p.oom, "skipped_by_bound": p.pruned, "top": rows_json,
                     "check_budget_spent": p.budget_spent})
         return
-    console.print(f"{p.searched} layouts, {p.oom} out of memory, {p.evaluated} ranked by step time "
+    skipped = f", {p.pruned} skipped (their lower bound cannot reach the top {top})" if p.pruned else ""
+    console.print(f"{p.searched} layouts: {p.oom} out of memory, {p.evaluated} ranked by step time{skipped} "
                   f"({best[0].comm_model if best else '-'}; 'sim' = the simulator's analytic engine)")
     rows = []
     for i, r in enumerate(best):
         L = r.layout
         b = r.breakdown
         chk = p.checked.get(i)
-        shape = f"{L.tp}x{L.pp}x{L.dp}" + (f" ep{L.ep}" if L.ep > 1 else "") + (f" cp{L.cp}" if L.cp > 1 else "")
-        rows.append([i + 1, shape, L.micro_batch, L.zero, L.recompute, L.interleave,
+        rows.append([i + 1, _layout_label(L), L.micro_batch, L.zero, L.recompute, L.interleave,
                      f"{r.step_time_s:.2f}", f"{chk.step_time_s:.2f}" if chk else "-", f"{100 * r.mfu:.1f}",
                      f"{r.memory.total_bytes / 1e9:.0f}", f"{b['compute'] + b['recompute']:.2f}",
                      f"{b['tp_exposed']:.2f}", f"{b['ep_exposed']:.2f}", f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}",
@@ -422,6 +425,21 @@ def plan_command(
     if p.budget_spent:
         console.print(f"the simulator checked {len(p.checked)} of the top {len(best)} within --check-budget "
                       f"{check_budget_s:g} s; raise it to check the rest")
+
+
+def _layout_label(L: Any) -> str:
+    """TPxPPxDP, then CP and its exchange, EP (expert TP where it is not TP, the flex dispatcher), end stages."""
+    out = f"{L.tp}x{L.pp}x{L.dp}"
+    if L.cp > 1:
+        out += f" cp{L.cp} {L.cp_comm}"
+    if L.ep > 1:
+        out += f" ep{L.ep}" + (f" etp{L.expert_tp}" if L.expert_tp != L.tp else "") + \
+            (f" {L.ep_dispatcher}" if L.ep_dispatcher != "alltoall" else "")
+    elif L.etp and L.expert_tp != L.tp:
+        out += f" etp{L.expert_tp}"
+    if L.first_stage_layers or L.last_stage_layers:
+        out += f" ends {L.first_stage_layers}/{L.last_stage_layers}"
+    return out
 
 
 def ps_command(

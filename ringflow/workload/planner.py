@@ -1,104 +1,42 @@
 """Search parallel layouts for a model on a cluster: drop what does not fit, rank the rest by step time.
 
-Search space: TP (divides the heads, at most one server), PP (divides the layers, or a power of two with lighter
-end stages: `pipeline_splits`), DP = GPUs / (TP x PP x CP),
-EP for MoE models (divides the experts and DP x CP),
-micro-batch (divides the per-replica batch), ZeRO stage 0-3, recomputation none/selective/full, and
-interleaving v (divides layers / PP). Sequence parallelism is on whenever TP > 1 (same traffic as plain TP,
-less activation memory). Memory is checked first (cheap), the step time only for layouts that fit.
-Complexity: O(|TP| |PP| |mb| |ZeRO| |recompute| |v|) step-time evaluations, each O(1) collective lookups
-(the comm model caches by group shape), about 10^3 - 10^4 for a 1,024-GPU cluster; from PARALLEL_MIN_LAYOUTS
-layouts on they are timed over the machine's cores (concurrent.futures, forked workers).
+The search space (EP x TP x PP x DP x CP, uneven pipeline stages, expert TP, the MoE token dispatcher, CP
+exchange, micro-batch, ZeRO, recomputation, interleaving) is `planner_space`. Every candidate is checked for
+memory before it is timed. With ``keep`` (the CLI's --top) the search is a best-first branch and bound that
+returns the same best ``keep`` layouts as timing every one:
+
+1. candidates are grouped by (TP, CP, PP split, micro-batch, v, recompute); a group's bound is the pipeline at
+   its slowest stage's FLOPs alone (`_flops_bound_s`: every memory-bound term, the expert weights' roofline and
+   the dispatcher left out, so no EP, expert-TP or dispatcher choice can beat it);
+2. a group popped from the queue splits by (EP, expert TP, dispatcher, CP exchange), each bounded by the
+   step-time model's own stages without the PP sends, DP and optimizer (`steptime.stage_bound_s`), which reads
+   no DP or ZeRO figure;
+3. a popped set of layouts (the ZeRO stages) is checked for memory (the first and last stage first, the
+   fullest ones) and timed; the search stops when the smallest bound left exceeds the keep-th best step.
+
+A bound is never above the step it bounds (the test suite checks it over whole searches, and every timed layout
+is checked against its bounds here: a violation is an error, never a silently wrong ranking). From
+PARALLEL_MIN_LAYOUTS candidates on, the layouts to examine go to forked worker processes in rounds
+(concurrent.futures); the queue stays in this process.
 """
 from __future__ import annotations
 
+import heapq
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, RingflowError
 from .commmodel import AlphaBetaModel, BudgetSpent, CommModel, DeadlineModel, default_comm_model
-from .compute import EfficiencyModel, GpuSpec, gpu_of_topology
-from .layout import Layout, even_ends
-from .memory import memory_per_gpu
+from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
+from .layout import Layout
+from .memory import memory_per_gpu, stage_memory
 from .models import ModelSpec
-from .steptime import StepResult, step_time
+from .planner_space import PlanSpace, Shape, candidates, pipeline_splits, shapes, to_layout
+from .steptime import StepResult, slowest_compute, stage_bound_s, stage_dp_s, step_time
 
-
-@dataclass(frozen=True)
-class PlanSpace:
-    """What the planner may vary."""
-
-    tp: tuple[int, ...] = (1, 2, 4, 8)
-    pp: tuple[int, ...] | None = None          # None: every divisor of the layers
-    micro_batch: tuple[int, ...] = (1, 2, 4, 8)
-    zero: tuple[int, ...] = (0, 1, 2, 3)
-    recompute: tuple[str, ...] = ("none", "selective", "full")
-    interleave: tuple[int, ...] = (1, 2, 4)
-    cp: tuple[int, ...] = (1,)
-    ep: tuple[int, ...] | None = None          # None: 1 for dense models, divisors of the experts for MoE
-    uneven_stages: bool = True   # pp not dividing the layers: fewer on the end stages (Llama 3 405B: 7, 8 x 14, 7)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def pipeline_splits(layers: int, space: PlanSpace) -> list[tuple[int, int]]:
-    """(pp, layers on each end stage, 0 for an even split): the divisors of the layers, and with
-    `space.uneven_stages` the powers of two that do not divide them, their end stages lighter (`even_ends`)."""
-    pps = space.pp if space.pp is not None else \
-        sorted(set(_divisors(layers)) | {1 << k for k in range(1, layers.bit_length()) if 1 << k <= layers})
-    out = []
-    for pp in pps:
-        if layers % pp == 0:
-            out.append((pp, 0))
-        elif space.uneven_stages and (ends := even_ends(layers, pp)):
-            out.append((pp, ends))
-    return out
-
-
-def _grid_shapes(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
-                 gpus_per_server: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tp, cp, pp, dp, end-stage layers) of the search space that divide the GPUs, heads, sequence and batch."""
-    splits = pipeline_splits(model.layers, space)
-    for tp in space.tp:
-        if tp > gpus_per_server or model.heads % tp or gpus % tp:
-            continue
-        for cp in space.cp:
-            for pp, ends in splits:
-                if gpus % (tp * pp * cp) or seq_len % cp:
-                    continue
-                dp = gpus // (tp * pp * cp)
-                if global_batch % dp:
-                    continue
-                yield tp, cp, pp, dp, ends
-
-
-def candidates(model: ModelSpec, gpus: int, global_batch: int, seq_len: int, space: PlanSpace,
-               gpus_per_server: int = 8, precision: str = "bf16") -> Iterator[Layout]:
-    """Every layout of the search space that is valid for the model and GPU count."""
-    eps = space.ep if space.ep is not None else (tuple(_divisors(model.experts)) if model.is_moe else (1,))
-    for tp, cp, pp, dp, ends in _grid_shapes(model, gpus, global_batch, seq_len, space, gpus_per_server):
-        per_replica = global_batch // dp
-        for mb in space.micro_batch:
-            if per_replica % mb:
-                continue
-            for v in space.interleave:
-                if v > 1 and (pp == 1 or ends or model.layers % (pp * v) or (per_replica // mb) % pp):
-                    continue
-                for z in space.zero:
-                    if z > 0 and dp == 1:
-                        continue
-                    for rc in space.recompute:
-                        for ep in eps:
-                            if (dp * cp) % ep or (ep > 1 and not model.is_moe):
-                                continue
-                            yield Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb,
-                                         global_batch=global_batch, seq_len=seq_len, zero=z, recompute=rc,
-                                         sequence_parallel=tp > 1, interleave=v, precision=precision,
-                                         first_stage_layers=ends, last_stage_layers=ends)
+__all__ = ["PlanSpace", "Plan", "plan", "candidates", "pipeline_splits", "PARALLEL_MIN_LAYOUTS"]
 
 
 @dataclass
@@ -106,63 +44,91 @@ class Plan:
     """The planner's answer."""
 
     ranked: list[StepResult]
-    evaluated: int
-    oom: int
-    searched: int
+    evaluated: int    # layouts that fit and were timed
+    oom: int          # layouts examined that do not fit
+    searched: int     # candidates in the search space
     checked: dict[int, StepResult] = field(default_factory=dict)  # rank -> the same layout timed by `refine`
     budget_spent: bool = False    # the refine pass stopped at its time budget before its last layout
+    pruned: int = 0   # candidates never examined: their lower bound exceeds the keep-th best step
 
     def top(self, k: int = 10) -> list[StepResult]:
         """The k fastest layouts that fit."""
         return self.ranked[:k]
 
 
+class _Memo:
+    """Memoised `time_s` (and `links`, where the model has them) of one comm model on one topology: a search
+    asks for the same groups and sizes many times, and the models walk the group on every call."""
+
+    def __init__(self, inner: CommModel) -> None:
+        self.inner, self.name = inner, inner.name
+        self._times: dict[tuple, float] = {}
+        self._links: dict[tuple, Any] = {}
+        if hasattr(inner, "links"):
+            self.links = self._group_links
+
+    def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
+        """The inner model's seconds, computed once per (collective, size, group)."""
+        key = (collective, nbytes, tuple(group))
+        hit = self._times.get(key)
+        if hit is None:
+            hit = self._times[key] = self.inner.time_s(collective, nbytes, group, topo)
+        return hit
+
+    def _group_links(self, group: Sequence[str], topo: Any) -> Any:
+        key = tuple(group)
+        hit = self._links.get(key)
+        if hit is None:
+            hit = self._links[key] = self.inner.links(group, topo)  # type: ignore[attr-defined]
+        return hit
+
+
 def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int | None = None, *,
          space: PlanSpace | None = None, gpu: GpuSpec | None = None, comm: CommModel | None = None,
          eff: EfficiencyModel | None = None, precision: str = "bf16", refine: CommModel | None | str = "auto",
-         refine_top: int = 10, refine_budget_s: float = 12.0,
+         refine_top: int = 10, refine_budget_s: float = 12.0, keep: int | None = None, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None, clock: Callable[[], float] = time.monotonic) -> Plan:
-    """Rank every fitting layout of `model` on `gpus` GPUs of `topo` by predicted step time.
+    """Rank the fitting layouts of `model` on `gpus` GPUs of `topo` by predicted step time.
 
-    The search times every layout with `comm` (default: the closed-form alpha-beta model, fast) and ranks
-    by it; the best `refine_top` are also timed with `refine` (default: the simulator's analytic engine when
-    present) within `refine_budget_s` seconds (on `clock`; a layout left unfinished is not reported), beside
-    them in `Plan.checked`.
+    The search times layouts with `comm` (default: the closed-form alpha-beta model, fast) and ranks by it.
+    With `keep` only layouts whose lower bound can still reach the `keep` best are examined (those best are
+    exact); without it every fitting layout is timed. The best `refine_top` are also timed with `refine`
+    (default: the simulator's analytic engine when present) within `refine_budget_s` seconds (on `clock`; a
+    layout left unfinished is not reported), beside them in `Plan.checked`. `workers` > 1 forces worker
+    processes, 1 forbids them (default: the machine's cores from PARALLEL_MIN_LAYOUTS candidates on).
     """
     if gpus > len(topo.endpoints()):
         raise InvalidArgument(f"{gpus} GPUs asked but the topology has {len(topo.endpoints())}",
                               "raise --nodes or lower --gpus")
+    if keep is not None and keep < 1:
+        raise InvalidArgument(f"keep={keep}", "keep at least one layout (the --top count), or None for all")
     seq = seq_len or model.seq_len
     gpu = gpu or gpu_of_topology(topo)
-    comm = comm or AlphaBetaModel()
+    memo = _Memo(comm or AlphaBetaModel())
+    eff = eff or EfficiencyModel()
     if refine == "auto":
         refine = default_comm_model("auto")
         if isinstance(refine, AlphaBetaModel):
             refine = None
     space = space or PlanSpace()
     per_server = max(len(g) for g in topo.host_groups()) if topo.hosts() else 8
-    layouts = list(candidates(model, gpus, global_batch, seq, space, per_server, precision))
-    if not layouts:
+    found = list(shapes(model, gpus, global_batch, seq, space, per_server))
+    if not found:
         raise InvalidArgument(f"no layout of {gpus} GPUs fits the batch {global_batch} and model {model.name}",
                               "choose a global batch divisible by the data-parallel degrees, or other GPU counts")
-    fitting = []
-    leanest: tuple[float, Layout] | None = None
-    for lay in layouts:
-        mem = memory_per_gpu(model, lay, gpu.memory_bytes)
-        if mem.fits:
-            fitting.append(lay)
-        elif leanest is None or mem.total_bytes < leanest[0]:
-            leanest = (mem.total_bytes, lay)
-    if not fitting and leanest is not None:
-        need, lay = leanest
+    job = _Job(model, topo, gpu, memo, eff, global_batch, seq, precision)
+    search = _Search(job, found, keep, progress)
+    search.run(_workers(workers, len(found)))
+    if not search.timed:
+        need, lay = search.leanest()
         raise InvalidArgument(
-            f"none of the {len(layouts)} layouts of {model.name} on {gpus} GPUs fits in "
-            f"{gpu.memory_bytes / 1e9:.0f} GB per GPU; the leanest (TP {lay.tp} x PP {lay.pp} x DP {lay.dp}, "
+            f"none of the {len(found)} layouts of {model.name} on {gpus} GPUs fits in "
+            f"{gpu.memory_bytes / 1e9:.0f} GB per GPU; the leanest (TP {lay.tp} x PP {lay.pp} x DP {lay.dp}"
+            f"{f' x CP {lay.cp}' if lay.cp > 1 else ''}{f', EP {lay.ep}' if lay.ep > 1 else ''}, "
             f"ZeRO-{lay.zero}, recompute {lay.recompute}, micro-batch {lay.micro_batch}) needs "
             f"{need / 1e9:.0f} GB per GPU",
             f"give about {need / gpu.memory_bytes:.1f}x the GPUs (--gpus, --nodes), or a shorter --seq-len")
-    results = _time_layouts(model, fitting, topo, gpu, comm, eff, progress)
-    results.sort(key=lambda r: r.step_time_s)
+    results = [r for _, r in sorted(search.timed, key=lambda t: (t[1].step_time_s, t[0]))]
     checked: dict[int, StepResult] = {}
     spent = False
     if refine is not None and not isinstance(refine, str) and results:
@@ -175,46 +141,227 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
             except BudgetSpent:
                 spent = True
                 break
-    return Plan(results, len(fitting), len(layouts) - len(fitting), len(layouts), checked, spent)
+    n_fit = len(results)
+    return Plan(results, n_fit, search.oom, len(found), checked, spent, len(found) - n_fit - search.oom)
 
 
 PARALLEL_MIN_LAYOUTS = 2000   # below this a search takes seconds: worker start-up would cost more than it saves
-_CHUNK = 250
-_JOB: tuple[Any, ...] = ()    # what forked workers time layouts against (inherited, never pickled)
+_ROUND = 16                   # queue entries per worker and round
+_JOB: Any = None              # the search forked workers expand entries of (inherited, never pickled)
+# what splits a queue entry of each level: 0 -> 1 by the expert choices, 1 -> 2 by the CP exchange, 2 -> 3 by the
+# ZeRO stage; level 3 entries are single candidates, examined
+_LEVELS: tuple[Callable[[Shape], tuple], ...] = (lambda s: (s.ep, s.etp, s.dispatcher), lambda s: (s.cp_comm,),
+                                                 lambda s: (s.zero,))
+_EXAMINE = len(_LEVELS)
+# a bound and its step add the same terms in another order: rounding may put the bound above, never by more
+_SLACK = 1e-9
+
+_Entry = tuple[float, int, int, list[int]]      # (bound, first candidate, level, candidates)
+_Outcome = tuple[list[_Entry], list[tuple[int, "StepResult | tuple[float, bool]"]]]
 
 
-def _time_layouts(model: ModelSpec, layouts: list[Layout], topo: Any, gpu: GpuSpec, comm: CommModel,
-                  eff: EfficiencyModel | None, progress: Callable[[int, int], None] | None,
-                  workers: int | None = None) -> list[StepResult]:
-    """Step time of every layout, in order: in this process, or for PARALLEL_MIN_LAYOUTS and more (or an explicit
-    `workers` > 1) over the machine's cores in forked worker processes (the cluster is inherited, not copied)."""
+def _workers(asked: int | None, n_candidates: int) -> int:
     import multiprocessing as mp
     import os
-    n = workers if workers is not None else \
-        (min(os.cpu_count() or 1, 1 + len(layouts) // _CHUNK) if len(layouts) >= PARALLEL_MIN_LAYOUTS else 1)
-    if n < 2 or "fork" not in mp.get_all_start_methods():
+    if "fork" not in mp.get_all_start_methods():
+        return 1
+    if asked is not None:
+        return max(1, asked)
+    return os.cpu_count() or 1 if n_candidates >= PARALLEL_MIN_LAYOUTS else 1
+
+
+@dataclass
+class _Job:
+    model: ModelSpec
+    topo: Any
+    gpu: GpuSpec
+    comm: CommModel
+    eff: EfficiencyModel
+    global_batch: int
+    seq_len: int
+    precision: str
+
+    def layout(self, s: Shape) -> Layout:
+        return to_layout(s, self.global_batch, self.seq_len, self.precision)
+
+    def examine(self, s: Shape) -> StepResult | tuple[float, bool]:
+        """The step of a layout that fits; when it does not, (bytes, whether they are its peak): the first and
+        the last stage (the most micro-batches in flight; the logits) are checked first, then every stage,
+        before any timing."""
+        lay = self.layout(s)
+        cap = self.gpu.memory_bytes
+        for stage in sorted({0, lay.pp - 1}):
+            mem = stage_memory(self.model, lay, stage, cap)
+            if not mem.fits:
+                return mem.total_bytes, lay.pp == 1
+        mem = memory_per_gpu(self.model, lay, cap)
+        if not mem.fits:
+            return mem.total_bytes, True
+        return step_time(self.model, lay, self.topo, gpu=self.gpu, comm=self.comm, eff=self.eff)
+
+
+class BoundViolated(RingflowError):
+    """A planner bound exceeded the step it bounds: the step-time model changed under the search."""
+
+
+def _violated(what: str) -> BoundViolated:
+    return BoundViolated(what, "report it: the step-time model changed under the planner's bounds; plan without "
+                         "keep (ringflow plan --all) meanwhile")
+
+
+class _Search:
+    """The best-first branch and bound of the module docstring; without `keep` every candidate is examined, in
+    order. The queue lives here; expanding its entries (bounding the next level, or examining a candidate) runs
+    here or, in rounds, in forked worker processes."""
+
+    def __init__(self, job: _Job, found: list[Shape], keep: int | None, progress: Callable[[int, int], None] | None):
+        self.job, self.found, self.keep, self.progress = job, found, keep, progress
+        self.timed: list[tuple[int, StepResult]] = []
+        self.oom = 0
+        self.too_big: list[tuple[float, bool, int]] = []   # (bytes, whether the peak, candidate) of each OOM
+        self.best: list[float] = []          # max-heap (negated) of the keep best steps
+        self.stage: dict[int, int] = {}      # candidate -> the pipeline stage its bounds look at
+        self.done = 0
+        self._flops_gpu = replace(job.gpu, hbm_GBps=float("inf"))
+
+    @property
+    def threshold(self) -> float:
+        """The keep-th best step so far: a bound above it cannot reach the keep best."""
+        return -self.best[0] if self.keep is not None and len(self.best) >= self.keep else float("inf")
+
+    def run(self, workers: int) -> None:
+        """Expand queue entries while the smallest bound can still reach the keep best."""
+        heap = self._groups() if self.keep is not None else \
+            [(0.0, i, _EXAMINE, [i]) for i in range(len(self.found))]
+        if workers < 2:
+            while self._open(heap):
+                self._merge(heap, self.expand(heapq.heappop(heap)))
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+            global _JOB
+            _JOB = self
+            try:
+                with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+                    while self._open(heap):
+                        batch: list[_Entry] = []
+                        while self._open(heap) and len(batch) < workers * _ROUND:
+                            batch.append(heapq.heappop(heap))
+                        parts = [batch[k::workers] for k in range(workers)]
+                        for outcome in pool.map(_expand_forked, parts):
+                            self._merge(heap, outcome)
+            finally:
+                _JOB = None
+        if self.progress:
+            self.progress(len(self.found), len(self.found))
+
+    def _open(self, heap: list[_Entry]) -> bool:
+        return bool(heap) and heap[0][0] * (1 - _SLACK) <= self.threshold
+
+    def expand(self, entry: _Entry) -> _Outcome:
+        """The next level's entries of `entry`, or its candidate examined (level 3 or an exhaustive search)."""
+        bound, _, level, members = entry
+        if level < _EXAMINE:
+            return self._split(level, bound, members), []
+        r = self.job.examine(self.found[members[0]])
+        if not isinstance(r, tuple) and r.step_time_s < bound * (1 - _SLACK):
+            raise _violated(f"the bound {bound:.6g} s exceeds the step {r.step_time_s:.6g} s of "
+                            f"{self.found[members[0]]}")
+        return [], [(members[0], r)]
+
+    def _merge(self, heap: list[_Entry], outcome: _Outcome) -> None:
+        entries, examined = outcome
+        for e in entries:
+            heapq.heappush(heap, e)
+        for i, r in examined:
+            self.done += 1
+            if isinstance(r, tuple):
+                self.oom += 1
+                self.too_big.append((r[0], r[1], i))
+                continue
+            self.timed.append((i, r))
+            if self.keep is not None:
+                if len(self.best) < self.keep:
+                    heapq.heappush(self.best, -r.step_time_s)
+                elif r.step_time_s < -self.best[0]:
+                    heapq.heapreplace(self.best, -r.step_time_s)
+        if examined and self.progress:
+            self.progress(self.done, len(self.found))
+
+    def _groups(self) -> list[_Entry]:
+        """One queue entry per (tp, cp, pp split, micro-batch, v, recompute), bounded by its FLOPs."""
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(self.found):
+            groups.setdefault((s.tp, s.cp, s.pp, s.first, s.last, s.micro_batch, s.interleave, s.recompute),
+                              []).append(i)
+        heap = []
+        j = self.job
+        for members in groups.values():
+            s = self.found[members[0]]
+            # FLOPs only: unlimited HBM bandwidth, EP 1 (no dispatcher, no expert-weight roofline), the slowest
+            # stage; the levels below bound that stage only (any one stage's time is at most the pacing one's)
+            lay = j.layout(s._replace(ep=1, etp=0, dispatcher="alltoall", cp_comm="p2p", zero=0))
+            stage, flops_s = slowest_compute(j.model, lay, self._flops_gpu, j.eff)
+            for i in members:
+                self.stage[i] = stage
+            heap.append((self._fill(s) * flops_s, members[0], 0, members))
+        heapq.heapify(heap)
+        return heap
+
+    def _fill(self, s: Shape) -> float:
+        """Micro-batches plus the pipeline fill (as step_time's pipeline multiplies the pacing stage)."""
+        return self.job.global_batch // (s.micro_batch * s.dp) + (s.pp - 1) / s.interleave
+
+    def _bound(self, level: int, i: int, parent: float) -> float:
+        """Step-time lower bound of every candidate agreeing with candidate i on the fields grouped at `level`
+        (1: the stage's compute with this EP, expert TP and dispatcher; 2: + its TP, CP, EP and PP exposure;
+        3: + its DP exposure and optimizer step, this candidate alone), `parent` the bound one level up."""
+        j, s = self.job, self.found[i]
+        if level == 1:
+            lay = j.layout(s._replace(cp_comm="p2p", zero=0))
+            return self._fill(s) * microbatch_times(j.model, lay, j.gpu, j.eff, stage=self.stage[i]).total_s
+        if level == 2:
+            return self._fill(s) * stage_bound_s(j.model, j.layout(s), j.topo, gpu=j.gpu, comm=j.comm, eff=j.eff,
+                                                 stage=self.stage[i])
+        return parent + stage_dp_s(j.model, j.layout(s), j.topo, gpu=j.gpu, comm=j.comm, eff=j.eff,
+                                   stage=self.stage[i])
+
+    def _split(self, level: int, bound: float, members: list[int]) -> list[_Entry]:
+        """A queue entry's candidates split by the fields of the next level, each bounded at that level."""
+        parts: dict[tuple, list[int]] = {}
+        for i in members:
+            parts.setdefault(_LEVELS[level](self.found[i]), []).append(i)
         out = []
-        for i, lay in enumerate(layouts):
-            out.append(step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff))
-            if progress:
-                progress(i + 1, len(layouts))
+        for same in parts.values():
+            b = self._bound(level + 1, same[0], bound)
+            if b < bound * (1 - _SLACK):
+                raise _violated(f"a bound fell from {bound:.6g} s to {b:.6g} s at level {level + 1} for "
+                                f"{self.found[same[0]]}")
+            out.append((b, same[0], level + 1, same))
         return out
-    from concurrent.futures import ProcessPoolExecutor
-    global _JOB
-    _JOB = (model, topo, gpu, comm, eff)
-    chunks = [layouts[i:i + _CHUNK] for i in range(0, len(layouts), _CHUNK)]
-    out = []
-    try:
-        with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-            for part in pool.map(_time_chunk, chunks):
-                out.extend(part)
-                if progress:
-                    progress(len(out), len(layouts))
-    finally:
-        _JOB = ()
-    return out
+
+    def leanest(self) -> tuple[float, Layout]:
+        """The smallest peak memory of the layouts that do not fit, and that layout (a stage's bytes are a lower
+        bound of the peak: peaks are computed in that order until no smaller one can follow)."""
+        best: tuple[float, int] | None = None
+        for nbytes, peak, i in sorted(self.too_big):
+            if best is not None and nbytes >= best[0]:
+                break
+            if not peak:
+                nbytes = memory_per_gpu(self.job.model, self.job.layout(self.found[i]), self.job.gpu.memory_bytes
+                                        ).total_bytes
+            if best is None or nbytes < best[0]:
+                best = (nbytes, i)
+        assert best is not None, "a search without a fitting layout examined every candidate"
+        return best[0], self.job.layout(self.found[best[1]])
 
 
-def _time_chunk(layouts: list[Layout]) -> list[StepResult]:
-    model, topo, gpu, comm, eff = _JOB
-    return [step_time(model, lay, topo, gpu=gpu, comm=comm, eff=eff) for lay in layouts]
+def _expand_forked(entries: list[_Entry]) -> _Outcome:
+    search: _Search = _JOB
+    children: list[_Entry] = []
+    examined: list[tuple[int, StepResult | tuple[float, bool]]] = []
+    for e in entries:
+        more, done = search.expand(e)
+        children += more
+        examined += done
+    return children, examined

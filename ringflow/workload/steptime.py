@@ -35,7 +35,7 @@ from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, MicrobatchTimes, efficiency_for, gpu_of_topology, microbatch_times
 from .layercomm import CommCall, stage_calls
-from .layout import Layout, expert_groups, first_groups, group_endpoints, rank_groups, rank_of
+from .layout import Layout, expert_groups, group_endpoints, rank_groups, rank_of
 from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_param_split, stage_params
 from .models import ModelSpec
 
@@ -156,6 +156,75 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
     return {k: raw.get(k, 0.0) for k in ("tp", "cp", "ep", "pp")}
 
 
+def _comm_groups(model: ModelSpec, L: Layout, topo: Any) -> dict[str, list[str]]:
+    """Endpoints of the first TP, CP, EP and expert-TP group and of the first PP pair (stages 0 and 1)."""
+    ranks = {"tp": tuple(rank_of(L, t, 0, 0, 0) for t in range(L.tp)),
+             "cp": tuple(rank_of(L, 0, c, 0, 0) for c in range(L.cp)),
+             "ep": tuple(j * L.expert_tp for j in range(L.ep))}   # = first_groups(L), without its DP group
+    groups = {d: group_endpoints(topo, ranks[d]) for d in ("tp", "cp", "ep") if getattr(L, d) > 1}
+    if L.expert_tp > 1 and model.is_moe:
+        groups["etp"] = group_endpoints(topo, expert_groups(L)["etp"])
+    if L.pp > 1:
+        groups["pp"] = group_endpoints(topo, (rank_of(L, 0, 0, 0, 0), rank_of(L, 0, 0, 0, 1)))
+    return groups
+
+
+def _stage_key(model: ModelSpec, L: Layout, i: int, a: int, b: int) -> tuple:
+    """Stages with equal keys (layers, MoE layers, FLOPs, ends) cost the same per micro-batch."""
+    n_moe = sum(1 for j in range(a, b) if model.is_moe_layer(j))
+    return (b - a, n_moe, model.span_flops_per_token(L.seq_len, a, b), i == 0, i == L.pp - 1)
+
+
+def _pipeline_stages(model: ModelSpec, L: Layout, topo: Any, gpu: GpuSpec, comm: CommModel, eff: EfficiencyModel,
+                     f: Any, groups: dict[str, list[str]]) -> list[_Stage]:
+    """Compute and exposed communication per micro-batch of every pipeline stage (alike stages computed once)."""
+    stages: list[_Stage] = []
+    seen: dict[tuple, _Stage] = {}
+    for i, (a, b) in enumerate(L.stage_ranges(model)):
+        key = _stage_key(model, L, i, a, b)
+        st = seen.get(key)
+        if st is None:
+            mb = microbatch_times(model, L, gpu, eff, stage=i)
+            calls = stage_calls(model, L, i)
+            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model), calls)
+        stages.append(st)
+    return stages
+
+
+def slowest_compute(model: ModelSpec, layout: Layout, gpu: GpuSpec, eff: EfficiencyModel | None = None
+                    ) -> tuple[int, float]:
+    """(stage, compute seconds per micro-batch) of the pipeline stage computing longest (forward, backward and
+    recompute, no communication; the first of equals)."""
+    e = eff or EfficiencyModel()
+    seen: dict[tuple, float] = {}
+    best = (0, -1.0)
+    for i, (a, b) in enumerate(layout.stage_ranges(model)):
+        key = _stage_key(model, layout, i, a, b)
+        if key not in seen:
+            seen[key] = microbatch_times(model, layout, gpu, e, stage=i).total_s
+            if seen[key] > best[1]:
+                best = (i, seen[key])
+    return best
+
+
+def stage_bound_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, comm: CommModel,
+                  eff: EfficiencyModel | None = None, stage: int | None = None) -> float:
+    """Seconds per micro-batch of the stage that paces the pipeline (compute, exposed TP, CP, EP and PP), or of
+    pipeline stage `stage` alone (never more than the pacing stage's).
+
+    ``(microbatches + (pp - 1) / interleave)`` times this is at most `step_time`'s pipeline, a lower bound of its
+    step (the DP exposure and the optimizer add to it); it reads no ZeRO figure, and the DP degree only where the
+    first PP pair sits."""
+    layout.check_model(model)
+    e = eff or EfficiencyModel()
+    groups = _comm_groups(model, layout, topo)
+    if stage is None:
+        return max(s.total_s for s in _pipeline_stages(model, layout, topo, gpu, comm, e, lambda dim: 1.0, groups))
+    mb = microbatch_times(model, layout, gpu, e, stage=stage)
+    calls = stage_calls(model, layout, stage)
+    return _Stage(mb, _stage_time(calls, mb, layout, topo, comm, groups, lambda dim: 1.0, model), calls).total_s
+
+
 def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | None = None,
               comm: CommModel | None = None, eff: EfficiencyModel | None = None,
               reserve_bytes: float | None = None, contention: bool = False, mfu_peak: str = "bf16",
@@ -179,26 +248,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     act_bytes = L.micro_batch * s_local * model.hidden * ACT_BYTES  # one activation tensor b x s x h
     factors = _contention_factors(model, L, topo, act_bytes) if contention else {}
     f = lambda dim: factors.get(dim, 1.0)  # noqa: E731
-    fg = first_groups(L)
-    eg = expert_groups(L)
-    groups = {d: group_endpoints(topo, fg.of(d)[0]) for d in ("tp", "cp", "ep") if getattr(L, d) > 1}
-    if L.expert_tp > 1 and model.is_moe:
-        groups["etp"] = group_endpoints(topo, eg["etp"])
-    if p > 1:
-        groups["pp"] = group_endpoints(topo, fg.pp[0][:2])
-
-    stages: list[_Stage] = []
-    seen: dict[tuple, _Stage] = {}
-    ranges = L.stage_ranges(model)
-    for i, (a, b) in enumerate(ranges):
-        n_moe = sum(1 for j in range(a, b) if model.is_moe_layer(j))
-        key = (b - a, n_moe, model.span_flops_per_token(L.seq_len, a, b), i == 0, i == p - 1)
-        st = seen.get(key)
-        if st is None:
-            mb = microbatch_times(model, L, gpu, eff, stage=i)
-            calls = stage_calls(model, L, i)
-            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model), calls)
-        stages.append(st)
+    stages = _pipeline_stages(model, L, topo, gpu, comm, eff, f, _comm_groups(model, L, topo))
     times = [s.total_s for s in stages]
     slow = max(range(p), key=lambda i: (times[i], i))
     S = stages[slow]
@@ -237,24 +287,50 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
 def _data_parallel(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuSpec, eff: EfficiencyModel,
                    stages: list[_Stage], f: Any) -> tuple[float, float, float]:
     """(exposed DP seconds, DP bytes per rank, optimizer seconds) of the stage where they are largest."""
-    eg = expert_groups(L)
-    dpg = group_endpoints(topo, first_groups(L).dp[0]) if L.dp > 1 else []
-    edpg = group_endpoints(topo, eg["edp"]) if L.expert_dp > 1 else []
+    dpg, edpg = _dp_groups(L, topo)
     best = (0.0, 0.0, 0.0)
     for i, (st, (a, b)) in enumerate(zip(stages, L.stage_ranges(model), strict=True)):
         if i and stages[i] is stages[i - 1] and i != L.pp - 1:
             continue  # same shape as the previous stage (parameters differ only on the ends)
-        dense_p, expert_p = stage_param_split(model, L, i)
-        t_exp, nbytes = 0.0, 0.0
-        for P, grp in ((dense_p, dpg), (expert_p, edpg)):
-            if P and len(grp) > 1:
-                te, nb = _dp_one(P, grp, L, topo, comm, st.mb, f, b - a)
-                t_exp, nbytes = t_exp + te, nbytes + nb
-        shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
-        t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
+        t_exp, nbytes, t_opt = _dp_stage(model, L, topo, comm, gpu, eff, st.mb, i, b - a, dpg, edpg, f)
         if t_exp + t_opt > best[0] + best[2]:
             best = (t_exp, nbytes, t_opt)
     return best
+
+
+def _dp_groups(L: Layout, topo: Any) -> tuple[list[str], list[str]]:
+    """Endpoints of the first DP group (= first_groups(L).dp[0]) and of the first expert-DP group."""
+    step = rank_of(L, 0, 0, 1, 0) if L.dp > 1 else 1   # ranks 0, step, 2 step ...: rank_of(L, 0, 0, d, 0)
+    dpg = group_endpoints(topo, tuple(range(0, step * L.dp, step))) if L.dp > 1 else []
+    edpg = group_endpoints(topo, expert_groups(L)["edp"]) if L.expert_dp > 1 else []
+    return dpg, edpg
+
+
+def _dp_stage(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuSpec, eff: EfficiencyModel,
+              mb: MicrobatchTimes, i: int, n_layers: int, dpg: list[str], edpg: list[str], f: Any
+              ) -> tuple[float, float, float]:
+    """(exposed DP seconds, DP bytes per rank, optimizer seconds) of pipeline stage i."""
+    dense_p, expert_p = stage_param_split(model, L, i)
+    t_exp, nbytes = 0.0, 0.0
+    for P, grp in ((dense_p, dpg), (expert_p, edpg)):
+        if P and len(grp) > 1:
+            te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers)
+            t_exp, nbytes = t_exp + te, nbytes + nb
+    shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
+    t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
+    return t_exp, nbytes, t_opt
+
+
+def stage_dp_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, comm: CommModel,
+               eff: EfficiencyModel | None = None, stage: int = 0) -> float:
+    """Exposed DP seconds plus the optimizer step of pipeline stage `stage` alone: `step_time` adds the largest
+    of these over its stages to the pipeline."""
+    e = eff or EfficiencyModel()
+    a, b = layout.stage_ranges(model)[stage]
+    mb = microbatch_times(model, layout, gpu, e, stage=stage)
+    t_exp, _, t_opt = _dp_stage(model, layout, topo, comm, gpu, e, mb, stage, b - a, *_dp_groups(layout, topo),
+                                lambda dim: 1.0)
+    return t_exp + t_opt
 
 
 def _dp_one(P: float, grp: list[str], L: Layout, topo: Any, comm: CommModel, mb: MicrobatchTimes,
