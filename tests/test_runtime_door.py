@@ -2,7 +2,7 @@
 exact results with several arrays in turn, no Python remembered path on a repeat, and every check still made on
 every call: another thread raises InvalidUsage, a bad timeout the full path's error, ranks that disagree raise the
 typed mismatch on every rank (the communicator stays usable), a changed array is not taken for the remembered one,
-and an aborted or destroyed communicator raises."""
+and an aborted or destroyed communicator raises; flight recorder on or off."""
 from __future__ import annotations
 
 import json
@@ -92,8 +92,9 @@ print(json.dumps(res), flush=True)
 
 @pytest.mark.long
 @pytest.mark.skipif(not native.hot_available(), reason="the native executor is not built")
-def test_a_repeated_call_through_its_door_is_exact_and_checked_on_every_call() -> None:
-    env = {**os.environ, "RINGFLOW_FLIGHT_RECORDER": "0"}
+@pytest.mark.parametrize("recorder", ["on", "off"])
+def test_a_repeated_call_through_its_door_is_exact_and_checked_on_every_call(recorder: str) -> None:
+    env = {**os.environ, "RINGFLOW_FLIGHT_RECORDER": "0"} if recorder == "off" else dict(os.environ)
     p = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--no-bind", "--timeout", "100",
                         "--", sys.executable, "-c", RANK], capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

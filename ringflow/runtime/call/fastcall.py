@@ -13,9 +13,10 @@ writeability) takes the full path, whose rules are the only rules.
 
 all_reduce and broadcast go first to their door (`_hotpath.Door`, one per collective per communicator), which
 holds the identity entries they ran last (a few per collective): one C call makes every check of the remembered
-path (open communicator, recorder off, no queued async call, the owning thread, op or root, timeout, plan, both
-arrays' state), the communicator's bookkeeping (sequence number, last call, last schedule) and the plan's first
-native pass. Any miss returns MISS having changed nothing, and the paths below decide.
+path (open communicator, no queued async call, the owning thread, op or root, timeout, plan, both arrays' state),
+the communicator's bookkeeping (sequence number, last call, last schedule) and the plan's first native pass, inside
+the recorder's `run` where the communicator has one. Any miss returns MISS having changed nothing (its record taken
+back), and the paths below decide.
 
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
 or that the call allocates it or works in place, op or root): a later call on other arrays of that
@@ -97,7 +98,8 @@ class FastCalls:
             ctx.op_seq, ctx.deadline = seq, runner.deadline
             spans = transport.regions.packed
             guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
-        door.set(runner, arg, f.prep, hot, f.prep.desc, f.prep.schedule, transport.regions, resume)
+        door.set(runner, arg, f.prep, hot, f.prep.desc, f.prep.schedule, transport.regions, resume, f.description,
+                 f.meta)
 
     def _fast_closed(self, timeout: float | None) -> bool:
         """True where no remembered path may run now: a failed or destroyed communicator, a busy collective lane,

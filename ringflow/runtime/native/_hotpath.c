@@ -1372,15 +1372,17 @@ static PyTypeObject RunnerType = {
 /* A Door is one collective's entry on one communicator (fastcall.py): it holds the calls remembered last for that
  * collective (up to DOOR_ENTRIES: each one's Runner and what else the call's bookkeeping names) and the
  * communicator's instance dict. `call` does, in C, every check the remembered Python path does (the communicator
- * neither failed nor destroyed, no recorder, no queued asynchronous call, the owning thread, the same op or root, a
- * timeout > 0, the plan still the prepared one, the very arrays in the same state), the communicator's bookkeeping
- * (sequence number, last call, in-call flag, last schedule) and the call's first native pass; anything else returns
- * the miss object, having changed nothing, and the full path decides. */
+ * neither failed nor destroyed, no queued asynchronous call, the owning thread, the same op or root, a timeout > 0,
+ * the plan still the prepared one, the very arrays in the same state), the communicator's bookkeeping (sequence
+ * number, last call, in-call flag, last schedule) and the call's first native pass, inside the recorder's `run`
+ * where the communicator has a recorder; anything else returns the miss object, having changed nothing, and the
+ * full path decides. */
 enum { DOOR_ENTRIES = 16 };
 
 typedef struct {
     Runner *runner;      /* NULL: a free entry */
     PyObject *arg, *prep, *hot, *last_desc, *schedule, *regions, *resume;
+    PyObject *what, *meta;   /* the recorder's description and meta of the call */
 } DoorEntry;
 
 typedef struct {
@@ -1388,13 +1390,14 @@ typedef struct {
     PyObject *dict;      /* the communicator's __dict__ */
     PyObject *lane;      /* its collective lane (`_outstanding` counts queued asynchronous calls) */
     PyObject *miss;      /* what call() returns where the door does not apply */
+    PyObject *inner;     /* the door's own `run` (call() without the recorder), handed to the recorder */
     int next;            /* the entry set() replaces when none is free */
     DoorEntry e[DOOR_ENTRIES];
 } Door;
 
 static PyTypeObject DoorType;
 static PyObject *s_failure, *s_destroyed, *s_rec, *s_owner_id, *s_op_seq, *s_last_call, *s_in_call,
-    *s_last_schedule, *s_timeout, *s_outstanding, *s_hot, *s_packed;
+    *s_last_schedule, *s_timeout, *s_outstanding, *s_hot, *s_packed, *s_run;
 
 static void entry_forget(DoorEntry *e)
 {
@@ -1406,6 +1409,8 @@ static void entry_forget(DoorEntry *e)
     Py_CLEAR(e->schedule);
     Py_CLEAR(e->regions);
     Py_CLEAR(e->resume);
+    Py_CLEAR(e->what);
+    Py_CLEAR(e->meta);
 }
 
 static void door_forget(Door *d)
@@ -1426,7 +1431,12 @@ static PyObject *make_door(PyObject *self, PyObject *args)
     d->dict = Py_NewRef(dict), d->lane = Py_NewRef(lane), d->miss = Py_NewRef(miss);
     d->next = 0;
     memset(d->e, 0, sizeof d->e);
+    d->inner = NULL;
     PyObject_GC_Track((PyObject *)d);
+    if ((d->inner = PyObject_GetAttrString((PyObject *)d, "run")) == NULL) {
+        Py_DECREF(d);
+        return NULL;
+    }
     return (PyObject *)d;
 }
 
@@ -1454,12 +1464,13 @@ static DoorEntry *door_find(Door *d, PyObject *x, PyObject *out, PyObject *arg, 
     return NULL;
 }
 
-/* set(runner, arg, prep, hot, desc, schedule, regions, resume): remember this call (resume(op_seq, rc) finishes a
- * call whose first native pass left it unfinished) */
+/* set(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta): remember this call (resume(op_seq, rc)
+ * finishes a call whose first native pass left it unfinished; what and meta: the recorder's description of it) */
 static PyObject *Door_set(Door *d, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyObject_TypeCheck(args[0], &RunnerType) || !PyCallable_Check(args[7])) {
-        PyErr_SetString(PyExc_TypeError, "set(runner: Runner, arg, prep, hot, desc, schedule, regions, resume)");
+    if (nargs != 10 || !PyObject_TypeCheck(args[0], &RunnerType) || !PyCallable_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set(runner: Runner, arg, prep, hot, desc, schedule, regions, resume, what, meta)");
         return NULL;
     }
     Runner *r = (Runner *)args[0];
@@ -1479,6 +1490,7 @@ static PyObject *Door_set(Door *d, PyObject *const *args, Py_ssize_t nargs)
     e->arg = Py_NewRef(args[1]), e->prep = Py_NewRef(args[2]), e->hot = Py_NewRef(args[3]);
     e->last_desc = Py_NewRef(args[4]), e->schedule = Py_NewRef(args[5]), e->regions = Py_NewRef(args[6]);
     e->resume = Py_NewRef(args[7]);
+    e->what = Py_NewRef(args[8]), e->meta = Py_NewRef(args[9]);
     Py_RETURN_NONE;
 }
 
@@ -1503,8 +1515,8 @@ static PyObject *comm_get(Door *d, PyObject *key) { return PyDict_GetItemWithErr
 
 /* Every check of call(): 1 where the remembered call applies (timeout_s, the sequence number and the regions'
  * packed spans, a new reference, filled in), 0 where it does not, -1 on an error */
-static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, double *timeout_s, unsigned long long *seq,
-                      PyObject **spans_out, DoorEntry **entry)
+static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, int recorded, double *timeout_s,
+                      unsigned long long *seq, PyObject **spans_out, DoorEntry **entry)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "call(x, out, arg, async_op, timeout)");
@@ -1527,7 +1539,8 @@ static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, double *
         return -1;
     if (!(*timeout_s > 0))
         return 0;
-    if (comm_get(d, s_failure) != Py_None || comm_get(d, s_destroyed) != Py_False || comm_get(d, s_rec) != Py_None)
+    if (comm_get(d, s_failure) != Py_None || comm_get(d, s_destroyed) != Py_False ||
+        (!recorded && comm_get(d, s_rec) != Py_None))
         return PyErr_Occurred() ? -1 : 0;
     PyObject *owner = comm_get(d, s_owner_id);
     if (owner == NULL || !PyLong_CheckExact(owner) ||
@@ -1575,19 +1588,19 @@ static PyObject *Door_checks(Door *d, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long seq;
     PyObject *spans = NULL;
     DoorEntry *e;
-    int ok = door_ready(d, args, nargs, &timeout_s, &seq, &spans, &e);
+    int ok = door_ready(d, args, nargs, 0, &timeout_s, &seq, &spans, &e);
     Py_XDECREF(spans);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
 
-/* call(x, out, arg, async_op, timeout) -> the call's result, or the miss object (nothing done) */
-static PyObject *Door_call(Door *d, PyObject *const *args, Py_ssize_t nargs)
+/* the call, where door_ready (the recorder's check skipped where `recorded`) lets it run; else the miss object */
+static PyObject *door_run(Door *d, PyObject *const *args, Py_ssize_t nargs, int recorded)
 {
     double timeout_s;
     unsigned long long seq;
     PyObject *spans = NULL;
     DoorEntry *e;
-    int ok = door_ready(d, args, nargs, &timeout_s, &seq, &spans, &e);
+    int ok = door_ready(d, args, nargs, recorded, &timeout_s, &seq, &spans, &e);
     if (ok <= 0)
         return ok < 0 ? NULL : door_miss(d);
     PyObject *x = args[0], *out = args[1];
@@ -1628,11 +1641,34 @@ static PyObject *Door_call(Door *d, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* run(x, out, arg, async_op, timeout): call() inside the flight recorder's record of it (the recorder not checked) */
+static PyObject *Door_run(Door *d, PyObject *const *args, Py_ssize_t nargs) { return door_run(d, args, nargs, 1); }
+
+/* call(x, out, arg, async_op, timeout) -> the call's result, or the miss object (nothing done); with a recorder
+ * on the communicator, the recorder's run(what, meta, miss, door.run, ...) records it (and takes its record back
+ * where it missed) */
+static PyObject *Door_call(Door *d, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *rec = nargs == 5 ? comm_get(d, s_rec) : NULL;
+    if (rec == NULL || rec == Py_None)
+        return PyErr_Occurred() ? NULL : door_run(d, args, nargs, 0);
+    int err = 0;
+    DoorEntry *e = args[3] == Py_False ? door_find(d, args[0], args[1], args[2], &err) : NULL;
+    if (e == NULL)
+        return err ? NULL : door_miss(d);
+    PyObject *call[10] = {rec, e->what, e->meta, d->miss, d->inner, args[0], args[1], args[2], args[3], args[4]};
+    Py_INCREF(rec);
+    PyObject *res = PyObject_VectorcallMethod(s_run, call, 10, NULL);
+    Py_DECREF(rec);
+    return res;
+}
+
 static int Door_traverse(Door *d, visitproc visit, void *arg)
 {
     Py_VISIT(d->dict);
     Py_VISIT(d->lane);
     Py_VISIT(d->miss);
+    Py_VISIT(d->inner);
     for (int i = 0; i < DOOR_ENTRIES; i++) {
         DoorEntry *e = &d->e[i];
         Py_VISIT((PyObject *)e->runner);
@@ -1643,6 +1679,8 @@ static int Door_traverse(Door *d, visitproc visit, void *arg)
         Py_VISIT(e->schedule);
         Py_VISIT(e->regions);
         Py_VISIT(e->resume);
+        Py_VISIT(e->what);
+        Py_VISIT(e->meta);
     }
     return 0;
 }
@@ -1653,6 +1691,7 @@ static int Door_tp_clear(Door *d)
     Py_CLEAR(d->dict);
     Py_CLEAR(d->lane);
     Py_CLEAR(d->miss);
+    Py_CLEAR(d->inner);
     return 0;
 }
 
@@ -1667,10 +1706,12 @@ static PyMethodDef Door_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Door_call, METH_FASTCALL,
      "call(x, out, arg, async_op, timeout) -> the result, or the miss object where the remembered call does not "
      "apply (nothing done)"},
+    {"run", (PyCFunction)(void (*)(void))Door_run, METH_FASTCALL,
+     "run(x, out, arg, async_op, timeout): call() inside the recorder's record of it (the recorder not checked)"},
     {"checks", (PyCFunction)(void (*)(void))Door_checks, METH_FASTCALL,
      "checks(x, out, arg, async_op, timeout) -> True where call() would run the remembered call (nothing done)"},
     {"set", (PyCFunction)(void (*)(void))Door_set, METH_FASTCALL,
-     "set(runner, arg, prep, hot, desc, schedule, regions, resume): remember this call"},
+     "set(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta): remember this call"},
     {"clear", (PyCFunction)Door_clear, METH_NOARGS, "forget the remembered call"},
     {"held", (PyCFunction)Door_held, METH_NOARGS, "how many calls are remembered"},
     {NULL, NULL, 0, NULL},
@@ -1693,7 +1734,7 @@ static int intern_names(void)
         {&s_failure, "_failure"}, {&s_destroyed, "_destroyed"}, {&s_rec, "_rec"}, {&s_owner_id, "_owner_id"},
         {&s_op_seq, "_op_seq"}, {&s_last_call, "_last_call"}, {&s_in_call, "_in_call"},
         {&s_last_schedule, "last_schedule"}, {&s_timeout, "timeout"}, {&s_outstanding, "_outstanding"},
-        {&s_hot, "hot"}, {&s_packed, "packed"},
+        {&s_hot, "hot"}, {&s_packed, "packed"}, {&s_run, "run"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].name)) == NULL)
