@@ -417,11 +417,11 @@ def plan_command(
         rows.append([i + 1, _layout_label(L), L.micro_batch, L.zero, L.recompute, L.interleave,
                      f"{r.step_time_s:.2f}", f"{chk.step_time_s:.2f}" if chk else "-", f"{100 * r.mfu:.1f}",
                      f"{r.memory.total_bytes / 1e9:.0f}", f"{b['compute'] + b['recompute']:.2f}",
-                     f"{b['tp_exposed']:.2f}", f"{b['ep_exposed']:.2f}", f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}",
-                     f"{b['dp_exposed']:.2f}"])
+                     f"{b['tp_exposed']:.2f}", f"{b['cp_exposed']:.2f}", f"{b['ep_exposed']:.2f}",
+                     f"{b['pp_p2p']:.2f}", f"{b['bubble']:.2f}", f"{b['dp_exposed']:.2f}"])
     print_table(f"top {len(best)} layouts for {m.name} on {gpus} GPUs",
                 ["#", "TPxPPxDP", "mb", "ZeRO", "recompute", "v", "step s", "sim s", "MFU %", "GB",
-                 "compute", "TP", "EP", "PP p2p", "bubble", "DP"], rows)
+                 "compute", "TP", "CP", "EP", "PP p2p", "bubble", "DP"], rows)
     if p.budget_spent:
         console.print(f"the simulator checked {len(p.checked)} of the top {len(best)} within --check-budget "
                       f"{check_budget_s:g} s; raise it to check the rest")

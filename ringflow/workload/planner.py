@@ -2,22 +2,21 @@
 
 The search space (EP x TP x PP x DP x CP, uneven pipeline stages, expert TP, the MoE token dispatcher, CP
 exchange, micro-batch, ZeRO, recomputation, interleaving) is `planner_space`. Every candidate is checked for
-memory before it is timed. With ``keep`` (the CLI's --top) the search is a best-first branch and bound that
-returns the same best ``keep`` layouts as timing every one:
+memory before it is timed. With ``keep`` (the CLI's --top) a best-first branch and bound returns the same best
+``keep`` layouts as timing every one. Its queue entries, each bounded below the step of every candidate in it:
 
-1. candidates are grouped by (TP, CP, PP split, micro-batch, v, recompute); a group's bound is the pipeline at
-   its slowest stage's FLOPs alone (`_flops_bound_s`: every memory-bound term, the expert weights' roofline and
-   the dispatcher left out, so no EP, expert-TP or dispatcher choice can beat it);
-2. a group popped from the queue splits by (EP, expert TP, dispatcher, CP exchange), each bounded by the
-   step-time model's own stages without the PP sends, DP and optimizer (`steptime.stage_bound_s`), which reads
-   no DP or ZeRO figure;
-3. a popped set of layouts (the ZeRO stages) is checked for memory (the first and last stage first, the
-   fullest ones) and timed; the search stops when the smallest bound left exceeds the keep-th best step.
+0. (TP, CP, PP split, micro-batch, v, recompute): the pipeline at the slowest stage's FLOPs alone (unlimited HBM
+   bandwidth and EP 1, so no memory-bound term, expert-weight roofline or dispatcher; no expert choice beats it);
+1. + (EP, expert TP, dispatcher): that stage's compute (`compute.microbatch_times`);
+2. + the CP exchange: that stage's compute and exposed TP, CP, EP and PP time (`steptime.stage_bound_s`);
+3. + the ZeRO stage (one candidate): plus that stage's exposed DP time and optimizer step (`steptime.stage_dp_s`);
+   popped, it is checked for memory and timed.
 
-A bound is never above the step it bounds (the test suite checks it over whole searches, and every timed layout
-is checked against its bounds here: a violation is an error, never a silently wrong ranking). From
-PARALLEL_MIN_LAYOUTS candidates on, the layouts to examine go to forked worker processes in rounds
-(concurrent.futures); the queue stays in this process.
+Any one stage's time is at most the pacing stage's, and `step_time` only adds to the pipeline, so a bound never
+exceeds a covered step (the test suite checks it over whole searches; a timed step below its bound, or a bound
+below its parent's, raises `BoundViolated` rather than rank silently otherwise). An entry is expanded while its
+bound can reach the keep-th best step found. From PARALLEL_MIN_LAYOUTS candidates on, entries are expanded in
+rounds by forked worker processes (concurrent.futures); the queue stays in this process.
 """
 from __future__ import annotations
 
