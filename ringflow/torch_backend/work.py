@@ -185,8 +185,10 @@ class Lane:
     def run_now(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork | None:
         """Run a synchronous job in this thread if the lane is idle: its finished Work (None: the lane is busy or
         closed, and `submit` decides)."""
-        if not self.idle:
-            return None
+        return self._inline(job, description, outputs) if self.idle else None
+
+    def _inline(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork:
+        """Run job in this thread, under the lane's execution lock; its finished Work."""
         with self._exec:
             try:
                 job()
@@ -200,12 +202,7 @@ class Lane:
             raise _shut_down(description)
         if inline and not self._lane.busy:
             # nothing this thread issued earlier is still queued (the worker counts down only when a job ended)
-            with self._exec:
-                try:
-                    job()
-                except BaseException as exc:  # noqa: BLE001 - delivered through the Work
-                    return finished(description, outputs, exc)
-            return finished(description, outputs)
+            return self._inline(job, description, outputs)
         work = RingflowWork(description, outputs)
         queued = with_site(job, work.recorded)   # the recorder notes the caller's line, not the worker's
 
