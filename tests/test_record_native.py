@@ -195,6 +195,58 @@ def test_entry_times_are_on_the_perf_counter_clock(tmp_path: Path, monkeypatch: 
         comm.destroy()
 
 
+# Every frame of the calls is ringflow's own, as a benchmark module run as __main__ has them: a repeated all-reduce,
+# a job a lane's worker thread runs for this thread (with_site), the all-reduce again, once from a user's function
+# and once more with no user frame.
+NO_USER_FRAME = """
+import functools, json, sys
+import numpy as np, ringflow
+from ringflow.runtime.call.work import Lane, Work
+from ringflow.runtime.recording import record
+f = sys._getframe()
+while f is not None:
+    record._internal[f.f_code] = True
+    f = f.f_back
+def loop(comm, x, n):
+    for _ in range(n):
+        comm.all_reduce(x)
+record._internal[loop.__code__] = True
+comm = ringflow.init(rank=0, world_size=1, store_addr='127.0.0.1:0')
+rec = comm._rec
+x = np.ones(4)
+loop(comm, x, 3)
+lane = Lane("worker")
+lane.submit(record.with_site(functools.partial(comm.all_reduce, x)), Work("all_reduce", None)).wait()
+lane.close()
+loop(comm, x, 2)
+def user(comm, x):
+    comm.all_reduce(x)
+user(comm, x)
+loop(comm, x, 1)
+ring, again = rec.ring, rec.ring
+print(json.dumps([[e[record.SEQ], e[record.CODE] is None, e[record.LINE], e[record.STATUS], e[record.ASYNC],
+                   0 < e[record.T_ENQ] <= e[record.T_START] <= e[record.T_END], e is e2]
+                  for e, e2 in zip(ring, again) if e[record.DESC] == "all_reduce"]))
+comm.destroy()
+"""
+
+
+@needs_c
+def test_a_collective_with_no_user_frame_is_kept_as_fields_with_no_site(tmp_path: Path) -> None:
+    """No frame is the user's: the site is none, as the Python recorder has it, and the call is kept as fields in
+    the ring (its entry list made only when read), as a user's repeated call is; a queued job keeps its entry; a
+    user's frame below the same ringflow frames is found again, and then none again."""
+    out = _one_rank_script(NO_USER_FRAME, RINGFLOW_NATIVE="1", RINGFLOW_FLIGHT_RECORDER="64",
+                           RINGFLOW_DUMP_DIR=str(tmp_path))
+    calls = json.loads(out.strip().splitlines()[-1])
+    # (no site, line 0, status, async, times in order, the same list at each read)
+    as_fields = [True, 0, "", False, True, False]
+    queued = [True, 0, "", True, True, True]   # asynchronous, issued when queued
+    user_line = NO_USER_FRAME.splitlines().index("    comm.all_reduce(x)") + 1   # in user()
+    assert calls == [[seq, *(queued if seq == 3 else as_fields)] for seq in range(6)] + \
+        [[6, False, user_line, "", False, True, False], [7, *as_fields]]
+
+
 # Two ranks under `ringflow run` (the flight ring on, as it puts it) repeat an all-reduce on one array, which the
 # remembered-call paths run natively (the recorder's `run` records them); then the array's shape changes, so those
 # paths run nothing (their record taken back) and the full path runs the call.

@@ -199,18 +199,35 @@ static int frame_line(_PyInterpreterFrame *f, PyObject **line, long *out)
     return cached_line(c, lasti, PyCode_Addr2Line(f->f_code, lasti * (int)sizeof(_Py_CODEUNIT)), line, out);
 }
 
-/* The codes of the frames the latest site was found through, the user's last: a call made along the same codes
- * (the repeated call of a loop) has its site in the same place, found without classifying each frame again.
- * Held, so no other code takes an address it names. */
+/* The codes of the frames the latest site was found through, the user's last, or (path_none) of every frame
+ * walked where none was the user's: a call made along the same codes (the repeated call of a loop) has its site in
+ * the same place, or none, found without classifying each frame again. Held, so no other code takes an address it
+ * names. */
 #define PATH_MAX_FRAMES 64
 static PyObject *path[PATH_MAX_FRAMES];
-static int path_n;
+static int path_n, path_none;
 
 static void path_clear(void)
 {
     for (int i = 0; i < path_n; i++)
         Py_CLEAR(path[i]);
     path_n = 0;
+}
+
+static void path_keep(PyObject *const *seen, int n, int none)
+{
+    path_clear();
+    for (int i = 0; i < n; i++)
+        path[i] = Py_NewRef(seen[i]);
+    path_n = n, path_none = none;
+}
+
+/* the next frame from g outward that PyFrame_GetBack would give (incomplete frames skipped) */
+static inline _PyInterpreterFrame *complete_from(_PyInterpreterFrame *g)
+{
+    while (g != NULL && _PyFrame_IsIncomplete(g))
+        g = g->previous;
+    return g;
 }
 
 /* The user's call site of a call entered now: the first frame outside ringflow and torch from the recorder's
@@ -220,19 +237,20 @@ static int user_site(PyObject **code, PyObject **line, long *lineno)
 {
     _PyInterpreterFrame *f = PyThreadState_Get()->cframe->current_frame, *g;
     int n = 0;
-    for (g = f; g != NULL && path_n > 0; g = g->previous) {   /* the latest site's path again? */
-        if (_PyFrame_IsIncomplete(g))   /* skipped, as PyFrame_GetBack does */
-            continue;
+    for (g = complete_from(f); g != NULL && n < path_n; g = complete_from(g->previous)) {   /* the latest path? */
         if ((PyObject *)g->f_code != path[n])
             break;
-        if (++n == path_n)
-            goto found;
+        if (++n == path_n) {
+            if (!path_none)
+                goto found;
+            if (n >= g_max_walk - 2 || complete_from(g->previous) == NULL)   /* the walk would stop here again */
+                return 0;
+            break;
+        }
     }
     PyObject *seen[PATH_MAX_FRAMES];
     n = 0;
-    for (g = f; g != NULL && n < g_max_walk - 2; g = g->previous) {
-        if (_PyFrame_IsIncomplete(g))
-            continue;
+    for (g = complete_from(f); g != NULL && n < g_max_walk - 2; g = complete_from(g->previous)) {
         int t = inside((PyObject *)g->f_code);
         if (t < 0)
             return -1;
@@ -240,15 +258,13 @@ static int user_site(PyObject **code, PyObject **line, long *lineno)
             seen[n] = (PyObject *)g->f_code;
         n++;
         if (!t) {
-            if (n <= PATH_MAX_FRAMES) {
-                path_clear();
-                for (int i = 0; i < n; i++)
-                    path[i] = Py_NewRef(seen[i]);
-                path_n = n;
-            }
+            if (n <= PATH_MAX_FRAMES)
+                path_keep(seen, n, 0);
             goto found;
         }
     }
+    if (n <= PATH_MAX_FRAMES)
+        path_keep(seen, n, 1);
     return 0;
 found:
     if (frame_line(g, line, lineno) < 0)
@@ -1339,12 +1355,30 @@ static Ring *recorder_ring(PyObject *self, PyObject **d)
     return (Ring *)Py_NewRef(rv);
 }
 
-/* the user's site of a collective kept as fields: 1 (code a new reference), 0 where it is kept as an entry
- * (recording every call, or a worker thread's queued job), -1 on error */
+/* the user's site of a collective kept as fields: 1 (code a new reference: None, line 0, where no frame is the
+ * user's), 0 where it is kept as an entry (recording every call, or a worker thread's queued job), -1 on error */
 static int inline_site(PyObject *d, PyObject **code, long *line)
 {
     PyObject *pending = PyDict_GetItemWithError(d, s_pending);
-    return pending == Py_None ? user_site(code, NULL, line) : PyErr_Occurred() ? -1 : 0;
+    if (pending != Py_None)
+        return PyErr_Occurred() ? -1 : 0;
+    int r = user_site(code, NULL, line);
+    if (r != 0)
+        return r;
+    /* every frame is ringflow's (a benchmark run as __main__) or torch's: call_site's (None, 0) unless a queued
+     * job's site and queue time apply, which an entry keeps */
+    PyObject *s = PyObject_GetAttr(g_queued, s_site);
+    if (s == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+    }
+    int queued = s == NULL ? 0 : PyObject_IsTrue(s);
+    Py_XDECREF(s);
+    if (queued != 0)
+        return queued < 0 ? -1 : 0;
+    *code = Py_NewRef(Py_None), *line = 0;
+    return 1;
 }
 
 /* Recorder.call(self, lane, description, meta, guard, fn, deadline, entry=None, async_op=False) */
