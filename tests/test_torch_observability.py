@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -69,15 +70,20 @@ def test_errors_name_both_calls_and_torch_fixes_with_debug_logs_and_flight_recor
     assert reason.startswith("Timeout: all_reduce of 8 x float32"), reason
 
 
-@pytest.mark.parametrize("value", ["abc", "-1"])
-def test_a_malformed_ringflow_timeout_fails_the_group_creation(tmp_path: Path, value: str) -> None:
-    ((res, _),) = launch(tmp_path, "timeout", 1, {"RINGFLOW_TIMEOUT": value})
-    assert res["init"]["type"] == "DistBackendError", res
-    assert "ConfigError" in res["init"]["text"] and "RINGFLOW_TIMEOUT" in res["init"]["text"], res
-
-
-def test_ringflow_timeout_replaces_torchs_default_timeout(tmp_path: Path) -> None:
-    ((res, _),) = launch(tmp_path, "timeout", 1, {"RINGFLOW_TIMEOUT": "7.5"})
-    assert res["timeout_s"] == 7.5 and res["comm_timeout_s"] == 7.5, res
-    ((res, _),) = launch(tmp_path, "timeout", 1, {})
-    assert res["timeout_s"] == 1800.0, res   # torch's default, as gloo
+def test_ringflow_timeout_replaces_torchs_default_or_fails_the_group_creation_when_malformed(tmp_path: Path) -> None:
+    """RINGFLOW_TIMEOUT=7.5 is the group's timeout, unset leaves torch's default, malformed values fail
+    init_process_group (four one-rank jobs side by side)."""
+    values = ["7.5", None, "abc", "-1"]
+    dirs = [tmp_path / f"v{i}" for i in range(len(values))]
+    for d in dirs:
+        d.mkdir()
+    with ThreadPoolExecutor(len(values)) as pool:
+        runs = list(pool.map(lambda dv: launch(dv[0], "timeout", 1, {} if dv[1] is None else
+                                               {"RINGFLOW_TIMEOUT": dv[1]}), zip(dirs, values, strict=True)))
+    (set_res, _), = runs[0]
+    assert set_res["timeout_s"] == 7.5 and set_res["comm_timeout_s"] == 7.5, set_res
+    (default_res, _), = runs[1]
+    assert default_res["timeout_s"] == 1800.0, default_res   # torch's default, as gloo
+    for (res, _), in runs[2:]:
+        assert res["init"]["type"] == "DistBackendError", res
+        assert "ConfigError" in res["init"]["text"] and "RINGFLOW_TIMEOUT" in res["init"]["text"], res
