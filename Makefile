@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c ringflow
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	# torch is optional; a local CPU wheel exists on this machine family, elsewhere the torch tests skip. Its
-	# bytecode is compiled for what torch.distributed users import (not all of its 4,000 modules: half a minute saved)
+	# bytecode is compiled for what torch.distributed users import (not all of its 2,300 modules: half a minute saved)
 	-$(BIN)/pip install -q --no-compile torch==2.13.0 \
 		&& $(BIN)/python -c "import torch, torch.distributed, torch.distributed.fsdp, torch.nn.parallel" \
 		|| echo "torch not installed: torch tests will skip"
