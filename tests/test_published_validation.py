@@ -255,6 +255,7 @@ def test_stored_constants_are_refused_once_a_fitting_case_changes(cases: list[di
     assert stored_constants(held).to_dict() == stored_constants(cases).to_dict()
 
 
+@pytest.mark.long
 def test_refit_writes_every_constant_with_the_fitting_cases_it_used(tmp_path: Path, cases: list[dict]) -> None:
     ids = ("h100x8-allreduce-ring", "h100x8-allreduce-nvls", "h100-2node-nic-ring", "narayanan-t1-18.4b",
            "narayanan-t1-3.6b", "llama3-405b-16k-cp16")

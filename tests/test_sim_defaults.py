@@ -41,7 +41,7 @@ def test_default_algorithm_simulates_every_collective_with_progress(preset: str)
             assert res.collective == coll and res.nranks == n
 
 
-@pytest.mark.parametrize("preset", ["dgx-h100", "dgx-b200", "h800"])
+@pytest.mark.parametrize("preset", [pytest.param("dgx-h100", marks=pytest.mark.long), "dgx-b200", "h800"])
 def test_default_all_reduce_on_nvswitch_servers_at_several_node_counts(preset: str) -> None:
     picked = set()
     for nodes in (2, 3, 4, 16):

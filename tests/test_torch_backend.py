@@ -71,14 +71,13 @@ def _train(tmp_path: Path, n: int, backend: str, mode: str) -> dict:
     return json.loads(js.read_text())
 
 
-@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_training_equals_gloo_and_single_process(tmp_path: Path, mode: str) -> None:
-    """Two ringflow ranks train to the parameters of one Gloo process (FSDP, a long test: and of two Gloo ranks)."""
+    """Two ringflow ranks train to the parameters of two Gloo ranks and of one process."""
     rf = _train(tmp_path, 2, "ringflow", mode)
-    refs = [_train(tmp_path, 1, "gloo", mode)]
-    single = refs[0]
-    if mode != "ddp":
-        refs.append(_train(tmp_path, 2, "gloo", mode))
+    single = _train(tmp_path, 1, "gloo", mode)
+    refs = [_train(tmp_path, 2, "gloo", mode), single]
     assert rf["steps"] == 20 and rf["world_size"] == 2 and single["world_size"] == 1
     assert rf["ranks_agree"] <= TOL                       # every rank holds the same parameters
     for name, p in rf["params"].items():
