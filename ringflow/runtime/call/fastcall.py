@@ -92,14 +92,16 @@ class FastCalls:
         door = self._mem.doors.get(name)
         if door is None or f.runner is None or f.average or isinstance(door, _NoDoor):
             return
-        ctx, hot, bases, runner, transport, guard = f.ctx, f.hot, f.bases, f.runner, self._transport, self._guard
+        door.set(f.runner, arg, f.prep, f.hot, f.prep.desc, f.prep.schedule, self._transport.regions,
+                 lambda seq, rc: self._fast_finish(f, seq, rc), f.description, f.meta)
 
-        def resume(seq: int, rc: int) -> None:
-            ctx.op_seq, ctx.deadline = seq, runner.deadline
-            spans = transport.regions.packed
-            guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
-        door.set(runner, arg, f.prep, hot, f.prep.desc, f.prep.schedule, transport.regions, resume, f.description,
-                 f.meta)
+    def _fast_finish(self, f: IdentityEntry, seq: int, rc: int) -> None:
+        """Finish call number `seq` of identity entry f, whose first native pass (its runner's, or its door's)
+        returned `rc`, unfinished."""
+        ctx, hot, bases = f.ctx, f.hot, f.bases
+        ctx.op_seq, ctx.deadline = seq, f.runner.deadline
+        spans = self._transport.regions.packed
+        self._guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
 
     def _fast_closed(self, timeout: float | None) -> bool:
         """True where no remembered path may run now: a failed or destroyed communicator, a busy collective lane,
@@ -156,18 +158,15 @@ class FastCalls:
         except BaseException:   # go() raises only on its arguments, before anything ran or was sent
             self._op_seq, self._last_call, self._in_call = seq, last, False
             raise
+        if rc < 0:   # x or out is not what was remembered: nothing ran, the full path decides
+            self._op_seq, self._last_call, self._in_call = seq, last, False
+            self._mem.by_object.pop(key, None)
+            return MISS
+        self._fast_open_door(key[0], f, key[-1])
         if rc:
-            if rc < 0:   # x or out is not what was remembered: nothing ran, the full path decides
-                self._op_seq, self._last_call, self._in_call = seq, last, False
-                self._mem.by_object.pop(key, None)
-                return MISS
-            self._fast_open_door(key[0], f, key[-1])
-            ctx, hot, bases = f.ctx, f.hot, f.bases
-            ctx.op_seq, ctx.deadline = seq, f.runner.deadline
-            self._guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
+            self._fast_finish(f, seq, rc)
         else:
             self._in_call = False
-            self._fast_open_door(key[0], f, key[-1])
         result = x if out is None else out
         if f.average:
             finish_avg(as_numpy(result).reshape(-1), self.size)
