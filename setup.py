@@ -34,9 +34,9 @@ def write_protocol_header() -> None:
 write_protocol_header()
 setup(ext_modules=[
     Extension("ringflow.runtime.native._streamcopy", ["ringflow/runtime/native/_streamcopy.c"],
-              extra_compile_args=["-O2"], optional=True),
+              depends=["ringflow/runtime/native/_copy.h"], extra_compile_args=["-O2"], optional=True),
     Extension("ringflow.runtime.native._hotpath", ["ringflow/runtime/native/_hotpath.c"],
-              depends=["ringflow/runtime/native/_protocol.h"],
+              depends=["ringflow/runtime/native/_protocol.h", "ringflow/runtime/native/_copy.h"],
               extra_compile_args=["-O3", "-std=gnu11"], optional=True),
     Extension("ringflow.runtime.native._record", ["ringflow/runtime/native/_record.c"],
               extra_compile_args=["-O2"], optional=True),

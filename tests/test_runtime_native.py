@@ -48,15 +48,17 @@ def test_copy_into_streams_large_copies_and_keeps_numpy_semantics(monkeypatch: p
             calls.append(n)
             real.copy(d, s, n)
 
+        move = staticmethod(real.move)
+
     monkeypatch.setattr(native, "_streamcopy", Counting)
     src = np.arange(2**19 + 3, dtype=np.float64)
     dst = np.empty_like(src)
     with config.override(STREAM_COPY_MIN_BYTES=2**20):
         native.copy_into(dst, src)
         assert np.array_equal(dst, src) and calls == [src.nbytes]
-        native.copy_into(dst[:1000], src[:1000])  # small: NumPy
+        native.copy_into(dst[:1000], src[:1000])  # below the streaming size: no streaming
         assert calls == [src.nbytes]
-        native.copy_into(src[1:], src[:-1])  # overlapping: NumPy's memmove semantics
+        native.copy_into(src[1:], src[:-1])  # overlapping: memmove semantics
         assert src[0] == 0 and np.array_equal(src[1:], np.arange(2**19 + 2, dtype=np.float64))
         assert calls == [src.nbytes]
         native.copy_into(dst[::2], src[::2])  # strided: NumPy

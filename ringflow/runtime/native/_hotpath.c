@@ -26,6 +26,7 @@
 
 /* the shared-memory protocol's numbers: generated from transport/protocol.py by setup.py */
 #include "_protocol.h"
+#include "_copy.h"
 #define W_TAIL RF_W_TAIL
 #define W_SWAIT RF_W_SWAIT
 #define W_RWAIT RF_W_RWAIT
@@ -312,7 +313,7 @@ static int send_progress(HotPlan *p, hop_t *o)
         if (n > o->slice)
             n = o->slice;
         if (n > 0)
-            memcpy(o->slots + i * o->slot_bytes, src + o->off, (size_t)n);
+            rf_copy(o->slots + i * o->slot_bytes, src + o->off, (size_t)n);
         volatile uint64_t *b = o->ctl + SLOT_HDR_WORD + i * HDR_WORDS;
         b[1] = c[W_SSEQ];
         b[2] = (uint64_t)o->total;
@@ -339,10 +340,22 @@ static int send_progress(HotPlan *p, hop_t *o)
 static int consume(HotPlan *p, hop_t *o, int64_t off, const char *data, int64_t n)
 {
     if (o->type == T_RECV) {
-        memcpy(o->data + off, data, (size_t)n);
+        rf_copy(o->data + off, data, (size_t)n);
         return 0;
     }
     return reduce(p->dtype, p->op, o->data + off, o->src + off, data, n / p->itemsize);
+}
+
+/* the bounce buffer of CMA reads: bounce_bytes usable from any page offset (allocated with the plan when it
+ * reduces CMA reads, else at the first read that needs it); 0 if it cannot be had (the read then goes direct) */
+static int ensure_bounce(HotPlan *p)
+{
+    if (p->bounce)
+        return 1;
+    if (!(p->bounce = malloc((size_t)RF_CMA_CHUNK_BYTES + 4096u)))
+        return 0;
+    p->bounce_bytes = (int64_t)RF_CMA_CHUNK_BYTES;
+    return 1;
 }
 
 static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t total)
@@ -357,7 +370,10 @@ static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t to
     pid_t pid = (pid_t)o->ctl[W_PID];
     int64_t got = 0;
     __atomic_add_fetch(&n_cma_reads, 1, __ATOMIC_RELAXED);
-    if (o->type == T_RECV) {
+    /* the kernel's copy has memcpy's 4 KiB-alias slow case (_copy.h): such a read goes through the bounce buffer,
+     * placed at the source's page offset */
+    if (o->type == T_RECV && !(rf_copy_aliases(o->data, (const void *)(uintptr_t)off, (size_t)total) &&
+                               ensure_bounce(p))) {
         while (got < total) {
             struct iovec l = {o->data + got, (size_t)(total - got)}, r = {(void *)(uintptr_t)(off + got),
                                                                          (size_t)(total - got)};
@@ -373,8 +389,9 @@ static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t to
     int64_t step = p->bounce_bytes - p->bounce_bytes % p->itemsize;
     for (int64_t at = 0; at < total; at += step) {
         int64_t n = total - at < step ? total - at : step, g = 0;
+        char *bb = p->bounce + ((off + (uint64_t)at - (uint64_t)(uintptr_t)p->bounce) & 4095u);
         while (g < n) {
-            struct iovec l = {p->bounce + g, (size_t)(n - g)}, r = {(void *)(uintptr_t)(off + at + g), (size_t)(n - g)};
+            struct iovec l = {bb + g, (size_t)(n - g)}, r = {(void *)(uintptr_t)(off + at + g), (size_t)(n - g)};
             ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
             if (k <= 0) {
                 p->err_code = k < 0 ? errno : EIO;
@@ -382,7 +399,7 @@ static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t to
             }
             g += k;
         }
-        if (consume(p, o, at, p->bounce, n))
+        if (consume(p, o, at, bb, n))
             return RC_PROTOCOL;
     }
     return RC_DONE;
@@ -506,7 +523,7 @@ static void start_step(HotPlan *p, int s)
                 }
             o->slice = slice_bytes(o->nbytes, (int64_t)o->slot_bytes);
             if (o->snapshot)
-                memcpy(o->snap, o->data, (size_t)o->nbytes);
+                rf_copy(o->snap, o->data, (size_t)o->nbytes);
         } else if (o->type == T_COPY || o->type == T_REDUCE) {
             o->done = 1;
         }
@@ -591,7 +608,7 @@ static int run_locals(HotPlan *p, int s, int early)
         if (o->early != early)
             continue;
         if (o->type == T_COPY) {
-            memmove(o->data, o->src, (size_t)o->nbytes);
+            rf_move(o->data, o->src, (size_t)o->nbytes);
         } else if (o->type == T_REDUCE && reduce(p->dtype, p->op, o->data, o->data, o->src, o->nbytes / p->itemsize)) {
             p->err_op = k;
             return -1;
@@ -980,7 +997,7 @@ static PyObject *make_plan(PyObject *self, PyObject *args)
             }
         }
     }
-    if (bounce && !(p->bounce = malloc((size_t)bounce))) {
+    if (bounce && !(p->bounce = malloc((size_t)bounce + 4096u))) {
         PyErr_NoMemory();
         goto fail;
     }

@@ -9,6 +9,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_copy.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #define HAVE_STREAM 1
@@ -60,9 +62,32 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *move(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "move(dst_addr, src_addr, nbytes) takes 3 integers");
+        return NULL;
+    }
+    void *dst = PyLong_AsVoidPtr(args[0]);
+    void *src = PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "nbytes must be >= 0");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rf_move(dst, src, (size_t)n);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"copy", (PyCFunction)(void (*)(void))copy, METH_FASTCALL,
      "copy(dst_addr, src_addr, nbytes): copy nbytes with streaming stores (no read of the destination)."},
+    {"move", (PyCFunction)(void (*)(void))move, METH_FASTCALL,
+     "move(dst_addr, src_addr, nbytes): memmove without the 4 KiB-alias slow case of rep movsb (_copy.h)."},
     {NULL, NULL, 0, NULL},
 };
 

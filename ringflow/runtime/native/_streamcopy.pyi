@@ -4,3 +4,6 @@ STREAMING: int  # 1 when built with streaming stores (SSE2), else 0 (copy is the
 
 def copy(dst_addr: int, src_addr: int, nbytes: int, /) -> None:
     """Copy nbytes with streaming stores (no read of the destination), the GIL released."""
+
+def move(dst_addr: int, src_addr: int, nbytes: int, /) -> None:
+    """memmove nbytes without the 4 KiB-alias slow case of glibc's rep movsb (_copy.h), the GIL released."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import InvalidArgument
 from ..call.calltext import mismatch_error
+from ..native import copy_into
 
 
 class Sink:
@@ -35,7 +36,7 @@ class Sink:
         if n == 0:
             return
         if self.ufunc is None:
-            self.dst_u8[off:off + n] = data_u8
+            copy_into(self.dst_u8[off:off + n], data_u8)
         else:
             assert self.src_t is not None and self.dst_t is not None  # a reducing sink is built with both
             isz = self.itemsize
