@@ -24,6 +24,10 @@ Model (all constants below are settable through `EfficiencyModel`):
   permute/unpermute and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate fitted per kind).
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
+- ``kernels`` names the framework's memory-bound kernel profile (`kernels.PROFILES`): the stored-activation term
+  above stands for the fused Megatron-Core / Transformer Engine kernels the curve was fitted with; any other
+  profile adds the time of the bytes its own kernels move beyond those (unfused eager norms, rotary, SwiGLU and
+  residual adds; an fp32 eager loss), each pass and each recomputation, at HBM bandwidth x mem_eff.
 
 eff_max, d_half and n_half come from ``ringflow/data/fitted.json``: fitted by ``python -m ringflow.workload.fitting``
 on the fitting half of the published registry only (the reference era's cases, Megatron-LM 2021 on A100s); mem_eff
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
+from .kernels import REFERENCE, extra_bytes_per_token, kernel_profile
 from .layout import Layout
 from .memory import activation_bytes_per_layer
 from .models import ModelSpec
@@ -115,6 +120,13 @@ class EfficiencyModel:
     alltoall_dispatch_eps: float = _CURVE["alltoall_dispatch_eps"]
     flex_dispatch_eps: float = _CURVE["flex_dispatch_eps"]
     fused_permute: bool = True    # MoE permute/unpermute as one fused kernel (Megatron --moe-permute-fusion)
+    kernels: str = REFERENCE      # memory-bound kernel profile (workload/kernels.py); the reference adds nothing
+    kernel_launch_s: float = 0.0  # per memory-bound kernel beyond the reference's (no sourced figure yet: 0)
+
+    def __post_init__(self) -> None:
+        kernel_profile(self.kernels)   # an unknown profile name is an InvalidArgument naming the known ones
+        if self.kernel_launch_s < 0:
+            raise InvalidArgument(f"kernel_launch_s={self.kernel_launch_s}", "give a launch time >= 0 seconds")
 
     def dispatch_eps(self, dispatcher: str) -> float:
         """The fitted rate of a token dispatcher kind (moe.DISPATCHERS)."""
@@ -127,11 +139,13 @@ class EfficiencyModel:
 
 @dataclass(frozen=True)
 class SoftwareProfile:
-    """A training framework generation: its GEMM-efficiency multiplier and what it stands for."""
+    """A training framework generation: its GEMM-efficiency multiplier, its memory-bound kernels
+    (`kernels.PROFILES`) and what it stands for."""
 
     name: str
     software_factor: float
     description: str
+    kernels: str = REFERENCE
 
 
 # The factors are parameters, not fits: 1.0 is the efficiency curve as fitted on Megatron-LM 2021 (Narayanan et
@@ -147,6 +161,15 @@ SOFTWARE_PROFILES: dict[str, SoftwareProfile] = {
     "deepspeed-2022": SoftwareProfile(
         "deepspeed-2022", 1.0, "Megatron-DeepSpeed with ZeRO as used for BLOOM 176B (arXiv:2211.05100) and MT-NLG "
         "530B (arXiv:2201.11990)"),
+    "torchtitan-eager": SoftwareProfile(
+        "torchtitan-eager", 1.0, "torchtitan (PyTorch FSDP2/TP/PP) without torch.compile: every norm, rotary, "
+        "activation and residual op its own kernel", "torchtitan-eager"),
+    "torchtitan-compile": SoftwareProfile(
+        "torchtitan-compile", 1.0, "torchtitan with each transformer block torch.compile'd (Inductor fuses the "
+        "block's pointwise work); eager fp32 loss", "torchtitan-compile"),
+    "llm-foundry-2023": SoftwareProfile(
+        "llm-foundry-2023", 1.0, "llm-foundry / Composer (PyTorch FSDP) MPT: one-kernel LayerNorm, eager GELU and "
+        "residual adds, fused cross entropy", "llm-foundry-2023"),
 }
 DEFAULT_SOFTWARE = "megatron-core-2025"
 
@@ -158,7 +181,7 @@ def efficiency_for(software: str = DEFAULT_SOFTWARE, base: EfficiencyModel | Non
         raise InvalidArgument(f"unknown software profile {software!r}",
                               f"use one of {', '.join(SOFTWARE_PROFILES)}")
     from dataclasses import replace
-    return replace(base or EfficiencyModel(), software_factor=prof.software_factor)
+    return replace(base or EfficiencyModel(), software_factor=prof.software_factor, kernels=prof.kernels)
 
 
 @dataclass(frozen=True)
@@ -210,6 +233,20 @@ def _moe_layer_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyMo
                       e.dispatch_eps(layout.ep_dispatcher) if layout.ep > 1 else 0.0, e.fused_permute).total_s
 
 
+def _kernel_extra_s(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens: float, dense_layers: int,
+                    last_stage: bool, mem_Bps: float) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds of the memory-bound kernels that `e.kernels` runs beyond the fused
+    reference profile (`kernels.extra_bytes_per_token`) for one micro-batch; the recompute pass rebuilds the
+    layers' forward kernels, not the loss."""
+    if e.kernels == REFERENCE or not dense_layers and not last_stage:
+        return 0.0, 0.0, 0.0
+    out = []
+    for pass_, last in (("forward", last_stage), ("backward", last_stage), ("forward", False)):
+        inv = extra_bytes_per_token(model, layout, e.kernels, pass_, dense_layers, last)
+        out.append(tokens * inv.nbytes / mem_Bps + inv.launches * e.kernel_launch_s)
+    return out[0], out[1], out[2]
+
+
 def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
                      eff: EfficiencyModel | None = None, stage: str | int = "middle") -> MicrobatchTimes:
     """Compute time of one micro-batch on one GPU of a pipeline stage (an index, or 'first', 'middle',
@@ -244,11 +281,13 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     x_fwd, x_bwd = expert_roofline_s(x_flops * layout.expert_imbalance, x_params,
                                      1 if layout.precision == "fp8" else 2, rate, mem_Bps, layout.grad_bytes)
     moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
-    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s
-    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s
+    k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
+                                          mem_Bps)
+    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd
+    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
-        t_rec = rec_flops / rate + 2 * act / mem_Bps
+        t_rec = rec_flops / rate + 2 * act / mem_Bps + k_rec
     elif layout.recompute == "selective":
         rec_flops = attn
         score = 0.0 if layout.flash_attention else \
@@ -258,7 +297,7 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     elif layout.recompute == "op":   # the matmuls not kept, and every elementwise op, rebuilt (memory_activations)
         from .memory_activations import op_checkpoint_split
         rec_flops = tokens * op_checkpoint_split(model)[1] * (stop - start) / t
-        t_rec = rec_flops / rate + 2 * act / mem_Bps
+        t_rec = rec_flops / rate + 2 * act / mem_Bps + k_rec
     else:
         rec_flops, t_rec = 0.0, 0.0
     return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,

@@ -17,7 +17,8 @@ not move a constant every other case shares):
   from the NVLS collectives that rate bounds (NVSwitch gen 4, whose rate is not published); the nvlink_eff fit
   leaves those cases out, since the links do not pace them;
 - ``software[era]``: the framework's GEMM-efficiency multiplier (`EfficiencyModel.software_factor`) per training
-  software era, from that era's training cases.
+  software era, from that era's training cases; a case that names its memory-bound kernel profile (``kernels``,
+  `kernels.PROFILES`, with its source) is predicted by that profile and neither sets nor takes a factor.
 
 A case the model cannot express (a missing preset, model or layout feature) gets status "not expressible: ..."
 and stays in the report.
@@ -144,6 +145,12 @@ def _check_case(c: Any, p: Path) -> None:
         bad.append("collective")
     if c.get("kind") == "training":
         bad += [k for k in ("model", "gpus", "era") if not c.get(k)]
+    from .kernels import PROFILES
+    if "kernels" in c and (c["kernels"] not in PROFILES or not c.get("kernels_source")):
+        bad.append("kernels (a profile of ringflow.workload.kernels.PROFILES, with kernels_source)")
+    hbm = c.get("hbm_GBps")
+    if "hbm_GBps" in c and (not isinstance(hbm, (int, float)) or isinstance(hbm, bool) or not hbm > 0):
+        bad.append("hbm_GBps")
     if bad:
         raise ConfigError(f"{p}: case {cid!r}: missing or invalid {', '.join(bad)}",
                           f"kind in {KINDS}, set in {SETS}, a group name, metric in {METRICS}, a positive value, "
@@ -261,10 +268,15 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
         raise NotExpressible(f"layout field not supported ({exc})") from None
     topo, note = build_topology(case["topology"], gpus)
     eff = replace(EfficiencyModel(), eff_max=consts.eff_max, d_half=consts.d_half, n_half=consts.n_half,
-                  software_factor=consts.software.get(case["era"], 1.0),
+                  software_factor=1.0 if case.get("kernels") else consts.software.get(case["era"], 1.0),
+                  kernels=case.get("kernels") or EfficiencyModel().kernels,
                   alltoall_dispatch_eps=consts.dispatch_eps.get("alltoall", 0.0),
                   flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0))
-    r = step_time(model, layout, topo, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()), eff=eff)
+    gpu = gpu_of_topology(topo)
+    if case.get("hbm_GBps"):   # the run's GPU memory bandwidth where its source states one the preset lacks
+        gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
+    r = step_time(model, layout, topo, gpu=gpu, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()),
+                  eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
               "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
     return Prediction(float(values[case["metric"]]), "ok", {"note": note, "gpu": r.gpu, "mfu": r.mfu,
@@ -316,9 +328,10 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
     fit_compute_curve(fit_cases, consts, predictor)
     eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"} - {REFERENCE_ERA})
     for era in eras:
-        # dense runs set the stack's factor; MoE runs set the dispatcher rates below (their own mechanism)
-        mine = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era and not is_moe_case(c)] or \
-            [c for c in fit_cases if c["kind"] == "training" and c["era"] == era]
+        # dense runs set the stack's factor; MoE runs set the dispatcher rates below (their own mechanism); a
+        # case naming its kernel profile is predicted by that profile's mechanisms, never by a fitted factor
+        ours = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era and not c.get("kernels")]
+        mine = [c for c in ours if not is_moe_case(c)] or ours
         for _ in range(TRAINING_ROUNDS):
             got = [(c, predictor(c, consts)) for c in mine]
             ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]

@@ -1,0 +1,199 @@
+"""Memory-bound kernels of a transformer layer, per framework: which tensors each kernel reads and writes.
+
+A framework is a profile of mechanisms (`KernelProfile`): how its norms, rotary embeddings, MLP activation and
+residual adds run (hand-fused kernels, one ATen kernel, a torch.compile'd block, or one kernel per PyTorch op)
+and how it computes the loss. Each kernel moves its tensors through HBM once: a kernel reading an element of r
+bytes and writing one of w bytes costs (r + w) bytes per element, at HBM bandwidth x ``mem_eff``.
+
+Per token of one layer (h = hidden, q = heads x head_dim, k = kv_heads x head_dim, f = ffn_hidden; a width is
+divided by tp where the tensor is split: q, k, f always, h under sequence parallelism):
+
+- **composed RMSNorm** (torchtitan ``RMSNorm``, torchtitan/models/norms.py at 9dec370:
+  ``self._norm(x.float()).type_as(x) * self.weight`` with ``x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) +
+  eps)``): forward cast, pow, mean, multiply, cast back, weight multiply (+ two per-token kernels); backward the
+  autograd formula of each (weight multiply and its weight gradient, cast, the two uses of ``x.float()`` and their
+  sum, ``pow``'s ``2 x`` rebuilt, cast back);
+- **one-kernel norm** (``F.layer_norm`` / ``F.rms_norm``, Transformer Engine's, Inductor's): forward reads x and
+  writes y; backward reads x and dy and writes dx, and reads both again for the weight gradient;
+- **rotary** (torchtitan ``apply_rotary_emb``: ``xq.float()``, a complex multiply, ``type_as``) eager: three
+  kernels per pass on q and on k; fused or compiled: one;
+- **grouped-query K/V** (torchtitan ``repeat_kv``, expand + reshape): a copy of K and V to q's width forward, a
+  sum back backward, in every profile that feeds SDPA without native GQA;
+- **MLP activation**: SwiGLU eager as SiLU then the gate multiply (backward: both multiply gradients and
+  ``silu_backward``), fused or compiled as one kernel each pass; GELU one kernel each pass everywhere;
+- **residual adds**: eager one add forward and one gradient accumulation backward each; a compiled block fuses
+  the attention residual into the next norm (it writes h and the normed h in one pass);
+- **loss** (last stage, per token over the vocabulary V/tp): ``cross_entropy(logits.float())`` eager (torchtitan
+  train.py at 9dec370, lines 131-138: not compiled) casts, log-softmaxes and back; a fused cross entropy
+  (Megatron's vocab-parallel one, flash-attn's Triton one) reads the logits forward and reads them and writes
+  their gradient backward.
+
+The compute model (`compute.microbatch_times`) keeps its stored-activation term, fitted with the Megatron stacks
+of the fitting half, for the fused reference profile (`REFERENCE`), and adds for any other profile the time of
+the bytes its kernels move beyond the reference's (`extra_bytes_per_token`): a compiled block lands near zero,
+an eager one well above. Kernels of per-token scalars (mean, rsqrt) are counted (`Inventory.launches`); the
+per-kernel launch time is a parameter (`EfficiencyModel.kernel_launch_s`, 0: no sourced figure yet).
+MoE layers keep the stored-activation term alone (no PyTorch-native MoE profile yet).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument
+from .layout import Layout
+from .models import ModelSpec
+
+NORMS = ("fused", "native", "composed")
+POINTWISE = ("fused", "compiled", "eager")
+LOSSES = ("fused", "eager_fp32")
+PASSES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """How a framework runs the memory-bound work of a layer (module docstring)."""
+
+    name: str
+    norm: str        # fused | native (one ATen kernel a pass) | composed (PyTorch ops: cast, pow, mean, ...)
+    pointwise: str   # fused (hand-written) | compiled (torch.compile per block) | eager (one kernel per op)
+    loss: str        # fused cross entropy | eager_fp32 (logits.float() then cross_entropy)
+    source: str
+
+    def __post_init__(self) -> None:
+        for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
+                                      ("loss", self.loss, LOSSES)):
+            if value not in allowed:
+                raise InvalidArgument(f"kernel profile {self.name!r}: {field}={value!r}",
+                                      f"use one of {', '.join(allowed)}")
+
+
+REFERENCE = "megatron-te"
+PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
+    KernelProfile("megatron-te", "fused", "fused", "fused",
+                  "Megatron-Core with Transformer Engine: fused norm (LayerNormLinear), fused RoPE, fused SwiGLU, "
+                  "fused bias-dropout-add, vocab-parallel fused cross entropy; the compute curve's reference"),
+    KernelProfile("torchtitan-eager", "composed", "eager", "eager_fp32",
+                  "torchtitan 9dec370 without compile: train_configs/llama3_8b.toml 'compile = false', "
+                  "'norm_type = \"rmsnorm\"' (models/norms.py RMSNorm in PyTorch ops); eager fp32 loss (train.py "
+                  "lines 131-138)"),
+    KernelProfile("torchtitan-compile", "composed", "compiled", "eager_fp32",
+                  "torchtitan 9dec370 with training.compile: each TransformerBlock torch.compile'd "
+                  "(parallelisms/parallelize_llama.py apply_compile, lines 297-306); the final norm and the fp32 "
+                  "loss stay eager (train.py lines 131-138)"),
+    KernelProfile("llm-foundry-2023", "native", "eager", "fused",
+                  "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
+                  "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "
+                  "defaults: GELU MLP, loss_fn 'fused_crossentropy' (flash-attn's Triton cross entropy, "
+                  "llmfoundry/models/mpt/modeling_mpt.py line 981)"),
+)}
+
+
+def kernel_profile(name: str) -> KernelProfile:
+    """A kernel profile by name; an unknown one is an InvalidArgument naming the known ones."""
+    p = PROFILES.get(str(name).lower())
+    if p is None:
+        raise InvalidArgument(f"unknown kernel profile {name!r}", f"use one of {', '.join(PROFILES)}")
+    return p
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Bytes per token the memory-bound kernels of one layer and pass move, and how many kernels they are."""
+
+    nbytes: float
+    launches: int
+
+
+Kernels = list[tuple[float, float]]   # (bytes read, bytes written) per token of one kernel
+
+
+def _norm(kind: str, width: float, pass_: str) -> Kernels:
+    if kind == "composed":
+        # forward: cast, pow, mean, (+eps, rsqrt: per token), x*rstd, cast back, *weight
+        fwd = ((2, 4), (4, 4), (4, 0), (0, 0), (0, 0), (4, 4), (4, 2), (2, 2))
+        # backward: dy*weight, weight grad (mul, sum), cast, d(x*rstd): dy*rstd, dy*x, sum; rsqrt and +eps (per token),
+        # mean's expand, pow: x^1, *2, *grad; the two grads of x.float() summed; cast back
+        steps = ((2, 2), (4, 2), (2, 0), (2, 4), (4, 4), (8, 4), (4, 0), (0, 0), (0, 0), (0, 4), (4, 4), (4, 4),
+                 (8, 4), (8, 4), (4, 2))
+        return [(r * width, w * width) for r, w in (fwd if pass_ == "forward" else steps)]
+    if pass_ == "forward":
+        return [(2 * width, 2 * width)]
+    return [(4 * width, 2 * width), (4 * width, 0.0)]   # dx; the weight gradient's pass over x and dy
+
+
+def _pointwise(model: ModelSpec, kind: str, pass_: str, h: float, q: float, k: float, f: float) -> Kernels:
+    out: Kernels = []
+    if model.position == "rope":   # on q and on k: eager cast, complex multiply, cast back; else one kernel
+        steps = ((2, 4), (4, 4), (4, 2)) if kind == "eager" else ((2, 2),)
+        out += [(r * w_, wr * w_) for w_ in (q, k) for r, wr in steps]
+    if model.kv_heads != model.heads:   # repeat_kv: K and V copied to q's width; summed back
+        out += [(2 * k, 2 * q)] * 2 if pass_ == "forward" else [(2 * q, 2 * k)] * 2
+    if model.gated_mlp:
+        if kind == "eager":
+            out += [(2 * f, 2 * f), (4 * f, 2 * f)] if pass_ == "forward" else [(4 * f, 2 * f)] * 3
+        else:
+            out += [(4 * f, 2 * f)] if pass_ == "forward" else [(6 * f, 4 * f)]
+    else:
+        out += [(2 * f, 2 * f)] if pass_ == "forward" else [(4 * f, 2 * f)]
+    return out
+
+
+def _residuals(kind: str, pass_: str, h: float) -> Kernels:
+    """The two residual adds (forward) or gradient accumulations (backward) a framework runs on their own."""
+    if kind == "compiled" and pass_ == "forward":
+        return [(4 * h, 2 * h)]   # the attention residual rides in the next norm's kernel (`_norms`)
+    if kind == "compiled":
+        return []                 # both accumulations ride in the norms' backward kernels
+    return [(4 * h, 2 * h)] * 2
+
+
+def _norms(prof: KernelProfile, pass_: str, h: float) -> Kernels:
+    """The two norms of a block; a compiled block's second norm also adds the residual (reads 2, writes 2)."""
+    if prof.pointwise != "compiled":
+        return _norm(prof.norm, h, pass_) * 2
+    if pass_ == "forward":
+        return [(2 * h, 2 * h), (4 * h, 4 * h)]
+    return [(6 * h, 2 * h), (4 * h, 0.0)] * 2   # dx with the residual gradient added; the weight gradient
+
+
+def layer_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfile, pass_: str) -> Inventory:
+    """Bytes per token (of this GPU's micro-batch) and kernels of one dense layer's memory-bound work in `pass_`
+    ('forward' or 'backward') under `profile` (module docstring)."""
+    prof = profile if isinstance(profile, KernelProfile) else kernel_profile(profile)
+    if pass_ not in PASSES:
+        raise InvalidArgument(f"pass {pass_!r}", f"use one of {', '.join(PASSES)}")
+    t = layout.tp
+    h = model.hidden / t if layout.sequence_parallel and t > 1 else float(model.hidden)
+    q, k, f = model.q_width / t, model.kv_hidden / t, model.ffn_hidden / t
+    kernels = _norms(prof, pass_, h) + _pointwise(model, prof.pointwise, pass_, h, q, k, f) + \
+        _residuals(prof.pointwise, pass_, h)
+    return Inventory(sum(r + w for r, w in kernels), len(kernels))
+
+
+def loss_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfile, pass_: str) -> Inventory:
+    """Bytes per token and kernels of the loss over the logits (last pipeline stage), and the final norm."""
+    prof = profile if isinstance(profile, KernelProfile) else kernel_profile(profile)
+    v = model.vocab / layout.tp
+    if prof.loss == "eager_fp32":   # logits.float(), log_softmax, nll; backward: nll grad, softmax grad, cast
+        steps = ((2, 4), (4, 4), (0, 0)) if pass_ == "forward" else ((0, 4), (8, 4), (4, 2))
+        kernels = [(r * v, w * v) for r, w in steps]
+    else:
+        kernels = [(2 * v, 0.0)] if pass_ == "forward" else [(2 * v, 2 * v)]
+    # the final norm stays outside a compiled block: it runs as the profile's norm kernel
+    h = model.hidden / layout.tp if layout.sequence_parallel and layout.tp > 1 else float(model.hidden)
+    kernels += _norm(prof.norm, h, pass_)
+    return Inventory(sum(r + w for r, w in kernels), len(kernels))
+
+
+def extra_bytes_per_token(model: ModelSpec, layout: Layout, profile: str | KernelProfile, pass_: str,
+                          dense_layers: int, last_stage: bool = False) -> Inventory:
+    """Bytes per token and kernels that `profile` moves beyond the fused reference profile (`REFERENCE`) in
+    `pass_` over `dense_layers` dense layers, plus the loss and final norm when `last_stage`; negative where it
+    fuses more than the reference."""
+    ref = kernel_profile(REFERENCE)
+    parts = [(layer_inventory(model, layout, profile, pass_), layer_inventory(model, layout, ref, pass_),
+              dense_layers)]
+    if last_stage:
+        parts.append((loss_inventory(model, layout, profile, pass_), loss_inventory(model, layout, ref, pass_), 1))
+    return Inventory(sum((m.nbytes - b.nbytes) * n for m, b, n in parts),
+                     sum((m.launches - b.launches) * n for m, b, n in parts))

@@ -1,0 +1,113 @@
+"""Memory-bound kernel profiles: eager against compiled against the fused reference, and a case's own profile."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ringflow.errors import ConfigError, InvalidArgument
+from ringflow.workload.compute import EfficiencyModel, efficiency_for, gpu_spec, microbatch_times
+from ringflow.workload.kernels import REFERENCE, extra_bytes_per_token, kernel_profile, layer_inventory
+from ringflow.workload.layout import Layout
+from ringflow.workload.models import load_model
+from ringflow.workload.published import Constants, Prediction, _check_case, fit, load_cases, predict
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple:
+    model = load_model("llama3-8b")
+    return model, Layout(dp=8, micro_batch=2, seq_len=8192, global_batch=16, zero=3, recompute="op")
+
+
+def test_eager_costs_more_than_compiled_by_the_inventorys_bytes(llama: tuple) -> None:
+    model, layout = llama
+    gpu = gpu_spec("H100")
+    e = EfficiencyModel()
+    eager = microbatch_times(model, layout, gpu, replace(e, kernels="torchtitan-eager"))
+    compiled = microbatch_times(model, layout, gpu, replace(e, kernels="torchtitan-compile"))
+    tokens, mem_Bps, n = layout.micro_batch * layout.seq_len, gpu.hbm_GBps * 1e9 * e.mem_eff, model.layers
+
+    def extra(profile: str, pass_: str, last: bool) -> float:
+        return extra_bytes_per_token(model, layout, profile, pass_, n, last).nbytes
+
+    for got, pass_, last in ((eager.forward_s - compiled.forward_s, "forward", True),
+                             (eager.backward_s - compiled.backward_s, "backward", True),
+                             (eager.recompute_s - compiled.recompute_s, "forward", False)):
+        want = tokens * (extra("torchtitan-eager", pass_, last) - extra("torchtitan-compile", pass_, last)) / mem_Bps
+        assert want > 0
+        assert got == pytest.approx(want, rel=1e-9)
+    assert eager.model_flops == compiled.model_flops   # the same FLOPs, more bytes
+
+
+def test_the_reference_profile_adds_nothing_and_a_faster_memory_shrinks_the_gap(llama: tuple) -> None:
+    model, layout = llama
+    h100, h200 = gpu_spec("H100"), gpu_spec("H200")
+    base = microbatch_times(model, layout, h100, EfficiencyModel())
+    assert microbatch_times(model, layout, h100, EfficiencyModel(kernels=REFERENCE)) == base
+    gap = {g.name: microbatch_times(model, layout, g, EfficiencyModel(kernels="torchtitan-eager")).total_s
+           - microbatch_times(model, layout, g, EfficiencyModel()).total_s for g in (h100, h200)}
+    assert gap["H100"] == pytest.approx(gap["H200"] * h200.hbm_GBps / h100.hbm_GBps)
+
+
+def test_composed_rmsnorm_moves_nine_times_the_fused_norms_bytes() -> None:
+    # torchtitan's RMSNorm forward as PyTorch ops: x.float() 2+4, pow 4+4, mean 4, x*rstd 4+4, cast 4+2, *w 2+2
+    model = replace(load_model("llama3-8b"), position="none", kv_heads=32, gated_mlp=False)
+    layout = Layout(dp=1, micro_batch=1, seq_len=8192, global_batch=1)
+    h, f = model.hidden, model.ffn_hidden
+    eager = layer_inventory(model, layout, "torchtitan-eager", "forward")
+    fused = layer_inventory(model, layout, REFERENCE, "forward")
+    assert fused.nbytes == 2 * 4 * h + 4 * f + 2 * 6 * h      # two norms, GELU, two residual adds
+    assert eager.nbytes - fused.nbytes == 2 * (36 - 4) * h    # only the norms differ without rotary or gating
+    assert eager.launches > fused.launches
+
+
+def test_tensor_parallel_splits_the_inventory_and_sequence_parallel_the_hidden_part() -> None:
+    model = load_model("llama3-70b")
+    one = Layout(dp=1, micro_batch=1, seq_len=8192, global_batch=1)
+    tp = Layout(dp=1, tp=8, micro_batch=1, seq_len=8192, global_batch=1, sequence_parallel=True)
+    for profile in ("torchtitan-eager", "torchtitan-compile", REFERENCE):
+        for pass_ in ("forward", "backward"):
+            assert layer_inventory(model, tp, profile, pass_).nbytes == \
+                pytest.approx(layer_inventory(model, one, profile, pass_).nbytes / 8)
+
+
+def test_an_unknown_profile_is_a_typed_error_and_software_profiles_carry_theirs() -> None:
+    with pytest.raises(InvalidArgument, match="torchtitan-eager"):
+        EfficiencyModel(kernels="pytorch")
+    with pytest.raises(InvalidArgument, match="pass"):
+        layer_inventory(load_model("llama3-8b"), Layout(dp=1, global_batch=1), REFERENCE, "sideways")
+    assert efficiency_for("torchtitan-compile").kernels == "torchtitan-compile"
+    assert efficiency_for().kernels == REFERENCE
+    assert kernel_profile("LLM-FOUNDRY-2023").norm == "native"
+
+
+def test_a_cases_profile_comes_from_its_yaml_field() -> None:
+    cases = {c["id"]: c for c in load_cases()}
+    eager, compiled = cases["torchtitan-llama31-8b-fsdp128"], cases["torchtitan-llama31-8b-fsdp128-compile"]
+    assert (eager["kernels"], compiled["kernels"]) == ("torchtitan-eager", "torchtitan-compile")
+    assert all(c["kernels"] == "llm-foundry-2023" for c in cases.values() if c.get("era") == "llm-foundry-2023")
+    consts = Constants.defaults()
+    same = dict(eager, kernels="torchtitan-compile")
+    assert predict(eager, consts).value < predict(same, consts).value
+    assert predict(same, consts).value == pytest.approx(predict(dict(compiled, value=eager["value"]), consts).value)
+
+
+def test_a_case_with_an_unknown_profile_or_no_source_for_it_is_refused(tmp_path) -> None:
+    case = next(c for c in load_cases() if c.get("kernels"))
+    for bad in (dict(case, kernels="eager-ish"), {k: v for k, v in case.items() if k != "kernels_source"},
+                dict(case, hbm_GBps=-1)):
+        with pytest.raises(ConfigError, match="kernels|hbm_GBps"):
+            _check_case(bad, tmp_path / "cases.yaml")
+
+
+def test_a_case_naming_its_profile_never_sets_a_software_factor() -> None:
+    base = next(c for c in load_cases() if c["id"] == "torchtitan-llama31-8b-fsdp128-compile")
+    plain = dict(base, id="plain", era="stack-a", set="fit", kernels=None)
+    plain.pop("kernels")
+    profiled = dict(base, id="profiled", era="stack-b", set="fit")
+
+    def half(case: dict, consts: Constants) -> Prediction:
+        return Prediction(case["value"] / 2)   # every stack seems twice too slow
+
+    consts = fit([plain, profiled], half)
+    assert "stack-a" in consts.software and "stack-b" not in consts.software
