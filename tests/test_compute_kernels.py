@@ -111,3 +111,28 @@ def test_a_case_naming_its_profile_never_sets_a_software_factor() -> None:
 
     consts = fit([plain, profiled], half)
     assert "stack-a" in consts.software and "stack-b" not in consts.software
+
+
+# One H200, torch 2.11, BF16, sequence 8192, micro-batch 1: a whole decoder layer forward + backward, model TFLOP/s
+# (issue 58's measured anchor; never fitted to): Llama-3 8B shape eager 544, compiled 610; 70B shape eager 589.
+H200_LAYER_TFLOPS = {("llama3-8b", "torchtitan-eager"): 544.0, ("llama3-8b", "torchtitan-compile"): 610.0,
+                     ("llama3-70b", "torchtitan-eager"): 589.0}
+
+
+def _layer_tflops(name: str, profile: str) -> float:
+    model, gpu = load_model(name), gpu_spec("H200")
+    layout = Layout(dp=1, micro_batch=1, seq_len=8192, global_batch=1)
+    e = EfficiencyModel(kernels=profile)
+    seconds = microbatch_times(replace(model, layers=2), layout, gpu, e).total_s - \
+        microbatch_times(replace(model, layers=1), layout, gpu, e).total_s
+    mm, at, _ = model.span_flops_per_token(8192, 0, 1)
+    return 3 * 8192 * (mm + at) / seconds / 1e12
+
+
+def test_a_single_h200_decoder_layer_matches_the_measured_eager_and_compiled_throughput() -> None:
+    got = {k: _layer_tflops(*k) for k in H200_LAYER_TFLOPS}
+    for k, measured in H200_LAYER_TFLOPS.items():
+        assert got[k] == pytest.approx(measured, rel=0.10), k
+    ratio = got[("llama3-8b", "torchtitan-compile")] / got[("llama3-8b", "torchtitan-eager")]
+    assert ratio == pytest.approx(610.0 / 544.0, rel=0.03)
+    assert _layer_tflops("llama3-8b", REFERENCE) == pytest.approx(got[("llama3-8b", "torchtitan-compile")], rel=0.02)

@@ -412,7 +412,8 @@ def row(c: dict[str, Any], pr: Prediction) -> dict[str, Any]:
         and not topo.get("nodes")
     gpus = int(c.get("gpus") or pr.info.get("gpus") or 0)
     return {"id": c["id"], "group": c["group"], "kind": c["kind"], "generation": c["generation"],
-            "era": c.get("era", ""), "framework": c.get("era") or "nccl", "gpus": gpus, "scale": scale_of(gpus),
+            "era": c.get("era", ""), "framework": c.get("era") or "nccl", "kernels": c.get("kernels", ""),
+            "gpus": gpus, "scale": scale_of(gpus),
             "set": c["set"], "metric": c["metric"], "published": float(c["value"]), "predicted": pr.value,
             "error": err, "status": pr.status, "system": c.get("system", ""), "url": c["source"]["url"],
             "where": c["source"].get("where", ""), "one_server": one_server, "assumed": c.get("assumed", ""),

@@ -85,6 +85,10 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
             rows.append([f"software_factor ({era})", "1", "1", "the reference era of the compute curve: 1 by "
                          "definition"])
             continue
+        if k is None and all(r.get("kernels") for r in result["rows"] if r["era"] == era):
+            rows.append([f"software_factor ({era})", "none", "1", "its cases are predicted by their kernel "
+                         "profiles (workload/kernels.py), no factor"])
+            continue
         rows.append([f"software_factor ({era})", "1 (not fitted)" if k is None else f"{k:.3f}", "1",
                      ", ".join(fitted.get(f"software[{era}]", [])) or "no expressible fitting case"])
     from .moe import DISPATCHERS
