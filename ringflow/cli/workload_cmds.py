@@ -256,8 +256,9 @@ def train_command(
     fp8_params: bool = typer.Option(False, "--fp8-params", help="with --precision fp8: weights kept only in "
                                     "FP8 (Megatron --fp8-param-gather)"),
     mfu_peak: str = typer.Option("bf16", "--mfu-peak", help="report MFU against the bf16 or the fp8 dense peak"),
-    software: str = typer.Option("megatron-core-2025", "--software", help="software efficiency profile: "
-                                 "megatron-core-2025, megatron-lm-2021, deepspeed-2022"),
+    software: str = typer.Option("megatron-core-2025", "--software", help="software profile: "
+                                 "megatron-core-2025, megatron-lm-2021, deepspeed-2022, torchtitan-eager, "
+                                 "torchtitan-compile, llm-foundry-2023"),
     seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="default: the model's"),
     global_batch: int = typer.Option(1024, "--global-batch", min=1, help="sequences per step"),
     micro_batch: int = typer.Option(1, "--micro-batch", min=1),
