@@ -121,7 +121,7 @@ def _norm(kind: str, width: float, pass_: str) -> Kernels:
     return [(4 * width, 2 * width), (4 * width, 0.0)]   # dx; the weight gradient's pass over x and dy
 
 
-def _pointwise(model: ModelSpec, kind: str, pass_: str, h: float, q: float, k: float, f: float) -> Kernels:
+def _pointwise(model: ModelSpec, kind: str, pass_: str, q: float, k: float, f: float) -> Kernels:
     out: Kernels = []
     if model.position == "rope":   # on q and on k: eager cast, complex multiply, cast back; else one kernel
         steps = ((2, 4), (4, 4), (4, 2)) if kind == "eager" else ((2, 2),)
@@ -165,7 +165,7 @@ def layer_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfi
     t = layout.tp
     h = model.hidden / t if layout.sequence_parallel and t > 1 else float(model.hidden)
     q, k, f = model.q_width / t, model.kv_hidden / t, model.ffn_hidden / t
-    kernels = _norms(prof, pass_, h) + _pointwise(model, prof.pointwise, pass_, h, q, k, f) + \
+    kernels = _norms(prof, pass_, h) + _pointwise(model, prof.pointwise, pass_, q, k, f) + \
         _residuals(prof.pointwise, pass_, h)
     return Inventory(sum(r + w for r, w in kernels), len(kernels))
 
