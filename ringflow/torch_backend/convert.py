@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import weakref
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,7 @@ NATIVE = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.
           torch.float32, torch.float64}
 #: dtypes ringflow takes as NumPy views (bfloat16 has no NumPy dtype: it goes as the tensor)
 _VIEWABLE = NATIVE - {torch.bfloat16}
-MAX_SEEN = 256   # tensors `Direct` remembers having seen (emptied when full)
+MAX_SEEN = 256   # memory `Direct` remembers having seen, by address, dtype and shape (emptied when full)
 #: bitwise ops (integer and bool tensors only)
 BITWISE = frozenset({"band", "bor", "bxor"})
 _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "BAND": "band",
@@ -56,42 +55,51 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
 
 class Direct:
     """What to hand ringflow for a tensor it can take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
-    ringflow share, not requiring grad), or None (stage it).
+    ringflow share, without the negative bit), or None (stage it).
 
-    A tensor seen for the first time goes as a NumPy view of its memory: ringflow runs the plan it remembered for
-    the call's shape at the view's address, so fresh tensors (DDP's and FSDP's) skip the full path. From its
-    second call on, a tensor goes as one NumPy array kept for it, which ringflow remembers as an object and runs
-    in one native call. That array aliases the tensor's memory without holding the tensor (a kept tensor would
-    never be freed), so it is handed out only while the tensor is alive with the data address, shape, dtype and
-    contiguity it had when the array was made; any change makes a new one."""
+    A tensor at an address, dtype and shape not seen before goes as a NumPy view of its memory: ringflow runs the
+    plan it remembered for the call's shape at the view's address. From the second tensor at that address, dtype
+    and shape on (the same tensor called again, or a fresh one the allocator placed where an earlier one was), it
+    goes as one NumPy array kept for that memory, which ringflow remembers as an object and runs in one native call.
+    That array aliases the memory without holding any tensor (a kept tensor would never be freed); it is handed out
+    only for a live tensor that occupies exactly that memory now: a plain CPU tensor, contiguous, with the address,
+    dtype and shape the array was made for and no negative bit, re-checked on every call."""
 
-    __slots__ = ("_seen",)
+    __slots__ = ("_kept",)
 
     def __init__(self) -> None:
-        # id -> (the tensor weakly, its array or None, data address, shape, dtype) (a dead tensor's id may be reused)
-        self._seen: dict[int, tuple[weakref.ref, np.ndarray | None, int, torch.Size, torch.dtype]] = {}
+        # (data address, dtype, shape) -> the array kept for that memory, or None (seen once)
+        self._kept: dict[tuple[int, torch.dtype, torch.Size], np.ndarray | None] = {}
 
     def __call__(self, t: torch.Tensor) -> np.ndarray | None:
         """A NumPy array of t's memory, or None (ringflow cannot take it as it is)."""
-        if type(t) is not torch.Tensor or t.dtype not in _VIEWABLE:
+        if type(t) is not torch.Tensor:
             return None
-        seen = self._seen
-        e = seen.get(id(t))
-        if e is not None and e[0]() is t and e[1] is not None and t.data_ptr() == e[2] and t.shape == e[3] \
-                and t.dtype is e[4] and t.is_contiguous():
-            return e[1]
+        try:
+            key = (t.data_ptr(), t.dtype, t.shape)
+        except RuntimeError:   # no storage (sparse, functional wrappers)
+            return None
+        kept = self._kept.get(key)
+        if kept is not None and t.is_contiguous() and t.is_cpu and not t.is_neg():
+            return kept
+        if key[1] not in _VIEWABLE:
+            return None
         try:
             a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits)
         except (RuntimeError, TypeError):
             return None
         if not a.flags.c_contiguous:
             return None
-        again = e is not None and e[0]() is t
-        if not again and len(seen) >= MAX_SEEN:
+        if not a.size:
+            return a
+        seen = self._kept
+        if key in seen:   # the second tensor on this memory: keep an array for it
+            seen[key] = kept = _alias(a)
+            return kept
+        if len(seen) >= MAX_SEEN:
             seen.clear()
-        kept = _alias(a) if again and a.size else None
-        seen[id(t)] = (weakref.ref(t), kept, t.data_ptr(), t.shape, t.dtype)
-        return a if kept is None else kept
+        seen[key] = None
+        return a
 
 
 def _alias(a: np.ndarray) -> np.ndarray:
@@ -104,7 +112,8 @@ class Staged:
     """A flat contiguous working tensor for a user tensor; `finish()` copies results back when it was a copy.
 
     `arg` is what to hand ringflow: the user's tensor itself when ringflow can use it as it is (a contiguous
-    CPU tensor of a native dtype), so ringflow's per-call binding cache recognises it call after call.
+    CPU tensor of a native dtype without the negative bit), so ringflow's per-call binding cache recognises it
+    call after call.
     """
 
     __slots__ = ("user", "flat", "copied", "arg")
@@ -112,15 +121,16 @@ class Staged:
     def __init__(self, t: torch.Tensor, writeback: bool = True) -> None:
         if t.requires_grad:
             t = t.detach()
-        if t.dtype in NATIVE and t.is_contiguous() and t.is_cpu:
+        if t.dtype in NATIVE and t.is_contiguous() and t.is_cpu and not t.is_neg():
             self.user = self.arg = t
             self.copied = False
             self.flat = t.view(-1) if t.dim() != 1 else t
             return
         v = work_view(t.detach())
         self.user = v
-        self.copied = not v.is_contiguous()
-        self.flat = self.arg = (v.contiguous() if self.copied else v).view(-1)
+        # a negative view's memory holds the negated values: its working copy holds them as they read
+        self.copied = not v.is_contiguous() or v.is_neg()
+        self.flat = self.arg = (v.resolve_neg().contiguous() if self.copied else v).view(-1)
         if not writeback:
             self.copied = False
 

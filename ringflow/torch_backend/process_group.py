@@ -20,6 +20,7 @@ from .store import communicator_from_store, group_timeout_s
 from .work import Lane, RingflowWork, finished
 
 COLL, SEND, RECV = 0, 1, 2
+_NO_TIME = datetime.timedelta(0)
 _PREMUL_SUM = 8   # hash() of a ReduceOp is its RedOpType's value; PREMUL_SUM's factor varies (never cached)
 
 
@@ -36,6 +37,9 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         self._timeout_s = group_timeout_s(timeout)
         self.comm = communicator_from_store(store, rank, size, self._timeout_s)
         self._lanes = [Lane("coll"), Lane("send"), Lane("recv")]
+        # the collective lane's parts the inline all_reduce reads (attribute look-ups, not property calls)
+        self._coll, self._coll_lock, self._succeeded = self._lanes[COLL].runtime, self._lanes[COLL].lock, \
+            self._lanes[COLL].succeeded
         self._group_name = ""
         self._op_cache: dict[tuple[int, torch.dtype], tuple[str, Any]] = {}
         self._direct_ops: dict[tuple[int, torch.dtype], str] = {}   # (op, dtype) ringflow reduces as they are
@@ -111,21 +115,23 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     # ---------------------------------------------------------------- reductions
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce each tensor in place."""
-        if opts is not None and len(tensors) == 1:
+        if opts is not None and len(tensors) == 1 and _HASH_IS_KIND:
             # the common case: ringflow reduces the user's memory itself (no staging, no extra frames)
             x = tensors[0]
-            name = self._direct_ops.get((hash(opts.reduceOp), x.dtype)) if _HASH_IS_KIND else None
+            name = self._direct_ops.get((hash(opts.reduceOp), x.dtype))
             if name is not None and (a := self._direct(x)) is not None:
-                t = self._timeout(opts)
-                lane = self._lanes[COLL]
-                if not opts.asyncOp and lane.idle:   # run_now, inlined: the hottest call of training loops
-                    with lane.lock:
+                tm = opts.timeout   # _timeout, inlined
+                t = tm.total_seconds() if type(tm) is datetime.timedelta and tm > _NO_TIME else self._timeout_s
+                if not opts.asyncOp and not self._coll.busy and not self._coll.closed:
+                    # Lane.run_now, inlined: the hottest call of training loops
+                    with self._coll_lock:
                         try:
                             self.comm.all_reduce(a, name, timeout=t)
                         except BaseException as exc:  # noqa: BLE001 - delivered through the Work
                             return finished("allreduce", tensors, exc)
-                    return finished("allreduce", tensors)
-                return lane.submit(lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce", tensors, False)
+                    return self._succeeded("allreduce", tensors)
+                return self._lanes[COLL].submit(lambda: self.comm.all_reduce(a, name, timeout=t), "allreduce",
+                                                tensors, False)
         ops = self._ops(opts, tensors)
         if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]
@@ -133,7 +139,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                 key = (hash(_op(opts)), x.dtype)
                 if key[0] != _PREMUL_SUM:
                     self._direct_ops[key] = name
-                if x.is_contiguous():   # bfloat16 (no NumPy view) or a first call: ringflow takes the tensor
+                if x.is_contiguous() and not x.is_neg():   # bfloat16 or a first call: ringflow takes the tensor
                     return self._now("allreduce", lambda t: self.comm.all_reduce(x, name, timeout=t), tensors, opts)
 
         def body(t: float) -> None:

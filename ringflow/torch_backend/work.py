@@ -12,6 +12,7 @@ import datetime
 import threading
 import time
 from collections.abc import Callable
+from sys import getrefcount
 from typing import Any
 
 import torch
@@ -152,6 +153,26 @@ def finished(description: str, outputs: list[torch.Tensor], exc: BaseException |
     return w
 
 
+class Succeeded:
+    """Works for synchronous calls that succeeded: one finished Work handed out again while nothing else refers to
+    it (torch's dist.all_reduce waits on it and drops it), else a new one; a Work someone holds, or whose future was
+    asked for, is never changed."""
+
+    __slots__ = ("_w", "_free")
+
+    def __init__(self) -> None:
+        w = self._w = _Finished()
+        self._free = getrefcount(w)   # this holder, the local name and the argument: no one else's
+
+    def __call__(self, description: str, outputs: list[torch.Tensor]) -> RingflowWork:
+        """A finished Work for this call's outputs."""
+        w = self._w
+        if getrefcount(w) != self._free or w._future is not None:
+            w = self._w = _Finished()
+        w.description, w._result = description, outputs
+        return w
+
+
 Job = Callable[[], object]
 
 
@@ -169,6 +190,7 @@ class Lane:
         self.name = name
         self._lane = RuntimeLane(f"torch-{name}")
         self._exec = threading.Lock()
+        self.succeeded = Succeeded()
 
     @property
     def idle(self) -> bool:
@@ -176,6 +198,11 @@ class Lane:
         (under `lock`)."""
         lane = self._lane
         return not lane.busy and not lane.closed
+
+    @property
+    def runtime(self) -> RuntimeLane:
+        """The runtime lane that runs queued jobs (`busy`, `closed`)."""
+        return self._lane
 
     @property
     def lock(self) -> threading.Lock:
@@ -194,7 +221,7 @@ class Lane:
                 job()
             except BaseException as exc:  # noqa: BLE001 - delivered through the Work
                 return finished(description, outputs, exc)
-        return finished(description, outputs)
+        return self.succeeded(description, outputs)
 
     def submit(self, job: Job, description: str, outputs: list[torch.Tensor], inline: bool) -> RingflowWork:
         """Run job (inline if allowed and nothing is queued); its Work."""
