@@ -1,0 +1,221 @@
+"""Memory handed to backend "ringflow" again under another tensor: the same bytes re-viewed with another dtype,
+shape, stride, offset or the negative bit, storages shared through set_, buffers freed and allocated again (where
+the allocator puts the new one where the old one was), tensors requiring grad. The backend keeps one NumPy array
+per (address, dtype, shape) it has seen twice and hands it out for any tensor occupying exactly that memory; every
+result here is checked byte for byte against the exact one, over the whole buffer the tensor lives in (so a write
+outside the tensor fails too).
+
+Run as a rank: python tests/test_torch_reused_memory.py SEED STEPS RANK WORLD_SIZE INIT_FILE
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason="torch (optional extra) is not installed")
+
+ROOT = Path(__file__).resolve().parent.parent
+NBYTES = 3 * 8 * 1024 + 128   # every buffer: room for an all-gather of 1024 float64 on 2 ranks and its input
+SIZES = [1, 4, 16, 64, 1024]  # squares, so a square view and its transpose have the same shape
+OFFSETS = [0, 4, 8, 16, 64]   # bytes (those a dtype's size divides)
+RECIPES = ["plain", "plain", "plain", "square", "transpose", "strided", "neg"]
+STORAGES = ["base", "base", "set_", "fresh", "freed", "pool"]
+
+
+# ---------------------------------------------------------------- in-process: the rules, without processes
+def test_a_kept_array_serves_only_the_memory_it_was_made_for() -> None:
+    import torch
+
+    from ringflow.torch_backend.convert import Direct
+    d = Direct()
+    buf = torch.zeros(64, dtype=torch.uint8)
+    plain = buf[:16].view(torch.float32)
+    first, second = d(plain), d(buf[:16].view(torch.float32))   # two tensor objects, the same memory
+    assert first is not None and second is not None and first is not second   # a view, then the kept array
+    assert d(plain) is second and second.ctypes.data == plain.data_ptr()
+    second[:] = 7.0
+    assert plain.tolist() == [7.0] * 4   # the kept array is that memory
+    square = buf[:16].view(torch.float32).view(2, 2)
+    d(square)
+    kept_square = d(square)
+    assert kept_square is not None and kept_square.shape == (2, 2)
+    assert d(square.t()) is None   # same address and shape, not contiguous: staged
+    assert d(buf[:16].view(torch.int32)) is not kept_square   # same address, another dtype: its own view
+    z = buf[:8].view(torch.complex64)
+    imag = buf[4:8].view(torch.float32)
+    d(imag)
+    assert d(imag) is not None
+    neg = z.conj().imag   # the same address, dtype and shape as `imag`, holding the negated values
+    assert neg.data_ptr() == imag.data_ptr() and neg.is_contiguous() and neg.is_neg()
+    assert d(neg) is None
+    assert d(torch.nn.Parameter(torch.ones(2))) is None   # subclasses are staged
+    assert d(torch.ones(4, dtype=torch.bfloat16)) is None   # no NumPy dtype
+
+
+def test_a_finished_work_is_reused_only_while_no_one_holds_it() -> None:
+    import torch
+
+    from ringflow.torch_backend.work import Succeeded
+    ok = Succeeded()
+    a, b = [torch.ones(1)], [torch.zeros(1)]
+    first = ok("allreduce", a)
+    ident = id(first)
+    del first   # as torch's dist.all_reduce does once it waited
+    again = ok("broadcast", b)
+    assert id(again) == ident and again.result() is b and again.description == "broadcast" and again.wait()
+    other = ok("allreduce", a)   # `again` is still held: a new Work, and `again` keeps its outputs
+    assert other is not again and again.result() is b and other.result() is a
+    fut = other.get_future()
+    del other, again
+    last = ok("allreduce", b)
+    assert fut.wait() == a and last.get_future().wait() == b   # a Work whose future was asked for is not re-used
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reused_memory_gives_the_exact_result(tmp_path: Path, seed: int) -> None:
+    from test_torch_backend import launch
+    outs = launch(tmp_path, 2, [str(Path(__file__)), str(seed), "400"])
+    for r, out in enumerate(outs):
+        res = json.loads(out.strip().splitlines()[-1])
+        assert res["rank"] == r and res["steps"] == 400 and res["fails"] == [], res["fails"]
+        assert res["kept"] > 0   # memory called again went as a kept array (the fast path was exercised)
+
+
+# ---------------------------------------------------------------- the rank side
+def values(rank: int, step: int, k: int, dtype: Any) -> Any:
+    """Rank `rank`'s input at `step`: small integers, exact in every dtype and in sums over a few ranks."""
+    import torch
+    return ((torch.arange(k) * 7 + 3 * rank + step) % 11 - 5).to(dtype)
+
+
+def view(buf: Any, recipe: str, off: int, k: int, dtype: Any) -> Any:
+    """A tensor of k elements of dtype starting at byte `off` of buf (uint8), made as `recipe` says: plain, a square
+    matrix or its transpose, every other element, or (float32 at an offset 4 past a multiple of 8) the imaginary
+    parts of a conjugated complex view (the negative bit) starting there. All start at `off`; a square, its
+    transpose and plain have the same shape for k = 1; strided and plain always do."""
+    import torch
+    isz = torch.empty(0, dtype=dtype).element_size()
+    if recipe == "neg" and dtype == torch.float32 and off % 8 == 4:
+        return buf[off - 4:off - 4 + 8 * k].view(torch.complex64).conj().imag
+    if recipe == "strided":
+        return buf[off:off + 2 * k * isz].view(dtype)[::2]
+    flat = buf[off:off + k * isz].view(dtype)
+    m = int(round(k ** 0.5))
+    if recipe == "square":
+        return flat.view(m, m)
+    if recipe == "transpose":
+        return flat.view(m, m).t()
+    return flat
+
+
+class Storages:
+    """The buffers tensors are made over: one kept for the run, new ones, ones freed and made again, a pool."""
+
+    def __init__(self, rng: random.Random) -> None:
+        import torch
+        self.rng = rng
+        self.base = torch.zeros(NBYTES, dtype=torch.uint8)
+        self.last: Any = None
+        self.pool = [torch.zeros(NBYTES, dtype=torch.uint8) for _ in range(3)]
+        self.slot: tuple | None = None   # (storage, dtype, elements, byte offset) of the current calls
+
+    def get(self, how: str) -> Any:
+        import torch
+        if how == "base":
+            return self.base
+        if how == "set_":   # a new tensor object over the base's storage
+            return torch.empty(0, dtype=torch.uint8).set_(self.base.untyped_storage(), 0, (NBYTES,), (1,))
+        if how == "freed":   # the previous new buffer freed first: the allocator tends to hand its memory back
+            self.last = None
+            self.last = torch.empty(NBYTES, dtype=torch.uint8)
+            return self.last
+        if how == "fresh":
+            self.last = torch.empty(NBYTES, dtype=torch.uint8)
+            return self.last
+        return self.rng.choice(self.pool)
+
+
+def step(rank: int, n: int, i: int, rng: random.Random, st: Storages, group: Any) -> str | None:
+    """One collective on a tensor over a (re-used) buffer; a description of what differs, or None if exact."""
+    import torch
+    import torch.distributed as dist
+    dtypes = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64]
+    if st.slot is None or rng.random() < 0.25:   # the memory a call lands on stays for a few steps, as in loops
+        if rng.random() < 0.2:   # where a negative view sits exactly on a plain one's kept array
+            st.slot = ("base", torch.float32, 1, 4)
+        else:
+            dtype = rng.choice(dtypes)
+            isz = torch.empty(0, dtype=dtype).element_size()
+            st.slot = (rng.choice(STORAGES), dtype, rng.choice(SIZES), rng.choice([o for o in OFFSETS if o % isz == 0]))
+    where, dtype, k, off = st.slot
+    recipe = rng.choice(RECIPES)
+    op = rng.choices(["all_reduce", "broadcast", "all_gather"], weights=[6, 2, 2])[0]
+    grad = dtype.is_floating_point and recipe == "plain" and rng.random() < 0.1
+    buf = st.get(where)
+    buf.copy_(torch.randint(0, 256, (NBYTES,), generator=torch.Generator().manual_seed(i), dtype=torch.uint8))
+    ins = [values(r, i, k, dtype) for r in range(n)]
+    what = f"step {i}: {op} {dtype} x{k} {recipe} at +{off} of {where}{' (grad)' if grad else ''}"
+    if op == "all_gather":   # into a plain output; the input is this rank's slot of it (in place) or other bytes
+        out = view(buf, "plain", off, k * n, dtype)
+        inplace = rng.random() < 0.5
+        isz = out.element_size()
+        x = out[rank * k:(rank + 1) * k] if inplace else view(buf, "plain", off + k * n * isz, k, dtype)
+        x.copy_(ins[rank])
+        want = buf.clone()
+        view(want, "plain", off, k * n, dtype).copy_(torch.cat(ins))
+        dist.all_gather_into_tensor(out, x, group=group)
+    else:
+        x = view(buf, recipe, off, k, dtype)
+        if grad:
+            x.requires_grad_()
+        with torch.no_grad():
+            x.copy_(ins[rank].view(x.shape))
+        want = buf.clone()
+        if op == "all_reduce":
+            red = rng.choice(["sum", "max", "min"] + (["avg"] if dtype.is_floating_point else []))
+            stack = torch.stack([v.double() for v in ins])
+            result = {"sum": stack.sum(0), "max": stack.max(0).values, "min": stack.min(0).values,
+                      "avg": stack.sum(0) / n}[red].to(dtype)
+            what += f" ({red})"
+            dist.all_reduce(x, getattr(dist.ReduceOp, red.upper()), group=group)
+        else:
+            root = rng.randrange(n)
+            result = ins[root]
+            what += f" (root {root})"
+            dist.broadcast(x, root, group=group)
+        view(want, recipe, off, k, dtype).copy_(result.view(x.shape))
+    if torch.equal(buf, want):
+        return None
+    bad = (buf != want).nonzero().view(-1)
+    return f"{what}: {bad.numel()} bytes differ, first at {int(bad[0])}"
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
+    warnings.filterwarnings("ignore")
+    seed, steps, rank, n, init = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    torch.set_num_threads(1)
+    dist.init_process_group("ringflow", init_method=f"file://{init}", rank=rank, world_size=n)
+    group = dist.group.WORLD
+    rng = random.Random(seed)
+    st = Storages(random.Random(seed + 1))
+    fails = [f for i in range(steps) if (f := step(rank, n, i, rng, st, group)) is not None]
+    kept = sum(a is not None for a in group._direct._kept.values())
+    print(json.dumps({"rank": rank, "steps": steps, "fails": fails[:10], "kept": kept}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
