@@ -41,10 +41,12 @@ static void stream_copy(char *dst, const char *src, size_t n)
     memcpy(dst, src, n);
 }
 
-static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* run `fn(dst, src, nbytes)` on the three integer arguments, the GIL released */
+static PyObject *call3(const char *name, void (*fn)(char *, const char *, size_t), PyObject *const *args,
+                       Py_ssize_t nargs)
 {
     if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "copy(dst_addr, src_addr, nbytes) takes 3 integers");
+        PyErr_Format(PyExc_TypeError, "%s(dst_addr, src_addr, nbytes) takes 3 integers", name);
         return NULL;
     }
     void *dst = PyLong_AsVoidPtr(args[0]);
@@ -57,30 +59,21 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    stream_copy((char *)dst, (const char *)src, (size_t)n);
+    fn((char *)dst, (const char *)src, (size_t)n);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
+static void move_bytes(char *dst, const char *src, size_t n) { rf_move(dst, src, n); }
+
+static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return call3("copy", stream_copy, args, nargs);
+}
+
 static PyObject *move(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "move(dst_addr, src_addr, nbytes) takes 3 integers");
-        return NULL;
-    }
-    void *dst = PyLong_AsVoidPtr(args[0]);
-    void *src = PyLong_AsVoidPtr(args[1]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (n < 0) {
-        PyErr_SetString(PyExc_ValueError, "nbytes must be >= 0");
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rf_move(dst, src, (size_t)n);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return call3("move", move_bytes, args, nargs);
 }
 
 static PyMethodDef methods[] = {
