@@ -60,23 +60,35 @@ def test_a_kept_array_serves_only_the_memory_it_was_made_for() -> None:
     assert d(torch.ones(4, dtype=torch.bfloat16)) is None   # no NumPy dtype
 
 
-def test_a_finished_work_is_reused_only_while_no_one_holds_it() -> None:
+def test_a_finished_work_is_reused_only_for_a_repeated_call_while_no_one_holds_it() -> None:
+    import weakref
+
     import torch
 
     from ringflow.torch_backend.work import Succeeded
     ok = Succeeded()
-    a, b = [torch.ones(1)], [torch.zeros(1)]
-    first = ok("allreduce", a)
-    ident = id(first)
-    del first   # as torch's dist.all_reduce does once it waited
-    again = ok("broadcast", b)
-    assert id(again) == ident and again.result() is b and again.description == "broadcast" and again.wait()
-    other = ok("allreduce", a)   # `again` is still held: a new Work, and `again` keeps its outputs
-    assert other is not again and again.result() is b and other.result() is a
+    x = torch.ones(1)
+    ids = []
+    for _ in range(4):   # as torch's dist.all_reduce does: wait on the Work, then drop it
+        w = ok("allreduce", [x])
+        assert w.wait() and w.result()[0] is x
+        ids.append(id(w))
+        del w
+    assert ids[2] == ids[1] == ids[3]   # from the second call on the same tensor, one Work
+    held = ok("broadcast", [x])
+    other = ok("allreduce", [x])   # `held` is held: a new Work, and `held` keeps its outputs
+    assert other is not held and held.description == "broadcast" and held.result()[0] is x
     fut = other.get_future()
-    del other, again
-    last = ok("allreduce", b)
-    assert fut.wait() == a and last.get_future().wait() == b   # a Work whose future was asked for is not re-used
+    del other, held
+    again = ok("allreduce", [x])
+    assert fut.wait()[0] is x and again.get_future().wait()[0] is x
+    del again
+    fresh = torch.zeros(1)
+    gone = weakref.ref(fresh)
+    w = ok("allreduce", [fresh])
+    assert w.result()[0] is fresh and id(w) not in ids
+    del w, fresh
+    assert gone() is None   # a tensor called once is not held past its call
 
 
 @pytest.mark.long

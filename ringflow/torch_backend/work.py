@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from sys import getrefcount
 from typing import Any
@@ -154,22 +155,29 @@ def finished(description: str, outputs: list[torch.Tensor], exc: BaseException |
 
 
 class Succeeded:
-    """Works for synchronous calls that succeeded: one finished Work handed out again while nothing else refers to
-    it (torch's dist.all_reduce waits on it and drops it), else a new one; a Work someone holds, or whose future was
-    asked for, is never changed."""
+    """Works for synchronous calls that succeeded. A call on the same tensors as the call before it (a loop's) gets
+    one finished Work again, while nothing else refers to it (torch's dist.all_reduce waits on it and drops it) and
+    its future was never asked for; any other call gets a new Work, of which nothing is kept, so a tensor called once
+    is never held past its call. A Work someone holds is never changed."""
 
-    __slots__ = ("_w", "_free")
+    __slots__ = ("_w", "_free", "_prev")
 
     def __init__(self) -> None:
         w = self._w = _Finished()
         self._free = getrefcount(w)   # this holder, the local name and the argument: no one else's
+        self._w: RingflowWork | None = None
+        self._prev: weakref.ref | None = None   # the previous call's first output
 
     def __call__(self, description: str, outputs: list[torch.Tensor]) -> RingflowWork:
         """A finished Work for this call's outputs."""
         w = self._w
-        if getrefcount(w) != self._free or w._future is not None:
-            w = self._w = _Finished()
-        w.description, w._result = description, outputs
+        if w is not None and outputs and w._result[0] is outputs[0] and getrefcount(w) == self._free \
+                and w._future is None:
+            w.description, w._result = description, outputs
+            return w
+        w = finished(description, outputs)
+        prev, self._prev = self._prev, (weakref.ref(outputs[0]) if outputs else None)
+        self._w = w if prev is not None and outputs and prev() is outputs[0] else None
         return w
 
 
