@@ -163,9 +163,10 @@ class Succeeded:
     __slots__ = ("_w", "_free", "_prev")
 
     def __init__(self) -> None:
-        w = self._w = _Finished()
+        self._w: RingflowWork | None = _Finished()
+        w = self._w
         self._free = getrefcount(w)   # this holder, the local name and the argument: no one else's
-        self._w: RingflowWork | None = None
+        self._w = None
         self._prev: weakref.ref | None = None   # the previous call's first output
 
     def __call__(self, description: str, outputs: list[torch.Tensor]) -> RingflowWork:
