@@ -37,14 +37,15 @@ DETAIL_MAX = 4096  # bytes of a mismatched argument-check message a receiver kee
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to hand over by reference
 # a kernel copy pins both sides' pages and runs at about half the speed of an in-cache memcpy; it wins
-# only where the slot path's two copies go to DRAM
-CMA_MIN_BYTES = 2**20
-# ... for a receiver that copies from a source the sender has not just written: a kernel copy into the
-# destination replaces two memcpys (into the slot, out of it) already from here (2-rank all_gather of
-# 512 KiB: 62 us by kernel copy, 74 through the slots); a reduction from a single copy goes through a
-# bounce buffer, and a source dirty in the sender's cache crosses cores slowly (2-rank all_reduce
-# 512 KiB: 194 us by kernel copy, 119 through the slots): those wait for CMA_MIN_BYTES
-CMA_COPY_MIN_BYTES = 256 * 1024
+# only where the slot path's two copies go to DRAM (2-rank all_reduce on a 2-vCPU VM, halving-doubling:
+# 1 MiB messages 250-320 us through the slots against 430-860 us by kernel copy; 4 MiB messages faster
+# by kernel copy)
+CMA_MIN_BYTES = 2 * 2**20
+# ... for a receiver that copies from a source the sender has not just written (no dirty lines in the
+# sender's cache to cross cores): a kernel copy into the destination replaces two memcpys (into the
+# slot, out of it) from here (2-rank broadcast, all_gather and all_to_all of 512 KiB: 26-43, 67-75 and
+# 70-77 us through the slots against 57-75, 107-112 and 88-98 us by kernel copy; 1 MiB about even)
+CMA_COPY_MIN_BYTES = 2**20
 # a lone sender (nothing else to do in its step) with a core of its own copies slices into the slots
 # while the receiver drains them: two cores on one message. A single kernel copy from cache is as
 # fast; once source and destination leave the cache it is not (2-rank broadcast on this VM: equal at
