@@ -224,7 +224,7 @@ def main() -> None:
     rng = random.Random(seed)
     st = Storages(random.Random(seed + 1))
     fails = [f for i in range(steps) if (f := step(rank, n, i, rng, st, group)) is not None]
-    kept = sum(a is not None for a in group._direct._kept.values())
+    kept = sum(a.size > 0 for a in group._direct._kept.values())   # arrays kept (not memory seen once)
     print(json.dumps({"rank": rank, "steps": steps, "fails": fails[:10], "kept": kept}), flush=True)
     dist.destroy_process_group()
 

@@ -14,6 +14,7 @@ NATIVE = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.
           torch.float32, torch.float64}
 #: dtypes ringflow takes as NumPy views (bfloat16 has no NumPy dtype: it goes as the tensor)
 _VIEWABLE = NATIVE - {torch.bfloat16}
+_ONCE = np.empty(0)   # `Direct`'s mark for memory seen once (never handed out)
 MAX_SEEN = 256   # memory `Direct` remembers having seen, by address, dtype and shape (emptied when full)
 #: bitwise ops (integer and bool tensors only)
 BITWISE = frozenset({"band", "bor", "bxor"})
@@ -68,8 +69,8 @@ class Direct:
     __slots__ = ("_kept",)
 
     def __init__(self) -> None:
-        # (data address, dtype, shape) -> the array kept for that memory, or None (seen once)
-        self._kept: dict[tuple[int, torch.dtype, torch.Size], np.ndarray | None] = {}
+        # (data address, dtype, shape) -> the array kept for that memory, or _ONCE (seen once)
+        self._kept: dict[tuple[int, torch.dtype, torch.Size], np.ndarray] = {}
 
     def __call__(self, t: torch.Tensor) -> np.ndarray | None:
         """A NumPy array of t's memory, or None (ringflow cannot take it as it is)."""
@@ -80,7 +81,7 @@ class Direct:
         except RuntimeError:   # no storage (sparse, functional wrappers)
             return None
         kept = self._kept.get(key)
-        if kept is not None and t.is_contiguous() and t.is_cpu and not t.is_neg():
+        if kept is not None and kept is not _ONCE and t.is_contiguous() and t.is_cpu and not t.is_neg():
             return kept
         if key[1] not in _VIEWABLE:
             return None
@@ -93,12 +94,12 @@ class Direct:
         if not a.size:
             return a
         seen = self._kept
-        if key in seen:   # the second tensor on this memory: keep an array for it
+        if kept is not None:   # the second tensor on this memory: keep an array for it
             seen[key] = kept = _alias(a)
             return kept
         if len(seen) >= MAX_SEEN:
             seen.clear()
-        seen[key] = None
+        seen[key] = _ONCE
         return a
 
 
