@@ -4,6 +4,7 @@
     python benchmarks/torch_backend.py --ddp [--steps 30]        # DDP step time of examples/torch/train_lm.py
     python benchmarks/torch_backend.py --init [--rounds 5]       # init and destroy cost, gloo versus ringflow
     python benchmarks/torch_backend.py --per-call [--min 8 --max 4KiB --factor 512]   # small all_reduce per call
+    python benchmarks/torch_backend.py --breakdown [--rounds 15]  # what the backend adds per call, part by part
 
 Each rank process initialises gloo as the default group and a ringflow group over the same ranks
 (`new_group(backend="ringflow")`), then times all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
@@ -24,6 +25,13 @@ that other processes on a shared machine did not delay (a median there measures 
 "adds" is what the backend adds to a call: torch's time per call minus the time inside its call into
 ringflow's Communicator (timed from the inside, so waiting for the other rank is not counted), same
 statistic; it includes the torch floor.
+
+--breakdown splits what the backend adds to a synchronous all_reduce, in one process (a 1-rank group, so no
+peer and no wait): "torch floor" as above; the backend with its call into the Communicator replaced by a
+no-op (torch floor plus the backend's own Python), repeated and fresh tensors; and the parts of that Python
+alone: reading the options torch hands it (op, timeout, asyncOp: pybind getters), turning a tensor into the
+array ringflow is handed (a kept array; a first-seen tensor's NumPy view), and making the finished Work (new,
+or re-used for a repeated call). Each cell is the median over rounds of the per-round 10th percentile.
 
 --init starts fresh rank processes per round, gloo and ringflow alternating (file:// rendezvous), with
 ringflow byte-compiled beforehand into a temporary PYTHONPYCACHEPREFIX, as an installed package is. Each
@@ -285,6 +293,49 @@ def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, o
     dist.destroy_process_group()
 
 
+def breakdown(rounds: int) -> list[tuple[str, float]]:
+    """--breakdown: (part, us per call) for a synchronous 8-byte all_reduce, in this process."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
+    from ringflow.torch_backend.convert import Direct
+    from ringflow.torch_backend.work import Succeeded, finished
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
+        rf, floor = dist.new_group([0], backend="ringflow"), dist.new_group([0], backend=_noop_backend())
+        rf.comm.all_reduce = lambda *a, **kw: None   # the backend's own Python only
+        opts = dist.AllreduceOptions()
+        opts.reduceOp, opts.asyncOp = dist.ReduceOp.SUM, False
+        same, direct, ok, outs = torch.ones(2), Direct(), Succeeded(), [torch.ones(2)]
+        parts: dict[str, tuple[Callable[[Any], Any], bool]] = {
+            "torch floor": (lambda t: dist.all_reduce(t, group=floor), False),
+            "backend, no-op call into ringflow, repeated": (lambda t: dist.all_reduce(t, group=rf), False),
+            "backend, no-op call into ringflow, fresh": (lambda t: dist.all_reduce(t, group=rf), True),
+            "  read op + timeout + asyncOp": (lambda t: (hash(opts.reduceOp), opts.timeout.total_seconds(),
+                                                         opts.asyncOp), False),
+            "  tensor -> array, repeated (kept array)": (direct, False),
+            "  tensor -> array, fresh (NumPy view)": (direct, True),
+            "  finished Work, new": (lambda t: finished("allreduce", outs), False),
+            "  finished Work, re-used (repeated call)": (lambda t: ok("allreduce", outs), False)}
+        per: dict[str, list[float]] = {p: [] for p in parts}
+        for _ in range(rounds):
+            for p, (fn, fresh) in parts.items():
+                ts = []
+                for _ in range(1000):
+                    x = torch.ones(2) if fresh else same
+                    t0 = time.perf_counter_ns()
+                    fn(x)
+                    ts.append(time.perf_counter_ns() - t0)
+                per[p].append(sorted(ts)[int(len(ts) * QUANTILE)] / 1e3)
+        dist.destroy_process_group()
+    return [(p, statistics.median(v)) for p, v in per.items()]
+
+
 def _per_call_table(rows: list[dict[str, Any]]) -> str:
     head = "".join(f"{w + ' us':>18}" for w in PER_CALL)
     lines = [f"{'ranks':>5}{'bytes':>7}{head}{'adds repeated':>15}{'adds fresh':>12}"]
@@ -366,6 +417,36 @@ def _init_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _single_modes(args: argparse.Namespace) -> bool:
+    """Run --init-rank, --breakdown, --init or --ddp if asked (True: done)."""
+    if args.init_rank:
+        b, r, n, init, sync, out = args.init_rank
+        init_rank(b, int(r), int(n), init, sync, out)
+        return True
+    if args.breakdown:
+        for part, us in breakdown(args.rounds):
+            print(f"{part:<48}{us:>8.2f} us")
+        return True
+    if args.init:
+        irows = _init_cost(args.ranks, args.rounds)
+        print(_init_table(irows))
+        if args.output:
+            with open(args.output, "w") as fh:
+                json.dump({"init": irows}, fh, indent=1)
+        return True
+    if args.ddp:
+        drows = _ddp(args.ranks, args.steps)
+        print(f"{'ranks':>6}{'gloo ms/step':>14}{'ringflow ms/step':>18}{'speed-up':>10}")
+        for r in drows:
+            print(f"{r['ranks']:>6}{r['gloo_step_ms']:>14.2f}{r['ringflow_step_ms']:>18.2f}"
+                  f"{r['gloo_step_ms'] / r['ringflow_step_ms']:>9.2f}x")
+        if args.output:
+            with open(args.output, "w") as fh:
+                json.dump({"ddp": drows}, fh, indent=1)
+        return True
+    return False
+
+
 def main() -> None:
     """Launch the rank processes for each world size and print the table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -379,6 +460,8 @@ def main() -> None:
     ap.add_argument("--init", action="store_true", help="time import + init + first all_reduce and destroy instead")
     ap.add_argument("--per-call", action="store_true", help="time a small all_reduce per call, repeated and fresh "
                     "tensors, torch against the own API")
+    ap.add_argument("--breakdown", action="store_true", help="split what the backend adds per call into its parts "
+                    "(one process)")
     ap.add_argument("-o", "--output", default="", help="write the rows as JSON")
     ap.add_argument("--plot", default="", help="write a plot (PNG) of time per call against size")
     ap.add_argument("--rank-args", nargs=4, help=argparse.SUPPRESS)
@@ -389,26 +472,7 @@ def main() -> None:
     args.ranks = args.ranks or ([2] if small else [2, 4])
     args.max = args.max or ("4KiB" if small else "64MiB")
     args.factor = args.factor or (512 if small else 8)
-    if args.init_rank:
-        b, r, n, init, sync, out = args.init_rank
-        init_rank(b, int(r), int(n), init, sync, out)
-        return
-    if args.init:
-        irows = _init_cost(args.ranks, args.rounds)
-        print(_init_table(irows))
-        if args.output:
-            with open(args.output, "w") as fh:
-                json.dump({"init": irows}, fh, indent=1)
-        return
-    if args.ddp:
-        drows = _ddp(args.ranks, args.steps)
-        print(f"{'ranks':>6}{'gloo ms/step':>14}{'ringflow ms/step':>18}{'speed-up':>10}")
-        for r in drows:
-            print(f"{r['ranks']:>6}{r['gloo_step_ms']:>14.2f}{r['ringflow_step_ms']:>18.2f}"
-                  f"{r['gloo_step_ms'] / r['ringflow_step_ms']:>9.2f}x")
-        if args.output:
-            with open(args.output, "w") as fh:
-                json.dump({"ddp": drows}, fh, indent=1)
+    if _single_modes(args):
         return
     sizes, s = [], _size(args.min)
     while s <= _size(args.max):
