@@ -39,6 +39,7 @@ class Rank:
         self.comm = world.split(0)
         self.slots: dict[int, Any] = {}
         self.bases: dict[int, Any] = {}   # slot -> the larger array a view slot lives in
+        self.outs: dict[tuple, Any] = {}   # kept output buffers (kept_out)
 
     def fill(self, x: Any, gen: int) -> None:
         v = values(int(x.numel() if hasattr(x, "numel") else x.size), self.world.rank, gen)
@@ -133,13 +134,26 @@ class Rank:
             return c.all_reduce(b[:n], st["red"], out=b[off:off + n])
         if op == "broadcast":
             return c.broadcast(x, st["root"])
+        out = self.kept_out(op, st["slot"], x) if st.get("out") == "kept" else None
         if op == "all_gather":
-            return c.all_gather(x)
+            return c.all_gather(x, out=out)
         if op == "reduce_scatter":
-            return c.reduce_scatter(x, "sum")
+            return c.reduce_scatter(x, "sum", out=out)
         if op == "all_to_all":
-            return c.all_to_all(x)
+            return c.all_to_all(x, out=out)
         raise ValueError(op)
+
+    def kept_out(self, op: str, slot: int, x: Any) -> Any:
+        """The output buffer this rank keeps for `op` on `slot` (a new one when x's kind, dtype or size changed):
+        repeated calls on it run through the collective's door."""
+        n = x.shape[0] if x.ndim else 1
+        count = {"all_gather": n * self.comm.size, "reduce_scatter": n // self.comm.size, "all_to_all": n}[op]
+        key = (op, slot, isinstance(x, np.ndarray), str(x.dtype), count)
+        out = self.outs.get(key)
+        if out is None:
+            out = self.outs[key] = np.zeros(count, x.dtype) if isinstance(x, np.ndarray) \
+                else torch.zeros(count, dtype=x.dtype)
+        return out
 
 
 def main() -> int:

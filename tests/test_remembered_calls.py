@@ -3,8 +3,8 @@
 The driver (this process) sends both ranks the same steps: collectives on buffers held in slots, interleaved
 with mutations of those buffers after the communicator remembered them (dtype reassignment, torch resize_,
 set_ and .data =, the writeable flag, views at moving offsets, dropping and reallocating, out= overlapping x,
-tune_with, a new communicator). Each collective's result is checked against NumPy on both ranks; the only
-allowed outcomes are the exact result on every rank or a typed error on every rank.
+kept output buffers, tune_with, a new communicator). Each collective's result is checked against NumPy on both
+ranks; the only allowed outcomes are the exact result on every rank or a typed error on every rank.
 """
 from __future__ import annotations
 
@@ -170,7 +170,8 @@ class RememberedCalls(RuleBasedStateMachine):
             TALLY["typed errors"] += 1
             self.ok({"op": "resplit"}, "new communicator")
             return False
-        assert s["writeable"] or op == "all_reduce" and kw.get("out") == "overlap", \
+        assert s["writeable"] or op == "all_reduce" and kw.get("out") == "overlap" \
+            or op != "broadcast" and kw.get("out") == "kept", \
             f"{op} wrote into a read-only buffer: {s}"
         for rank, a in enumerate(answers):
             want = expected(op, st_, s["dtype"], s["n"], rank)
@@ -183,7 +184,8 @@ class RememberedCalls(RuleBasedStateMachine):
         """After a mutation: call a collective on the mutated slot (remembered calls must notice the change)."""
         if self.slots[slot]["n"] % NRANKS == 0 and data.draw(st.booleans()):
             op = data.draw(st.sampled_from(["broadcast", "all_gather", "reduce_scatter", "all_to_all"]))
-            self._collective(op, slot, repeat=data.draw(st.integers(1, 3)), root=data.draw(st.integers(0, 1)))
+            self._collective(op, slot, repeat=data.draw(st.integers(1, 3)), root=data.draw(st.integers(0, 1)),
+                             out=data.draw(st.sampled_from(["none", "kept"])))
             return
         out = data.draw(st.sampled_from(["none", "self", "fresh"]))
         self._collective("all_reduce", slot, repeat=data.draw(st.integers(1, 3)),
@@ -200,12 +202,12 @@ class RememberedCalls(RuleBasedStateMachine):
 
     @precondition(lambda self: self.slots)
     @rule(data=st.data(), op=st.sampled_from(["broadcast", "all_gather", "reduce_scatter", "all_to_all"]),
-          root=st.integers(0, NRANKS - 1), repeat=st.integers(1, 3))
-    def other_collective(self, data: st.DataObject, op: str, root: int, repeat: int) -> None:
+          root=st.integers(0, NRANKS - 1), repeat=st.integers(1, 3), out=st.sampled_from(["none", "kept"]))
+    def other_collective(self, data: st.DataObject, op: str, root: int, repeat: int, out: str) -> None:
         slot = data.draw(st.sampled_from(sorted(self.slots)))
         if self.slots[slot]["n"] % NRANKS:
             op = "broadcast"
-        self._collective(op, slot, repeat, root=root)
+        self._collective(op, slot, repeat, root=root, out=out)
 
     def _slot_of(self, data: st.DataObject, kind: str) -> int | None:
         ok = sorted(k for k, v in self.slots.items() if v["kind"] == kind)

@@ -1,4 +1,4 @@
-"""all_reduce and broadcast called again on the same arrays run through their door (`_hotpath.Door`, one C call):
+"""Collectives called again on the same arrays run through their door (`_hotpath.Door`, one C call):
 exact results with several arrays in turn, no Python remembered path on a repeat, and every check still made on
 every call: another thread raises InvalidUsage, a bad timeout the full path's error, ranks that disagree raise the
 typed mismatch on every rank (the communicator stays usable), a changed array is not taken for the remembered one,
@@ -23,6 +23,9 @@ total = n * (n - 1) // 2
 xs = [np.zeros(k, np.float64) for k in (1, 2, 3, 5)]
 outs = [np.zeros(k, np.float64) for k in (1, 2, 3, 5)]
 b = np.zeros(4, np.int32)
+g, gout = np.zeros(3, np.int64), np.zeros(6, np.int64)
+rs, rsout = np.array([1.0, 1.0, 2.0, 2.0], np.float32), np.zeros(2, np.float32)
+a2a, a2aout = np.zeros(4, np.int16), np.zeros(4, np.int16)
 
 def round_(i):
     ok = True
@@ -35,7 +38,15 @@ def round_(i):
         ok &= bool((o == (n - 1) * i).all())
     b[:] = 10 * r + i
     comm.broadcast(b, 1)
-    return ok and bool((b == 10 + i).all())
+    ok &= bool((b == 10 + i).all())
+    g[:] = r + 2 * i
+    comm.all_gather(g, out=gout)
+    ok &= gout.tolist() == [2 * i] * 3 + [1 + 2 * i] * 3
+    comm.reduce_scatter(rs, "sum", out=rsout)
+    ok &= rsout.tolist() == [2.0 * (r + 1)] * 2
+    a2a[:] = np.arange(4) + 10 * r + i
+    comm.all_to_all(a2a, out=a2aout)
+    return ok and a2aout.tolist() == [2 * r + i, 2 * r + 1 + i, 10 + 2 * r + i, 11 + 2 * r + i]
 
 exact = sum(round_(i) for i in range(3))
 slow = []
@@ -44,7 +55,8 @@ comm._fast_again = lambda *a: (slow.append(a[0][0]), python_path(*a))[1]
 exact += sum(round_(i) for i in range(3, 10))
 comm._fast_again = python_path
 res["exact"], res["python_path"] = exact, slow
-res["held"] = [comm._door_all_reduce.held(), comm._door_broadcast.held()]
+res["held"] = [comm._door_all_reduce.held(), comm._door_broadcast.held(), comm._door_all_gather.held(),
+               comm._door_reduce_scatter.held(), comm._door_all_to_all.held()]
 
 x = xs[0]
 def other_thread():
@@ -103,7 +115,7 @@ def test_a_repeated_call_through_its_door_is_exact_and_checked_on_every_call(rec
     for res in rows:
         assert res["exact"] == 10, res
         assert res["python_path"] == [], res   # every repeat went through the door
-        assert res["held"] == [8, 1], res
+        assert res["held"] == [8, 1, 1, 1, 1], res
         assert res["thread"] == "InvalidUsage", res
         assert res["timeout"] == "InvalidArgument", res
         assert res["mismatch"] == "InvalidArgument", res

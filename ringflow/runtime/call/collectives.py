@@ -44,6 +44,9 @@ class CollectiveCalls(FastCalls):
         _execute: Callable[..., None]
         _door_all_reduce: Any
         _door_broadcast: Any
+        _door_all_gather: Any
+        _door_reduce_scatter: Any
+        _door_all_to_all: Any
 
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
@@ -180,7 +183,9 @@ class CollectiveCalls(FastCalls):
               timeout: float | None = ...) -> Work: ...
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Concatenate every rank's x on axis 0, on every rank."""
-        fk = ("all_gather", id(x), id(out)) if out is not None and not async_op else None
+        if (r := self._door_all_gather.call(x, out, None, async_op, timeout)) is not MISS:
+            return r
+        fk = ("all_gather", id(x), id(out), None) if out is not None and not async_op else None
         r, sk = self._fast_paths(fk, "all_gather", x, out, None, timeout) if not async_op else (MISS, None)
         if r is not MISS:
             return r
@@ -234,6 +239,8 @@ class CollectiveCalls(FastCalls):
     def reduce_scatter(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                        timeout: float | None = None) -> Any:
         """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
+        if (r := self._door_reduce_scatter.call(x, out, op, async_op, timeout)) is not MISS:
+            return r
         fk = ("reduce_scatter", id(x), id(out), op) \
             if out is not None and type(op) is str and not async_op else None
         r, sk = self._fast_paths(fk, "reduce_scatter", x, out, op, timeout) \
@@ -280,7 +287,9 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
         even = send_counts is None and recv_counts is None and not async_op
-        fk = ("all_to_all", id(x), id(out)) if out is not None and even else None
+        if even and (r := self._door_all_to_all.call(x, out, None, async_op, timeout)) is not MISS:
+            return r
+        fk = ("all_to_all", id(x), id(out), None) if out is not None and even else None
         r, sk = self._fast_paths(fk, "all_to_all", x, out, None, timeout) if even else (MISS, None)
         if r is not MISS:
             return r

@@ -11,12 +11,12 @@ and the plan's first native pass are one C call (`hotpath.call_runner`). Anythin
 a failed communicator, a pending async call, a changed dtype, shape, stride, address or
 writeability) takes the full path, whose rules are the only rules.
 
-all_reduce and broadcast go first to their door (`_hotpath.Door`, one per collective per communicator), which
-holds the identity entries they ran last (a few per collective): one C call makes every check of the remembered
-path (open communicator, no queued async call, the owning thread, op or root, timeout, plan, both arrays' state),
-the communicator's bookkeeping (sequence number, last call, last schedule) and the plan's first native pass, inside
-the recorder's `run` where the communicator has one. Any miss returns MISS having changed nothing (its record taken
-back), and the paths below decide.
+all_reduce, broadcast, all_gather, reduce_scatter and all_to_all (even parts) go first to their door
+(`_hotpath.Door`, one per collective per communicator), which holds the identity entries they ran last (a few per
+collective): one C call makes every check of the remembered path (open communicator, no queued async call, the
+owning thread, op or root, timeout, plan, both arrays' state), the communicator's bookkeeping (sequence number,
+last call, last schedule) and the plan's first native pass, inside the recorder's `run` where the communicator has
+one. Any miss returns MISS having changed nothing (its record taken back), and the paths below decide.
 
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
 or that the call allocates it or works in place, op or root): a later call on other arrays of that
@@ -40,7 +40,8 @@ from .executor import CallContext
 from .ops import as_numpy, averages_here, finish_avg
 
 MISS = object()        # the remembered paths do not apply: take the full path
-DOORS = ("all_reduce", "broadcast")   # the collectives with a Door: the call remembered last for each, run in C
+# the collectives with a Door: the calls remembered last for each, run in C (arg: the op, the root, or None)
+DOORS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all")
 
 
 class _NoDoor:
