@@ -99,10 +99,14 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def _now(self, what: str, job: Callable[[float], object], outputs: list[torch.Tensor], opts: Any) -> RingflowWork:
         """Submit a call on the user's own tensors (the fast path: no staging objects, no body frame)."""
         t = self._timeout(opts)
-        lane = self._lanes[COLL]
-        if not opts.asyncOp and (w := lane.run_now(lambda: job(t), what, outputs)) is not None:
-            return w
-        return lane.submit(lambda: job(t), what, outputs, False)
+        if not opts.asyncOp and not self._coll.busy and not self._coll.closed:   # the lane idle: run here
+            with self._coll_lock:
+                try:
+                    job(t)
+                except BaseException as exc:  # noqa: BLE001 - delivered through the Work
+                    return finished(what, outputs, exc)
+            return self._succeeded(what, outputs)
+        return self._lanes[COLL].submit(lambda: job(t), what, outputs, False)
 
     def _reduce_flat(self, flat: torch.Tensor, name: str, factor: Any, t: float, root: int | None = None) -> None:
         if factor is not None:
@@ -123,7 +127,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                 tm = opts.timeout   # _timeout, inlined
                 t = tm.total_seconds() if type(tm) is datetime.timedelta and tm > _NO_TIME else self._timeout_s
                 if not opts.asyncOp and not self._coll.busy and not self._coll.closed:
-                    # Lane.run_now, inlined: the hottest call of training loops
+                    # as _now, without the job's frame: the hottest call of training loops
                     with self._coll_lock:
                         try:
                             self.comm.all_reduce(a, name, timeout=t)

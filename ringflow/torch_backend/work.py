@@ -202,26 +202,15 @@ class Lane:
         self.succeeded = Succeeded()
 
     @property
-    def idle(self) -> bool:
-        """True if nothing is queued on the lane and it is open: a synchronous call may run in the caller's thread
-        (under `lock`)."""
-        lane = self._lane
-        return not lane.busy and not lane.closed
-
-    @property
     def runtime(self) -> RuntimeLane:
-        """The runtime lane that runs queued jobs (`busy`, `closed`)."""
+        """The runtime lane that runs queued jobs: while it is neither `busy` nor `closed`, a synchronous call may
+        run in the caller's thread (under `lock`, its finished Work from `succeeded` or `finished`)."""
         return self._lane
 
     @property
     def lock(self) -> threading.Lock:
         """Held while a job runs, inline or queued."""
         return self._exec
-
-    def run_now(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork | None:
-        """Run a synchronous job in this thread if the lane is idle: its finished Work (None: the lane is busy or
-        closed, and `submit` decides)."""
-        return self._inline(job, description, outputs) if self.idle else None
 
     def _inline(self, job: Job, description: str, outputs: list[torch.Tensor]) -> RingflowWork:
         """Run job in this thread, under the lane's execution lock; its finished Work."""
