@@ -10,7 +10,7 @@ from ringflow.workload.compute import EfficiencyModel, gpu_spec, microbatch_time
 from ringflow.workload.layercomm import stage_calls
 from ringflow.workload.layout import Layout
 from ringflow.workload.models import load_model
-from ringflow.workload.moe import PERMUTE_INDEXING_FRACTION, dispatch_bytes, layer_cost
+from ringflow.workload.moe import PERMUTE_INDEXING_FRACTION, dispatch_bytes, host_wait_s, layer_cost
 
 QWEN3_30B = {"name": "qwen3-30b-a3b", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
              "ffn_hidden": 6144, "expert_ffn_hidden": 768, "experts": 128, "top_k": 8, "vocab": 151936,
@@ -56,8 +56,9 @@ def test_bad_dispatch_or_imbalance_is_a_config_error() -> None:
 
 def test_imbalance_slows_the_experts_and_grows_the_dispatch() -> None:
     model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
-    even = microbatch_times(model, _layout(), gpu)
-    skew = microbatch_times(model, _layout(expert_imbalance=1.5), gpu)
+    eff = replace(EfficiencyModel(), alltoall_host_s=0.0)   # the GPU's time, not the host's, paces the forward
+    even = microbatch_times(model, _layout(), gpu, eff)
+    skew = microbatch_times(model, _layout(expert_imbalance=1.5), gpu, eff)
     assert skew.forward_s > even.forward_s and skew.backward_s > even.backward_s
     a2a = {L: next(c for c in stage_calls(model, L, 0) if c.dim == "ep").nbytes
            for L in (_layout(), _layout(expert_imbalance=1.5))}
@@ -66,7 +67,8 @@ def test_imbalance_slows_the_experts_and_grows_the_dispatch() -> None:
 
 def test_the_dispatcher_rate_of_the_layouts_kind_is_used() -> None:
     model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
-    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=1e10, flex_dispatch_eps=1e12)
+    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=1e10, flex_dispatch_eps=1e12, alltoall_host_s=0.0,
+                  flex_host_s=0.0)
     slow = microbatch_times(model, _layout(ep_dispatcher="alltoall"), gpu, eff)
     fast = microbatch_times(model, _layout(ep_dispatcher="flex"), gpu, eff)
     per_layer = 4096 * 8 * 2048 * (1 / 1e10 - 1 / 1e12)
@@ -113,8 +115,63 @@ def test_a_flex_dispatch_across_servers_sends_fewer_network_bytes_than_the_flat_
     topo, _ = build_topology({"preset": "dgx-h100", "nodes": 8}, 64)
     base = dict(pp=2, dp=32, ep=32, stage_layers=(31, 30), global_batch=64, seq_len=4096, zero=1,
                 precision="fp8")
-    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=0.0, flex_dispatch_eps=0.0)
+    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=0.0, flex_dispatch_eps=0.0, alltoall_host_s=0.0,
+                  flex_host_s=0.0)
     flat = step_time(model, Layout(**base, ep_dispatcher="alltoall"), topo, comm=AlphaBetaModel(), eff=eff)
     hier = step_time(model, Layout(**base, ep_dispatcher="flex"), topo, comm=AlphaBetaModel(), eff=eff)
     assert 0 < hier.breakdown["ep_exposed"] < 0.75 * flat.breakdown["ep_exposed"]
     assert hier.breakdown["compute"] == pytest.approx(flat.breakdown["compute"])
+
+
+def test_a_layer_waits_for_the_host_only_beyond_its_gpu_time() -> None:
+    assert host_wait_s(2e-3, 5e-3) == pytest.approx(3e-3)
+    assert host_wait_s(6e-3, 5e-3) == 0.0
+    with pytest.raises(ConfigError, match="non-negative"):
+        host_wait_s(1e-3, -1.0)
+
+
+def test_a_dropless_moe_forward_waits_for_the_host_and_a_padded_one_does_not() -> None:
+    model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
+    quiet = replace(EfficiencyModel(), alltoall_host_s=0.0, flex_host_s=0.0)
+    slow_host = replace(quiet, alltoall_host_s=0.05)   # far beyond the GPU's time for one layer
+    first = _layout(pp=2, global_batch=128)   # stage 0: 24 MoE layers, no logits
+    gpu_only = microbatch_times(model, first, gpu, quiet, stage=0)
+    waited = microbatch_times(model, first, gpu, slow_host, stage=0)
+    assert waited.forward_s == pytest.approx(24 * 0.05, rel=1e-9)   # every layer host-bound
+    assert waited.backward_s == pytest.approx(gpu_only.backward_s)  # the backward reuses the counts: no wait
+    padded = _layout(capacity_factor=1.0)
+    assert microbatch_times(model, padded, gpu, slow_host).forward_s == \
+        pytest.approx(microbatch_times(model, padded, gpu, quiet).forward_s)
+    flex = _layout(ep_dispatcher="flex")
+    assert microbatch_times(model, flex, gpu, slow_host).forward_s == \
+        pytest.approx(microbatch_times(model, flex, gpu, quiet).forward_s)
+
+
+def _synthetic_fit(slopes: dict[str, float]) -> object:
+    """fit_dispatchers on two alltoall cases whose prediction is exact at a 4 ms host time, too fast below it
+    by `slopes[case]` per second (a flat slope: host times the cases cannot tell apart)."""
+    from ringflow.workload.moe_fit import fit_dispatchers
+    from ringflow.workload.published import Constants, Prediction
+    cases = [{"id": cid, "kind": "training", "set": "fit", "model": QWEN3_30B, "value": 100.0,
+              "layout": {"ep": 8}} for cid in slopes]
+
+    def predictor(c: dict, consts: Constants) -> Prediction:
+        host, rate = consts.dispatch_host_s.get("alltoall", 0.0), consts.dispatch_eps.get("alltoall", 0.0)
+        slower = 1.0 / (1.0 + 1e10 / rate) if rate else 1.0
+        return Prediction(c["value"] * (1.0 + slopes[c["id"]] * (4e-3 - host)) * slower)
+
+    consts = Constants.defaults()
+    fit_dispatchers(cases, consts, predictor)
+    return consts
+
+
+def test_the_dispatcher_fit_finds_the_host_time_its_cases_share() -> None:
+    consts = _synthetic_fit({"a": 50.0, "b": 100.0})
+    assert consts.dispatch_host_s["alltoall"] == pytest.approx(4e-3)
+    assert "alltoall" not in consts.dispatch_eps   # exact without the per-element term: it stays out
+    assert consts.fitted_on["dispatch_host_s[alltoall]"] == ["a", "b"]
+
+
+def test_a_host_time_the_cases_cannot_tell_apart_stays_out() -> None:
+    consts = _synthetic_fit({"a": 0.0, "b": 0.0})
+    assert "alltoall" not in consts.dispatch_host_s

@@ -21,7 +21,8 @@ Model (all constants below are settable through `EfficiencyModel`):
   local experts: same efficiency curve, floored per pass by the local experts' weight traffic at HBM bandwidth
   (`expert_roofline_s`); a grouped GEMM of 128 experts x 512 tokens (hidden 2048, width 768) measured 648-714
   TFLOP/s on one H200 (issue 58), the dense curve's range. Each MoE layer and pass adds its router, token
-  permute/unpermute and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate fitted per kind).
+  permute/unpermute and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate fitted per kind); a dropless
+  MoE layer's forward lasts at least the host's time to launch it (`moe.host_wait_s`, fitted per kind).
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 - ``kernels`` names the framework's memory-bound kernel profile (`kernels.PROFILES`): the stored-activation term
@@ -98,8 +99,9 @@ def _fitted_curve() -> dict[str, float]:
     path = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
     c = json.loads(path.read_text())["constants"]
     out = {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
-    rates = c.get("dispatch_eps") or {}
+    rates, hosts = c.get("dispatch_eps") or {}, c.get("dispatch_host_s") or {}
     out.update({f"{k}_dispatch_eps": float(rates.get(k, 0.0)) for k in ("alltoall", "flex")})
+    out.update({f"{k}_host_s": float(hosts.get(k, 0.0)) for k in ("alltoall", "flex")})
     return out
 
 
@@ -119,6 +121,9 @@ class EfficiencyModel:
     # MoE token dispatchers: routed elements per second per GPU and pass (workload/moe.py); fitted, 0 = left out
     alltoall_dispatch_eps: float = _CURVE["alltoall_dispatch_eps"]
     flex_dispatch_eps: float = _CURVE["flex_dispatch_eps"]
+    # ... and the host's seconds per dropless MoE layer forward (moe.host_wait_s); fitted, 0 = left out
+    alltoall_host_s: float = _CURVE["alltoall_host_s"]
+    flex_host_s: float = _CURVE["flex_host_s"]
     fused_permute: bool = True    # MoE permute/unpermute as one fused kernel (Megatron --moe-permute-fusion)
     kernels: str = REFERENCE      # memory-bound kernel profile (workload/kernels.py); the reference adds nothing
     kernel_launch_s: float = 0.0  # per memory-bound kernel beyond the reference's (no sourced figure yet: 0)
@@ -131,6 +136,10 @@ class EfficiencyModel:
     def dispatch_eps(self, dispatcher: str) -> float:
         """The fitted rate of a token dispatcher kind (moe.DISPATCHERS)."""
         return self.flex_dispatch_eps if dispatcher == "flex" else self.alltoall_dispatch_eps
+
+    def dispatch_host_s(self, dispatcher: str) -> float:
+        """The fitted host seconds per dropless MoE layer forward of a token dispatcher kind."""
+        return self.flex_host_s if dispatcher == "flex" else self.alltoall_host_s
 
     def gemm_efficiency(self, d: float, n: float) -> float:
         """Fraction of peak a GEMM of width d with n rows reaches."""
@@ -284,6 +293,9 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
     t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd
+    if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
+        from .moe import host_wait_s
+        t_fwd += n_moe * host_wait_s((t_fwd - logits / rate) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
     t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn

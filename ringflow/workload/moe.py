@@ -14,6 +14,13 @@ size ``h`` (``T k`` routed tokens, ``T k h`` routed elements):
   copy of the split sizes, chunk sorting; not measured apart yet) is ``T k h / rate`` per pass, the rate a constant of
   the dispatcher kind (`DISPATCHERS`) fitted on the fitting half of the published registry
   (``python -m ringflow.workload.fitting``); 0 leaves the term out;
+- **host wait**: a dropless dispatcher copies the routing's token counts to the host and waits for them once per
+  MoE layer forward (Megatron-Core core_v0.15.0 ``token_dispatcher.py``: the all-to-all dispatcher syncs at
+  ``before_ep_alltoall``, line 524, with ``self.d2h_event.synchronize()``, line 859; HybridEP, 3df200905e, lines
+  950-954: an unknown dispatched / permuted token count "will cause a CPU sync"). The host cannot queue work
+  past that point, so the GPU waits for it to launch the rest of the layer: a MoE layer's forward takes at least
+  the host's time for it, ``host_s`` per dispatcher kind, fitted like the rate (`host_wait_s`); 0 leaves it
+  out. Padding to a capacity (``capacity_factor``) makes the counts static: no wait;
 - **imbalance**: ``expert_imbalance`` (the busiest expert's load over the balanced load, >= 1) multiplies the
   busiest rank's expert GEMMs and what it receives; published MoE benchmarks force-balance tokens (1.0).
 
@@ -71,6 +78,15 @@ def layer_cost(tokens: float, top_k: int, hidden: int, experts: int, mem_Bps: fl
     permute = 2 * (2 * routed * ACT_BYTES) / rate          # permute and unpermute, each reads and writes T k h
     dispatcher = routed / dispatch_eps if dispatch_eps > 0 else 0.0
     return MoeLayerCost(router, permute, dispatcher)
+
+
+def host_wait_s(layer_fwd_s: float, host_s: float) -> float:
+    """Seconds a MoE layer's forward waits for the host beyond its GPU time `layer_fwd_s`: the host needs
+    `host_s` to launch a layer whose token counts it has just waited for (0 when the GPU is the slower)."""
+    if layer_fwd_s < 0 or host_s < 0:
+        raise ConfigError(f"host wait of a layer of {layer_fwd_s} s on the GPU, {host_s} s on the host",
+                          "give non-negative seconds")
+    return max(0.0, host_s - layer_fwd_s)
 
 
 def dispatch_bytes(tokens: float, top_k: int, hidden: int, ep: int, per_server: int, hierarchical: bool,

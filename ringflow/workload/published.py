@@ -61,6 +61,7 @@ class Constants:
     d_half: float = field(default_factory=lambda: _library_curve()["d_half"])
     n_half: float = field(default_factory=lambda: _library_curve()["n_half"])
     dispatch_eps: dict[str, float] = field(default_factory=dict)   # MoE dispatcher kind -> routed elements/s
+    dispatch_host_s: dict[str, float] = field(default_factory=dict)   # ... -> host s per MoE layer forward
 
     @classmethod
     def defaults(cls, chooser: str = "sim") -> Constants:
@@ -83,14 +84,16 @@ class Constants:
         return {"nvlink_eff": self.nvlink_eff, "net_eff": self.net_eff, "software": dict(self.software),
                 "nvls_reduce_gflops": self.nvls_reduce_gflops, "eff_max": self.eff_max, "d_half": self.d_half,
                 "n_half": self.n_half, "fitted_on": {k: list(v) for k, v in self.fitted_on.items()},
-                "chooser": self.chooser, "dispatch_eps": dict(self.dispatch_eps)}
+                "chooser": self.chooser, "dispatch_eps": dict(self.dispatch_eps),
+                "dispatch_host_s": dict(self.dispatch_host_s)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Constants:
         """The constants `to_dict` wrote."""
         return cls(d["nvlink_eff"], d["net_eff"], dict(d.get("software") or {}), d.get("nvls_reduce_gflops", 0.0),
                    {k: list(v) for k, v in (d.get("fitted_on") or {}).items()}, d.get("chooser", "sim"),
-                   d["eff_max"], d["d_half"], d["n_half"], dict(d.get("dispatch_eps") or {}))
+                   d["eff_max"], d["d_half"], d["n_half"], dict(d.get("dispatch_eps") or {}),
+                   dict(d.get("dispatch_host_s") or {}))
 
 
 def _library_curve() -> dict[str, float]:
@@ -271,7 +274,9 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
                   software_factor=1.0 if case.get("kernels") else consts.software.get(case["era"], 1.0),
                   kernels=case.get("kernels") or EfficiencyModel().kernels,
                   alltoall_dispatch_eps=consts.dispatch_eps.get("alltoall", 0.0),
-                  flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0))
+                  flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0),
+                  alltoall_host_s=consts.dispatch_host_s.get("alltoall", 0.0),
+                  flex_host_s=consts.dispatch_host_s.get("flex", 0.0))
     gpu = gpu_of_topology(topo)
     if case.get("hbm_GBps"):   # the run's GPU memory bandwidth where its source states one the preset lacks
         gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))

@@ -97,6 +97,10 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
         rows.append([f"MoE dispatcher rate ({kind}, G routed elements/s per GPU and pass)",
                      f"{rate / 1e9:.1f}" if rate else "0 (term left out)", "0",
                      ", ".join(fitted.get(f"dispatch_eps[{kind}]", [])) or "no MoE fitting case"])
+        host = (c.get("dispatch_host_s") or {}).get(kind)
+        rows.append([f"MoE host time per dropless layer forward ({kind}, ms)",
+                     f"{host * 1e3:.2f}" if host else "0 (term left out)", "0",
+                     ", ".join(fitted.get(f"dispatch_host_s[{kind}]", [])) or "no MoE fitting case"])
     return rows
 
 
