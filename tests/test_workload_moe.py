@@ -175,3 +175,21 @@ def test_the_dispatcher_fit_finds_the_host_time_its_cases_share() -> None:
 def test_a_host_time_the_cases_cannot_tell_apart_stays_out() -> None:
     consts = _synthetic_fit({"a": 0.0, "b": 0.0})
     assert "alltoall" not in consts.dispatch_host_s
+
+
+def test_the_step_breakdown_shows_the_moe_dispatch_apart_and_still_sums_to_the_step() -> None:
+    from ringflow.sim.references import build_topology
+    from ringflow.workload.commmodel import AlphaBetaModel
+    from ringflow.workload.steptime import step_time
+    model = load_model(QWEN3_30B)
+    topo, _ = build_topology({"preset": "dgx-h100"}, 8)
+    eff = replace(EfficiencyModel(), alltoall_dispatch_eps=1e10, alltoall_host_s=0.05)
+    lay = _layout()
+    r = step_time(model, lay, topo, comm=AlphaBetaModel(), eff=eff)
+    mb = microbatch_times(model, lay, gpu_spec("H100"), eff)
+    assert r.breakdown["moe_dispatch"] == pytest.approx(lay.microbatches * mb.moe_s)
+    assert mb.moe_s > 48 * 0.05   # the host wait of every layer and the dispatcher of both passes
+    assert r.step_time_s == pytest.approx(sum(r.breakdown.values()))
+    dense = step_time(load_model("llama3-8b"), Layout(dp=8, micro_batch=1, global_batch=8, seq_len=4096), topo,
+                      comm=AlphaBetaModel())
+    assert dense.breakdown["moe_dispatch"] == 0.0

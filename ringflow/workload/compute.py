@@ -203,6 +203,7 @@ class MicrobatchTimes:
     model_flops: float      # forward + backward FLOPs of the micro-batch on this GPU (MFU numerator)
     hardware_flops: float   # + recomputation (HFU numerator)
     attention_s: float = 0.0  # forward + backward time of the attention scores (what ring attention hides under)
+    moe_s: float = 0.0        # of forward + backward: MoE router, permute, dispatcher and host wait (moe.py)
 
     @property
     def total_s(self) -> float:
@@ -293,9 +294,11 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
     t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd
+    wait = 0.0
     if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
         from .moe import host_wait_s
-        t_fwd += n_moe * host_wait_s((t_fwd - logits / rate) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
+        wait = n_moe * host_wait_s((t_fwd - logits / rate) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
+    t_fwd += wait
     t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
@@ -313,4 +316,4 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     else:
         rec_flops, t_rec = 0.0, 0.0
     return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,
-                           attention_s=3 * attn / rate)
+                           attention_s=3 * attn / rate, moe_s=2 * moe_s + wait)

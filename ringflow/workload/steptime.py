@@ -22,9 +22,10 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
                  reduce-scatters gradients per micro-batch, hidden under its compute
     step = pipeline + DP exposed + optimizer (memory-bound update of the local parameters)
 
-Outputs: breakdown in seconds, MFU against the BF16 or the FP8 dense peak (``mfu_peak``; model FLOPs: 3 x
-forward per token), HFU (+ recomputation and padded expert slots), tokens/s, time to train on a token budget,
-network-wait fraction (exposed communication / step), and the scale factor T_n/(n T).
+Outputs: breakdown in seconds (``moe_dispatch``: the MoE router, permute, token dispatcher and host wait of
+`moe.py`, apart from the rest of the compute), MFU against the BF16 or the FP8 dense peak (``mfu_peak``; model
+FLOPs: 3 x forward per token), HFU (+ recomputation and padded expert slots), tokens/s, time to train on a token
+budget, network-wait fraction (exposed communication / step), and the scale factor T_n/(n T).
 """
 from __future__ import annotations
 
@@ -259,7 +260,8 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     t_dp_exposed, bytes_dp, t_opt = _data_parallel(model, L, topo, comm, gpu, eff, stages, f)
     step = pipeline + t_dp_exposed + t_opt
     c = S.comm
-    breakdown = {"compute": m * (mb.forward_s + mb.backward_s), "recompute": m * mb.recompute_s,
+    breakdown = {"compute": m * (mb.forward_s + mb.backward_s - mb.moe_s), "moe_dispatch": m * mb.moe_s,
+                 "recompute": m * mb.recompute_s,
                  "tp_exposed": (m + fill) * c["tp"], "cp_exposed": (m + fill) * c["cp"],
                  "ep_exposed": (m + fill) * c["ep"], "pp_p2p": (m + fill) * c["pp"],
                  "bubble": fill * mb.total_s, "dp_exposed": t_dp_exposed, "optimizer": t_opt}
