@@ -74,33 +74,43 @@ class Direct:
 
     def __call__(self, t: torch.Tensor) -> np.ndarray | None:
         """A NumPy array of t's memory, or None (ringflow cannot take it as it is)."""
+        a = self.kept(t)
+        return a if a is not None else self.first(t)[0]
+
+    def kept(self, t: torch.Tensor) -> np.ndarray | None:
+        """The array kept for t's memory, if t occupies exactly that memory now; else None (see `first`)."""
         if type(t) is not torch.Tensor:
             return None
         try:
-            key = (t.data_ptr(), t.dtype, t.shape)
+            kept = self._kept.get((t.data_ptr(), t.dtype, t.shape))
         except RuntimeError:   # no storage (sparse, functional wrappers)
             return None
-        kept = self._kept.get(key)
         if kept is not None and kept is not _ONCE and t.is_contiguous() and t.is_cpu and not t.is_neg():
             return kept
-        if key[1] not in _VIEWABLE:
-            return None
+        return None
+
+    def first(self, t: torch.Tensor) -> tuple[np.ndarray | None, bool]:
+        """For a tensor `kept` has no array for: (a NumPy view of its memory, True) the first time that memory is
+        seen, (the array now kept for it, False) the second time, (None, False) if ringflow cannot take it."""
+        if type(t) is not torch.Tensor or t.dtype not in _VIEWABLE:
+            return None, False
         try:
             a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits)
         except (RuntimeError, TypeError):
-            return None
+            return None, False
         if not a.flags.c_contiguous:
-            return None
+            return None, False
         if not a.size:
-            return a
+            return a, True
         seen = self._kept
-        if kept is not None:   # the second tensor on this memory: keep an array for it
+        key = (t.data_ptr(), t.dtype, t.shape)
+        if seen.get(key) is not None:   # the second tensor on this memory: keep an array for it
             seen[key] = kept = _alias(a)
-            return kept
+            return kept, False
         if len(seen) >= MAX_SEEN:
             seen.clear()
         seen[key] = _ONCE
-        return a
+        return a, True
 
 
 def _alias(a: np.ndarray) -> np.ndarray:
