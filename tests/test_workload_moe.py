@@ -193,3 +193,26 @@ def test_the_step_breakdown_shows_the_moe_dispatch_apart_and_still_sums_to_the_s
     dense = step_time(load_model("llama3-8b"), Layout(dp=8, micro_batch=1, global_batch=8, seq_len=4096), topo,
                       comm=AlphaBetaModel())
     assert dense.breakdown["moe_dispatch"] == 0.0
+
+
+def test_ep_overlap_hides_only_the_steady_phase_of_the_combined_1f1b_schedule() -> None:
+    from ringflow.workload.steptime import ep_overlap_share
+    assert ep_overlap_share(_layout(pp=8, dp=8, interleave=4, global_batch=1024, stage_layers=(6,) * 8)) == \
+        pytest.approx(1 - (7 * 2 + 3 * 8 + 1) / (128 * 4))
+    assert ep_overlap_share(_layout(global_batch=128)) == pytest.approx(1 - 1 / 16)   # first forward, last backward
+    assert ep_overlap_share(_layout(global_batch=8)) == 0.0                             # one micro-batch: all alone
+
+
+def test_an_overlapped_all_to_all_stays_exposed_in_the_warm_up_and_cool_down() -> None:
+    from ringflow.sim.references import build_topology
+    from ringflow.workload.commmodel import AlphaBetaModel
+    from ringflow.workload.steptime import ep_overlap_share, step_time
+    model = load_model(QWEN3_30B)
+    topo, _ = build_topology({"preset": "dgx-h100", "nodes": 2}, 16)
+    eff = replace(EfficiencyModel(), alltoall_host_s=0.0)
+    lay = Layout(dp=16, ep=16, micro_batch=1, global_batch=64, seq_len=4096, zero=1)   # EP over both servers
+    plain = step_time(model, lay, topo, comm=AlphaBetaModel(), eff=eff)
+    hidden = step_time(model, lay.with_(overlap_ep=True), topo, comm=AlphaBetaModel(), eff=eff)
+    a2a = plain.breakdown["ep_exposed"]
+    assert 0 < hidden.breakdown["ep_exposed"] < a2a
+    assert hidden.breakdown["ep_exposed"] >= (1 - ep_overlap_share(lay)) * a2a * (1 - 1e-9)

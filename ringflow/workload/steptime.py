@@ -10,7 +10,9 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
         + EP exposed: dispatch + combine all-to-all per MoE layer and pass, sized from the routing (a flex
           dispatcher across servers: hierarchical, one network copy per destination server); the
           expert-TP all-gather / reduce-scatter of the dispatched tokens (with TP overlap like TP); with
-          ``overlap_ep`` the all-to-alls hide under the compute (DualPipe-style), exposed only beyond it
+          ``overlap_ep`` the all-to-alls hide under another micro-batch's compute (DualPipe-style, Megatron's
+          combined 1F1B), exposed beyond it and in the warm-up and cool-down, where a forward or a backward runs
+          alone (`ep_overlap_share`)
         + PP: one activation send forward and one gradient send backward per virtual stage
       (the collectives come from `layercomm.stage_calls`, the same list the traffic figures use)
 
@@ -151,10 +153,29 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
     for (key, under), s in hidden.items():
         if under == "gemm":  # Megatron tp-comm-overlap: hidden under the GEMMs, down to a quarter
             exposed = max(s - mb.total_s, s / 4)
-        else:
-            exposed = max(0.0, s - (mb.attention_s if under == "attention" else mb.total_s))
+        elif under == "attention":
+            exposed = max(0.0, s - mb.attention_s)
+        else:   # EP overlap: only the steady phase pairs a forward with a backward
+            share = ep_overlap_share(L)
+            exposed = (1.0 - share) * s + max(0.0, share * s - mb.total_s)
         raw[key] = raw.get(key, 0.0) + exposed
     return {k: raw.get(k, 0.0) for k in ("tp", "cp", "ep", "pp")}
+
+
+def ep_overlap_share(layout: Layout) -> float:
+    """The share of the micro-batches whose EP all-to-alls `overlap_ep` can hide: Megatron's combined 1F1B runs
+    the first forward and the last backward alone (core_v0.15.0 ``combined_1f1b.py`` lines 51 and 93) and, with
+    pipelining, all its warm-up forwards and cool-down backwards: ``(p - 1) x 2 + (v - 1) x p + 1`` of the ``m v``
+    model-chunk micro-batches on the first stage, the most of any (``schedules.py`` lines 728-734, the micro-batch
+    group per virtual stage at its default p); ``p - 1 + 1`` without interleaving."""
+    p, v = layout.pp, layout.interleave
+    if p == 1:
+        alone = 1
+    elif v > 1:
+        alone = (p - 1) * 2 + (v - 1) * p + 1
+    else:
+        alone = p
+    return max(0.0, 1.0 - alone / (layout.microbatches * v))
 
 
 def _comm_groups(model: ModelSpec, L: Layout, topo: Any) -> dict[str, list[str]]:
