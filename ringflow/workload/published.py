@@ -201,6 +201,8 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     c = case["collective"]
     eps = [topo.gpus(h)[0] for h in topo.hosts()] if c.get("endpoints") == "gpu0" else None
     link = "nvlink" if len(topo.hosts()) == 1 else "net"
+    if c["collective"] == "all_to_all":   # point-to-point sends, no ring: predicted from the links, not fitted on
+        link = "all_to_all"
     if c.get("algorithm") is None and consts.chooser == "nccl":
         busbw, algo = _nccl_busbw(topo, c, eps, consts)
         return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note,
@@ -307,7 +309,9 @@ def _centre(ratios: list[float]) -> float:
 
 
 def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: str = "sim") -> Constants:
-    """Fit the constants on the cases marked ``set: fit`` (the held-out cases are never read)."""
+    """Fit the constants on the cases marked ``set: fit`` (the held-out cases are never read); all-to-all cases
+    (point-to-point sends, no ring) are predicted from the link efficiencies the other collectives fit, not fitted
+    on."""
     fit_cases = [c for c in cases if c["set"] == "fit"]
     consts = Constants.defaults(chooser)
     colls = [c for c in fit_cases if c["kind"] == "collective"]
@@ -316,8 +320,8 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
         used: dict[str, list[str]] = {"nvlink": [], "net": [], "nvls_reduce": []}
         for c in colls:
             pr = predictor(c, consts)
-            if pr.value is not None and pr.value > 0:
-                cls = pr.info.get("link_class", "nvlink")
+            cls = pr.info.get("link_class", "nvlink")
+            if pr.value is not None and pr.value > 0 and cls in ratios:
                 ratios[cls].append(c["value"] / pr.value)
                 used[cls].append(c["id"])
         for cls, attr in (("nvlink", "nvlink_eff"), ("net", "net_eff")):
