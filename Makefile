@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-long lint venv clean
 
-$(STAMP): pyproject.toml setup.py ringflow/runtime/native/_streamcopy.c ringflow/runtime/native/_hotpath.c ringflow/runtime/native/_record.c
+$(STAMP): pyproject.toml setup.py $(wildcard ringflow/runtime/native/*.c ringflow/runtime/native/*.h)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

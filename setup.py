@@ -35,8 +35,11 @@ write_protocol_header()
 setup(ext_modules=[
     Extension("ringflow.runtime.native._streamcopy", ["ringflow/runtime/native/_streamcopy.c"],
               depends=["ringflow/runtime/native/_copy.h"], extra_compile_args=["-O2"], optional=True),
-    Extension("ringflow.runtime.native._hotpath", ["ringflow/runtime/native/_hotpath.c"],
-              depends=["ringflow/runtime/native/_protocol.h", "ringflow/runtime/native/_copy.h"],
+    Extension("ringflow.runtime.native._hotpath",
+              [f"ringflow/runtime/native/_hotpath{part}.c"
+               for part in ("", "_reduce", "_shm", "_run", "_plan", "_runner", "_door")],
+              depends=["ringflow/runtime/native/_hotpath.h", "ringflow/runtime/native/_protocol.h",
+                       "ringflow/runtime/native/_copy.h"],
               extra_compile_args=["-O3", "-std=gnu11"], optional=True),
     Extension("ringflow.runtime.native._record", ["ringflow/runtime/native/_record.c"],
               extra_compile_args=["-O2"], optional=True),

@@ -33,10 +33,13 @@ def test_the_committed_c_header_is_the_one_the_table_generates() -> None:
 
 
 def test_no_protocol_number_is_written_out_a_second_time() -> None:
-    c_src = (ROOT / "ringflow/runtime/native/_hotpath.c").read_text()
-    for name in protocol.C_NAMES:
-        literal = re.search(rf"^\s*(#define\s+{name}\s+\(?\s*\d|static[^;=]*\b{name}\s*=\s*\d)", c_src, re.M)
-        assert literal is None, f"_hotpath.c defines {name} itself instead of taking RF_{name} from _protocol.h"
+    executor = sorted((ROOT / "ringflow/runtime/native").glob("_hotpath*.[ch]"))
+    assert {p.name for p in executor} >= {"_hotpath.c", "_hotpath.h", "_hotpath_shm.c", "_hotpath_run.c"}
+    for c_path in executor:
+        c_src = c_path.read_text()
+        for name in protocol.C_NAMES:
+            literal = re.search(rf"^\s*(#define\s+{name}\s+\(?\s*\d|static[^;=]*\b{name}\s*=\s*\d)", c_src, re.M)
+            assert literal is None, f"{c_path.name} defines {name} itself instead of taking RF_{name} from _protocol.h"
     for path in ("ringflow/runtime/transport/shm.py", "ringflow/hostmodel/features.py",
                  "ringflow/runtime/call/hotpath.py"):
         src = (ROOT / path).read_text()
