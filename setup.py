@@ -41,6 +41,8 @@ setup(ext_modules=[
               depends=["ringflow/runtime/native/_hotpath.h", "ringflow/runtime/native/_protocol.h",
                        "ringflow/runtime/native/_copy.h"],
               extra_compile_args=["-O3", "-std=gnu11"], optional=True),
-    Extension("ringflow.runtime.native._record", ["ringflow/runtime/native/_record.c"],
-              extra_compile_args=["-O2"], optional=True),
+    Extension("ringflow.runtime.native._record",
+              [f"ringflow/runtime/native/_record{part}.c"
+               for part in ("", "_site", "_slots", "_ring", "_call", "_pack")],
+              depends=["ringflow/runtime/native/_record.h"], extra_compile_args=["-O2"], optional=True),
 ])
