@@ -125,6 +125,7 @@ int rf_reduce(int dtype, int op, void *out, const void *a, const void *b, int64_
 extern unsigned long long rf_n_runs, rf_n_cma_reads;
 extern __thread unsigned long long rf_n_waits, rf_wait_ns, rf_n_sleeps, rf_n_rings;
 int64_t rf_slice_bytes(int64_t total, int64_t slot_bytes);
+int rf_alloc_bounce(HotPlan *p, int64_t nbytes);
 int rf_send_progress(HotPlan *p, hop_t *o);
 int rf_recv_progress(HotPlan *p, hop_t *o, uint64_t sig);
 int rf_ready(hop_t *o);

@@ -308,11 +308,10 @@ PyObject *rf_make_plan(PyObject *self, PyObject *args)
             }
         }
     }
-    if (bounce && !(p->bounce = malloc((size_t)bounce + 4096u))) {
+    if (bounce && !rf_alloc_bounce(p, bounce)) {
         PyErr_NoMemory();
         goto fail;
     }
-    p->bounce_bytes = bounce;
     Py_INCREF(keep);
     p->keep = keep;
     PyBuffer_Release(&rows);

@@ -136,16 +136,21 @@ static int consume(HotPlan *p, hop_t *o, int64_t off, const char *data, int64_t 
     return rf_reduce(p->dtype, p->op, o->data + off, o->src + off, data, n / p->itemsize);
 }
 
-/* the bounce buffer of CMA reads: bounce_bytes usable from any page offset (allocated with the plan when it
- * reduces CMA reads, else at the first read that needs it); 0 if it cannot be had (the read then goes direct) */
+/* give the plan a bounce buffer for CMA reads of `nbytes` at a time, usable from any page offset (a read lands at
+ * its source's page offset); 0 if it cannot be had */
+int rf_alloc_bounce(HotPlan *p, int64_t nbytes)
+{
+    if (!(p->bounce = malloc((size_t)nbytes + 4096u)))
+        return 0;
+    p->bounce_bytes = nbytes;
+    return 1;
+}
+
+/* the plan's bounce buffer (made with the plan when it reduces CMA reads, else at the first read that needs it);
+ * 0 if it cannot be had (the read then goes direct) */
 static int ensure_bounce(HotPlan *p)
 {
-    if (p->bounce)
-        return 1;
-    if (!(p->bounce = malloc((size_t)RF_CMA_CHUNK_BYTES + 4096u)))
-        return 0;
-    p->bounce_bytes = (int64_t)RF_CMA_CHUNK_BYTES;
-    return 1;
+    return p->bounce != NULL || rf_alloc_bounce(p, (int64_t)RF_CMA_CHUNK_BYTES);
 }
 
 static int recv_ref(HotPlan *p, hop_t *o, uint64_t rid, uint64_t off, int64_t total)
