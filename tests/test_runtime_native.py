@@ -42,6 +42,7 @@ def test_copy_into_streams_large_copies_and_keeps_numpy_semantics(monkeypatch: p
 
     class Counting:
         STREAMING = real.STREAMING
+        ALIAS_MIN_BYTES = real.ALIAS_MIN_BYTES
 
         @staticmethod
         def copy(d: int, s: int, n: int) -> None:
@@ -67,3 +68,12 @@ def test_copy_into_streams_large_copies_and_keeps_numpy_semantics(monkeypatch: p
         assert native.stream_min_bytes() == 0
         native.copy_into(dst, src)
         assert len(calls) == 1 and np.array_equal(dst, src)
+
+
+def test_copy_into_refuses_a_read_only_destination_as_numpy_does() -> None:
+    src = np.arange(4096, dtype=np.float32)
+    dst = np.zeros_like(src)
+    dst.flags.writeable = False
+    with pytest.raises(ValueError):
+        native.copy_into(dst, src)
+    assert not dst.any()

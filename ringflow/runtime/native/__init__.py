@@ -63,16 +63,13 @@ def stream_min_bytes() -> int:
     return max(n, _FLOOR_BYTES) if n > 0 else 0
 
 
-# below this a copy goes to NumPy directly (the 4 KiB-alias slow case of _copy.h starts above it)
-_MOVE_MIN_BYTES = 256
-
-
 def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[...] = src; a large contiguous copy of one dtype uses streaming stores (no read of dst), a smaller one
-    the native move, which avoids memcpy's slow case for a destination just after the source modulo 4 KiB."""
+    from `_streamcopy.ALIAS_MIN_BYTES` the native move, which avoids memcpy's slow case for a destination just after
+    the source modulo 4 KiB. A read-only dst goes to NumPy, which refuses it."""
     n = dst.nbytes
-    if n >= _MOVE_MIN_BYTES and _streamcopy is not None and src.nbytes == n and src.dtype == dst.dtype \
-            and dst.flags.c_contiguous and src.flags.c_contiguous:
+    if _streamcopy is not None and n >= _streamcopy.ALIAS_MIN_BYTES and src.nbytes == n and src.dtype == dst.dtype \
+            and dst.flags.c_contiguous and src.flags.c_contiguous and dst.flags.writeable:
         lo = stream_min_bytes()
         if lo and n >= lo and not np.may_share_memory(dst, src):
             _streamcopy.copy(dst.ctypes.data, src.ctypes.data, n)

@@ -91,7 +91,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__streamcopy(void)
 {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "STREAMING", HAVE_STREAM) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "STREAMING", HAVE_STREAM) < 0 ||
+                      PyModule_AddIntConstant(m, "ALIAS_MIN_BYTES", RF_ALIAS_MIN_BYTES) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
