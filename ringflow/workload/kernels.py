@@ -88,12 +88,20 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
 )}
 
 
-def kernel_profile(name: str) -> KernelProfile:
-    """A kernel profile by name; an unknown one is an InvalidArgument naming the known ones."""
+def kernel_profile(name: str | KernelProfile) -> KernelProfile:
+    """A kernel profile by name (a profile is itself); an unknown name is an InvalidArgument naming the known ones."""
+    if isinstance(name, KernelProfile):
+        return name
     p = PROFILES.get(str(name).lower())
     if p is None:
         raise InvalidArgument(f"unknown kernel profile {name!r}", f"use one of {', '.join(PROFILES)}")
     return p
+
+
+def _hidden_width(model: ModelSpec, layout: Layout) -> float:
+    """The hidden width a norm or residual works on per GPU: split by tp under sequence parallelism."""
+    t = layout.tp
+    return model.hidden / t if layout.sequence_parallel and t > 1 else float(model.hidden)
 
 
 @dataclass(frozen=True)
@@ -159,11 +167,11 @@ def _norms(prof: KernelProfile, pass_: str, h: float) -> Kernels:
 def layer_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfile, pass_: str) -> Inventory:
     """Bytes per token (of this GPU's micro-batch) and kernels of one dense layer's memory-bound work in `pass_`
     ('forward' or 'backward') under `profile` (module docstring)."""
-    prof = profile if isinstance(profile, KernelProfile) else kernel_profile(profile)
+    prof = kernel_profile(profile)
     if pass_ not in PASSES:
         raise InvalidArgument(f"pass {pass_!r}", f"use one of {', '.join(PASSES)}")
     t = layout.tp
-    h = model.hidden / t if layout.sequence_parallel and t > 1 else float(model.hidden)
+    h = _hidden_width(model, layout)
     q, k, f = model.q_width / t, model.kv_hidden / t, model.ffn_hidden / t
     kernels = _norms(prof, pass_, h) + _pointwise(model, prof.pointwise, pass_, q, k, f) + \
         _residuals(prof.pointwise, pass_, h)
@@ -172,7 +180,7 @@ def layer_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfi
 
 def loss_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfile, pass_: str) -> Inventory:
     """Bytes per token and kernels of the loss over the logits (last pipeline stage), and the final norm."""
-    prof = profile if isinstance(profile, KernelProfile) else kernel_profile(profile)
+    prof = kernel_profile(profile)
     v = model.vocab / layout.tp
     if prof.loss == "eager_fp32":   # logits.float(), log_softmax, nll; backward: nll grad, softmax grad, cast
         steps = ((2, 4), (4, 4), (0, 0)) if pass_ == "forward" else ((0, 4), (8, 4), (4, 2))
@@ -180,8 +188,7 @@ def loss_inventory(model: ModelSpec, layout: Layout, profile: str | KernelProfil
     else:
         kernels = [(2 * v, 0.0)] if pass_ == "forward" else [(2 * v, 2 * v)]
     # the final norm stays outside a compiled block: it runs as the profile's norm kernel
-    h = model.hidden / layout.tp if layout.sequence_parallel and layout.tp > 1 else float(model.hidden)
-    kernels += _norm(prof.norm, h, pass_)
+    kernels += _norm(prof.norm, _hidden_width(model, layout), pass_)
     return Inventory(sum(r + w for r, w in kernels), len(kernels))
 
 
