@@ -12,8 +12,16 @@ Model (all constants below are settable through `EfficiencyModel`):
   tensors a layer stores: in the forward pass each is written and read (c = 2), in the backward pass read,
   and its gradient written and read (c = 4). Their byte count is `memory.activation_bytes_per_layer` with
   recompute "none", so the 5as/h softmax term of non-FlashAttention models costs time here too.
-- FP8 doubles the GEMM peak but real GEMMs reach ``fp8_gemm_factor`` of that doubling (quantisation, scaling
-  and the BF16 parts that remain).
+- FP8 runs the linear layers' GEMMs at the FP8 peak, of which real GEMMs reach ``fp8_gemm_factor`` of the
+  BF16 efficiency (measured on one H200, issue 58: FP8 per-tensor ``_scaled_mm`` 1,230-1,440 TFLOP/s against
+  BF16 640-820 on the same Llama-3 layer shapes, midpoints 1,335 / 730 = 1.83 of the 2x peak ratio: 0.914);
+  attention stays in BF16 (Transformer Engine runs attention in FP8 only with the recipe's ``fp8_dpa``, off by
+  default; torchao converts ``nn.Linear`` modules only: "both BFLOAT16 Tensor Core and FP8 Tensor Core are
+  involved", torchtitan benchmarks/llama3_h100_202412_torchtitan.md). Quantizing the GEMM operands (a cast per
+  operand, and an amax pass under per-tensor current scaling) is memory-bound work of its own
+  (`kernels.fp8_cast_bytes_per_token`), each pass and each recomputation, at HBM bandwidth x mem_eff.
+- Attention FLOPs run at the GEMM rate (FlashAttention-2-class kernels), times the kernel profile's attention
+  factors per pass (`kernels.ATTENTION_KERNELS`: FlashAttention in Triton 1.4x forward, 2x backward).
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
   are padded to capacity (GShard / Switch Transformer convention), else the balanced load, times the layout's
@@ -42,7 +50,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
-from .kernels import REFERENCE, extra_bytes_per_token, kernel_profile
+from .kernels import (
+    FP8_RECIPES,
+    REFERENCE,
+    attention_time_factors,
+    extra_bytes_per_token,
+    fp8_cast_bytes_per_token,
+    kernel_profile,
+)
 from .layout import Layout
 from .memory import activation_bytes_per_layer
 from .models import ModelSpec
@@ -106,6 +121,8 @@ def _fitted_curve() -> dict[str, float]:
 
 
 _CURVE = _fitted_curve()
+# One H200 (issue 58): FP8 per-tensor _scaled_mm 1,230-1,440 TFLOP/s, BF16 GEMMs 640-820, same layer shapes.
+FP8_GEMM_FACTOR = (1230 + 1440) / 2 / ((640 + 820) / 2) / 2
 
 
 @dataclass(frozen=True)
@@ -116,7 +133,8 @@ class EfficiencyModel:
     d_half: float = _CURVE["d_half"]     # GEMM width (hidden / tp) at which efficiency is half of eff_max; fitted
     n_half: float = _CURVE["n_half"]     # tokens per micro-batch at which efficiency halves; fitted
     mem_eff: float = 0.8       # fraction of HBM bandwidth that elementwise kernels reach (assumption)
-    fp8_gemm_factor: float = 0.7  # fraction of FP8's 2x peak that real GEMMs reach (assumption)
+    fp8_gemm_factor: float = FP8_GEMM_FACTOR  # FP8 GEMMs' efficiency over BF16's (measured, module docstring)
+    fp8_recipe: str = "tensorwise"  # FP8 scaling (kernels.FP8_RECIPES): tensorwise current scaling or block (MX)
     software_factor: float = 1.0  # framework efficiency multiplier (see SOFTWARE_PROFILES)
     # MoE token dispatchers: routed elements per second per GPU and pass (workload/moe.py); fitted, 0 = left out
     alltoall_dispatch_eps: float = _CURVE["alltoall_dispatch_eps"]
@@ -130,6 +148,8 @@ class EfficiencyModel:
 
     def __post_init__(self) -> None:
         kernel_profile(self.kernels)   # an unknown profile name is an InvalidArgument naming the known ones
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise InvalidArgument(f"fp8_recipe={self.fp8_recipe!r}", f"use one of {', '.join(FP8_RECIPES)}")
         if self.kernel_launch_s < 0:
             raise InvalidArgument(f"kernel_launch_s={self.kernel_launch_s}", "give a launch time >= 0 seconds")
 
@@ -267,10 +287,10 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     t, cp = layout.tp, layout.cp
     tokens = layout.micro_batch * layout.seq_len / cp
     peak = gpu.bf16_flops
-    gemm_scale = e.software_factor
-    if layout.precision == "fp8":
-        gemm_scale *= gpu.fp8_flops / gpu.bf16_flops * e.fp8_gemm_factor
-    eff_g = e.gemm_efficiency(model.hidden / t, tokens) * gemm_scale
+    eff_bf16 = e.gemm_efficiency(model.hidden / t, tokens) * e.software_factor
+    eff_g = eff_bf16
+    if layout.precision == "fp8":   # the linear layers' GEMMs; attention stays BF16
+        eff_g *= gpu.fp8_flops / gpu.bf16_flops * e.fp8_gemm_factor
     mm, at, ex = model.span_flops_per_token(layout.seq_len, start, stop)
     pad = (layout.capacity_factor - 1.0) if layout.capacity_factor else 0.0
     matmul = tokens * mm / t                       # model FLOPs
@@ -284,6 +304,10 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
               for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
     rate = peak * eff_g
+    a_fwd, a_bwd = attention_time_factors(e.kernels)
+    attn_s = attn / (peak * eff_bf16)              # attention forward at the BF16 rate, FlashAttention-2 speed
+    cast_fwd, cast_bwd = (tokens * fp8_cast_bytes_per_token(model, layout, e.fp8_recipe, p, start, stop) / mem_Bps
+                          for p in ("forward", "backward"))
     # routed experts: a roofline per pass, their GEMM FLOPs against the bytes of the local experts' weights
     # (read forward; read, and the FP32 main gradient read and written, backward)
     x_flops = tokens * ex * (1.0 + pad) / t
@@ -293,22 +317,23 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
-    t_fwd = (work - x_flops) / rate + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd
+    t_fwd = (work - x_flops - attn) / rate + a_fwd * attn_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
     wait = 0.0
     if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
         from .moe import host_wait_s
         wait = n_moe * host_wait_s((t_fwd - logits / rate) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
     t_fwd += wait
-    t_bwd = 2 * (work - x_flops) / rate + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd
+    t_bwd = 2 * (work - x_flops - attn) / rate + 2 * a_bwd * attn_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd \
+        + cast_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
-        t_rec = rec_flops / rate + 2 * act / mem_Bps + k_rec
+        t_rec = (matmul + padded) / rate + a_fwd * attn_s + 2 * act / mem_Bps + k_rec + cast_fwd
     elif layout.recompute == "selective":
         rec_flops = attn
         score = 0.0 if layout.flash_attention else \
             (activation_bytes_per_layer(model, layout.with_(flash_attention=False), "none")
              - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * (stop - start)
-        t_rec = attn / rate + 2 * score / mem_Bps
+        t_rec = a_fwd * attn_s + 2 * score / mem_Bps
     elif layout.recompute == "op":   # the matmuls not kept, and every elementwise op, rebuilt (memory_activations)
         from .memory_activations import op_checkpoint_split
         rec_flops = tokens * op_checkpoint_split(model)[1] * (stop - start) / t
@@ -316,4 +341,4 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     else:
         rec_flops, t_rec = 0.0, 0.0
     return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,
-                           attention_s=3 * attn / rate, moe_s=2 * moe_s + wait)
+                           attention_s=(a_fwd + 2 * a_bwd) * attn_s, moe_s=2 * moe_s + wait)

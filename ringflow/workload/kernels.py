@@ -34,6 +34,24 @@ the bytes its kernels move beyond the reference's (`extra_bytes_per_token`): a c
 an eager one well above. Kernels of per-token scalars (mean, rsqrt) are counted (`Inventory.launches`); the
 per-kernel launch time is a parameter (`EfficiencyModel.kernel_launch_s`, 0: no sourced figure yet).
 MoE layers keep the stored-activation term alone (no PyTorch-native MoE profile yet).
+
+Two more mechanisms ride on the profile and the run's precision:
+
+- **attention kernel** (`ATTENTION_KERNELS`): the compute model runs attention FLOPs at the GEMM rate, which
+  stands for FlashAttention-2-class kernels (FlashAttention-2, cuDNN / Transformer Engine fused attention, PyTorch
+  SDPA); FlashAttention in Triton (``flash_attn_triton.py``) takes longer: FlashAttention-2 "is around 1.3-1.5x
+  faster than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao,
+  arXiv:2307.08691, section 4.1, A100), so its forward takes 1.4x and its backward 2x the time;
+- **FP8 quantisation** (`fp8_cast_bytes_per_token`): an FP8 GEMM reads FP8 operands, so every activation
+  operand of every FP8 linear layer (its input forward, its output gradient backward) is cast from BF16 in a
+  pass that reads 2 bytes and writes an FP8 row-wise and column-wise copy (1 + 1 bytes; the column-wise one
+  feeds the weight-gradient GEMM). Per-tensor current scaling (Transformer Engine ``Float8CurrentScaling``,
+  torchao's dynamic tensorwise ``Float8Linear``) first reads the tensor once more for its amax: Transformer
+  Engine v2.8 ``pytorch/csrc/quantizer.cpp`` ``Float8CurrentScalingQuantizer::quantize_impl`` (lines 497-535:
+  ``nvte_compute_amax`` then ``nvte_quantize_v2``), except on a norm's output, whose amax the norm kernel
+  computes (``csrc/extensions/normalization.cpp`` lines 102-120, ``FUSED_NORM_AMAX_FP8``). Block scaling
+  (MXFP8) computes its scales in the cast itself: no amax pass. FP8 weights (``fp8_params``) are cast once a
+  step, not per micro-batch: not counted here.
 """
 from __future__ import annotations
 
@@ -47,6 +65,11 @@ NORMS = ("fused", "native", "composed")
 POINTWISE = ("fused", "compiled", "eager")
 LOSSES = ("fused", "eager_fp32")
 PASSES = ("forward", "backward")
+# attention kernel: (forward, backward) time over the GEMM-rate attention time (module docstring)
+ATTENTION_KERNELS: dict[str, tuple[float, float]] = {"flash2": (1.0, 1.0), "triton-flash": (1.4, 2.0)}
+FP8_RECIPES = ("tensorwise", "block")   # per-tensor current / dynamic scaling; MXFP8 block scaling
+CAST_READ_BYTES = 2     # a BF16 operand read by the cast (and by the amax pass)
+CAST_WRITE_BYTES = 2    # its FP8 row-wise and column-wise copies
 
 
 @dataclass(frozen=True)
@@ -58,10 +81,12 @@ class KernelProfile:
     pointwise: str   # fused (hand-written) | compiled (torch.compile per block) | eager (one kernel per op)
     loss: str        # fused cross entropy | eager_fp32 (logits.float() then cross_entropy)
     source: str
+    attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | triton-flash
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
-                                      ("loss", self.loss, LOSSES)):
+                                      ("loss", self.loss, LOSSES), ("attention", self.attention,
+                                                                    tuple(ATTENTION_KERNELS))):
             if value not in allowed:
                 raise InvalidArgument(f"kernel profile {self.name!r}: {field}={value!r}",
                                       f"use one of {', '.join(allowed)}")
@@ -84,7 +109,11 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
                   "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
                   "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "
                   "defaults: GELU MLP, loss_fn 'fused_crossentropy' (flash-attn's Triton cross entropy, "
-                  "llmfoundry/models/mpt/modeling_mpt.py line 981)"),
+                  "llmfoundry/models/mpt/modeling_mpt.py line 981); attention FlashAttention in Triton: "
+                  "--attn_impl defaults to 'triton' (line 144, set on the model at line 305; sweep.sh, which lists "
+                  "the tables' runs, passes none), llmfoundry/models/layers/flash_attn_triton.py (a copy of "
+                  "HazyResearch's flash_attn_triton.py; setup.py b2a43a147 line 66 installs its triton-pre-mlir)",
+                  attention="triton-flash"),
 )}
 
 
@@ -204,3 +233,46 @@ def extra_bytes_per_token(model: ModelSpec, layout: Layout, profile: str | Kerne
         parts.append((loss_inventory(model, layout, profile, pass_), loss_inventory(model, layout, ref, pass_), 1))
     return Inventory(sum((m.nbytes - b.nbytes) * n for m, b, n in parts),
                      sum((m.launches - b.launches) * n for m, b, n in parts))
+
+
+def attention_time_factors(profile: str | KernelProfile) -> tuple[float, float]:
+    """(forward, backward) attention time of the profile's attention kernel over the GEMM-rate time."""
+    return ATTENTION_KERNELS[kernel_profile(profile).attention]
+
+
+def _fp8_operands(model: ModelSpec, layout: Layout, index: int, pass_: str) -> tuple[float, float]:
+    """(elements a norm produced, other elements) per token that layer `index`'s FP8 linear layers quantize in
+    `pass_`: forward their inputs, backward their output gradients; routed and shared experts once per copy."""
+    t = layout.tp
+    h = _hidden_width(model, layout)
+    qkv = (model.q_width + model.kv_hidden + model.v_width) / t
+    attn_out = model.heads * model.v_dim / t
+    if model.is_moe_layer(index):
+        copies, f, et = model.top_k + model.shared_experts, model.moe_ffn, layout.expert_tp
+    else:
+        copies, f, et = 1, model.ffn_hidden, t
+    up = (2 if model.gated_mlp else 1) * f
+    if pass_ == "forward":
+        from_norm = h + (0.0 if model.is_moe_layer(index) else h)   # the QKV input; a dense MLP's fc1 input
+        other = attn_out + copies * f / et + (copies * model.hidden if model.is_moe_layer(index) else 0.0)
+        return from_norm, other
+    return 0.0, qkv + h + copies * (up / et + (model.hidden if model.is_moe_layer(index) else h))
+
+
+def fp8_cast_bytes_per_token(model: ModelSpec, layout: Layout, recipe: str, pass_: str, start: int,
+                             stop: int) -> float:
+    """Bytes per token (of this GPU's micro-batch) that quantizing the FP8 GEMM operands of layers start..stop-1
+    moves in `pass_` (module docstring); 0 unless the layout trains in FP8."""
+    if recipe not in FP8_RECIPES:
+        raise InvalidArgument(f"fp8_recipe={recipe!r}", f"use one of {', '.join(FP8_RECIPES)}")
+    if pass_ not in PASSES:
+        raise InvalidArgument(f"pass {pass_!r}", f"use one of {', '.join(PASSES)}")
+    if layout.precision != "fp8":
+        return 0.0
+    total = 0.0
+    for i in range(start, stop):
+        from_norm, other = _fp8_operands(model, layout, i, pass_)
+        total += (from_norm + other) * (CAST_READ_BYTES + CAST_WRITE_BYTES)
+        if recipe == "tensorwise":
+            total += other * CAST_READ_BYTES
+    return total

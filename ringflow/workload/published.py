@@ -275,6 +275,7 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     eff = replace(EfficiencyModel(), eff_max=consts.eff_max, d_half=consts.d_half, n_half=consts.n_half,
                   software_factor=1.0 if case.get("kernels") else consts.software.get(case["era"], 1.0),
                   kernels=case.get("kernels") or EfficiencyModel().kernels,
+                  fp8_recipe=case.get("fp8_recipe") or EfficiencyModel().fp8_recipe,
                   alltoall_dispatch_eps=consts.dispatch_eps.get("alltoall", 0.0),
                   flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0),
                   alltoall_host_s=consts.dispatch_host_s.get("alltoall", 0.0),
