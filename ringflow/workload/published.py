@@ -154,6 +154,11 @@ def _check_case(c: Any, p: Path) -> None:
     hbm = c.get("hbm_GBps")
     if "hbm_GBps" in c and (not isinstance(hbm, (int, float)) or isinstance(hbm, bool) or not hbm > 0):
         bad.append("hbm_GBps")
+    peak = c.get("peak_tflops")
+    if "peak_tflops" in c and not (isinstance(peak, dict) and set(peak) <= {"bf16", "fp8"} and "bf16" in peak and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in peak.values())
+            and c.get("peak_source")):
+        bad.append("peak_tflops ({bf16: dense TFLOP/s, fp8: ...}, with peak_source)")
     if bad:
         raise ConfigError(f"{p}: case {cid!r}: missing or invalid {', '.join(bad)}",
                           f"kind in {KINDS}, set in {SETS}, a group name, metric in {METRICS}, a positive value, "
@@ -283,6 +288,9 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     gpu = gpu_of_topology(topo)
     if case.get("hbm_GBps"):   # the run's GPU memory bandwidth where its source states one the preset lacks
         gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
+    if case.get("peak_tflops"):   # the run's dense tensor peaks where its source states others than the preset's
+        pk = case["peak_tflops"]
+        gpu = replace(gpu, bf16_flops=float(pk["bf16"]) * 1e12, fp8_flops=float(pk.get("fp8", pk["bf16"])) * 1e12)
     r = step_time(model, layout, topo, gpu=gpu, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()),
                   eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,

@@ -1,0 +1,38 @@
+"""A published case's own GPU peaks (peak_tflops): sourced, checked, and what its prediction runs at."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ringflow.errors import ConfigError
+from ringflow.workload.published import Constants, _check_case, load_cases, predict
+
+
+@pytest.fixture(scope="module")
+def titan() -> dict:
+    return next(c for c in load_cases() if c["id"] == "torchtitan-llama31-8b-fsdp128-compile-float8")
+
+
+def test_the_grand_teton_runs_state_a_peak_between_the_sxm_and_nvl_columns(titan: dict) -> None:
+    peak = titan["peak_tflops"]
+    assert 835.5 < peak["bf16"] < 989.5 and 1670.5 < peak["fp8"] < 1979.0
+    assert "between SXM and NVL" in titan["peak_source"]["where"]
+
+
+def test_a_lower_peak_predicts_proportionally_less_compute_bound_throughput(titan: dict) -> None:
+    consts = Constants.defaults()
+    at_sxm = dict(titan, peak_tflops={"bf16": 989.5, "fp8": 1979.0})
+    half = dict(titan, peak_tflops={"bf16": 989.5 / 2, "fp8": 1979.0 / 2})
+    fast, slow = predict(at_sxm, consts).value, predict(half, consts).value
+    assert fast is not None and slow is not None
+    assert slow < fast / 1.3   # GEMMs dominate: halving the peak costs most of the throughput
+
+
+@pytest.mark.parametrize("bad", [{"bf16": 900.0}, {"fp8": 1800.0}, {"bf16": -1.0}, {"bf16": 900.0, "fp4": 1.0}])
+def test_a_peak_without_its_source_or_not_positive_is_refused(tmp_path: Path, titan: dict, bad: dict) -> None:
+    case = dict(titan, peak_tflops=bad)
+    if bad == {"bf16": 900.0}:
+        case.pop("peak_source")
+    with pytest.raises(ConfigError, match="peak_tflops"):
+        _check_case(case, tmp_path / "cases.yaml")
