@@ -182,9 +182,13 @@ def cached_table(nranks: int, nchunks: int, collective: Collective) -> TransferT
 
 def template(table: TransferTable) -> tuple[TransferTable, np.ndarray, float] | None:
     """(a few-step table, the step of it each step of `table` repeats, the byte scale) where `table` is an NVLS
-    table of 2**k > 2 chunks (`nvls_table`); None otherwise. Its middle steps all move the same rows, each row
+    table of 2**k > 2 chunks (`nvls_table`) or an NVLS-Tree table of 2**k segments above its template's
+    (`nvls_tree.tree_template`); None otherwise. Its middle steps all move the same rows, each row
     1 / C of a block, so the analytic model of C chunks is that of 2 (all-reduce: fill, steady, drain) or 1
     (reduce-scatter, all-gather) with every step's bytes scaled by a power of two: exact in floating point."""
+    if table.algorithm == "nvls_tree":
+        from .nvls_tree import tree_template
+        return tree_template(table)
     if table.algorithm != "nvls" or table.in_switch is None or table.collective not in NVLS_COLLECTIVES:
         return None
     both = table.collective == Collective.ALL_REDUCE
@@ -224,21 +228,25 @@ def switch_nodes(topo: Any, schedule: Any, endpoints: Sequence[str]) -> list[str
     (switch h serves host group h), the network switch nearest to every rank (the SHARP aggregation root) for
     CollNet."""
     if schedule.algorithm == "nvls_tree":
-        groups = schedule_groups(schedule)
-        out = []
-        for g in groups:
-            hit = nvls_switch(topo, [endpoints[r] for r in g])
-            if hit is None:
-                raise InvalidArgument("nvls_tree needs an NVLS-capable NVSwitch in every server",
-                                      "use --topo dgx-h100 (Hopper or later) servers")
-            out.append(hit[0])
-        return out
+        return server_switches(topo, schedule_groups(schedule), endpoints)
     g = topo.graph
     nets = [v for v in g if _val(g.nodes[v].get("kind")) == "net_switch"]
     if not nets:
         raise InvalidArgument(f"{schedule.algorithm} needs a network switch (IB SHARP)", "use --nodes 2 or more")
     hops = {v: max(len(topo.path(e, v)) for e in endpoints[:schedule.nranks]) for v in nets}
     return [min(nets, key=lambda v: (hops[v], int(g.nodes[v].get("tier", 0)), v))] * schedule.nswitches
+
+
+def server_switches(topo: Any, groups: Sequence[Sequence[int]], endpoints: Sequence[str]) -> list[str]:
+    """The NVLS-capable NVSwitch of each host group (NVLS-Tree's switch participants, in group order)."""
+    out = []
+    for g in groups:
+        hit = nvls_switch(topo, [endpoints[r] for r in g])
+        if hit is None:
+            raise InvalidArgument("nvls_tree needs an NVLS-capable NVSwitch in every server",
+                                  "use --topo dgx-h100 (Hopper or later) servers")
+        out.append(hit[0])
+    return out
 
 
 def schedule_groups(schedule: Any) -> list[list[int]]:
@@ -260,28 +268,43 @@ def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpo
     timeline's ranks from `nranks` on are the switches (`SimResult.switches` names their nodes)."""
     import dataclasses
 
-    from .api import endpoints_of, simulate_table
-    from .params import params_for
+    from .api import endpoints_of
     from .transfers import from_schedule
     if schedule.collective != Collective.ALL_REDUCE or not schedule.nswitches:
         raise InvalidArgument(f"{schedule.algorithm}: only all-reduce schedules with switches go this way",
                               "simulate other schedules with simulate_schedule")
     n = schedule.nranks
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:n]
-    sw = switch_nodes(topo, schedule, eps)
-    prm = params if params is not None else params_for(topo)
-    if schedule.algorithm.startswith("nvls"):   # switch operations at NCCL's NVLS efficiency
-        gen = int(topo.graph.nodes[sw[0]]["generation"])
-        eff = dict(prm.link_efficiency)
-        eff["nvlink"] = eff.get("nvlink", 1.0) * efficiency(prm, gen)
-        prm = dataclasses.replace(prm, link_efficiency=eff)
     tab = from_schedule(schedule)
     keep = tab.lrank < n                         # in-network adds cost no GPU time
     tab = dataclasses.replace(tab, nranks=schedule.nparticipants, lrank=tab.lrank[keep], lstep=tab.lstep[keep],
                               lcopy=tab.lcopy[keep], lreduce=tab.lreduce[keep])
-    res = simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm, endpoints=eps[:n] + sw,
+    return simulate_switch_table(topo, tab, n, switch_nodes(topo, schedule, eps), size_bytes, endpoints=eps,
+                                 params=params, engine=engine, dtype=dtype, protocol=protocol, timeline=timeline,
+                                 progress=progress)
+
+
+def simulate_switch_table(topo: Any, tab: TransferTable, nranks: int, switches: Sequence[str], size_bytes: int, *,
+                          endpoints: Sequence[str], params: Any = None, engine: str = "analytic",
+                          dtype: str = "float32", protocol: str | None = "simple", timeline: bool = False,
+                          progress: Callable[[float], None] | None = None) -> Any:
+    """Simulate the table of a switch schedule (participants from `nranks` on are `switches`, topology nodes):
+    NVLS algorithms' NVLink transfers at NVLS efficiency; the result counts the `nranks` GPUs only."""
+    import dataclasses
+
+    from .api import simulate_table
+    from .params import params_for
+    prm = params if params is not None else params_for(topo)
+    if tab.algorithm.startswith("nvls"):   # switch operations at NCCL's NVLS efficiency
+        gen = int(topo.graph.nodes[switches[0]]["generation"])
+        eff = dict(prm.link_efficiency)
+        eff["nvlink"] = eff.get("nvlink", 1.0) * efficiency(prm, gen)
+        prm = dataclasses.replace(prm, link_efficiency=eff)
+    eps = list(endpoints)[:nranks] + list(switches)
+    res = simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm, endpoints=eps,
                          protocol=protocol, timeline=timeline, progress=progress)
-    return dataclasses.replace(res, nranks=n, rank_finish_us=res.rank_finish_us[:n], switches=list(sw))
+    return dataclasses.replace(res, nranks=nranks, rank_finish_us=res.rank_finish_us[:nranks],
+                               switches=list(switches))
 
 
 def simulate_switch_algorithm(topo: Any, algorithm: str, nranks: int, size_bytes: int, *,
@@ -290,16 +313,28 @@ def simulate_switch_algorithm(topo: Any, algorithm: str, nranks: int, size_bytes
                               progress: Callable[[float], None] | None = None) -> Any:
     """The registry's `algorithm` all-reduce (nvls_tree, collnet_direct, collnet_chain) on the topology's servers,
     its pipeline segment count chosen per call like NVLS's chunks (the fastest of NVLS_CHUNKS up to 32); the
-    timeline and progress are those of the run with the chosen count."""
+    timeline and progress are those of the run with the chosen count. NVLS-Tree runs from its table written
+    directly (`nvls_tree.tree_table`, the same rows as the schedule's), the others from their schedules."""
     from ..algorithms import registry
     from .api import endpoints_of
+    from .params import params_for
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:nranks]
     groups = [list(g) for g in topo.host_groups(eps[:nranks])]
+    prm = params if params is not None else params_for(topo)
+    if algorithm == "nvls_tree":
+        from .nvls_tree import tree_table
+        sw = server_switches(topo, groups, eps)
 
-    def run(c: int, want: bool) -> Any:
-        s = registry.get_schedule(Collective.ALL_REDUCE, algorithm, nranks, nsegs=c, host_groups=groups)
-        return simulate_switch_schedule(topo, s, size_bytes, endpoints=eps, params=params, engine=engine,
-                                        dtype=dtype, timeline=want and timeline, progress=progress if want else None)
+        def run(c: int, want: bool) -> Any:
+            return simulate_switch_table(topo, tree_table(groups, c), nranks, sw, size_bytes, endpoints=eps,
+                                         params=prm, engine=engine, dtype=dtype, timeline=want and timeline,
+                                         progress=progress if want else None)
+    else:
+        def run(c: int, want: bool) -> Any:
+            s = registry.get_schedule(Collective.ALL_REDUCE, algorithm, nranks, nsegs=c, host_groups=groups)
+            return simulate_switch_schedule(topo, s, size_bytes, endpoints=eps, params=prm, engine=engine,
+                                            dtype=dtype, timeline=want and timeline,
+                                            progress=progress if want else None)
     runs = {c: run(c, False) for c in NVLS_CHUNKS if c <= 32}
     chunks = min(runs, key=lambda c: runs[c].time_us)   # the first of equal times, as NVLS's chunk choice
     best = run(chunks, True) if timeline or progress else runs[chunks]
