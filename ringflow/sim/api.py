@@ -14,7 +14,7 @@ from . import analytic, flow
 from .fabric import Fabric, _val, fabric_for
 from .params import SimParams, params_for
 from .results import SimResult, count_for_size, size_for_count
-from .transfers import TransferTable, coarsen, from_schedule, pipelined
+from .transfers import TransferTable, coarsen, from_schedule
 
 ENGINES = ("analytic", "flow")
 
@@ -202,8 +202,10 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
         kw["root"] = root
     if nsegs is not None:
         kw["nsegs"] = nsegs
-    tab = from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
-    return pipelined(tab) if algorithm == "pxn" else tab
+    if algorithm == "pxn":   # NCCL's PXN relays inside each OS host (sim.alltoall_net)
+        from .alltoall_net import pxn_table
+        return pxn_table(topo, eps[:nranks], nsegs or 1)
+    return from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
 
 
 def pxn_applies(topo: Any, coll: Collective, eps: Sequence[str]) -> bool:
