@@ -28,6 +28,27 @@ def test_dispatcher_time_is_routed_elements_over_its_rate() -> None:
     assert layer_cost(4096, 8, 2048, 128, 2.0e12, 3.35e12).dispatcher_s == 0.0
 
 
+def test_sorting_by_local_expert_copies_the_routed_tokens_twice_per_pass() -> None:
+    sorted_ = layer_cost(4096, 8, 2048, 128, 2.0e12, 3.35e12, sort_local=True)
+    plain = layer_cost(4096, 8, 2048, 128, 2.0e12, 3.35e12)
+    assert plain.sort_s == 0.0
+    assert sorted_.sort_s == pytest.approx(2 * (4096 * 8 * 2048 * 2 + 4096 * 8 * 2048 * 2) / 2.0e12)
+    assert sorted_.total_s - plain.total_s == pytest.approx(sorted_.sort_s)
+
+
+def test_only_the_alltoall_dispatcher_with_several_local_experts_sorts() -> None:
+    model, gpu = load_model(QWEN3_30B), gpu_spec("H100")
+    e = EfficiencyModel(alltoall_dispatch_eps=0.0, flex_dispatch_eps=0.0, alltoall_host_s=0.0, flex_host_s=0.0)
+    a2a = microbatch_times(model, _layout(), gpu, e).moe_s
+    flex = microbatch_times(model, _layout(ep_dispatcher="flex"), gpu, e).moe_s
+    routed = 4096 * 8 * 2048
+    per_layer_pass = 2 * (2 * routed * 2) / (gpu.hbm_GBps * 1e9 * e.mem_eff)
+    assert a2a - flex == pytest.approx(2 * model.layers * per_layer_pass, rel=1e-9)
+    one_each = replace(model, experts=8)   # EP 8 over 8 experts: one local expert, nothing to sort
+    assert microbatch_times(one_each, _layout(), gpu, e).moe_s == pytest.approx(
+        microbatch_times(one_each, _layout(ep_dispatcher="flex"), gpu, e).moe_s)
+
+
 def test_indexing_permute_runs_at_the_measured_fraction_of_hbm() -> None:
     fused = layer_cost(4096, 8, 2048, 128, 2.68e12, 3.35e12, fused_permute=True).permute_s
     eager = layer_cost(4096, 8, 2048, 128, 2.68e12, 3.35e12, fused_permute=False).permute_s
@@ -71,7 +92,9 @@ def test_the_dispatcher_rate_of_the_layouts_kind_is_used() -> None:
                   flex_host_s=0.0)
     slow = microbatch_times(model, _layout(ep_dispatcher="alltoall"), gpu, eff)
     fast = microbatch_times(model, _layout(ep_dispatcher="flex"), gpu, eff)
-    per_layer = 4096 * 8 * 2048 * (1 / 1e10 - 1 / 1e12)
+    routed = 4096 * 8 * 2048
+    sort = 2 * (2 * routed * 2) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)   # the all-to-all dispatcher's own sort
+    per_layer = routed * (1 / 1e10 - 1 / 1e12) + sort
     assert slow.forward_s - fast.forward_s == pytest.approx(48 * per_layer, rel=1e-6)
 
 

@@ -29,7 +29,8 @@ Model (all constants below are settable through `EfficiencyModel`):
   local experts: same efficiency curve, floored per pass by the local experts' weight traffic at HBM bandwidth
   (`expert_roofline_s`); a grouped GEMM of 128 experts x 512 tokens (hidden 2048, width 768) measured 648-714
   TFLOP/s on one H200 (issue 58), the dense curve's range. Each MoE layer and pass adds its router, token
-  permute/unpermute and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate fitted per kind); a dropless
+  permute/unpermute, sort-by-local-expert and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate
+  fitted per kind); a dropless
   MoE layer's forward lasts at least the host's time to launch it (`moe.host_wait_s`, fitted per kind).
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
@@ -257,10 +258,12 @@ def expert_roofline_s(flops: float, params: float, weight_bytes: float, rate: fl
 
 def _moe_layer_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyModel, tokens: float,
                  mem_Bps: float) -> float:
-    """Router, permute/unpermute and dispatcher seconds of one MoE layer and pass (workload/moe.py)."""
+    """Router, permute/unpermute, sort and dispatcher seconds of one MoE layer and pass (workload/moe.py)."""
     from .moe import layer_cost
+    sort = layout.ep > 1 and layout.ep_dispatcher == "alltoall" and model.experts // layout.ep > 1
     return layer_cost(tokens, model.top_k, model.hidden, model.experts, mem_Bps, gpu.hbm_GBps * 1e9,
-                      e.dispatch_eps(layout.ep_dispatcher) if layout.ep > 1 else 0.0, e.fused_permute).total_s
+                      e.dispatch_eps(layout.ep_dispatcher) if layout.ep > 1 else 0.0, e.fused_permute,
+                      sort_local=sort).total_s
 
 
 def _kernel_extra_s(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens: float, dense_layers: int,

@@ -10,6 +10,12 @@ size ``h`` (``T k`` routed tokens, ``T k h`` routed elements):
   back after the combine, each reading and writing ``T k h`` elements. An eager indexing gather moves
   `PERMUTE_INDEXING_FRACTION` of the HBM bandwidth (measured: ~0.95 TB/s on one H200, issue 58 of this
   project); a fused permute kernel (Megatron ``--moe-permute-fusion``) the elementwise rate;
+- **sort by local expert**: with more than one expert per rank, Megatron's all-to-all dispatcher sorts the
+  received tokens by local expert after the dispatch and restores their order before the combine (Megatron-Core
+  core_v0.15.0 ``token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` lines 667-698
+  "Permutation 2" and ``combine_preprocess`` lines 713-732 "Unpermutation 2": ``sort_chunks_by_idxs``, a
+  split-and-concatenate copy or Transformer Engine's fused one), each reading and writing ``T k h`` elements at
+  the elementwise HBM rate; the backward pass copies their gradients back the same way;
 - **token dispatcher**: what a dropless dispatch costs beyond these (token counts per expert, the device-to-host
   copy of the split sizes, chunk sorting; not measured apart yet) is ``T k h / rate`` per pass, the rate a constant of
   the dispatcher kind (`DISPATCHERS`) fitted on the fitting half of the published registry
@@ -49,11 +55,12 @@ class MoeLayerCost:
     router_s: float
     permute_s: float
     dispatcher_s: float
+    sort_s: float = 0.0   # sorting the received tokens by local expert and back (all-to-all dispatcher)
 
     @property
     def total_s(self) -> float:
-        """Router + permute/unpermute + dispatcher."""
-        return self.router_s + self.permute_s + self.dispatcher_s
+        """Router + permute/unpermute + sort by local expert + dispatcher."""
+        return self.router_s + self.permute_s + self.sort_s + self.dispatcher_s
 
 
 def check_dispatcher(name: str) -> str:
@@ -64,11 +71,12 @@ def check_dispatcher(name: str) -> str:
 
 
 def layer_cost(tokens: float, top_k: int, hidden: int, experts: int, mem_Bps: float, hbm_Bps: float,
-               dispatch_eps: float = 0.0, fused_permute: bool = True) -> MoeLayerCost:
-    """Router, permute/unpermute and dispatcher seconds of one MoE layer in one pass on one GPU.
+               dispatch_eps: float = 0.0, fused_permute: bool = True, sort_local: bool = False) -> MoeLayerCost:
+    """Router, permute/unpermute, sort and dispatcher seconds of one MoE layer in one pass on one GPU.
 
     `tokens` on the GPU (after TP's sequence split), `mem_Bps` the elementwise HBM rate, `hbm_Bps` the HBM peak,
-    `dispatch_eps` the dispatcher's routed elements per second (0: not modelled)."""
+    `dispatch_eps` the dispatcher's routed elements per second (0: not modelled), `sort_local` whether the
+    received tokens are sorted by local expert and back (the all-to-all dispatcher with several local experts)."""
     if tokens < 0 or top_k < 1 or hidden < 1 or experts < 1 or mem_Bps <= 0 or hbm_Bps <= 0:
         raise ConfigError(f"MoE layer cost of tokens={tokens}, top_k={top_k}, hidden={hidden}, experts={experts}",
                           "give non-negative tokens and positive sizes and bandwidths")
@@ -77,7 +85,8 @@ def layer_cost(tokens: float, top_k: int, hidden: int, experts: int, mem_Bps: fl
     rate = mem_Bps if fused_permute else hbm_Bps * PERMUTE_INDEXING_FRACTION
     permute = 2 * (2 * routed * ACT_BYTES) / rate          # permute and unpermute, each reads and writes T k h
     dispatcher = routed / dispatch_eps if dispatch_eps > 0 else 0.0
-    return MoeLayerCost(router, permute, dispatcher)
+    sort = 2 * (2 * routed * ACT_BYTES) / mem_Bps if sort_local else 0.0   # sort and restore, each read + write
+    return MoeLayerCost(router, permute, dispatcher, sort)
 
 
 def host_wait_s(layer_fwd_s: float, host_s: float) -> float:
