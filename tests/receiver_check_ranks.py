@@ -1,6 +1,7 @@
-"""Rank side of tests/test_receiver_check.py (under `ringflow run -n 2`): rank 1 disagrees with rank 0 on one
-argument of a one-directional collective per case (broadcast, reduce, gather, scatter: the calls whose first step
-is completed by verify messages), at sizes through the slots, by single copy and past the TCP striping size.
+"""Rank side of tests/test_receiver_check.py (under `ringflow run -n N`): the last rank disagrees with the others
+on one argument of a collective per case (broadcast, reduce, gather, scatter: the calls whose first step is
+completed by verify messages; with more than 2 ranks also all-gather, all-to-all and all-reduce, whose first
+step is staged in scratch), at sizes through the slots, by single copy and past the TCP striping size.
 Writes OUT/rank<R>.json: per case the error type, whether this rank's arrays are unchanged, and the seconds it
 took; then whether exact calls still work.
 
@@ -42,7 +43,7 @@ def sentinel(n: int, dtype: type = np.float32) -> np.ndarray:
 
 def cases(comm: Any) -> dict[str, tuple[Callable[[], Any], list[np.ndarray]]]:
     """name -> (the call, the arrays it must leave alone)."""
-    odd = comm.rank == 1
+    odd, size = comm.rank == comm.size - 1, comm.size
     out: dict[str, tuple[Callable[[], Any], list[np.ndarray]]] = {}
     for n in COUNTS:
         x = sentinel(n + int(odd))
@@ -54,10 +55,20 @@ def cases(comm: Any) -> dict[str, tuple[Callable[[], Any], list[np.ndarray]]]:
     n = 1 << 14
     r_in, r_out = sentinel(n), sentinel(n)
     out["reduce root"] = (lambda: comm.reduce(r_in, root=int(odd), out=r_out), [r_in, r_out])
-    g_in, g_out = sentinel(n + int(odd)), sentinel(2 * (n + int(odd)))
+    g_in, g_out = sentinel(n + int(odd)), sentinel(size * (n + int(odd)))
     out["gather count"] = (lambda: comm.gather(g_in, root=0, out=g_out), [g_in, g_out])
-    s_in, s_out = sentinel(2 * (n + int(odd))), sentinel(n + int(odd))
+    s_in, s_out = sentinel(size * (n + int(odd))), sentinel(n + int(odd))
     out["scatter count"] = (lambda: comm.scatter(s_in, root=0, out=s_out), [s_in, s_out])
+    if size > 2:
+        for m in (8, 1 << 12):
+            a_in, a_out = sentinel(m + int(odd)), sentinel(size * (m + int(odd)))
+            out[f"all_gather count {m}"] = (lambda a_in=a_in, a_out=a_out: comm.all_gather(a_in, out=a_out),
+                                            [a_in, a_out])
+            t_in, t_out = sentinel(size * (m + int(odd))), sentinel(size * (m + int(odd)))
+            out[f"all_to_all count {m}"] = (lambda t_in=t_in, t_out=t_out: comm.all_to_all(t_in, out=t_out),
+                                            [t_in, t_out])
+            r = sentinel(m + int(odd))
+            out[f"all_reduce count {m}"] = (lambda r=r: comm.all_reduce(r), [r])
     return out
 
 
@@ -70,7 +81,9 @@ def exact_after(comm: Any) -> bool:
         ok = ok and bool(np.array_equal(x, sentinel(n)))
     y = np.full(1000, comm.rank + 1, np.float32)
     comm.all_reduce(y)
-    return ok and bool((y == 3).all())
+    g = comm.all_gather(np.full(8, comm.rank, np.float32))
+    return ok and bool((y == comm.size * (comm.size + 1) / 2).all()) and \
+        bool(np.array_equal(np.asarray(g).ravel(), np.repeat(np.arange(comm.size, dtype=np.float32), 8)))
 
 
 def main() -> None:

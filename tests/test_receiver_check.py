@@ -2,7 +2,8 @@
 first step's messages, completed by a zero-byte verify message from the receiver, instead of a CHECK exchange
 before the data. Disagreeing ranks all raise InvalidArgument with their arrays untouched, and the communicator
 stays usable, with the verify messages on and off (RINGFLOW_RECEIVER_CHECK), over shared memory and TCP, on the
-native and the Python executor.
+native and the Python executor. With more than 2 ranks the first step's receives are staged in scratch
+(`algorithms.staging`) where the flat tuner prices that below the CHECK round, with the same guarantee.
 """
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ import numpy as np
 import pytest
 
 from ringflow import config
+from ringflow.algorithms.cost import DEFAULT_BETA_GBPS
 from ringflow.algorithms.layout import CallShape
 from ringflow.algorithms.plan import compile_plan
 from ringflow.algorithms.registry import get_schedule
-from ringflow.algorithms.schedule import Collective, OpKind
-from ringflow.algorithms.verify_messages import verifiable
+from ringflow.algorithms.schedule import Buffer, Collective, OpKind
+from ringflow.algorithms.selection import call_shape, check_price_s, local_copy_bytes, pick_schedule, variants
+from ringflow.algorithms.staging import is_staged, staged, unstaged
+from ringflow.algorithms.verifier import verify
+from ringflow.algorithms.verify_messages import opens_with_check, verifiable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,14 +63,14 @@ def test_verify_messages_are_off_where_they_could_not_keep_data_undelivered() ->
         assert len(plan.steps[0].xfers) == 1
 
 
-def _run(tmp: Path, env: dict[str, str]) -> list[dict]:
+def _run(tmp: Path, env: dict[str, str], n: int = 2) -> list[dict]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("RINGFLOW_")}
     base["PYTHONPATH"] = str(ROOT) + os.pathsep + base.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", "2", "--timeout", "90",
+    proc = subprocess.run([sys.executable, "-m", "ringflow", "run", "-n", str(n), "--timeout", "90",
                            str(ROOT / "tests" / "receiver_check_ranks.py"), str(tmp)], env={**base, **env},
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(n)]
 
 
 @pytest.mark.long   # 15 mismatches and 5 sizes on real ranks: seconds (make test's error-text test covers a few)
@@ -88,3 +93,51 @@ def test_disagreeing_ranks_all_raise_with_their_arrays_untouched_and_stay_usable
             assert case["elapsed_s"] < 10.0, (res["rank"], name, case)  # far below the 30 s timeout
         assert res["exact_after"] is True
     assert np.isfinite([c["elapsed_s"] for r in results for c in r["cases"].values()]).all()
+
+
+def test_more_than_two_ranks_stage_the_first_step_instead_of_opening_with_a_check_exchange() -> None:
+    n = 4
+    for coll, algo in ((Collective.BROADCAST, "binomial"), (Collective.ALL_GATHER, "ring"),
+                       (Collective.ALL_REDUCE, "recursive_doubling")):
+        sch = get_schedule(coll, algo, n, root=0 if coll.has_root else None)
+        assert opens_with_check(sch)
+        st = staged(sch)
+        assert st is not None and staged(sch) is st and unstaged(st) is sch and not opens_with_check(st)
+        verify(st)   # the same result as the schedule it stages, on every rank
+        for r in range(n):
+            plan = compile_plan(st, CallShape(coll, n, 1 << 10, 4, None), r, False)
+            # every step-0 receive lands in scratch; the step after it copies into the user's arrays
+            assert all(x.buf == Buffer.SCRATCH for x in plan.steps[0].xfers if x.kind != OpKind.SEND and x.nbytes)
+            assert plan.self_checking and not plan.steps[1].xfers
+        with config.override(RECEIVER_CHECK=False):
+            assert staged(sch) is None and opens_with_check(sch)
+
+
+def test_the_flat_tuner_runs_the_cheaper_of_a_check_round_and_a_staged_copy() -> None:
+    single = 1 << 18
+    seen = set()
+    for coll in (Collective.BROADCAST, Collective.ALL_GATHER, Collective.ALL_TO_ALL):
+        root = 0 if coll.has_root else None
+        for nbytes in (64, 1 << 12, 1 << 16, 1 << 20, 1 << 26):
+            chosen = pick_schedule(coll, nbytes, 4, root, 4, False, single)
+            base = unstaged(chosen)
+            shape = call_shape(coll, 4, nbytes, 4)
+            price = {is_staged(v): check_price_s(v) + local_copy_bytes(v, shape) / (DEFAULT_BETA_GBPS * 1e9)
+                     for v in variants(base)}
+            assert price[is_staged(chosen)] == min(price.values()), (coll, nbytes, price)
+            seen.add(is_staged(chosen))
+    assert seen == {True, False}   # small calls skip the round, large ones skip the copy
+
+
+@pytest.mark.long   # 4 ranks on real processes: the staged first step (default) and the CHECK exchange
+@pytest.mark.parametrize("env", [{}, {"RINGFLOW_RECEIVER_CHECK": "0"}, {"RINGFLOW_NATIVE": "0"}],
+                         ids=["staged", "check-exchange", "staged-python"])
+def test_four_disagreeing_ranks_all_raise_with_arrays_untouched_and_stay_usable(tmp_path: Path,
+                                                                                env: dict[str, str]) -> None:
+    results = _run(tmp_path, env, n=4)
+    for res in results:
+        assert len(res["cases"]) == 21
+        for name, case in res["cases"].items():
+            assert case["type"] == "InvalidArgument", (res["rank"], name, case)
+            assert case["unchanged"], f"rank {res['rank']}: {name} delivered data"
+        assert res["exact_after"] is True

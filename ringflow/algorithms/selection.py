@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from . import registry, tuner
-from .cost import DEFAULT_BETA_GBPS
+from . import registry, staging, tuner
+from .cost import DEFAULT_ALPHA_US, DEFAULT_BETA_GBPS
 from .layout import CallShape
 from .plan import compile_plan
 from .schedule import Collective, OpKind, Schedule
+from .verify_messages import opens_with_check
 
 RERANK_TOP = 6  # the tuner's best candidates re-priced with their local copy cost
 
@@ -75,19 +76,33 @@ def candidate_schedule(choice: tuner.Choice, cand: tuner.Candidate, coll: Collec
                                  nchannels=cand.nchannels, rings=choice.rings if cand.nchannels > 1 else None)
 
 
+def variants(schedule: Schedule) -> list[Schedule]:
+    """The ways to run one candidate: as written and, where the argument check would otherwise open the call
+    with a CHECK exchange, with its first step staged (`staging.staged`: one copy of the first step's
+    receives instead of a round before the data)."""
+    st = staging.staged(schedule) if opens_with_check(schedule) else None
+    return [schedule] if st is None else [schedule, st]
+
+
+def check_price_s(schedule: Schedule) -> float:
+    """The flat tuner's price of the CHECK exchange a call of `schedule` opens with: one step (0 if none)."""
+    return DEFAULT_ALPHA_US * 1e-6 if opens_with_check(schedule) else 0.0
+
+
 def flat_choice(choice: tuner.Choice, coll: Collective, nranks: int, root: int | None, nbytes: int,
                 dtype_size: int, single_channel: bool = False, inplace: bool = False) -> Schedule:
-    """The cheapest of the tuner's RERANK_TOP best candidates once each is charged its local copies and
-    reductions at the shared-memory bandwidth the tuner assumes (`cost.DEFAULT_BETA_GBPS`)."""
+    """The cheapest of the tuner's RERANK_TOP best candidates (each as written and staged, `variants`) once each
+    is charged its local copies and reductions at the shared-memory bandwidth the tuner assumes
+    (`cost.DEFAULT_BETA_GBPS`) and its CHECK exchange as one of the tuner's steps (`check_price_s`)."""
     cands = sorted(candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
     shape = call_shape(coll, nranks, nbytes, dtype_size)
     best: Schedule | None = None
     best_t = float("inf")
     for c in cands:
-        s = candidate_schedule(choice, c, coll, nranks, root)
-        t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9)
-        if t < best_t:
-            best, best_t = s, t
+        for s in variants(candidate_schedule(choice, c, coll, nranks, root)):
+            t = c.time_s + local_copy_bytes(s, shape, inplace) / (DEFAULT_BETA_GBPS * 1e9) + check_price_s(s)
+            if t < best_t:
+                best, best_t = s, t
     if best is None:
         raise RuntimeError(f"the tuner offered no candidate for {coll.value} on {nranks} ranks")
     return best
@@ -155,8 +170,9 @@ def model_decision(coll: Collective, nbytes: int, nranks: int, root: int | None,
     def price() -> ModelDecision:
         single = nbytes < single_ring_bytes
         flat = flat_choice(choice, coll, nranks, root, nbytes, dtype_size, single_channel=single, inplace=inplace)
-        pool = candidate_pool(choice, single)
-        scheds = [candidate_schedule(choice, c, coll, nranks, root) for c in pool]
+        pairs = [(c, v) for c in candidate_pool(choice, single)
+                 for v in variants(candidate_schedule(choice, c, coll, nranks, root))]
+        pool, scheds = [c for c, _ in pairs], [v for _, v in pairs]
         return decide(flat, pool, scheds, call_shape(coll, nranks, nbytes, dtype_size), inplace, model)
     return _cached(model, (coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes), price)
 

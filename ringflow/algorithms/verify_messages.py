@@ -10,7 +10,8 @@ consumed, and the communicator stays usable; ranks that agree pay no round trip 
 
 That keeps the guarantee "on a mismatch no data is delivered" only where no rank could take data from one
 peer before another peer's message shows the mismatch: 2 ranks (each hears from one peer), or no first-step
-receive that lands in the user's arrays (IN or OUT). Other schedules keep the CHECK exchange.
+receive that lands in the user's arrays (IN or OUT); `staging.staged` rewrites a schedule so that its first
+step's receives land in scratch. Other schedules keep the CHECK exchange.
 RINGFLOW_RECEIVER_CHECK=0 turns verify messages off (every rank must use the same setting).
 """
 from __future__ import annotations
@@ -24,24 +25,37 @@ def _pairs(step: Step, kind_is_send: bool) -> list[tuple[int, int]]:
             and (op.kind == OpKind.SEND if kind_is_send else op.kind.is_recv)]
 
 
-def verifiable(schedule: Schedule) -> bool:
-    """True if this schedule's first step, completed by verify messages, checks every pair of ranks and no rank
-    can take data into IN or OUT from one peer before a mismatch with another shows (the module docstring)."""
-    n = schedule.nranks
-    if n < 2 or schedule.nswitches or not config.get("RECEIVER_CHECK") or is_self_checking(schedule):
-        return False
-    for r in range(n):
+def first_step_pairs_complete(schedule: Schedule) -> bool:
+    """True if verify messages can complete every rank's first step: it moves at most one message each way per
+    peer, all on channel 0 (more, or another channel, is more than verify messages can match)."""
+    for r in range(schedule.nranks):
         prog = schedule.steps(r)
         if not prog:
             return False
         sends, recvs = _pairs(prog[0], True), _pairs(prog[0], False)
         for got in (sends, recvs):
             if any(ch != 0 for _, ch in got) or len(set(got)) != len(got):
-                return False   # more than one message, or another channel: more than verify messages can match
-        if n > 2 and any(op.kind.is_recv and op.dst is not None and op.dst.buffer != Buffer.SCRATCH
-                         for op in prog[0]):
-            return False
+                return False
     return True
+
+
+def verifiable(schedule: Schedule) -> bool:
+    """True if this schedule's first step, completed by verify messages, checks every pair of ranks and no rank
+    can take data into IN or OUT from one peer before a mismatch with another shows (the module docstring)."""
+    n = schedule.nranks
+    if n < 2 or schedule.nswitches or not config.get("RECEIVER_CHECK") or is_self_checking(schedule):
+        return False
+    if not first_step_pairs_complete(schedule):
+        return False
+    return n == 2 or not any(op.kind.is_recv and op.dst is not None and op.dst.buffer != Buffer.SCRATCH
+                             for r in range(n) for op in schedule.steps(r)[0])
+
+
+def opens_with_check(schedule: Schedule) -> bool:
+    """True if a call of `schedule` opens with the CHECK exchange: its first step neither checks every pair
+    (`schedule.is_self_checking`) nor does once completed by verify messages (argument checks on)."""
+    return schedule.nranks > 1 and not config.get("CHECKS_DISABLE") and not (
+        is_self_checking(schedule) or verifiable(schedule))
 
 
 def missing(schedule: Schedule, rank: int) -> tuple[list[int], list[int]]:

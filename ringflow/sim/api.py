@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.schedule import Collective, Schedule, is_self_checking
-from ..algorithms.verify_messages import verifiable
+from ..algorithms.schedule import Collective, Schedule
+from ..algorithms.verify_messages import opens_with_check
 from ..errors import InvalidArgument
 from . import analytic, flow
 from .fabric import Fabric, _val, fabric_for
@@ -60,7 +60,7 @@ def simulate_schedule(topo: Any, schedule: Schedule, size_bytes: int, *, engine:
     """Simulate one call of `schedule` moving an nccl-tests `size_bytes` on `topo`."""
     return simulate_table(topo, from_schedule(schedule), size_bytes, engine=engine, dtype=dtype, params=params,
                           endpoints=endpoints, protocol=protocol, timeline=timeline, progress=progress,
-                          checked=not (is_self_checking(schedule) or verifiable(schedule)))
+                          checked=opens_with_check(schedule))
 
 
 def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: str = "analytic",
