@@ -53,6 +53,16 @@ def test_network_rows_leave_through_a_gpu_of_the_senders_tray_on_the_peers_devic
     assert other_tray == pytest.approx(16 * 4)
 
 
+def test_the_simulator_runs_pxn_with_tray_relays_on_either_engine() -> None:
+    from ringflow.sim.api import table_for
+    topo, eps = _racks()
+    assert table_for(topo, "all_to_all", 16, "pxn") is pxn_table(topo, eps)
+    fast, timed = (simulate(topo, "all_to_all", 1 << 28, engine=e) for e in ("analytic", "flow"))
+    assert fast.algorithm == timed.algorithm == "pxn"
+    # 8 of each rank's 16 blocks leave its NVLink domain through one 400 Gb/s NIC per GPU
+    assert 0 < fast.busbw_GBps <= 2 * 50.0 * 15 / 16 and timed.busbw_GBps == pytest.approx(fast.busbw_GBps, rel=0.05)
+
+
 def test_pxn_with_tray_relays_is_a_correct_all_to_all() -> None:
     groups = [list(range(0, 8)), list(range(8, 16)), list(range(16, 24))]
     relays = [list(range(i, i + 4)) for i in range(0, 24, 4)]

@@ -6,10 +6,12 @@ default): the local GPU with the peer's device index (``ncclTopoDevToRank(comm->
 peer nvmlDev)``) relays it over NVLink to its NIC when that NIC is closer to it (PXN). ``comm->topo`` is
 the process's own machine, so the relay is a GPU of the sender's OS host: on an HGX server the whole
 server, on an NVL72 rack one compute tray (4 GPUs, 4 NICs), never a GPU of another tray even though the
-trays share the NVLink domain. The relay's local GPUs share its connections to a remote peer
-(NCCL_NET_SHARED_COMMS=1, src/transport/net.cc: one connection per NIC, remote rank and channel; the user
-guide: it "allows for message aggregation but can also decrease the entropy of network packets"), so a
-(relay, peer) pair is as many flows for the fabric's ECMP hashing as it has p2p channels per network peer.
+trays share the NVLink domain (src/init.cc doubles NCCL_P2P_NET_CHUNKSIZE on GB platforms because "GBx
+platforms only have 4 GPUs per host, which reduces the aggregation factor"). The relay's local GPUs share
+its connections to a remote peer (NCCL_NET_SHARED_COMMS=1, src/transport/net.cc: one connection per NIC,
+remote rank and channel; the user guide: it "allows for message aggregation but can also decrease the
+entropy of network packets"), so a (relay, peer) pair is as many flows for the fabric's ECMP hashing as it
+has p2p channels per network peer (at most its local GPUs).
 
 NCCL's p2p channels per network peer (src/graph/paths.cc ``ncclTopoGetNchannels`` and
 ``ncclTopoComputeP2pChannels``): max(local NICs, ceil(NIC GB/s / NCCL_P2P_PER_CHANNEL_NET_BW = 14)) rounded
