@@ -12,6 +12,7 @@ from ringflow.sim.alltoall_net import (
     channels_per_net_peer,
     net_channels_per_peer,
     os_host_groups,
+    p2p_protocol,
     pxn_relay_groups,
     pxn_table,
 )
@@ -116,3 +117,17 @@ def test_hgx_servers_keep_the_server_wide_relays() -> None:
 
 def test_single_server_all_to_all_does_not_take_pxn() -> None:
     assert simulate(load_topology("dgx-h100"), "all_to_all", 1 << 24).algorithm != "pxn"
+
+
+def test_all_to_all_runs_nccls_p2p_protocols_never_ll128() -> None:
+    cluster = build_cluster("dgx-h100", 2)
+    for size in (1 << 12, 1 << 20, 1 << 23, 1 << 28):   # network peers have no LL buffers by default: Simple
+        assert simulate(cluster, "all_to_all", size).protocol == "simple"
+    server = load_topology("dgx-h100")
+    small, large = (simulate(server, "all_to_all", size, algorithm="pairwise") for size in (8 * 16384, 8 * 16385))
+    assert (small.protocol, large.protocol) == ("ll", "simple")   # LL up to 16 KiB per peer (NCCL_P2P_LL_THRESHOLD)
+    sweep = {simulate(server, "all_to_all", 1 << k, algorithm="pairwise").protocol for k in range(10, 30, 3)}
+    assert "ll128" not in sweep
+    cpu = load_topology("host-cpu:4")
+    assert p2p_protocol(cpu, "pairwise", 4, 1 << 20, list(cpu.endpoints())) is None   # the CPU runtime's own choice
+    assert p2p_protocol(server, "bruck", 8, 1 << 20, list(server.endpoints())) is None

@@ -113,3 +113,22 @@ def channels_per_net_peer(nic_GBps: float, nranks: int, p2p_channels: int, local
     while per_peer * math.ceil(nranks / MAX_P2P_PER_BATCH) > p2p_channels and per_peer > 1:
         per_peer //= 2
     return per_peer
+
+
+P2P_LL_THRESHOLD_BYTES = 16384   # NCCL_P2P_LL_THRESHOLD default, src/enqueue.cc
+
+
+def p2p_protocol(topo: Any, algorithm: str, nranks: int, size_bytes: int, eps: Sequence[str]) -> str | None:
+    """The protocol NCCL's point-to-point sends of a GPU all-to-all run (src/enqueue.cc ``addP2pToPlan``): never
+    LL128; LL only where the connection has LL buffers and a peer's block fits NCCL_P2P_LL_THRESHOLD per channel
+    (16 KiB on one channel), else Simple. Network connections get LL buffers only with
+    NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (default 0), so an all-to-all across servers runs Simple throughout. None
+    for other algorithms and for CPU endpoints (ringflow's runtime picks its own)."""
+    if algorithm not in ("pxn", "pairwise") or nranks < 2:
+        return None
+    g = topo.graph
+    if any(str(getattr(g.nodes[e].get("kind"), "value", g.nodes[e].get("kind"))) != "gpu" for e in eps[:nranks]):
+        return None
+    if algorithm == "pxn" or len({topo.host_of(e) for e in eps[:nranks]}) > 1:
+        return "simple"
+    return "ll" if size_bytes / nranks <= P2P_LL_THRESHOLD_BYTES else "simple"

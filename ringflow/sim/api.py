@@ -368,8 +368,14 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
                                          dtype=dtype, timeline=timeline, progress=progress)
     tab = table_for(topo, collective, n, algo, root=root, nchannels=nchannels, nsegs=nsegs,
                     endpoints=endpoints, max_transfers=prm.max_transfers)
+    proto = None
+    if tab.collective == Collective.ALL_TO_ALL:   # NCCL's p2p sends: LL or Simple by its own rule (sim.alltoall_net)
+        from .alltoall_net import p2p_protocol
+        eps = list(endpoints) if endpoints is not None else endpoints_of(topo)
+        proto = p2p_protocol(topo, algo, n, size_bytes, eps)
+        proto = proto if proto in {p.name for p in prm.protocols} else None
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
-                          timeline=timeline, progress=progress, endpoints=endpoints)
+                          timeline=timeline, progress=progress, endpoints=endpoints, protocol=proto)
 
 
 def _uniform_all_to_allv(topo: Any, size_bytes: int, algorithm: str | None, n: int, **kw: Any) -> SimResult:
