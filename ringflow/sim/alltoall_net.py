@@ -23,7 +23,8 @@ rounded up to a power of two, 2 per NIC of the OS host across servers, at most 3
 - `os_host_groups(topo, eps)`: rank groups per OS host (a tray of an NVL72 rack, else the server);
 - `net_channels_per_peer(topo, eps)`: NCCL's p2p channels per network peer for these ranks;
 - `pxn_table(topo, eps)`: the PXN all-to-all table with those relays and channels (cached per topology and
-  placement).
+  placement);
+- `p2p_protocol(...)`: the protocol NCCL's p2p sends run (Simple across servers, LL only for small blocks).
 """
 from __future__ import annotations
 
