@@ -92,3 +92,15 @@ def test_an_unknown_fp8_recipe_or_attention_kernel_is_refused_by_name() -> None:
         fp8_cast_bytes_per_token(load_model("llama3-8b"), _layout(precision="fp8"), "mx", "forward", 0, 1)
     with pytest.raises(InvalidArgument, match="attention='xformers'"):
         replace(kernel_profile("megatron-te"), attention="xformers")
+
+
+def test_fp8_leaves_the_output_layers_logit_gemm_in_bf16() -> None:
+    model, gpu, e = load_model("llama3-8b"), gpu_spec("H100"), EfficiencyModel()
+
+    def logit_s(precision: str) -> float:
+        layout = _layout(dp=4, pp=2, precision=precision)
+        last, first = (microbatch_times(model, layout, gpu, e, stage=s) for s in ("last", "first"))
+        assert last.model_flops > first.model_flops
+        return last.forward_s - first.forward_s
+
+    assert logit_s("fp8") == pytest.approx(logit_s("bf16"), rel=1e-9)

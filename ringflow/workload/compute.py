@@ -17,7 +17,10 @@ Model (all constants below are settable through `EfficiencyModel`):
   BF16 640-820 on the same Llama-3 layer shapes, midpoints 1,335 / 730 = 1.83 of the 2x peak ratio: 0.914);
   attention stays in BF16 (Transformer Engine runs attention in FP8 only with the recipe's ``fp8_dpa``, off by
   default; torchao converts ``nn.Linear`` modules only: "both BFLOAT16 Tensor Core and FP8 Tensor Core are
-  involved", torchtitan benchmarks/llama3_h100_202412_torchtitan.md). Quantizing the GEMM operands (a cast per
+  involved", torchtitan benchmarks/llama3_h100_202412_torchtitan.md), and so does the output layer's logit GEMM
+  (torchtitan 9dec370 ``torchtitan/float8.py`` line 99 leaves ``output`` out of the conversion; Megatron-Core
+  core_v0.15.0 ``gpt_model.py`` line 234 builds it as ``tensor_parallel.ColumnParallelLinear``, not a Transformer
+  Engine module). Quantizing the GEMM operands (a cast per
   operand, and an amax pass under per-tensor current scaling) is memory-bound work of its own
   (`kernels.fp8_cast_bytes_per_token`), each pass and each recomputation, at HBM bandwidth x mem_eff.
 - Attention FLOPs run at the GEMM rate (FlashAttention-2-class kernels), times the kernel profile's attention
@@ -308,7 +311,9 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
     rate = peak * eff_g
     a_fwd, a_bwd = attention_time_factors(e.kernels)
-    attn_s = attn / (peak * eff_bf16)              # attention forward at the BF16 rate, FlashAttention-2 speed
+    rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
+    attn_s = attn / rate_bf16                      # attention forward at FlashAttention-2 speed
+    logit_s = logits / rate_bf16
     cast_fwd, cast_bwd = (tokens * fp8_cast_bytes_per_token(model, layout, e.fp8_recipe, p, start, stop) / mem_Bps
                           for p in ("forward", "backward"))
     # routed experts: a roofline per pass, their GEMM FLOPs against the bytes of the local experts' weights
@@ -320,14 +325,14 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
-    t_fwd = (work - x_flops - attn) / rate + a_fwd * attn_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
+    gemm_s = (work - x_flops - attn - logits) / rate   # the linear layers' GEMMs (FP8 where the run trains in FP8)
+    t_fwd = gemm_s + logit_s + a_fwd * attn_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
     wait = 0.0
     if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
         from .moe import host_wait_s
-        wait = n_moe * host_wait_s((t_fwd - logits / rate) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
+        wait = n_moe * host_wait_s((t_fwd - logit_s) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
     t_fwd += wait
-    t_bwd = 2 * (work - x_flops - attn) / rate + 2 * a_bwd * attn_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd \
-        + cast_bwd
+    t_bwd = 2 * (gemm_s + logit_s + a_bwd * attn_s) + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
         t_rec = (matmul + padded) / rate + a_fwd * attn_s + 2 * act / mem_Bps + k_rec + cast_fwd
