@@ -131,3 +131,16 @@ def test_all_to_all_runs_nccls_p2p_protocols_never_ll128() -> None:
     cpu = load_topology("host-cpu:4")
     assert p2p_protocol(cpu, "pairwise", 4, 1 << 20, list(cpu.endpoints())) is None   # the CPU runtime's own choice
     assert p2p_protocol(server, "bruck", 8, 1 << 20, list(server.endpoints())) is None
+
+
+def test_shared_connections_leave_ecmp_too_few_flows_to_spread_over_the_spine() -> None:
+    from ringflow.sim.api import simulate_table
+    from ringflow.topology.presets_rack import nvl_partition
+    racks = build_cluster(nvl_partition(load_topology("gb200-nvl72"), 16), 4, radix=16)   # rails cross the spine
+    eps = list(racks.endpoints())
+    assert net_channels_per_peer(racks, eps) == 1   # 64 ranks on trays of 4 NICs: one connection per peer
+    spread = pipelined(from_schedule(build_pxn(Collective.ALL_TO_ALL, 64, host_groups=racks.host_groups(eps),
+                                               relay_groups=pxn_relay_groups(racks, eps), net_channels=4)))
+    shared = simulate(racks, "all_to_all", 1 << 28)
+    assert shared.algorithm == "pxn"
+    assert shared.busbw_GBps < 0.9 * simulate_table(racks, spread, 1 << 28, protocol="simple").busbw_GBps
