@@ -144,3 +144,18 @@ def test_shared_connections_leave_ecmp_too_few_flows_to_spread_over_the_spine() 
     shared = simulate(racks, "all_to_all", 1 << 28)
     assert shared.algorithm == "pxn"
     assert shared.busbw_GBps < 0.9 * simulate_table(racks, spread, 1 << 28, protocol="simple").busbw_GBps
+
+
+def test_network_rows_wait_on_their_channels_earlier_work_batches() -> None:
+    from ringflow.sim.alltoall_net import p2p_batches
+    assert [p2p_batches(n, 16) for n in (16, 129, 130, 256, 1024)] == [1, 1, 2, 2, 8]
+    with pytest.raises(InvalidArgument, match="p2p channels"):
+        p2p_batches(16, 0)
+    racks, eps = _racks(64, 2)   # 128 ranks on a tray's 8 p2p channels: 2 batches, one earlier batch to wait on
+    tab = pxn_table(racks, eps)
+    plain = pipelined(from_schedule(build_pxn(Collective.ALL_TO_ALL, 128, host_groups=racks.host_groups(eps),
+                                              relay_groups=pxn_relay_groups(racks, eps), net_channels=1)))
+    server = [racks.host_of(e) for e in eps]
+    extra = {(server[s] != server[d], m - m0) for s, d, m, m0 in
+             zip(tab.src.tolist(), tab.dst.tolist(), tab.nmsg.tolist(), plain.nmsg.tolist(), strict=True)}
+    assert extra == {(True, 1), (False, 0)}

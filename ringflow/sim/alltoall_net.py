@@ -20,6 +20,12 @@ up to a power of two, then, across NVLink domains, halved while it times ceil(ra
 rounded up to a power of two, 2 per NIC of the OS host across servers, at most 32
 (`nccl_tuner.NcclSystem.run_channels`).
 
+A channel runs its work batches in sequence, at most NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8 peers each, and a
+small send takes one channel where the ranks outnumber the p2p channels (src/enqueue.cc
+``scheduleP2pTasksToPlan``): with ceil(ceil((n - 1) / channels) / 8) batches per channel, every network row
+pays a per-message network overhead (`params.NCCL_PROTOCOLS`) for each earlier batch, which counts at small
+sizes on hundreds of ranks (2 batches at 256 ranks on 16 p2p channels, 8 at 1,024).
+
 - `os_host_groups(topo, eps)`: rank groups per OS host (a tray of an NVL72 rack, else the server);
 - `net_channels_per_peer(topo, eps)`: NCCL's p2p channels per network peer for these ranks;
 - `pxn_table(topo, eps)`: the PXN all-to-all table with those relays and channels (cached per topology and
@@ -28,10 +34,13 @@ rounded up to a power of two, 2 per NIC of the OS host across servers, at most 3
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
@@ -83,24 +92,45 @@ def pxn_table(topo: Any, eps: Sequence[str], nsegs: int = 1) -> TransferTable:
         groups = topo.host_groups(eps)
         sched = build_pxn(Collective.ALL_TO_ALL, len(eps), nsegs=nsegs, host_groups=groups,
                           relay_groups=pxn_relay_groups(topo, eps), net_channels=net_channels_per_peer(topo, eps))
-        hit = per[key] = pipelined(from_schedule(sched))
+        hit = pipelined(from_schedule(sched))
+        batches = p2p_batches(len(eps), _nic_rate_and_p2p_channels(topo, eps)[1])
+        if batches > 1:   # a network row waits on its channel's earlier work batches, a message each
+            domain = {r: d for d, grp in enumerate(groups) for r in grp}
+            across = np.array([domain[a] != domain[b] for a, b in zip(hit.src.tolist(), hit.dst.tolist(), strict=True)])
+            hit = dataclasses.replace(hit, nmsg=np.where(across, hit.nmsg + batches - 1, hit.nmsg))
+        per[key] = hit
         if len(per) > 32:
             per.pop(next(iter(per)))
     return hit
 
 
-def net_channels_per_peer(topo: Any, eps: Sequence[str]) -> int:
-    """NCCL's p2p channels per network peer for the ranks on `eps` (module docstring); 1 without NICs."""
+def _nic_rate_and_p2p_channels(topo: Any, eps: Sequence[str]) -> tuple[float, int]:
+    """(GB/s of the first OS host's NIC, p2p channels: 2 per NIC of that host, a power of two, at most 32);
+    (0, 1) without NICs."""
     from .nccl_tuner import GRAPH_MAX_CHANNELS
     g = topo.graph
     hosts = os_host_groups(topo, eps)
     nics = [x for x in topo.nics(host=topo.host_of(eps[0]))
             if g.nodes[x].get("tray") == g.nodes[eps[0]].get("tray")][:len(hosts[0])]
     if not nics:
-        return 1
+        return 0.0, 1
     nic_GBps = max(float(g.nodes[x].get("speed_gbps", 0.0)) for x in nics) / 8.0
-    p2p_channels = 1 << (min(2 * len(nics), GRAPH_MAX_CHANNELS) - 1).bit_length()
-    return channels_per_net_peer(nic_GBps, len(eps), p2p_channels)
+    return nic_GBps, 1 << (min(2 * len(nics), GRAPH_MAX_CHANNELS) - 1).bit_length()
+
+
+def net_channels_per_peer(topo: Any, eps: Sequence[str]) -> int:
+    """NCCL's p2p channels per network peer for the ranks on `eps` (module docstring); 1 without NICs."""
+    nic_GBps, p2p_channels = _nic_rate_and_p2p_channels(topo, eps)
+    return channels_per_net_peer(nic_GBps, len(eps), p2p_channels) if nic_GBps > 0 else 1
+
+
+def p2p_batches(nranks: int, p2p_channels: int) -> int:
+    """Work batches one p2p channel runs in sequence for an all-to-all: its share of the n - 1 peers (one
+    channel each while nranks exceeds the p2p channels, src/enqueue.cc ``scheduleP2pTasksToPlan``), at most
+    NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8 peers per batch."""
+    if nranks < 1 or p2p_channels < 1:
+        raise InvalidArgument(f"{nranks} ranks, {p2p_channels} p2p channels", "give 1 or more of each")
+    return max(1, math.ceil(math.ceil((nranks - 1) / p2p_channels) / MAX_P2P_PER_BATCH))
 
 
 def channels_per_net_peer(nic_GBps: float, nranks: int, p2p_channels: int, local_nics: int = 1) -> int:
