@@ -34,9 +34,10 @@ The chunk count is chosen per call like a protocol: the fastest of `NVLS_CHUNKS`
 Only one server's NVSwitch domain (NCCL's NVLS across servers needs CollNet / SHARP switches, not
 modelled): the simulator refuses NVLS elsewhere with a clear error.
 
-Schedules with switch participants (NVLS-Tree, CollNet) run through `simulate_switch_schedule`: each
-switch is placed on a topology node (`switch_nodes`), its adds are free, its NVLink transfers run at the
-NVLS efficiency.
+Schedules with switch participants (NVLS-Tree, CollNet) run through `simulate_switch_table`: each switch is
+placed on a topology node (`switch_nodes`), its adds are free, its NVLink transfers run at the NVLS efficiency.
+CollNet's tables come from its schedules (`simulate_switch_schedule`), NVLS-Tree's are written directly
+(`nvls_tree.tree_table`: the same rows without the schedule's m x m switch messages per server and segment).
 """
 from __future__ import annotations
 
