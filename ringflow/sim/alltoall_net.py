@@ -44,6 +44,7 @@ import numpy as np
 
 from ..algorithms.schedule import Collective
 from ..errors import InvalidArgument
+from .topocache import per_topology
 from .transfers import TransferTable, from_schedule, pipelined
 
 P2P_PER_CHANNEL_NET_GBPS = 14   # NCCL_P2P_PER_CHANNEL_NET_BW default, src/graph/paths.cc
@@ -83,10 +84,7 @@ def pxn_table(topo: Any, eps: Sequence[str], nsegs: int = 1) -> TransferTable:
     if nsegs < 1:
         raise InvalidArgument(f"nsegs={nsegs}", "give 1 or more pipeline segments")
     key = (tuple(eps), nsegs)
-    try:
-        per = _TABLES.setdefault(topo, {})
-    except TypeError:
-        per = {}
+    per = per_topology(_TABLES, topo)
     hit = per.get(key)
     if hit is None:
         groups = topo.host_groups(eps)

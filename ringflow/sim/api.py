@@ -14,6 +14,7 @@ from . import analytic, flow
 from .fabric import Fabric, _val, fabric_for
 from .params import SimParams, params_for
 from .results import SimResult, count_for_size, size_for_count
+from .topocache import per_topology
 from .transfers import TransferTable, coarsen, from_schedule
 
 ENGINES = ("analytic", "flow")
@@ -167,10 +168,7 @@ def table_for(topo: Any, collective: Collective | str, nranks: int, algorithm: s
     """The transfer table of `algorithm` on `topo`: the registry's schedule, or the fast path when huge."""
     coll = Collective.parse(collective)
     key = (coll, algorithm, nranks, root, nchannels, nsegs, tuple(endpoints) if endpoints else None, max_transfers)
-    try:
-        per = _TABLES.setdefault(topo, {})
-    except TypeError:
-        per = {}
+    per = per_topology(_TABLES, topo)
     hit = per.get(key)
     if hit is None:
         hit = per[key] = _table_for(topo, coll, nranks, algorithm, root, nchannels, nsegs, endpoints, max_transfers)

@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import TopologyError
 from ..hardware.nvlink import edge_efficiency_scale
 from .params import SimParams
+from .topocache import per_topology
 
 
 def _val(x: Any) -> str:
@@ -56,10 +57,7 @@ def _links_of(topo: Any, params: SimParams) -> _Links:
     and link efficiencies (a cluster of 16,384 GPUs has ~200k links: read once, not once per rank placement)."""
     g = topo.graph
     stamp = (id(g), len(g))   # as fabric_for and endpoints_of: a topology is not edited once simulated
-    try:
-        per = _LINKS.setdefault(topo, {})
-    except TypeError:
-        per = {}
+    per = per_topology(_LINKS, topo)
     if per.get("stamp") != stamp:
         per.clear()
         per["stamp"] = stamp
