@@ -5,13 +5,15 @@ Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2``
 
 - **TP** (tp > 1): one region per attention block, per dense MLP and per MoE layer with shared experts; each
   region per pass is one all-reduce of A (Megatron), or with sequence parallelism an all-gather + a
-  reduce-scatter of A (the same bytes; activations between regions are then split by TP);
+  reduce-scatter of A (the same bytes; activations between regions are then split by TP). With
+  ``overlap_tp`` the TP calls hide under their GEMMs as `tpoverlap` prices them;
 - **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
   ``T/tp x top_k x h x 2`` B (x the capacity factor when padded, x the expert imbalance: the busiest rank
   receives that much more; tokens are split over TP ranks before dispatch); the fraction ``(ep-1)/ep`` of it
   leaves the rank; with ``overlap_ep`` hidden under compute;
 - **ETP** (expert TP > 1, MoE layers): the dispatched tokens all-gathered over the expert-TP group before the
-  experts and reduce-scattered after, per pass;
+  experts and reduce-scattered after, per pass (exposed: no TP-overlap decomposition of the grouped expert
+  GEMMs is modelled);
 - **CP** (cp > 1, every layer): ``p2p`` ring attention passes this rank's K and V (``T x (k d_qk + k d_v) x 2 / tp``
   B, k = kv heads) to the next rank cp-1 times forward, and K, V plus dK, dV backward (2 (cp-1)), hidden under
   the attention compute; ``a2a`` (Ulysses) all-to-alls Q, K, V before attention and the output after, per pass;
@@ -42,7 +44,7 @@ class CommCall:
     nbytes: float       # buffer per call (commmodel convention)
     calls: float
     group: int          # group size
-    hides_under: str = ""   # "gemm" (TP overlap), "attention" (ring attention), "compute" (EP overlap), ""
+    hides_under: str = ""   # "gemm" (TP overlap, `tpoverlap`), "attention" (ring attention), "compute" (EP overlap)
     forward_share: float = 0.5  # the share of `calls` in the forward pass (the rest: backward)
 
     @property
@@ -68,15 +70,15 @@ def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
             out += [CommCall("tp", "all_gather", act, regions * passes, L.tp, "gemm"),
                     CommCall("tp", "reduce_scatter", act, regions * passes, L.tp, "gemm")]
         else:
-            out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp, "gemm"))
+            out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp))
     pad = L.capacity_factor or 1.0
     routed = tokens / L.tp * model.top_k * pad * L.expert_imbalance * model.hidden * ACT_BYTES
     if n_moe and L.ep > 1:
         out.append(CommCall("ep", "all_to_all", routed, 2 * passes * n_moe, L.ep, "compute"))
     if n_moe and L.expert_tp > 1:
         gathered = routed * L.expert_tp
-        out += [CommCall("etp", "all_gather", gathered, passes * n_moe, L.expert_tp, "gemm"),
-                CommCall("etp", "reduce_scatter", gathered, passes * n_moe, L.expert_tp, "gemm")]
+        out += [CommCall("etp", "all_gather", gathered, passes * n_moe, L.expert_tp),
+                CommCall("etp", "reduce_scatter", gathered, passes * n_moe, L.expert_tp)]
     if L.cp > 1:
         out += _cp_calls(model, L, n_layers, tokens)
     if L.pp > 1:

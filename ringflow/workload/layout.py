@@ -25,6 +25,7 @@ from .moe import check_dispatcher
 RECOMPUTE_MODES = ("none", "selective", "full", "op")   # op: per-operator selective checkpointing (torchtitan)
 PRECISIONS = ("bf16", "fp8")
 CP_COMM = ("p2p", "a2a", "allgather")   # ring attention, Ulysses all-to-all, all-gather of K/V (Llama 3)
+TP_OVERLAPS = ("userbuffers", "async_tp")   # Transformer Engine userbuffers; PyTorch async TP (tpoverlap.py)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class Layout:
     bucket_bytes: int = 40_000_000 * 4   # DP gradient bucket (Megatron: 40M fp32 elements)
     overlap_grad_reduce: bool = True     # DP reduce overlapped with backward, bucket by bucket
     overlap_param_gather: bool = True    # ZeRO/FSDP gathers prefetched under compute
-    overlap_tp: bool = False             # TP collectives hidden under GEMMs (Megatron tp-comm-overlap)
+    overlap_tp: bool = False             # TP collectives hidden under their GEMMs (workload/tpoverlap.py)
+    tp_overlap: str = "userbuffers"      # how overlap_tp runs: userbuffers (Megatron --tp-comm-overlap, Transformer
+                                         # Engine) or async_tp (PyTorch micro-pipelined TP, torchtitan)
     precision: str = "bf16"
     flash_attention: bool = True         # attention scores never stored (Dao et al. 2022)
     grad_bytes: int = 4                  # gradient element size (Megatron keeps fp32 main grads)
@@ -80,6 +83,11 @@ class Layout:
         self._check_options()
 
     def _check_options(self) -> None:
+        if self.tp_overlap not in TP_OVERLAPS:
+            raise ConfigError(f"tp_overlap={self.tp_overlap!r}", f"use one of {', '.join(TP_OVERLAPS)}")
+        if self.overlap_tp and self.tp > 1 and not self.sequence_parallel:
+            raise ConfigError("overlap_tp without sequence parallelism: TP overlap decomposes the all-gathers and "
+                              "reduce-scatters of sequence parallelism", "add --sequence-parallel or drop --overlap-tp")
         if self.cp_comm not in CP_COMM:
             raise ConfigError(f"cp_comm={self.cp_comm!r}", f"use one of {', '.join(CP_COMM)}")
         if self.capacity_factor and not self.capacity_factor >= 1.0:

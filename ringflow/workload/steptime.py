@@ -4,7 +4,8 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
 
     t_i = forward + backward + recompute                 (compute.py)
         + TP exposed: the TP regions' all-reduces (or all-gather + reduce-scatter with sequence parallelism);
-          hidden under GEMMs down to max(comm - gemm, comm/4) with ``overlap_tp``
+          with ``overlap_tp`` each collective decomposed into per-rank chunks beside its GEMM, or overlapped in
+          bulk, or left exposed, as the implementation (``tp_overlap``) runs it (`tpoverlap.py`)
         + CP exposed: ring attention's K/V passes hidden under the attention compute (p2p), or the Ulysses
           all-to-alls / Llama-3 all-gathers (exposed)
         + EP exposed: dispatch + combine all-to-all per MoE layer and pass, sized from the routing (a flex
@@ -130,13 +131,38 @@ def _hierarchical_a2a_s(nbytes: float, grp: list[str], topo: Any, comm: CommMode
     return (gl.inter_hop_us + gl.intra_hop_us) * 1e-6 + max(nv_b / (gl.nvlink_GBps * 1e9), net_b / (gl.nic_GBps * 1e9))
 
 
+def _gemm_rate(model: ModelSpec, L: Layout, gpu: GpuSpec, eff: EfficiencyModel, rows: float) -> float:
+    """FLOP/s of a linear layer's GEMM with `rows` rows on this GPU, as `compute.microbatch_times` prices the
+    linear layers (the efficiency curve at width hidden / tp; FP8 at its peak and factor)."""
+    e = eff.gemm_efficiency(model.hidden / L.tp, rows) * eff.software_factor
+    if L.precision == "fp8":
+        e *= gpu.fp8_flops / gpu.bf16_flops * eff.fp8_gemm_factor
+    return gpu.bf16_flops * e
+
+
+def _tp_overlap_s(calls: list[CommCall], L: Layout, topo: Any, comm: CommModel, grp: list[str], f: Any,
+                  model: ModelSpec, span: tuple[int, int], gpu: GpuSpec, eff: EfficiencyModel) -> float:
+    """Exposed seconds of a stage's TP collectives per micro-batch under ``overlap_tp`` (`tpoverlap`)."""
+    from .tpoverlap import exposed_s, tp_pieces
+    nb = {c.collective: c.nbytes for c in calls if c.dim == "tp"}
+    pieces = tp_pieces(model, L, span[0], span[1], nb.get("all_gather", 0.0), nb.get("reduce_scatter", 0.0))
+    links = getattr(comm, "links", None)
+    hop_s = links(grp, topo).intra_hop_us * 1e-6 if links is not None else 0.0
+    rows = L.micro_batch * L.seq_len / L.cp
+    return exposed_s(pieces, L.tp, lambda coll, nbytes: comm.time_s(coll, nbytes, grp, topo) * f("tp"),
+                     lambda r: _gemm_rate(model, L, gpu, eff, r), rows, gpu.hbm_GBps * 1e9 * eff.mem_eff, hop_s)
+
+
 def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any, comm: CommModel,
-                groups: dict[str, list[str]], f: Any, model: ModelSpec) -> dict[str, float]:
-    """Exposed communication seconds per dimension for one micro-batch of a stage."""
+                groups: dict[str, list[str]], f: Any, model: ModelSpec, span: tuple[int, int], gpu: GpuSpec,
+                eff: EfficiencyModel) -> dict[str, float]:
+    """Exposed communication seconds per dimension for one micro-batch of a stage (layers span[0]..span[1]-1)."""
     raw: dict[str, float] = {}
     hidden: dict[tuple[str, str], float] = {}  # (dimension, what it hides under) -> seconds
+    if L.overlap_tp and "tp" in groups:
+        raw["tp"] = _tp_overlap_s(calls, L, topo, comm, groups["tp"], f, model, span, gpu, eff)
     for c in calls:
-        if c.dim not in groups:
+        if c.dim not in groups or (c.dim == "tp" and L.overlap_tp):
             continue
         grp = groups[c.dim][:2] if c.collective == "sendrecv" else groups[c.dim]  # a ring pass: neighbour pairs
         one = _hierarchical_a2a_s(c.nbytes, grp, topo, comm, model) \
@@ -146,14 +172,12 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
         s = c.calls * one * f("tp" if c.dim == "etp" else c.dim)
         key = "ep" if c.dim == "etp" else c.dim
         under = c.hides_under
-        if (under == "gemm" and L.overlap_tp) or under == "attention" or (under == "compute" and L.overlap_ep):
+        if under == "attention" or (under == "compute" and L.overlap_ep):
             hidden[(key, under)] = hidden.get((key, under), 0.0) + s
         else:
             raw[key] = raw.get(key, 0.0) + s
     for (key, under), s in hidden.items():
-        if under == "gemm":  # Megatron tp-comm-overlap: hidden under the GEMMs, down to a quarter
-            exposed = max(s - mb.total_s, s / 4)
-        elif under == "attention":
+        if under == "attention":
             exposed = max(0.0, s - mb.attention_s)
         else:   # EP overlap: only the steady phase pairs a forward with a backward
             share = ep_overlap_share(L)
@@ -208,7 +232,8 @@ def _pipeline_stages(model: ModelSpec, L: Layout, topo: Any, gpu: GpuSpec, comm:
         if st is None:
             mb = microbatch_times(model, L, gpu, eff, stage=i)
             calls = stage_calls(model, L, i)
-            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model), calls)
+            st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model, (a, b), gpu, eff),
+                                    calls)
         stages.append(st)
     return stages
 
@@ -244,7 +269,9 @@ def stage_bound_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, 
         return max(s.total_s for s in _pipeline_stages(model, layout, topo, gpu, comm, e, lambda dim: 1.0, groups))
     mb = microbatch_times(model, layout, gpu, e, stage=stage)
     calls = stage_calls(model, layout, stage)
-    return _Stage(mb, _stage_time(calls, mb, layout, topo, comm, groups, lambda dim: 1.0, model), calls).total_s
+    span = layout.stage_ranges(model)[stage]
+    return _Stage(mb, _stage_time(calls, mb, layout, topo, comm, groups, lambda dim: 1.0, model, span, gpu, e),
+                  calls).total_s
 
 
 def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | None = None,

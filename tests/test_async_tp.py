@@ -1,0 +1,73 @@
+"""TP communication overlap by mechanism: async TP (PyTorch micro-pipelining) and Transformer Engine userbuffers."""
+from __future__ import annotations
+
+import pytest
+
+from ringflow.errors import ConfigError
+from ringflow.workload import load_model
+from ringflow.workload.commmodel import AlphaBetaModel
+from ringflow.workload.layercomm import stage_calls
+from ringflow.workload.layout import Layout
+from ringflow.workload.steptime import step_time
+from ringflow.workload.tpoverlap import TpPiece, piece_exposed_s, tp_pieces
+from ringflow.workload.validation import cluster_for
+
+M70 = load_model("llama3-70b")
+BASE = Layout(tp=8, dp=1, micro_batch=2, global_batch=2, seq_len=8192, recompute="full", sequence_parallel=True,
+              precision="fp8")
+
+
+def test_decomposed_collective_hides_its_copies_while_a_chunk_gemm_outlasts_a_chunk_copy():
+    tp, mem, hop = 4, 1e12, 1e-6
+    ag = TpPiece("all_gather", "forward", 4e8, 4e12, "decomposed", 1)
+    # GEMM 4 s (1 s a chunk), collective 0.9 s (0.3 s a chunk copy): only the local shard copy and barriers show
+    assert piece_exposed_s(ag, tp, 0.9, 1e12, 1e12, mem, hop) == pytest.approx(2 * 1e8 / mem + tp * hop)
+    # collective 6 s (2 s a chunk copy): the copies pace it, 1 + 3 x 2 = 7 s against the 4 s GEMM
+    assert piece_exposed_s(ag, tp, 6.0, 1e12, 1e12, mem, hop) == pytest.approx(3.0 + 2e8 / mem + tp * hop)
+    # chunks at a lower efficiency than the whole GEMM cost their difference even when the copies hide
+    assert piece_exposed_s(ag, tp, 0.9, 1e12, 0.8e12, mem, hop) == pytest.approx(1.0 + 2e8 / mem + tp * hop)
+    rs = TpPiece("reduce_scatter", "forward", 4e8, 4e12, "decomposed", 1)
+    # the reduce-scatter ends by summing tp partial chunks: read 4 x 1e8, write 1e8
+    assert piece_exposed_s(rs, tp, 0.9, 1e12, 1e12, mem, hop) == pytest.approx(5e8 / mem + tp * hop)
+    bulk = TpPiece("reduce_scatter", "backward", 4e8, 4e12, "bulk", 1)
+    assert piece_exposed_s(bulk, tp, 5.0, 1e12, 1e12, mem, hop) == pytest.approx(1.0)
+    assert piece_exposed_s(bulk, tp, 3.0, 1e12, 1e12, mem, hop) == 0.0
+    exposed = TpPiece("reduce_scatter", "backward", 4e8, 4e12, "exposed", 1)
+    assert piece_exposed_s(exposed, tp, 3.0, 1e12, 1e12, mem, hop) == 3.0
+
+
+def test_async_tp_leaves_the_backward_input_gradient_reduce_scatters_to_nccl():
+    asy = tp_pieces(M70, BASE.with_(overlap_tp=True, tp_overlap="async_tp"), 0, 80, 1.0, 2.0)
+    ub = tp_pieces(M70, BASE.with_(overlap_tp=True), 0, 80, 1.0, 2.0)
+    how = {(p.collective, p.pass_, p.how) for p in asy}
+    assert ("reduce_scatter", "backward", "exposed") in how
+    assert all(p.how == "decomposed" for p in asy if p.pass_ != "backward" or p.collective == "all_gather")
+    assert {p.how for p in ub if p.collective == "reduce_scatter" and p.pass_ == "backward"} == {"bulk"}
+    # attention and MLP regions, forward + backward + recompute, an all-gather and a reduce-scatter each
+    assert sum(p.count for p in asy) == 2 * 80 * 3 * 2
+    # the reduce-scatter after O decomposes with O's GEMM, the all-gather before QKV with QKV's
+    tokens = 2 * 8192
+    o = next(p for p in asy if p.collective == "reduce_scatter" and p.pass_ == "forward")
+    assert o.gemm_flops == pytest.approx(tokens * 2 * 8192 * 8192 / 8)
+    qkv = next(p for p in asy if p.collective == "all_gather" and p.pass_ == "forward")
+    assert qkv.gemm_flops == pytest.approx(tokens * 2 * 8192 * (8192 + 2 * 1024) / 8)
+
+
+def test_tp_overlap_orders_no_overlap_above_async_tp_above_userbuffers():
+    topo = cluster_for("dgx-h100", 1)
+    comm = AlphaBetaModel()
+    none = step_time(M70, BASE, topo, comm=comm).breakdown["tp_exposed"]
+    asy = step_time(M70, BASE.with_(overlap_tp=True, tp_overlap="async_tp"), topo, comm=comm).breakdown["tp_exposed"]
+    ub = step_time(M70, BASE.with_(overlap_tp=True), topo, comm=comm).breakdown["tp_exposed"]
+    assert none > asy > ub > 0
+    # async TP never hides the backward reduce-scatters: at least their NCCL time stays exposed
+    rs = comm.time_s("reduce_scatter", 2 * 8192 * 8192 * 2, topo.endpoints()[:8], topo)
+    assert asy >= 2 * 80 * rs
+
+
+def test_tp_overlap_needs_sequence_parallelism_and_a_known_implementation():
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        Layout(tp=8, overlap_tp=True, global_batch=8)
+    with pytest.raises(ConfigError, match="tp_overlap"):
+        Layout(tp=8, sequence_parallel=True, overlap_tp=True, tp_overlap="flux", global_batch=8)
+    Layout(tp=1, overlap_tp=True, global_batch=8)   # nothing to overlap on one GPU: accepted
