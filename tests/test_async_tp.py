@@ -53,6 +53,14 @@ def test_async_tp_leaves_the_backward_input_gradient_reduce_scatters_to_nccl():
     assert qkv.gemm_flops == pytest.approx(tokens * 2 * 8192 * (8192 + 2 * 1024) / 8)
 
 
+def test_fp8_runs_all_gather_one_byte_elements_and_reduce_scatter_bf16():
+    act = 2 * 8192 * 8192 * 2
+    calls = {c.collective: c for c in stage_calls(M70, BASE, 0) if c.dim == "tp"}
+    assert calls["all_gather"].nbytes == act / 2 and calls["reduce_scatter"].nbytes == act
+    bf16 = {c.collective: c for c in stage_calls(M70, BASE.with_(precision="bf16"), 0) if c.dim == "tp"}
+    assert bf16["all_gather"].nbytes == act
+
+
 def test_tp_overlap_orders_no_overlap_above_async_tp_above_userbuffers():
     topo = cluster_for("dgx-h100", 1)
     comm = AlphaBetaModel()

@@ -5,8 +5,15 @@ Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2``
 
 - **TP** (tp > 1): one region per attention block, per dense MLP and per MoE layer with shared experts; each
   region per pass is one all-reduce of A (Megatron), or with sequence parallelism an all-gather + a
-  reduce-scatter of A (the same bytes; activations between regions are then split by TP). With
-  ``overlap_tp`` the TP calls hide under their GEMMs as `tpoverlap` prices them;
+  reduce-scatter of A (the same bytes; activations between regions are then split by TP). A run that trains
+  in FP8 all-gathers the FP8 GEMM operand, one byte an element: Transformer Engine quantizes before it
+  gathers (``pytorch/distributed.py`` ``gather_along_first_dim`` -> ``_all_gather_fp8`` under delayed and
+  current scaling; ``module/base.py`` ``grad_output_preprocess`` gathers the output gradient with its
+  quantizer), and so does torchao's Float8 TP (torchtitan 9dec370 ``parallelize_llama.py`` lines 148-161 pick
+  ``PrepareFloat8ModuleInput``, whose cast "happens before the all-gather", and ``Float8RowwiseParallel``, which
+  casts the output gradient before backward's all-gather: torchao ``float8/float8_tensor_parallel.py``);
+  the reduce-scatters carry the GEMMs' BF16 outputs. With ``overlap_tp`` the TP calls hide under their
+  GEMMs as `tpoverlap` prices them;
 - **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
   ``T/tp x top_k x h x 2`` B (x the capacity factor when padded, x the expert imbalance: the busiest rank
   receives that much more; tokens are split over TP ranks before dispatch); the fraction ``(ep-1)/ep`` of it
@@ -31,6 +38,7 @@ from .layout import Layout
 from .models import ModelSpec
 
 ACT_BYTES = 2
+FP8_BYTES = 1
 _WIRE = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "sendrecv": lambda n: 1.0}
 
@@ -67,7 +75,8 @@ def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
     if L.tp > 1:
         regions = n_layers + n_dense + (n_moe if model.shared_experts else 0)
         if L.sequence_parallel:
-            out += [CommCall("tp", "all_gather", act, regions * passes, L.tp, "gemm"),
+            gather = act * FP8_BYTES / ACT_BYTES if L.precision == "fp8" else act
+            out += [CommCall("tp", "all_gather", gather, regions * passes, L.tp, "gemm"),
                     CommCall("tp", "reduce_scatter", act, regions * passes, L.tp, "gemm")]
         else:
             out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp))
