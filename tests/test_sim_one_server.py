@@ -3,8 +3,8 @@
 - NCCL runs both as n - 1 steps of one chunk per channel (src/device/all_gather.h, reduce_scatter.h `runRing`),
   with the same chunk and slice steps (src/include/collectives.h: ALLGATHER_ and REDUCESCATTER_CHUNKSTEPS =
   NCCL_STEPS / 2, SLICESTEPS = NCCL_STEPS / 4): one time for both.
-- Step 0 only sends (from the input), so every rank's link is busy from the start and a loop's last step only
-  receives while the next loop's first step sends: the time is affine in the size, no pipeline-fill term.
+- Step 0 only sends (from the input), so every rank's link is busy from the first slice on: nothing fills
+  across the n - 1 steps, and the time is affine in the size.
 - "NCCL can get an effective NVLink bandwidth of 370GB/s, which you can observe as BusBw when running
   non-allreduce operations, or when running with NCCL_ALGO=RING" (S. Jeaugey, nccl-tests#212): one link
   efficiency for the ring all-reduce and for all-gather / reduce-scatter, whose reduction is no extra cost.
