@@ -2,8 +2,6 @@
 registry's schedule flattened and simulated in full."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -19,11 +17,11 @@ from ringflow.sim.nvls import (
     simulate_switch_algorithm,
     simulate_switch_schedule,
     simulate_switch_table,
+    switch_schedule_table,
     template,
 )
 from ringflow.sim.nvls_tree import template_segments, tree_table
 from ringflow.sim.params import params_for
-from ringflow.sim.transfers import from_schedule
 from ringflow.topology import build_cluster
 
 AR = Collective.ALL_REDUCE
@@ -34,10 +32,7 @@ def _schedule_table(groups: list[list[int]], nsegs: int):
     """What `simulate_switch_schedule` simulates for the registry's NVLS-Tree schedule."""
     n = sum(len(g) for g in groups)
     s = registry.get_schedule(AR, "nvls_tree", n, nsegs=nsegs, host_groups=groups)
-    tab = from_schedule(s)
-    keep = tab.lrank < n
-    return s, dataclasses.replace(tab, nranks=s.nparticipants, lrank=tab.lrank[keep], lstep=tab.lstep[keep],
-                                  lcopy=tab.lcopy[keep], lreduce=tab.lreduce[keep])
+    return s, switch_schedule_table(s)
 
 
 @pytest.mark.parametrize("groups", [

@@ -260,6 +260,25 @@ def schedule_groups(schedule: Any) -> list[list[int]]:
     return [sorted(groups[h]) for h in sorted(groups)]
 
 
+def switch_schedule_table(schedule: Any) -> TransferTable:
+    """The transfer table a schedule with switch participants runs as: the switches' adds left out (free), and
+    each row between a rank and a switch one message, however many blocks it merges. A rank's blocks to or from
+    its switch in one step move in one primitive (NCCL's NVLS scatter and gather warps write or read all the
+    NVLS heads' pieces of a chunk in one `prims.scatter` / `prims.gather` step, src/device/all_reduce.h,
+    NVLS_TREE), and the scatter and gather warps run side by side, so a step pays one message latency, not one
+    per block: m x that latency would make a 72-GPU rack's all-reduce of 8 bytes take hundreds of microseconds."""
+    import dataclasses
+
+    from .transfers import from_schedule
+    n = schedule.nranks
+    tab = from_schedule(schedule)
+    keep = tab.lrank < n                         # in-network adds cost no GPU time
+    one = (tab.src >= n) | (tab.dst >= n)
+    return dataclasses.replace(tab, nranks=schedule.nparticipants, nmsg=np.where(one, 1, tab.nmsg),
+                               lrank=tab.lrank[keep], lstep=tab.lstep[keep], lcopy=tab.lcopy[keep],
+                               lreduce=tab.lreduce[keep])
+
+
 def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpoints: Sequence[str] | None = None,
                              params: Any = None, engine: str = "analytic", dtype: str = "float32",
                              protocol: str | None = "simple", timeline: bool = False,
@@ -267,22 +286,15 @@ def simulate_switch_schedule(topo: Any, schedule: Any, size_bytes: int, *, endpo
     """Simulate an all-reduce schedule with switch participants (nvls_tree, collnet_*): each switch is a node of
     the topology (`switch_nodes`), its adds are free, and its NVLink transfers run at NVLS efficiency. The
     timeline's ranks from `nranks` on are the switches (`SimResult.switches` names their nodes)."""
-    import dataclasses
-
     from .api import endpoints_of
-    from .transfers import from_schedule
     if schedule.collective != Collective.ALL_REDUCE or not schedule.nswitches:
         raise InvalidArgument(f"{schedule.algorithm}: only all-reduce schedules with switches go this way",
                               "simulate other schedules with simulate_schedule")
     n = schedule.nranks
     eps = list(endpoints) if endpoints is not None else endpoints_of(topo)[:n]
-    tab = from_schedule(schedule)
-    keep = tab.lrank < n                         # in-network adds cost no GPU time
-    tab = dataclasses.replace(tab, nranks=schedule.nparticipants, lrank=tab.lrank[keep], lstep=tab.lstep[keep],
-                              lcopy=tab.lcopy[keep], lreduce=tab.lreduce[keep])
-    return simulate_switch_table(topo, tab, n, switch_nodes(topo, schedule, eps), size_bytes, endpoints=eps,
-                                 params=params, engine=engine, dtype=dtype, protocol=protocol, timeline=timeline,
-                                 progress=progress)
+    return simulate_switch_table(topo, switch_schedule_table(schedule), n, switch_nodes(topo, schedule, eps),
+                                 size_bytes, endpoints=eps, params=params, engine=engine, dtype=dtype,
+                                 protocol=protocol, timeline=timeline, progress=progress)
 
 
 def simulate_switch_table(topo: Any, tab: TransferTable, nranks: int, switches: Sequence[str], size_bytes: int, *,

@@ -7,12 +7,15 @@ rows merge the messages of one step between one pair (about five rows per GPU an
 that table directly in numpy, per segment s and server h with switch ``n + h``, tree parent p and members
 ``r_0 .. r_{m-1}`` (block j belongs to member j; `nccl_nvls.tree_times` gives up[h] and final[h]):
 
-- step s: every member sends its m blocks to the switch (one row, m messages);
+- step s: every member sends its m blocks to the switch (one row, m blocks);
 - step s + 1: the switch returns the sum of block j to r_j;
 - step up[h] + s: r_j sends its partial to member j of the parent server, which reduces it;
 - step final[p] + s: member j of the parent sends the final block j down to r_j;
 - step final[h] + s: r_j writes block j once to the switch;
-- step final[h] + s + 1: the switch copies every block to every member (one row, m messages).
+- step final[h] + s + 1: the switch copies every block to every member (one row, m blocks).
+
+Every row is one message (`nvls.switch_schedule_table`): a member's m blocks to or from its switch in one step
+are one NVLS scatter or gather primitive, and rows merged in one step run in parallel warps.
 
 Every chunk (block j, segment s) is 1 / (m C) of the buffer; `from_schedule` cuts a reference count into
 chunks, so its fractions differ from these by its rounding (below 1e-6 of a chunk).
@@ -48,7 +51,7 @@ def _offsets(H: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _segment_rows(groups: Groups) -> tuple[np.ndarray, ...]:
-    """Rows of segment 0: (step, src, dst, messages, chunks of 1 / (m C) each), and the reductions
+    """Rows of segment 0: (step, src, dst, chunks of 1 / (m C) each), and the reductions
     (rank, step, chunks) of the tree's receivers."""
     g = np.asarray(groups, dtype=np.int64)            # [H, m] rank of member j of server h
     H, m = g.shape
@@ -58,23 +61,23 @@ def _segment_rows(groups: Groups) -> tuple[np.ndarray, ...]:
     mem = g.ravel()
     hh = np.repeat(np.arange(H, dtype=np.int64), m)
     ones = np.ones(n, dtype=np.int64)
-    parts = [(0 * ones, mem, sw, m * ones, m * ones),                 # members -> switch: m blocks
-             (ones, sw, mem, ones, ones),                             # switch -> r_j: block j summed
-             (final[hh], mem, sw, ones, ones),                        # r_j -> switch: the final block j
-             (final[hh] + 1, sw, mem, m * ones, m * ones)]            # switch -> members: every block
+    parts = [(0 * ones, mem, sw, m * ones),                 # members -> switch: m blocks
+             (ones, sw, mem, ones),                         # switch -> r_j: block j summed
+             (final[hh], mem, sw, ones),                    # r_j -> switch: the final block j
+             (final[hh] + 1, sw, mem, m * ones)]            # switch -> members: every block
     kid = g[1:].ravel()
     if kid.size:
         ph = np.repeat((np.arange(1, H, dtype=np.int64) - 1) // 2, m)
         par = g[ph, np.tile(np.arange(m), H - 1)]
         k1 = np.ones(kid.size, dtype=np.int64)
         kh = np.repeat(np.arange(1, H, dtype=np.int64), m)
-        parts += [(up[kh], kid, par, k1, k1), (final[ph], par, kid, k1, k1)]
+        parts += [(up[kh], kid, par, k1), (final[ph], par, kid, k1)]
         red = (par, up[kh], k1)
     else:
         z = np.zeros(0, dtype=np.int64)
         red = (z, z, z)
-    step, src, dst, nmsg, chunks = (np.concatenate([p[i] for p in parts]) for i in range(5))
-    return step, src, dst, nmsg, chunks, *red
+    step, src, dst, chunks = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    return step, src, dst, chunks, *red
 
 
 def _merge(keys: Sequence[np.ndarray], *values: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -103,16 +106,16 @@ def _cached_table(groups: Groups, nsegs: int) -> TransferTable:
     if n < 2 or C < 1:
         raise InvalidArgument(f"nvls_tree needs 2 or more ranks and 1 or more segments (got {n}, {C})",
                               "simulate at least 2 ranks")
-    step, src, dst, nmsg, chunks, rrank, rstep, rchunks = _segment_rows(groups)
+    step, src, dst, chunks, rrank, rstep, rchunks = _segment_rows(groups)
     _, _, K = _offsets(H)
     s = np.arange(C, dtype=np.int64)
     rep = lambda a: np.tile(a, C)  # noqa: E731
-    (t_step, t_src, t_dst), (t_nmsg, t_chunks) = _merge(
-        [(step[None, :] + s[:, None]).ravel(), rep(src), rep(dst)], rep(nmsg), rep(chunks))
+    (t_step, t_src, t_dst), (t_chunks,) = _merge([(step[None, :] + s[:, None]).ravel(), rep(src), rep(dst)],
+                                                  rep(chunks))
     (l_rank, l_step), (l_chunks,) = _merge([rep(rrank), (rstep[None, :] + s[:, None]).ravel()], rep(rchunks))
     chunk = 1.0 / (m * C)
     tab = TransferTable(Collective.ALL_REDUCE, "nvls_tree", n + H, C + K, t_step, t_src, t_dst,
-                        np.zeros(t_step.size, dtype=np.int64), t_chunks * chunk, t_nmsg, l_rank, l_step,
+                        np.zeros(t_step.size, dtype=np.int64), t_chunks * chunk, np.ones_like(t_step), l_rank, l_step,
                         np.zeros(l_rank.size), l_chunks * chunk)
     if len(_BUILT) > 64:
         for k in [k for k, (r, _, _) in _BUILT.items() if r() is None]:
