@@ -48,3 +48,15 @@ def test_small_nvls_tree_time_grows_with_the_tree_depth_not_the_rack_size() -> N
     assert t_big == pytest.approx(t_small, rel=0.05)
     groups = [list(g) for g in big.host_groups(small_eps)]
     assert len(server_switches(big, groups, small_eps)) == 2
+
+
+@pytest.mark.long
+def test_an_eight_byte_nvls_tree_over_twenty_racks_is_a_few_hops_per_tree_level() -> None:
+    """1,440 GPUs (3 switch tiers): NCCL's model says 25 + 2 x log2(20) x 14 = 137 us; the simulation stays a
+    few hops per level of the tree of servers (its two children a step apart), never 72 messages a step."""
+    topo = build_cluster("gb200-nvl72", 20, tiers=3)
+    res = simulate_switch_algorithm(topo, "nvls_tree", 1440, 8)
+    sys_ = nccl_tuner.system_for(topo, 1440)
+    want = nccl_tuner.algo_time_us(sys_, AR, "nvls_tree", "simple", 8)
+    assert want is not None
+    assert res.time_us == pytest.approx(want, rel=0.3)
