@@ -126,3 +126,12 @@ def test_replay_gives_the_steady_step_apart_from_warm_up_and_warns_on_unscaled_c
     scaled = json.loads(_run("replay", str(tr), "--topo", "dgx-h100", "--no-contention", "--compute-scale", "0.1",
                              "--json").stdout)
     assert scaled["warnings"] == [] and scaled["step_s"] < 0.002
+
+
+def test_train_takes_the_way_tp_overlap_runs_and_names_the_choices_for_a_wrong_one():
+    args = ("train", "--model", "llama3-70b", "--topo", "dgx-h100", "--nodes", "4", "--tp", "8", "--zero", "3",
+            "--pp", "1", "--global-batch", "64", "--seq-len", "8192", "--overlap-tp", "--json")
+    ub, at = (json.loads(_run(*args, "--tp-overlap", w).stdout)["step_time_s"] for w in ("userbuffers", "async_tp"))
+    assert at > ub   # async TP leaves the backward reduce-scatters exposed that userbuffers hides (tpoverlap.py)
+    p = _run(*args, "--tp-overlap", "bogus", ok=False)
+    assert p.returncode != 0 and "userbuffers" in p.stderr and "async_tp" in p.stderr
