@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ringflow.errors import Timeout
+from ringflow.errors import RemoteError, Timeout
 from ringflow.runtime.call import executor
 from ringflow.runtime.transport import doorbell
 
@@ -68,6 +68,28 @@ def test_a_socket_wait_past_its_deadline_is_a_timeout_naming_the_peer(bell: door
             for _ in range(1000):   # each wait sleeps until the deadline at most; then the next one raises
                 waiter.wait([op], deadline, "test")
         assert time.monotonic() - deadline < 5.0
+    finally:
+        a.close()
+        b.close()
+
+
+def _peer_aborted() -> None:
+    raise RemoteError("rank 1 failed: it aborted its communicator", rank=1)
+
+
+def test_a_message_sent_before_the_peer_failed_is_still_taken_then_the_failure_raises(
+        bell: doorbell.Doorbell) -> None:
+    """A peer that finished its call (its last message sent) and then aborted: the waiting rank takes that
+    message and completes too; with nothing of the peer's left to take, the wait raises the peer's failure."""
+    a, b = socket.socketpair()
+    try:
+        waiter = executor.Waiter(bell, 1, _peer_aborted)
+        op = _SocketWait([(a.fileno(), select.POLLIN)])
+        b.send(b"x")   # the peer's last message, already there
+        waiter.wait([op], time.monotonic() + 10.0, "test")   # returns: the op can progress
+        assert a.recv(1) == b"x"
+        with pytest.raises(RemoteError, match="aborted"):
+            waiter.wait([op], time.monotonic() + 10.0, "test")
     finally:
         a.close()
         b.close()

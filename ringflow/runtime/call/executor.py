@@ -106,8 +106,9 @@ class Waiter:
         oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-80 us on a
         VM, more the longer it slept), and a pair of ranks can lock into paying it on every call.
         """
-        self.failure()
         shm = [op for op in pending if op.is_shm]
+        if self._failed_and_nothing_ready(pending, shm):
+            return
         if shm:
             hot_spin = hot and self.hot_s > 0
             end = time.monotonic() + (self.hot_s if hot_spin else self.spin_s)
@@ -135,8 +136,21 @@ class Waiter:
         finally:
             for op in shm:
                 op.set_waiting(0)
-        self.failure()
+        if self._failed_and_nothing_ready(pending, shm):
+            return
         self._check_departed(pending, shm, what)
+
+    def _failed_and_nothing_ready(self, pending: list[XferOp], shm: list[XferOp]) -> bool:
+        """Raise the communicator's failure (a peer that failed or aborted, or this rank's abort) unless a pending
+        op can progress: what a peer sent before it failed is still taken, so a call that completed on the peer
+        (its last message sent) completes here too. True when an op is ready (the caller returns to progress)."""
+        try:
+            self.failure()
+        except BaseException:
+            if any(op.ready() for op in shm) or _sockets_ready(pending, 0.0):
+                return True
+            raise
+        return False
 
     def _check_departed(self, pending: list[XferOp], shm: list[XferOp], what: str) -> None:
         """Raise once a peer this call still waits on said goodbye GOODBYE_GRACE_S ago and nothing more can come:
