@@ -26,6 +26,8 @@ RECOMPUTE_MODES = ("none", "selective", "full", "op")   # op: per-operator selec
 PRECISIONS = ("bf16", "fp8")
 CP_COMM = ("p2p", "a2a", "allgather")   # ring attention, Ulysses all-to-all, all-gather of K/V (Llama 3)
 TP_OVERLAPS = ("userbuffers", "async_tp")   # Transformer Engine userbuffers; PyTorch async TP (tpoverlap.py)
+FSDP_UNITS = ("bucketed", "per_block")   # how ZeRO-3 groups its gathers: buckets per micro-batch; one unit per
+                                         # transformer block + the root module (PyTorch fully_shard, fsdp.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class Layout:
     ep_dispatcher: str = "alltoall"      # MoE token dispatcher: alltoall (Megatron's all-to-all) or flex (DeepEP /
                                          # HybridEP, Megatron --moe-flex-dispatcher-backend); workload/moe.py
     expert_imbalance: float = 1.0        # MoE: busiest expert's load / balanced load (1: force-balanced routing)
+    fsdp_units: str = "bucketed"         # ZeRO-3 units: bucketed (gathers and reduce-scatters per micro-batch,
+                                         # hidden under its compute) or per_block (PyTorch FSDP applied per block
+                                         # and to the root, as torchtitan does: workload/fsdp.py)
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "dp", "ep", "cp", "micro_batch", "global_batch", "seq_len", "interleave"):
@@ -83,13 +88,12 @@ class Layout:
         self._check_options()
 
     def _check_options(self) -> None:
-        if self.tp_overlap not in TP_OVERLAPS:
-            raise ConfigError(f"tp_overlap={self.tp_overlap!r}", f"use one of {', '.join(TP_OVERLAPS)}")
+        for name, choices in (("tp_overlap", TP_OVERLAPS), ("cp_comm", CP_COMM), ("fsdp_units", FSDP_UNITS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name}={getattr(self, name)!r}", f"use one of {', '.join(choices)}")
         if self.overlap_tp and self.tp > 1 and not self.sequence_parallel:
             raise ConfigError("overlap_tp without sequence parallelism: TP overlap decomposes the all-gathers and "
                               "reduce-scatters of sequence parallelism", "add --sequence-parallel or drop --overlap-tp")
-        if self.cp_comm not in CP_COMM:
-            raise ConfigError(f"cp_comm={self.cp_comm!r}", f"use one of {', '.join(CP_COMM)}")
         if self.capacity_factor and not self.capacity_factor >= 1.0:
             raise ConfigError(f"capacity_factor={self.capacity_factor!r} below 1 drops tokens even when balanced",
                               "give a capacity factor >= 1 (e.g. 1.25), or 0 for dropless routing")

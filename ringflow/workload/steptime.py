@@ -22,7 +22,9 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
                  (all of t_dp without); dense gradients over the DP group, expert gradients over the
                  expert-DP group; ZeRO-1/2 add the parameter all-gather after the optimizer (hidden under the
                  next forward with ``overlap_param_gather``); ZeRO-3 gathers parameters forward and backward and
-                 reduce-scatters gradients per micro-batch, hidden under its compute
+                 reduce-scatters gradients per micro-batch, hidden under its compute; ZeRO-3 applied per block
+                 and to the root (``fsdp_units: per_block``, PyTorch FSDP as torchtitan runs it) as `fsdp.py`
+                 prices it
     step = pipeline + DP exposed + optimizer (memory-bound update of the local parameters)
 
 Outputs: breakdown in seconds (``moe_dispatch``: the MoE router, permute, token dispatcher and host wait of
@@ -362,10 +364,18 @@ def _dp_stage(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuS
     """(exposed DP seconds, DP bytes per rank, optimizer seconds) of pipeline stage i."""
     dense_p, expert_p = stage_param_split(model, L, i)
     t_exp, nbytes = 0.0, 0.0
-    for P, grp in ((dense_p, dpg), (expert_p, edpg)):
-        if P and len(grp) > 1:
-            te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers)
-            t_exp, nbytes = t_exp + te, nbytes + nb
+    if L.zero == 3 and L.fsdp_units == "per_block" and len(dpg) > 1:
+        from .fsdp import exposed_s, stage_units
+
+        def over(grp: list[str]) -> Any:
+            return lambda coll, nb: comm.time_s(coll, nb, grp, topo) * f("dp") if len(grp) > 1 else 0.0
+        t_exp, nbytes = exposed_s(stage_units(model, L, i, dense_p, expert_p), L, mb, (over(dpg), over(edpg)))
+        nbytes *= (len(dpg) - 1) / len(dpg)
+    else:
+        for P, grp in ((dense_p, dpg), (expert_p, edpg)):
+            if P and len(grp) > 1:
+                te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers)
+                t_exp, nbytes = t_exp + te, nbytes + nb
     shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
     t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
     return t_exp, nbytes, t_opt
