@@ -101,3 +101,14 @@ def test_pipelined_per_block_fsdp_sends_the_same_bytes_whatever_the_microbatch_c
     bucketed = [step_time(M8, x.with_(fsdp_units="bucketed"), topo, comm=AlphaBetaModel())
                 for x in (lay, lay.with_(global_batch=32))]
     assert bucketed[1].comm_bytes_per_step["dp"] == pytest.approx(4 * bucketed[0].comm_bytes_per_step["dp"])
+
+
+def test_pipelined_per_block_fsdp_holds_the_stage_gradients_unsharded_in_the_reduce_dtype():
+    from ringflow.workload.memory import MemoryPolicy, stage_memory
+    lay = Layout(pp=2, dp=8, zero=3, fsdp_units="per_block", global_batch=16)
+    pol = MemoryPolicy(reshard_after_forward=False)
+    dense, _ = stage_param_split(M8, lay, 0)
+    deferred = stage_memory(M8, lay, 0, 80e9, policy=pol)
+    assert deferred.grads_bytes == pytest.approx(dense * 4)
+    bucketed = stage_memory(M8, lay.with_(fsdp_units="bucketed"), 0, 80e9, policy=pol)
+    assert bucketed.grads_bytes == pytest.approx(dense * 4 / 8)

@@ -13,7 +13,10 @@ copy and the activations are never alive together, so the peak is the larger of 
 
 ZeRO-3 / FSDP keeps the layer being computed and the prefetched next one gathered (``reshard_after_forward``,
 PyTorch FSDP2's default); without resharding (ZeRO-2-like FSDP, Llama 3's setting) a stage's gathered weights
-stay from forward to backward. Optimizer offload (Megatron ``--optimizer-cpu-offload`` with
+stay from forward to backward. Under pipelining, PyTorch FSDP per block (``fsdp_units: per_block``) reduces
+gradients only after a stage's last micro-batch (`fsdp.py`), so until then they accumulate unsharded in the
+reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``, PyTorch ``_composable/fsdp/_fsdp_param.py``): the
+whole stage's gradients at ``grad_bytes`` each. Optimizer offload (Megatron ``--optimizer-cpu-offload`` with
 ``--optimizer-offload-fraction``, DeepSpeed ``offload_optimizer``) moves that fraction of the optimizer states to
 host memory. DeepSeek-V3 (arXiv:2412.19437) keeps the AdamW moments in BF16 (Sec. 3.3.3: 8 B of optimizer state a
 parameter) and, with DualPipe, two copies of the model parameters (Sec. 3.2.1).
@@ -252,6 +255,8 @@ def stage_memory(model: ModelSpec, layout: Layout, stage: int, capacity_bytes: f
     def sharded(per: float, from_stage: int) -> float:
         return dense_p * per / (d if z >= from_stage else 1) + expert_p * per / (ed if z >= from_stage else 1)
     wb, gb = sharded(w, 3) * pol.weight_copies, sharded(g, 2)
+    if z == 3 and L.fsdp_units == "per_block" and L.pp > 1:  # gradient sync deferred to the stage's last backward
+        gb = sharded(g, 4)
     ob = sharded(o, 1) * (1.0 - pol.optimizer_offload_fraction)
     # 16-bit main grads: the optimizer steps on an fp32 copy of the local shard (Megatron's distributed optimizer)
     step_temp = sharded(load_allowances()["fp32_grad_copy_bytes"], 1) * (1.0 - pol.optimizer_offload_fraction) \
