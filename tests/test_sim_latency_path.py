@@ -100,8 +100,9 @@ def test_one_server_large_calls_equal_the_flow_engine(algorithm: str) -> None:
         assert a.time_us == pytest.approx(f.time_us, rel=5e-3)
 
 
-def test_the_call_is_its_latency_plus_size_over_its_bandwidth() -> None:
-    """The model is linear in the size per protocol: time(B) = base + critical path + B x slope."""
+def test_the_call_is_the_tighter_of_the_path_and_the_lock_step_bounds() -> None:
+    """Per protocol: min(critical path + B x slope, every step at its slowest row); the path bound wins for a
+    ring across servers at every size, and the lock-step one never loses by more than its own value."""
     topo = build_cluster("dgx-h100", 2)
     tab = table_for(topo, Collective.ALL_REDUCE, 16, "ring", nchannels=16)
     from ringflow.sim.fabric import fabric_for
@@ -110,9 +111,11 @@ def test_the_call_is_its_latency_plus_size_over_its_bandwidth() -> None:
     model = analytic.model_for(tab, fabric_for(topo, prm, topo.endpoints()[:16]), prm)
     sizes = np.array([8.0, 1 << 20, 1 << 28, 1 << 30])
     for p in range(len(prm.protocols)):
-        want = model.base_us[p] + model.latency_us[p] + model.slope_us_per_byte(p) * sizes
+        path = model.base_us[p] + model.latency_us[p] + model.slope_us_per_byte(p) * sizes
+        lock = np.array([model.base_us[p] + model.lockstep_times_us(b, p).sum() for b in sizes])
         got = np.array([model.base_us[p] + model.step_times_us(b, p).sum() for b in sizes])
-        assert got == pytest.approx(want, rel=1e-12)
+        assert got == pytest.approx(path, rel=1e-12)
+        assert np.all(path < lock)
         assert np.all(model.step_lat[p] >= 0)
     best, _ = model.times_us(sizes)
     assert np.all(np.diff(best) > 0)

@@ -1,26 +1,29 @@
-"""Analytic engine: latency along the data's path plus bytes over the shared bottleneck of each step.
+"""Analytic engine: the tighter of two bounds, latency along the data's path or lock-step, on bytes per step.
 
 Model::
 
-    T(B) = min over protocols p of  base_p + L_p
-                                    + B x sum over steps s of (max over transfers t in s of c_t / bw_fraction_p
-                                                               + max over ranks r of local_rs)
+    T(B)  = min over protocols p of  base_p + min(path_p(B), lockstep_p(B))
+    path_p(B)     = L_p + B x sum over steps s of (max over transfers t in s of c_t / bw_fraction_p + local_s)
+    lockstep_p(B) = sum over steps s of (max over t in s of (a_t + B x c_t / bw_fraction_p) + B x local_s)
     c_t   = max over links l on t's (sub-)paths of busy_ls
     busy_ls = (bytes per byte of B that step s puts on link l, each transfer's weighted by
                `Fabric.transfer_work`; the rows of one NVLS switch operation count once on the
                link they share) / achievable capacity of l
+    a_t   = nmsg_t x overhead_p[class_t] + nserial_t x latency_t
+    local_s = max over ranks r of local_rs
     L_p   = the critical path of fixed costs: per (rank, channel) a start time S; a transfer t of step s
-            from u to v on channel c arrives at S(u, c) + a_t, a_t = nmsg_t x overhead_p[class_t]
-            + nserial_t x latency_t; after step s, S(v, c) = max(S(v, c) + issue, arrivals at v on c) where
-            issue = the largest issue cost of v's own sends in s (`params.issue_overhead_us`; the rows of
-            one step leave side by side, as the bulk-synchronous model has them)
+            from u to v on channel c arrives at S(u, c) + a_t; after step s, S(v, c) = max(S(v, c) + issue,
+            arrivals at v on c), issue = the largest issue cost of v's own sends in s (`params.issue_overhead_us`;
+            the rows of one step leave side by side, as in the lock-step bound)
 
-B is the call's count * itemsize.  The bandwidth term is bulk-synchronous: transfers that share a link in
-the same step share its bandwidth, a transfer alone on its path gets bytes / bottleneck.  The latency term
-follows the data: a rank's step can start once the messages it receives in the step before have arrived, so
-a chunk that crosses the network 2 (nodes - 1) times pays the network's message cost that often, not in every
-step in which some channel crosses it (NCCL's ring latency, src/graph/tuning.cc).  Everything except B is
-precomputed once per (schedule, fabric) and cached, so a size sweep is a few vector operations.
+B is the call's count * itemsize.  Transfers that share a link in the same step share its bandwidth, a
+transfer alone on its path gets bytes / bottleneck.  The path bound follows the data: a rank's step can start
+once the messages it receives in the step before have arrived, so a chunk that crosses the network 2 (nodes - 1)
+times pays the network's message cost that often, not in every step in which some channel crosses it (NCCL's
+ring latency, src/graph/tuning.cc).  The lock-step bound makes every step wait for its slowest row; it is the
+tighter one where a step's slowest fixed cost and its bottleneck bytes are on the same row (pipelined trees at
+mid sizes).  Everything except B is precomputed once per (schedule, fabric) and cached, so a size sweep is a
+few vector operations.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .columns import column_keys
 from .fabric import Fabric, Flows, route_table
 from .params import LINK_CLASSES, SimParams, issue_overhead_us
 from .transfers import TransferTable
@@ -43,6 +47,11 @@ class AnalyticModel:
     routed: Flows | None          # the table's flows; None: routed on first use (`flows`)
     protocols: list[str]
     base_us: np.ndarray           # [Pr]
+    line_step: np.ndarray         # [U] step of each unique lock-step cost line (sorted)
+    line_a: np.ndarray            # [Pr, U] fixed microseconds
+    line_c: np.ndarray            # [Pr, U] microseconds per byte of B
+    step_starts: np.ndarray       # [S'] reduceat offsets into the lines
+    steps_present: np.ndarray     # [S'] the steps those groups belong to
     step_lat: np.ndarray          # [Pr, nsteps] growth of the critical path of fixed costs in each step (us)
     step_c: np.ndarray            # [nsteps] max over the step's transfers of c_t (us per byte of B, Simple's rate)
     bw_fraction: np.ndarray       # [Pr] share of the achievable bandwidth each protocol delivers
@@ -69,12 +78,36 @@ class AnalyticModel:
         """Microseconds per byte of B under protocol `proto` (the bandwidth term)."""
         return float(self.step_c.sum() / self.bw_fraction[proto] + self.local_c.sum())
 
-    def step_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
-        """Duration of every step (length nsteps) for one size and protocol; they add up to the call less base."""
+    def lockstep_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
+        """Every step (length nsteps) at the pace of its slowest row, fixed costs included (the lock-step bound)."""
+        out = self.local_c * count_bytes
+        if self.line_step.size:
+            v = self.line_a[proto] + self.line_c[proto] * count_bytes
+            out[self.steps_present] += np.maximum.reduceat(v, self.step_starts)
+        return out
+
+    def path_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
+        """Every step's growth of the critical path plus its bytes at the step's bottleneck (the path bound)."""
         out = self.local_c * count_bytes
         n = self.step_c.size
         out[:n] += self.step_lat[proto] + self.step_c * (count_bytes / self.bw_fraction[proto])
         return out
+
+    def step_times_us(self, count_bytes: float, proto: int) -> np.ndarray:
+        """Duration of every step (length nsteps) under the tighter bound; they add up to the call less base."""
+        path = self.path_times_us(count_bytes, proto)
+        lock = self.lockstep_times_us(count_bytes, proto)
+        return path if path.sum() <= lock.sum() else lock
+
+    def _lockstep_us(self, B: np.ndarray, p: int) -> np.ndarray:
+        tot = self.local_c.sum() * B
+        if self.line_step.size:
+            step = max(1, 4_000_000 // max(1, self.line_step.size))   # chunk over sizes to bound memory
+            for i in range(0, B.size, step):
+                b = B[i:i + step]
+                v = self.line_a[p][:, None] + self.line_c[p][:, None] * b[None, :]
+                tot[i:i + step] += np.maximum.reduceat(v, self.step_starts, axis=0).sum(axis=0)
+        return tot
 
     def times_us(self, count_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(time of the call, chosen protocol index) for each size in `count_bytes`."""
@@ -83,7 +116,7 @@ class AnalyticModel:
         pick = np.zeros(B.size, dtype=np.int64)
         lat = self.latency_us
         for p in range(len(self.protocols)):
-            tot = self.base_us[p] + lat[p] + self.slope_us_per_byte(p) * B
+            tot = self.base_us[p] + np.minimum(lat[p] + self.slope_us_per_byte(p) * B, self._lockstep_us(B, p))
             better = tot < best
             best[better] = tot[better]
             pick[better] = p
@@ -136,6 +169,19 @@ def critical_path(table: TransferTable, a: np.ndarray, issue: np.ndarray,
     return out
 
 
+def _lines(table: TransferTable, a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The lock-step bound's cost lines a + c x B, deduplicated per step and sorted by step."""
+    if not table.ntransfers:
+        z = np.zeros(0, dtype=np.int64)
+        return z, np.zeros((a.shape[0], 0)), np.zeros((a.shape[0], 0)), z, z
+    rows = np.concatenate([table.step[None, :].astype(np.float64), np.round(a, 9), np.round(c, 15)])
+    _, first = np.unique(column_keys(rows), return_index=True)
+    first = first[np.argsort(table.step[first], kind="stable")]
+    line_step = table.step[first]
+    steps_present, starts = np.unique(line_step, return_index=True)
+    return line_step, a[:, first], c[:, first], starts, steps_present
+
+
 def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
     """Precompute the critical path and the per-step bandwidth slopes (see module docstring)."""
     flows = route_table(table, fab)
@@ -157,6 +203,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         np.maximum.at(step_c, table.step, t_c)
     a, issue = row_costs(table, flows, params)
     frac = np.array([p.bw_fraction for p in params.protocols])
+    lines = _lines(table, a, (t_c if T else np.zeros(0))[None, :] / frac[:, None])
     local_c = np.zeros(max(table.nsteps, 1))
     if table.lrank.size:
         np.maximum.at(local_c, table.lstep, fab.local_us_per_byte(table))
@@ -167,7 +214,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         np.maximum.at(last, table.lrank, table.lstep)
     return AnalyticModel(table, flows, [p.name for p in params.protocols],
                          np.array([p.base_us + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
-                                   for p in params.protocols]), critical_path(table, a, issue), step_c, frac,
+                                   for p in params.protocols]), *lines, critical_path(table, a, issue), step_c, frac,
                          issue.min(axis=1, initial=np.inf) if T else np.zeros(len(frac)), local_c, link_frac,
                          last, fab)
 
@@ -193,7 +240,14 @@ def expand_model(template: AnalyticModel, table: TransferTable, step_map: np.nda
     step_c = np.zeros(max(nsteps, 1))
     step_c[:nsteps] = template.step_c[step_map] * scale
     a, issue = row_costs(template.table, flows, params)
-    return AnalyticModel(table, None, template.protocols, template.base_us,
+    counts = np.diff(np.searchsorted(template.line_step, np.arange(template.table.nsteps + 1)))
+    starts = np.searchsorted(template.line_step, np.arange(template.table.nsteps))
+    from .fabric import ragged
+    idx, owner = ragged(starts[step_map], counts[step_map])
+    line_step = np.arange(nsteps, dtype=np.int64)[owner]
+    steps_present, step_starts = np.unique(line_step, return_index=True)
+    return AnalyticModel(table, None, template.protocols, template.base_us, line_step, template.line_a[:, idx],
+                         template.line_c[:, idx] * scale, step_starts, steps_present,
                          critical_path(template.table, a, issue, step_map), step_c, template.bw_fraction,
                          template.issue_min_us, local_c, link_frac, last, fab)
 

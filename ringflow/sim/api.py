@@ -136,7 +136,7 @@ def simulate_table(topo: Any, tab: TransferTable, size_bytes: int, *, engine: st
 
 
 def _time_for_protocol(model: analytic.AnalyticModel, count_bytes: float, p: int) -> float:
-    return float(model.base_us[p] + model.latency_us[p] + model.slope_us_per_byte(p) * count_bytes)
+    return float(model.base_us[p] + model.step_times_us(count_bytes, p).sum())
 
 
 def _timeline(tab: TransferTable, t0: np.ndarray, t1: np.ndarray, limit: int = 200_000) -> list:
