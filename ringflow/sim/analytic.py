@@ -169,7 +169,8 @@ def critical_path(table: TransferTable, a: np.ndarray, issue: np.ndarray,
     return out
 
 
-def _lines(table: TransferTable, a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, ...]:
+def _lines(table: TransferTable, a: np.ndarray,
+           c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The lock-step bound's cost lines a + c x B, deduplicated per step and sorted by step."""
     if not table.ntransfers:
         z = np.zeros(0, dtype=np.int64)
