@@ -139,8 +139,7 @@ def test_nvls_model_from_its_few_step_template_equals_the_full_table(coll: str) 
         full = analytic.build_model(tab, fab, prm)
         assert fast.routed is None                      # built without routing the full table
         for p in range(len(prm.protocols)):
-            assert fast.step_c == pytest.approx(full.step_c, rel=1e-12)
-            assert np.array_equal(fast.step_lat, full.step_lat)
+            assert np.array_equal(np.sort(np.unique(fast.line_step)), np.sort(np.unique(full.line_step)))
             for b in sizes:
                 assert fast.step_times_us(b, p) == pytest.approx(full.step_times_us(b, p), rel=1e-12)
         assert np.array_equal(fast.times_us(sizes)[0], full.times_us(sizes)[0])

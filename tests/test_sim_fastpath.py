@@ -56,10 +56,8 @@ def test_hierarchical_fast_table_matches_schedule(H, m, nsegs):
 
 
 def test_the_scaling_benchmark_writes_its_rows_as_json(tmp_path, capsys) -> None:
-    """`python -m ringflow.sim.scaling 64 --json F`: one row per (algorithm, engine); the engines agree on the
-    one-channel hierarchical all-reduce (no contention that the analytic engine misses on a rail fabric at 64
-    GPUs); on the 8-channel ring the flow engine holds a rank until its sends of a step land on every channel,
-    so it pays a network hop per step where the analytic engine pays it where a channel's data crosses."""
+    """`python -m ringflow.sim.scaling 64 --json F`: one row per (algorithm, engine), both engines agree
+    (no contention that the analytic engine misses on a rail fabric at 64 GPUs)."""
     import json
 
     from ringflow.sim.scaling import main
@@ -69,7 +67,6 @@ def test_the_scaling_benchmark_writes_its_rows_as_json(tmp_path, capsys) -> None
     assert {(r["algorithm"], r["engine"]) for r in rows} == {(a, e) for a in ("ring", "hierarchical")
                                                              for e in ("analytic", "flow")}
     by = {(r["algorithm"], r["engine"]): r for r in rows}
-    assert by[("hierarchical", "flow")]["time_us"] == pytest.approx(by[("hierarchical", "analytic")]["time_us"],
-                                                                    rel=1e-6)
-    assert by[("ring", "analytic")]["time_us"] < by[("ring", "flow")]["time_us"]
+    for a in ("ring", "hierarchical"):
+        assert by[(a, "flow")]["time_us"] == pytest.approx(by[(a, "analytic")]["time_us"], rel=1e-6)
     assert "wrote 4 rows" in capsys.readouterr().out

@@ -174,4 +174,4 @@ def _segments_bound_us(topo: Any, groups: Sequence[Sequence[int]], channels: int
     names = [p.name for p in params.protocols]
     picks = [names.index(protocol)] if protocol is not None else range(len(names))
     return min(float(one.base_us[p] + one.step_times_us(B / nsegs, p).sum())
-               + (nsegs - 1) * float(one.issue_min_us[p]) for p in picks)
+               + (nsegs - 1) * float(one.line_a[p].min(initial=np.inf)) for p in picks)

@@ -74,20 +74,6 @@ NCCL_PROTOCOLS: tuple[Protocol, ...] = (
     Protocol("ll", 0.25, 3.6, {"nvlink": 0.47, "pci": 1.0, "net": 2.7, "shm": 0.0, "tcp": 0.0}),
 )
 
-# What a message costs its sender before the sender can go on (the analytic engine's critical path,
-# `analytic.critical_path`): its per-message overhead, except that a network message costs the GPU no more
-# than an NVLink one. NCCL's ring latency counts the network's per-hop figure only for the 2 (nodes - 1) hops
-# a chunk takes across servers and every other step at the intra-server figure (src/graph/tuning.cc,
-# ``(nsteps - nInterSteps) x intraLat + nInterSteps x interLat``): the rest of a network message's figure
-# (proxy, NIC, wire) is time in flight, while the GPU moves on to its next step.
-def issue_overhead_us(protocol: Protocol) -> dict[str, float]:
-    """Per-message cost to the sender, by link class (see the comment above)."""
-    ovh = dict(protocol.msg_overhead_us)
-    if "net" in ovh and "nvlink" in ovh:
-        ovh["net"] = min(ovh["net"], ovh["nvlink"])
-    return ovh
-
-
 ROUTING_MODES = ("fixed", "ecmp", "spray")
 
 
