@@ -53,6 +53,26 @@ class TransferTable:
         """Rows of the table."""
         return int(self.step.size)
 
+    def mismatch(self, reference: TransferTable, rel: float = 1e-6) -> str | None:
+        """Where this table (written directly, in (step, src, dst, channel) order: `sim.nvls_tree`,
+        `sim.nccl_tree`) differs from `reference` (the schedule's): the first field that differs, or None. Byte
+        fractions and local reductions compare within `rel` (the schedule rounds at its reference count)."""
+        if (self.nranks, self.nsteps, self.ntransfers) != (reference.nranks, reference.nsteps, reference.ntransfers):
+            return "shape (nranks, nsteps, rows)"
+        o = np.lexsort((reference.chan, reference.dst, reference.src, reference.step))
+        for f in ("step", "src", "dst", "chan", "nmsg"):
+            if not np.array_equal(getattr(reference, f)[o], getattr(self, f)):
+                return f
+        for f in ("lrank", "lstep"):
+            if not np.array_equal(getattr(reference, f), getattr(self, f)):
+                return f
+        if not np.allclose(self.frac, reference.frac[o], rtol=rel, atol=0):
+            return "frac"
+        if not np.allclose(self.lreduce, reference.lreduce, rtol=rel, atol=0) or \
+                not np.allclose(self.lcopy, reference.lcopy, rtol=rel, atol=0):
+            return "local work"
+        return None
+
     def wire_bytes(self, count_bytes: float) -> float:
         """Total bytes all transfers put on the wire for a call of `count_bytes`."""
         return float(self.frac.sum() * count_bytes)
