@@ -180,6 +180,12 @@ def test_bench_passes_split_every_row_s_samples_over_sweeps_and_check_once(tmp_p
         launch("all_reduce", 2, 8, 1024, passes=0)
 
 
+def test_a_bench_whose_sizes_hold_no_element_per_rank_is_refused_before_any_rank_starts() -> None:
+    from ringflow.runtime.bench import launch
+    with pytest.raises(InvalidArgument, match="holds an element of float32 per rank.*--max of at least 12B"):
+        launch("all_gather", 3, 8, 8)
+
+
 def test_call_samples_take_their_share_of_the_default_count() -> None:
     """A row timed in `share` passes takes ceil(1/share) of the samples it would take in one (at least 3)."""
     from ringflow.runtime.bench import batch_size, call_samples_s, default_iters

@@ -162,14 +162,20 @@ def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) 
     raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
 
 
+def row_elements(coll: str, nbytes: int, itemsize: int, nranks: int) -> int:
+    """Elements of a row of `nbytes` (per-rank collectives: a multiple of the rank count; 0: the row is skipped)."""
+    nelem = nbytes // itemsize
+    if coll in ("all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"):
+        nelem -= nelem % nranks
+    return nelem
+
+
 def _bench_row(comm: Any, spec: dict, coll: str, nbytes: int, dtype: np.dtype, timer: np.ndarray, passes: int,
                check: bool) -> dict | None:
     """One row's share of samples (`samples_s`, seconds per call) and its description; None where the
     size holds no element per rank."""
     n, rank = comm.size, comm.rank
-    nelem = nbytes // dtype.itemsize
-    if coll in ("all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"):
-        nelem -= nelem % n
+    nelem = row_elements(coll, nbytes, dtype.itemsize, n)
     if nelem == 0:
         return None
     op = spec["op"] if coll in REDUCTIONS else None
@@ -277,6 +283,11 @@ def check_launch(colls: list[str], sizes: list[int], nprocs: int, dtype: str, op
             parse_algo_spec(algo, c)
     if not sizes:
         raise InvalidArgument("no message size to run", "give --min <= --max")
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    if not any(row_elements(c, s, itemsize, nprocs) for c in colls for s in sizes):
+        raise InvalidArgument(f"no size up to {format_size(max(sizes))} holds an element of {dtype} per rank of "
+                              f"{', '.join(colls)} on {nprocs} ranks",
+                              f"give --max of at least {format_size(nprocs * itemsize)}")
     # each rank holds its input, its output and a copy of the input; --check also builds every rank's input and
     # the reference in float64 (about 2n + 2 more buffers of the message)
     need = nprocs * max(sizes) * (3 + (2 * nprocs + 2 if check else 0))
