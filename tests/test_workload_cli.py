@@ -135,3 +135,13 @@ def test_train_takes_the_way_tp_overlap_runs_and_names_the_choices_for_a_wrong_o
     assert at > ub   # async TP leaves the backward reduce-scatters exposed that userbuffers hides (tpoverlap.py)
     p = _run(*args, "--tp-overlap", "bogus", ok=False)
     assert p.returncode != 0 and "userbuffers" in p.stderr and "async_tp" in p.stderr
+
+
+def test_train_takes_how_zero_3_groups_its_gathers():
+    args = ("train", "--model", "llama3-8b", "--topo", "dgx-h100", "--nodes", "2", "--tp", "1", "--pp", "1",
+            "--zero", "3", "--global-batch", "64", "--seq-len", "8192", "--json")
+    per_block, bucketed = (json.loads(_run(*args, "--fsdp-units", u).stdout)["step_time_s"]
+                           for u in ("per_block", "bucketed"))
+    assert per_block != bucketed
+    p = _run(*args, "--fsdp-units", "layers", ok=False)
+    assert p.returncode != 0 and "per_block" in p.stderr and "bucketed" in p.stderr

@@ -273,6 +273,9 @@ def train_command(
                                     "their GEMMs (needs --sequence-parallel)"),
     tp_overlap: str = typer.Option("userbuffers", "--tp-overlap", help="how --overlap-tp runs: userbuffers "
                                    "(Megatron --tp-comm-overlap) or async_tp (PyTorch async TP, torchtitan)"),
+    fsdp_units: str = typer.Option("bucketed", "--fsdp-units", help="with --zero 3: bucketed (gathers and "
+                                   "reduce-scatters per bucket) or per_block (PyTorch FSDP2: one unit per block "
+                                   "and the root, prefetched one block ahead)"),
     flash: bool = typer.Option(True, "--flash/--no-flash", help="FlashAttention (no stored attention scores)"),
     tokens: float = typer.Option(15e12, "--tokens", min=0, help="token budget for the time-to-train figure"),
     comm: str = typer.Option("auto", "--comm", help="auto (simulator), sim, or alpha-beta"),
@@ -297,7 +300,8 @@ def train_command(
                        seq_len=seq_len or m.seq_len, zero=zero, recompute=recompute,
                        sequence_parallel=sequence_parallel and tp > 1, interleave=interleave,
                        bucket_bytes=int(bucket_mb * 1e6), overlap_grad_reduce=overlap_grad, overlap_tp=overlap_tp,
-                       tp_overlap=tp_overlap, precision=precision, flash_attention=flash, etp=etp, cp_comm=cp_comm,
+                       tp_overlap=tp_overlap, fsdp_units=fsdp_units, precision=precision, flash_attention=flash,
+                       etp=etp, cp_comm=cp_comm,
                        stage_layers=_stage_list(stage_layers), first_stage_layers=first_stage_layers,
                        last_stage_layers=last_stage_layers, capacity_factor=capacity_factor, overlap_ep=overlap_ep,
                        fp8_params=fp8_params)
