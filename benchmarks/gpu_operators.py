@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ringflow.errors import InvalidArgument
 from ringflow.tables import print_table
 from ringflow.workload.compute import GpuSpec, efficiency_for, gpu_spec, microbatch_times
 from ringflow.workload.layout import Layout
@@ -90,11 +91,11 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 
 def catalog_gpu(env: dict[str, Any]) -> GpuSpec | None:
-    """ringflow's catalog entry for the GPU that ran (longest catalog name found in the device name)."""
-    name = str(env.get("gpu", "")).upper()
-    hits = [k for k in ("GB300", "GB200", "B300", "B200", "H200", "H800", "H100", "H20", "A100", "V100")
-            if k in name.replace("-", "")]
-    return gpu_spec(hits[0]) if hits else None
+    """ringflow's catalog entry for the GPU that ran (`gpu_spec` matches device names), None for another."""
+    try:
+        return gpu_spec(str(env["gpu"])) if "gpu" in env else None
+    except InvalidArgument:
+        return None
 
 
 def layer_gemms(m: ModelSpec, tokens: int, tp: int) -> list[tuple[str, int, int, int]]:
