@@ -162,6 +162,16 @@ def _call(comm: Any, coll: str, x: np.ndarray, out: np.ndarray | None, op: str) 
     raise InvalidArgument(f"unknown collective {coll!r}", f"use one of {', '.join(COLLECTIVES)}")
 
 
+def bench_dtype(name: str) -> np.dtype:
+    """The NumPy dtype of a supported element type name (bfloat16 from ml_dtypes)."""
+    from .call.ops import BFLOAT16
+    if name == "bfloat16":
+        if BFLOAT16 is None:  # pragma: no cover
+            raise InvalidArgument("bfloat16 needs ml_dtypes", "pip install ml_dtypes")
+        return BFLOAT16
+    return np.dtype(name)
+
+
 def row_elements(coll: str, nbytes: int, itemsize: int, nranks: int) -> int:
     """Elements of a row of `nbytes` (per-rank collectives: a multiple of the rank count; 0: the row is skipped)."""
     nelem = nbytes // itemsize
@@ -220,7 +230,7 @@ def worker(spec: dict) -> list[dict]:
     import ringflow
     comm = ringflow.init()
     n, rank = comm.size, comm.rank
-    dtype = np.dtype(spec["dtype"]) if spec["dtype"] != "bfloat16" else np.dtype("bfloat16")
+    dtype = bench_dtype(spec["dtype"])
     rows: list[dict] = []
     timer = np.zeros(1, np.float64)
     passes = max(1, int(spec.get("passes") or 1))
@@ -283,7 +293,7 @@ def check_launch(colls: list[str], sizes: list[int], nprocs: int, dtype: str, op
             parse_algo_spec(algo, c)
     if not sizes:
         raise InvalidArgument("no message size to run", "give --min <= --max")
-    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    itemsize = bench_dtype(dtype).itemsize
     if not any(row_elements(c, s, itemsize, nprocs) for c in colls for s in sizes):
         raise InvalidArgument(f"no size up to {format_size(max(sizes))} holds an element of {dtype} per rank of "
                               f"{', '.join(colls)} on {nprocs} ranks",

@@ -107,7 +107,7 @@ class Waiter:
         VM, more the longer it slept), and a pair of ranks can lock into paying it on every call.
         """
         shm = [op for op in pending if op.is_shm]
-        if self._failed_and_nothing_ready(pending, shm):
+        if self._ready_despite_failure(pending, shm):
             return
         if shm:
             hot_spin = hot and self.hot_s > 0
@@ -136,11 +136,11 @@ class Waiter:
         finally:
             for op in shm:
                 op.set_waiting(0)
-        if self._failed_and_nothing_ready(pending, shm):
+        if self._ready_despite_failure(pending, shm):
             return
         self._check_departed(pending, shm, what)
 
-    def _failed_and_nothing_ready(self, pending: list[XferOp], shm: list[XferOp]) -> bool:
+    def _ready_despite_failure(self, pending: list[XferOp], shm: list[XferOp]) -> bool:
         """Raise the communicator's failure (a peer that failed or aborted, or this rank's abort) unless a pending
         op can progress: what a peer sent before it failed is still taken, so a call that completed on the peer
         (its last message sent) completes here too. True when an op is ready (the caller returns to progress)."""
