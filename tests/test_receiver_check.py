@@ -17,13 +17,21 @@ import numpy as np
 import pytest
 
 from ringflow import config
+from ringflow.algorithms import tuner
 from ringflow.algorithms.cost import DEFAULT_BETA_GBPS
 from ringflow.algorithms.layout import CallShape
 from ringflow.algorithms.plan import compile_plan
 from ringflow.algorithms.registry import get_schedule
 from ringflow.algorithms.schedule import Buffer, Collective, OpKind
-from ringflow.algorithms.selection import call_shape, check_price_s, local_copy_bytes, pick_schedule, variants
-from ringflow.algorithms.staging import is_staged, staged, unstaged
+from ringflow.algorithms.selection import (
+    call_shape,
+    candidate_schedule,
+    check_price_s,
+    local_copy_bytes,
+    pick_schedule,
+    variants,
+)
+from ringflow.algorithms.staging import is_staged, staged
 from ringflow.algorithms.verifier import verify
 from ringflow.algorithms.verify_messages import opens_with_check, verifiable
 
@@ -102,7 +110,7 @@ def test_more_than_two_ranks_stage_the_first_step_instead_of_opening_with_a_chec
         sch = get_schedule(coll, algo, n, root=0 if coll.has_root else None)
         assert opens_with_check(sch)
         st = staged(sch)
-        assert st is not None and staged(sch) is st and unstaged(st) is sch and not opens_with_check(st)
+        assert st is not None and staged(sch) is st and not opens_with_check(st)
         verify(st)   # the same result as the schedule it stages, on every rank
         for r in range(n):
             plan = compile_plan(st, CallShape(coll, n, 1 << 10, 4, None), r, False)
@@ -120,7 +128,9 @@ def test_the_flat_tuner_runs_the_cheaper_of_a_check_round_and_a_staged_copy() ->
         root = 0 if coll.has_root else None
         for nbytes in (64, 1 << 12, 1 << 16, 1 << 20, 1 << 26):
             chosen = pick_schedule(coll, nbytes, 4, root, 4, False, single)
-            base = unstaged(chosen)
+            choice = tuner.choose(coll, nbytes, 4, dtype_size=4, root=root)   # the candidate chosen runs
+            base = next(s for s in (candidate_schedule(choice, c, coll, 4, root) for c in choice.candidates)
+                        if chosen is s or chosen is staged(s))
             shape = call_shape(coll, 4, nbytes, 4)
             price = {is_staged(v): check_price_s(v) + local_copy_bytes(v, shape) / (DEFAULT_BETA_GBPS * 1e9)
                      for v in variants(base)}

@@ -22,7 +22,6 @@ USER = (Buffer.IN, Buffer.OUT)
 STAGED_PARAM = "staged_check"   # Schedule.params key marking a staged schedule
 
 _CACHE: dict[int, tuple[Schedule, Schedule | None]] = {}
-_ORIGIN: dict[int, tuple[Schedule, Schedule]] = {}
 _CACHE_MAX = 1024
 _LOCK = threading.Lock()
 
@@ -122,18 +121,8 @@ def staged(schedule: Schedule) -> Schedule | None:
     with _LOCK:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
-            _ORIGIN.clear()
         _CACHE[id(schedule)] = (schedule, out)
-        if out is not None:
-            _ORIGIN[id(out)] = (out, schedule)
     return out
-
-
-def unstaged(schedule: Schedule) -> Schedule:
-    """The schedule a staged one rewrites (itself if it is not staged)."""
-    with _LOCK:
-        hit = _ORIGIN.get(id(schedule))
-    return hit[1] if hit is not None and hit[0] is schedule else schedule
 
 
 def is_staged(schedule: Schedule) -> bool:
