@@ -3,7 +3,7 @@
 (`memory_measured.yaml`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,8 @@ def case_memory(case: dict[str, Any], gpu: GpuSpec | None = None) -> MemoryBreak
     from .compute import gpu_of_topology
     if gpu is None:
         gpu = gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0])
+    if case.get("hbm_GB"):   # the memory its source states where the preset's GPU has another
+        gpu = replace(gpu, memory_bytes=float(case["hbm_GB"]) * 1e9)
     return peak_memory(load_model(case["model"]), case_layout(case), gpu.memory_bytes,
                        policy=run_policy(case), gpu=gpu.name)
 

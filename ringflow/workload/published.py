@@ -154,6 +154,10 @@ def _check_case(c: Any, p: Path) -> None:
     hbm = c.get("hbm_GBps")
     if "hbm_GBps" in c and (not isinstance(hbm, (int, float)) or isinstance(hbm, bool) or not hbm > 0):
         bad.append("hbm_GBps")
+    cap = c.get("hbm_GB")
+    if "hbm_GB" in c and (not isinstance(cap, (int, float)) or isinstance(cap, bool) or not cap > 0
+                          or not c.get("hbm_source")):
+        bad.append("hbm_GB (the GPU memory in GB, with hbm_source)")
     peak = c.get("peak_tflops")
     if "peak_tflops" in c and not (isinstance(peak, dict) and set(peak) <= {"bf16", "fp8"} and "bf16" in peak and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in peak.values())
@@ -288,6 +292,8 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     gpu = gpu_of_topology(topo)
     if case.get("hbm_GBps"):   # the run's GPU memory bandwidth where its source states one the preset lacks
         gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
+    if case.get("hbm_GB"):   # ... and its memory capacity
+        gpu = replace(gpu, memory_bytes=float(case["hbm_GB"]) * 1e9)
     if case.get("peak_tflops"):   # the run's dense tensor peaks where its source states others than the preset's
         pk = case["peak_tflops"]
         gpu = replace(gpu, bf16_flops=float(pk["bf16"]) * 1e12, fp8_flops=float(pk.get("fp8", pk["bf16"])) * 1e12)

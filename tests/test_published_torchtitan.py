@@ -1,0 +1,49 @@
+"""torchtitan's published H100 runs: the Grand Teton GPU's own memory (hbm_GB) and one group per configuration."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ringflow.errors import ConfigError
+from ringflow.workload.memory_cases import case_memory
+from ringflow.workload.published import Constants, _check_case, load_cases, predict
+
+URL = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md"
+
+
+@pytest.fixture(scope="module")
+def titan() -> list[dict]:
+    return [c for c in load_cases() if c["source"]["url"] == URL]
+
+
+def _one(titan: list[dict], cid: str) -> dict:
+    return next(c for c in titan if c["id"] == cid)
+
+
+def test_every_grand_teton_run_has_the_sources_96_gb_not_the_presets_80(titan: list[dict]) -> None:
+    assert titan
+    for c in titan:
+        assert c["hbm_GB"] == 96 and "96GB HBM2e" in c["hbm_source"]["where"]
+        assert case_memory(c).capacity_bytes == pytest.approx(96e9)
+        assert case_memory({k: v for k, v in c.items() if k != "hbm_GB"}).capacity_bytes == pytest.approx(80e9)
+
+
+def test_the_stated_capacity_reaches_the_prediction_and_its_memory_check(titan: list[dict]) -> None:
+    case = _one(titan, "torchtitan-llama31-8b-fsdp128-compile-float8")
+    pr = predict(case, Constants.defaults())
+    assert pr.status == "ok" and pr.info["capacity_gib"] == pytest.approx(96e9 / 2**30)
+    small = predict(dict(case, hbm_GB=40), Constants.defaults())
+    assert small.info["capacity_gib"] == pytest.approx(40e9 / 2**30) and small.info["fits_in_memory"] is False
+
+
+@pytest.mark.parametrize("bad", [0, -96, "96", True])
+def test_a_capacity_not_positive_is_refused(tmp_path: Path, titan: list[dict], bad: object) -> None:
+    with pytest.raises(ConfigError, match="hbm_GB"):
+        _check_case(dict(titan[0], hbm_GB=bad), tmp_path / "cases.yaml")
+
+
+def test_a_capacity_without_its_source_is_refused(tmp_path: Path, titan: list[dict]) -> None:
+    case = {k: v for k, v in titan[0].items() if k != "hbm_source"}
+    with pytest.raises(ConfigError, match="hbm_source"):
+        _check_case(case, tmp_path / "cases.yaml")
