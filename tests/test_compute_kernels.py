@@ -44,8 +44,13 @@ def test_the_reference_profile_adds_nothing_and_a_faster_memory_shrinks_the_gap(
     h100, h200 = gpu_spec("H100"), gpu_spec("H200")
     base = microbatch_times(model, layout, h100, EfficiencyModel())
     assert microbatch_times(model, layout, h100, EfficiencyModel(kernels=REFERENCE)) == base
-    gap = {g.name: microbatch_times(model, layout, g, EfficiencyModel(kernels="torchtitan-eager")).total_s
-           - microbatch_times(model, layout, g, EfficiencyModel()).total_s for g in (h100, h200)}
+
+    def no_attention_s(g: object, e: EfficiencyModel) -> float:   # the attention kernels differ too (cuDNN, FA2)
+        t = microbatch_times(model, layout, g, e)  # type: ignore[arg-type]
+        return t.total_s - t.attention_s
+
+    gap = {g.name: no_attention_s(g, EfficiencyModel(kernels="torchtitan-eager")) - no_attention_s(g, EfficiencyModel())
+           for g in (h100, h200)}
     assert gap["H100"] == pytest.approx(gap["H200"] * h200.hbm_GBps / h100.hbm_GBps)
 
 
@@ -119,12 +124,12 @@ H200_LAYER_TFLOPS = {("llama3-8b", "torchtitan-eager"): 544.0, ("llama3-8b", "to
                      ("llama3-70b", "torchtitan-eager"): 589.0}
 
 
-def _layer_tflops(name: str, profile: str) -> float:
+def _layer_tflops(name: str, profile: str, attention: bool = True) -> float:
     model, gpu = load_model(name), gpu_spec("H200")
     layout = Layout(dp=1, micro_batch=1, seq_len=8192, global_batch=1)
     e = EfficiencyModel(kernels=profile)
-    seconds = microbatch_times(replace(model, layers=2), layout, gpu, e).total_s - \
-        microbatch_times(replace(model, layers=1), layout, gpu, e).total_s
+    two, one = (microbatch_times(replace(model, layers=n), layout, gpu, e) for n in (2, 1))
+    seconds = two.total_s - one.total_s - (0.0 if attention else two.attention_s - one.attention_s)
     mm, at, _ = model.span_flops_per_token(8192, 0, 1)
     return 3 * 8192 * (mm + at) / seconds / 1e12
 
@@ -135,4 +140,6 @@ def test_a_single_h200_decoder_layer_matches_the_measured_eager_and_compiled_thr
         assert got[k] == pytest.approx(measured, rel=0.10), k
     ratio = got[("llama3-8b", "torchtitan-compile")] / got[("llama3-8b", "torchtitan-eager")]
     assert ratio == pytest.approx(610.0 / 544.0, rel=0.03)
-    assert _layer_tflops("llama3-8b", REFERENCE) == pytest.approx(got[("llama3-8b", "torchtitan-compile")], rel=0.02)
+    # a compiled block's memory-bound work lands near the fused reference's (their attention kernels differ)
+    assert _layer_tflops("llama3-8b", REFERENCE, attention=False) == pytest.approx(
+        _layer_tflops("llama3-8b", "torchtitan-compile", attention=False), rel=0.02)

@@ -23,8 +23,12 @@ Model (all constants below are settable through `EfficiencyModel`):
   Engine module). Quantizing the GEMM operands (a cast per
   operand, and an amax pass under per-tensor current scaling) is memory-bound work of its own
   (`kernels.fp8_cast_bytes_per_token`), each pass and each recomputation, at HBM bandwidth x mem_eff.
-- Attention FLOPs run at the GEMM rate (FlashAttention-2-class kernels), times the kernel profile's attention
-  factors per pass (`kernels.ATTENTION_KERNELS`: FlashAttention in Triton 1.4x forward, 2x backward).
+- Attention runs as the kernel profile's attention kernel (`kernels.ATTENTION_KERNELS`): a FlashAttention kernel's
+  tensor FLOPs over the causal half of the scores (backward with QK^T recomputed) at the BF16 GEMM rate, and one
+  exponential per kept score and pass at the GPU's special-function rate (``GpuSpec.exp_per_s``), added
+  (FlashAttention-2) or overlapped (FlashAttention-3 and cuDNN on GPUs with asynchronous tensor cores), times the
+  kernel's factors (FlashAttention in Triton 1.4x forward, 2x backward); `kernels.attention_pass_s`. Without
+  FlashAttention (``layout.flash_attention`` false) the model's attention FLOPs run at the GEMM rate.
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
   are padded to capacity (GShard / Switch Transformer convention), else the balanced load, times the layout's
@@ -56,8 +60,10 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidArgument
 from .kernels import (
     FP8_RECIPES,
+    PASSES,
     REFERENCE,
-    attention_time_factors,
+    attention_pass_s,
+    attention_work,
     extra_bytes_per_token,
     fp8_cast_bytes_per_token,
     kernel_profile,
@@ -72,13 +78,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """Peak dense tensor FLOP/s, HBM bandwidth and capacity of one GPU model."""
+    """Peak dense tensor FLOP/s, HBM bandwidth and capacity, exponential rate of one GPU model."""
 
     name: str
     bf16_flops: float
     fp8_flops: float
     hbm_GBps: float
     memory_bytes: float
+    exp_per_s: float = 0.0      # special-function base-2 exponentials per second (0: not known, left out)
+    async_mma: bool = False     # asynchronous tensor cores (Hopper and later): softmax can overlap the GEMMs
 
 
 def _from_catalog() -> dict[str, GpuSpec]:
@@ -89,7 +97,7 @@ def _from_catalog() -> dict[str, GpuSpec]:
     for g in GPU_MODELS.values():
         half = (g.bf16_tflops or g.fp16_tflops) * 1e12
         out[g.name] = GpuSpec(g.name, half, (g.fp8_tflops or g.bf16_tflops or g.fp16_tflops) * 1e12,
-                              float(g.memory_GBps), float(g.memory_GB) * 1e9)
+                              float(g.memory_GBps), float(g.memory_GB) * 1e9, g.exp_per_s, g.async_mma)
     return out
 
 
@@ -283,6 +291,20 @@ def _kernel_extra_s(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens
     return out[0], out[1], out[2]
 
 
+def _attention_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyModel, attn_flops: float,
+                 rate: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the attention scores behind `attn_flops` model FLOPs: the profile's
+    FlashAttention kernel (`kernels.attention_pass_s`), or two batched GEMMs over the full square without one."""
+    if not attn_flops:
+        return 0.0, 0.0
+    if not layout.flash_attention:
+        return attn_flops / rate, 2 * attn_flops / rate
+    kernel = kernel_profile(e.kernels).attention
+    work = attention_work(model, attn_flops)
+    fwd, bwd = (attention_pass_s(kernel, work, p, rate, gpu.exp_per_s, gpu.async_mma) for p in PASSES)
+    return fwd, bwd
+
+
 def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
                      eff: EfficiencyModel | None = None, stage: str | int = "middle") -> MicrobatchTimes:
     """Compute time of one micro-batch on one GPU of a pipeline stage (an index, or 'first', 'middle',
@@ -310,9 +332,8 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
               for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
     rate = peak * eff_g
-    a_fwd, a_bwd = attention_time_factors(e.kernels)
     rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
-    attn_s = attn / rate_bf16                      # attention forward at FlashAttention-2 speed
+    attn_fwd_s, attn_bwd_s = _attention_s(model, layout, gpu, e, attn, rate_bf16)
     logit_s = logits / rate_bf16
     cast_fwd, cast_bwd = (tokens * fp8_cast_bytes_per_token(model, layout, e.fp8_recipe, p, start, stop) / mem_Bps
                           for p in ("forward", "backward"))
@@ -326,22 +347,22 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
     gemm_s = (work - x_flops - attn - logits) / rate   # the linear layers' GEMMs (FP8 where the run trains in FP8)
-    t_fwd = gemm_s + logit_s + a_fwd * attn_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
+    t_fwd = gemm_s + logit_s + attn_fwd_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
     wait = 0.0
     if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
         from .moe import host_wait_s
         wait = n_moe * host_wait_s((t_fwd - logit_s) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
     t_fwd += wait
-    t_bwd = 2 * (gemm_s + logit_s + a_bwd * attn_s) + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
+    t_bwd = 2 * (gemm_s + logit_s) + attn_bwd_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
-        t_rec = (matmul + padded) / rate + a_fwd * attn_s + 2 * act / mem_Bps + k_rec + cast_fwd
+        t_rec = (matmul + padded) / rate + attn_fwd_s + 2 * act / mem_Bps + k_rec + cast_fwd
     elif layout.recompute == "selective":
         rec_flops = attn
         score = 0.0 if layout.flash_attention else \
             (activation_bytes_per_layer(model, layout.with_(flash_attention=False), "none")
              - activation_bytes_per_layer(model, layout.with_(flash_attention=True), "none")) * (stop - start)
-        t_rec = a_fwd * attn_s + 2 * score / mem_Bps
+        t_rec = attn_fwd_s + 2 * score / mem_Bps
     elif layout.recompute == "op":   # the matmuls not kept, and every elementwise op, rebuilt (memory_activations)
         from .memory_activations import op_checkpoint_split
         rec_flops = tokens * op_checkpoint_split(model)[1] * (stop - start) / t
@@ -349,4 +370,4 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     else:
         rec_flops, t_rec = 0.0, 0.0
     return MicrobatchTimes(t_fwd, t_bwd, t_rec, 3 * fwd_flops, 3 * fwd_flops + rec_flops + 3 * padded,
-                           attention_s=(a_fwd + 2 * a_bwd) * attn_s, moe_s=2 * moe_s + wait)
+                           attention_s=attn_fwd_s + attn_bwd_s, moe_s=2 * moe_s + wait)

@@ -37,11 +37,31 @@ MoE layers keep the stored-activation term alone (no PyTorch-native MoE profile 
 
 Two more mechanisms ride on the profile and the run's precision:
 
-- **attention kernel** (`ATTENTION_KERNELS`): the compute model runs attention FLOPs at the GEMM rate, which
-  stands for FlashAttention-2-class kernels (FlashAttention-2, cuDNN / Transformer Engine fused attention, PyTorch
-  SDPA); FlashAttention in Triton (``flash_attn_triton.py``) takes longer: FlashAttention-2 "is around 1.3-1.5x
-  faster than FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao,
-  arXiv:2307.08691, section 4.1, A100), so its forward takes 1.4x and its backward 2x the time;
+- **attention kernel** (`ATTENTION_KERNELS`, `attention_work`, `attention_pass_s`): a FlashAttention kernel
+  computes, per (query, key) score it keeps (causal: half the square, ``heads x s_eff / 2`` per token), on tensor
+  cores ``2 (d_qk + d_v)`` FLOPs forward (QK^T, PV) and ``2 (3 d_qk + 2 d_v)`` backward (QK^T recomputed, dV, dP,
+  dQ, dK), and one exponential per pass on the special-function units, whose rate (`hardware.gpus`
+  ``exp_per_s``) is far below the tensor cores': "the H100 SXM5 GPU has 989 TFLOPS of FP16 matmul but only 3.9
+  TFLOPS of special functions such as exponential" (Shah et al., FlashAttention-3, arXiv:2407.08608, section
+  3.1, "Pingpong scheduling"). The tensor FLOPs run at the GEMM rate of the compute curve; the kernel's
+  generation sets how the two add up per pass:
+
+  - ``flash2`` (FlashAttention-2, PyTorch SDPA's flash backend): softmax between the two GEMMs of a tile, not
+    overlapped: tensor time + exponential time;
+  - ``flash3`` and ``cudnn`` (FlashAttention-3; cuDNN fused attention, Transformer Engine's ``FusedAttention``)
+    on GPUs with asynchronous tensor cores (Hopper, Blackwell: ``async_mma``): warp-specialised ping-pong
+    scheduling runs one warpgroup's softmax while another's GEMMs run, so a pass takes the longer of the two;
+    on older GPUs they add up as ``flash2``. cuDNN is put in FlashAttention-3's class because it runs at its
+    rate: 631 against 632 TFLOP/s forward on H100 at head_dim 128 (pytorch/pytorch#142132, tritonbench);
+  - ``triton-flash`` (``flash_attn_triton.py``): FlashAttention-2 "is around 1.3-1.5x faster than
+    FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao,
+    arXiv:2307.08691, section 4.1, A100), so its forward takes 1.4x and its backward 2x ``flash2``'s time.
+
+  A layout without FlashAttention (``flash_attention: false``) runs attention as two batched GEMMs over the full
+  square at the GEMM rate (backward twice the forward) with its softmax among the memory-bound kernels.
+  FlashAttention-2 on Hopper uses Ampere's synchronous MMA and reaches about a third of the peak ("FlashAttention-2
+  achieving only 35% utilization on the H100 GPU", arXiv:2407.08608 abstract); the model runs its tensor FLOPs at
+  the GEMM rate all the same, so it is optimistic there;
 - **FP8 quantisation** (`fp8_cast_bytes_per_token`): an FP8 GEMM reads FP8 operands, so every activation
   operand of every FP8 linear layer (its input forward, its output gradient backward) is cast from BF16 in a
   pass that reads 2 bytes and writes an FP8 row-wise and column-wise copy (1 + 1 bytes; the column-wise one
@@ -65,8 +85,26 @@ NORMS = ("fused", "native", "composed")
 POINTWISE = ("fused", "compiled", "eager")
 LOSSES = ("fused", "eager_fp32")
 PASSES = ("forward", "backward")
-# attention kernel: (forward, backward) time over the GEMM-rate attention time (module docstring)
-ATTENTION_KERNELS: dict[str, tuple[float, float]] = {"flash2": (1.0, 1.0), "triton-flash": (1.4, 2.0)}
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """An attention kernel generation (module docstring)."""
+
+    name: str
+    overlapped: bool                 # softmax under the GEMMs where the GPU has asynchronous tensor cores
+    factors: tuple[float, float]     # (forward, backward) time over the mechanism's
+    source: str
+
+
+ATTENTION_KERNELS: dict[str, AttentionKernel] = {k.name: k for k in (
+    AttentionKernel("flash2", False, (1.0, 1.0), "FlashAttention-2, Dao arXiv:2307.08691; PyTorch SDPA flash backend"),
+    AttentionKernel("flash3", True, (1.0, 1.0), "FlashAttention-3, Shah et al. arXiv:2407.08608 section 3.1"),
+    AttentionKernel("cudnn", True, (1.0, 1.0), "cuDNN fused attention (Transformer Engine FusedAttention, PyTorch "
+                    "SDPA cudnn backend): FlashAttention-3's rate on H100, pytorch/pytorch#142132"),
+    AttentionKernel("triton-flash", False, (1.4, 2.0), "FlashAttention in Triton: FlashAttention-2 1.3-1.5x faster "
+                    "forward, 2x backward, arXiv:2307.08691 section 4.1 (A100)"),
+)}
 FP8_RECIPES = ("tensorwise", "block")   # per-tensor current / dynamic scaling; MXFP8 block scaling
 CAST_READ_BYTES = 2     # a BF16 operand read by the cast (and by the amax pass)
 CAST_WRITE_BYTES = 2    # its FP8 row-wise and column-wise copies
@@ -81,7 +119,7 @@ class KernelProfile:
     pointwise: str   # fused (hand-written) | compiled (torch.compile per block) | eager (one kernel per op)
     loss: str        # fused cross entropy | eager_fp32 (logits.float() then cross_entropy)
     source: str
-    attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | triton-flash
+    attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | flash3 | cudnn | triton-flash
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
@@ -93,18 +131,26 @@ class KernelProfile:
 
 
 REFERENCE = "megatron-te"
+_TITAN_SDPA = ("attention F.scaled_dot_product_attention, whose default backend order with torch 1963fc8 (2024-12-23) "
+               "puts the flash backend (FlashAttention-2) first and cuDNN last on H100: cuDNN SDPA deprioritized "
+               "after the 2.5 release (pytorch/pytorch#141274, 2024-11-21; #142132 on 2.6.0.dev20241204: 'This is "
+               "expected'), back first on sm90/sm100 only from 2.9 (pytorch/pytorch#162073)")
 PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
     KernelProfile("megatron-te", "fused", "fused", "fused",
                   "Megatron-Core with Transformer Engine: fused norm (LayerNormLinear), fused RoPE, fused SwiGLU, "
-                  "fused bias-dropout-add, vocab-parallel fused cross entropy; the compute curve's reference"),
+                  "fused bias-dropout-add, vocab-parallel fused cross entropy; the compute curve's reference; "
+                  "attention cuDNN FusedAttention: Transformer Engine get_attention_backend (transformer_engine/"
+                  "pytorch/attention/dot_product_attention/utils.py, 002a3e5) 'Disabling FlashAttention to give "
+                  "FusedAttention preference on Hopper+ for performance reasons' (FlashAttention-2 before Hopper)",
+                  attention="cudnn"),
     KernelProfile("torchtitan-eager", "composed", "eager", "eager_fp32",
                   "torchtitan 9dec370 without compile: train_configs/llama3_8b.toml 'compile = false', "
                   "'norm_type = \"rmsnorm\"' (models/norms.py RMSNorm in PyTorch ops); eager fp32 loss (train.py "
-                  "lines 131-138)"),
+                  "lines 131-138); " + _TITAN_SDPA),
     KernelProfile("torchtitan-compile", "composed", "compiled", "eager_fp32",
                   "torchtitan 9dec370 with training.compile: each TransformerBlock torch.compile'd "
                   "(parallelisms/parallelize_llama.py apply_compile, lines 297-306); the final norm and the fp32 "
-                  "loss stay eager (train.py lines 131-138)"),
+                  "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA),
     KernelProfile("llm-foundry-2023", "native", "eager", "fused",
                   "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
                   "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "
@@ -236,8 +282,45 @@ def extra_bytes_per_token(model: ModelSpec, layout: Layout, profile: str | Kerne
 
 
 def attention_time_factors(profile: str | KernelProfile) -> tuple[float, float]:
-    """(forward, backward) attention time of the profile's attention kernel over the GEMM-rate time."""
-    return ATTENTION_KERNELS[kernel_profile(profile).attention]
+    """(forward, backward) time factors of the profile's attention kernel over its generation's mechanism."""
+    return ATTENTION_KERNELS[kernel_profile(profile).attention].factors
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """What a FlashAttention kernel computes for causal attention (module docstring)."""
+
+    forward_flops: float    # tensor-core FLOPs of QK^T and PV over the kept scores
+    backward_flops: float   # QK^T recomputed, dV, dP, dQ and dK
+    exps: float             # exponentials in each pass: one per kept score
+
+
+def attention_work(model: ModelSpec, model_flops: float) -> AttentionWork:
+    """The kernel's work behind `model_flops` forward attention FLOPs on Megatron's non-causal count
+    (``2 s_eff heads (d_qk + d_v)`` per token and layer): it keeps half the scores (causal)."""
+    dqk, dv = model.qk_head_dim, model.v_dim
+    scores = model_flops / (4.0 * (dqk + dv))
+    return AttentionWork(scores * 2.0 * (dqk + dv), scores * 2.0 * (3 * dqk + 2 * dv), scores)
+
+
+def attention_pass_s(kernel: str, work: AttentionWork, pass_: str, flops_per_s: float, exp_per_s: float,
+                     async_mma: bool) -> float:
+    """Seconds of one pass ('forward' or 'backward') of attention `kernel` over `work`, its tensor FLOPs at
+    `flops_per_s` and its exponentials at `exp_per_s` (0: not known, left out), overlapped where the kernel
+    overlaps them and the GPU has asynchronous tensor cores (module docstring)."""
+    k = ATTENTION_KERNELS.get(kernel)
+    if k is None:
+        raise InvalidArgument(f"attention kernel {kernel!r}", f"use one of {', '.join(ATTENTION_KERNELS)}")
+    if pass_ not in PASSES:
+        raise InvalidArgument(f"pass {pass_!r}", f"use one of {', '.join(PASSES)}")
+    if flops_per_s <= 0 or exp_per_s < 0:
+        raise InvalidArgument(f"attention rates flops_per_s={flops_per_s}, exp_per_s={exp_per_s}",
+                              "give a FLOP rate > 0 and an exponential rate >= 0")
+    forward = pass_ == "forward"
+    tensor_s = (work.forward_flops if forward else work.backward_flops) / flops_per_s
+    exp_s = work.exps / exp_per_s if exp_per_s else 0.0
+    base = max(tensor_s, exp_s) if k.overlapped and async_mma else tensor_s + exp_s
+    return base * k.factors[0 if forward else 1]
 
 
 def _fp8_operands(model: ModelSpec, layout: Layout, index: int, pass_: str) -> tuple[float, float]:
