@@ -32,10 +32,11 @@ Model (all constants below are settable through `EfficiencyModel`):
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
   are padded to capacity (GShard / Switch Transformer convention), else the balanced load, times the layout's
-  ``expert_imbalance`` (the busiest expert's load over the balanced one). Expert GEMMs are grouped GEMMs over all
-  local experts: same efficiency curve, floored per pass by the local experts' weight traffic at HBM bandwidth
-  (`expert_roofline_s`); a grouped GEMM of 128 experts x 512 tokens (hidden 2048, width 768) measured 648-714
-  TFLOP/s on one H200 (issue 58), the dense curve's range. Each MoE layer and pass adds its router, token
+  ``expert_imbalance`` (the busiest expert's load over the balanced one). Transformer Engine runs the expert GEMMs
+  as one GEMM per local expert (`moe` module docstring), so their efficiency is the curve's at one expert's rows
+  (`moe.rows_per_expert`, `expert_gemm_rate`), floored per pass by the local experts' weight traffic at HBM
+  bandwidth (`expert_roofline_s`); a grouped GEMM of 128 experts x 512 tokens (hidden 2048, width 768) measured
+  648-714 TFLOP/s on one H200 (issue 58), the dense curve's range. Each MoE layer and pass adds its router, token
   permute/unpermute, sort-by-local-expert and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate
   fitted per kind); a dropless
   MoE layer's forward lasts at least the host's time to launch it (`moe.host_wait_s`, fitted per kind).
@@ -267,6 +268,17 @@ def expert_roofline_s(flops: float, params: float, weight_bytes: float, rate: fl
     return fwd, bwd
 
 
+def expert_gemm_rate(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens: float, rate: float) -> float:
+    """FLOP/s of the routed experts' GEMMs: `rate` (the linear layers' FLOP/s at a micro-batch of `tokens` rows)
+    with the row term of the efficiency curve read at one local expert's rows (`moe.rows_per_expert`, times the
+    capacity factor where buffers are padded), since each expert runs its own GEMM."""
+    from .moe import rows_per_expert
+    rows = rows_per_expert(tokens / layout.tp, model.top_k, layout.ep, model.experts, layout.expert_tp)
+    rows *= layout.capacity_factor or 1.0
+    d = model.hidden / layout.tp
+    return rate * e.gemm_efficiency(d, rows) / e.gemm_efficiency(d, tokens)
+
+
 def _moe_layer_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyModel, tokens: float,
                  mem_Bps: float) -> float:
     """Router, permute/unpermute, sort and dispatcher seconds of one MoE layer and pass (workload/moe.py)."""
@@ -341,8 +353,9 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     # (read forward; read, and the FP32 main gradient read and written, backward)
     x_flops = tokens * ex * (1.0 + pad) / t
     x_params = n_moe * model.routed_expert_params() / (layout.expert_tp * layout.ep)
+    x_rate = expert_gemm_rate(model, layout, e, tokens, rate) if n_moe else rate
     x_fwd, x_bwd = expert_roofline_s(x_flops * layout.expert_imbalance, x_params,
-                                     1 if layout.precision == "fp8" else 2, rate, mem_Bps, layout.grad_bytes)
+                                     1 if layout.precision == "fp8" else 2, x_rate, mem_Bps, layout.grad_bytes)
     moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)

@@ -27,6 +27,15 @@ size ``h`` (``T k`` routed tokens, ``T k h`` routed elements):
   past that point, so the GPU waits for it to launch the rest of the layer: a MoE layer's forward takes at least
   the host's time for it, ``host_s`` per dispatcher kind, fitted like the rate (`host_wait_s`); 0 leaves it
   out. Padding to a capacity (``capacity_factor``) makes the counts static: no wait;
+- **expert GEMMs**: Transformer Engine's ``GroupedLinear`` (what Megatron-Core's ``TEGroupedMLP`` calls with
+  ``moe_grouped_gemm``) runs one cuBLAS GEMM per local expert, round-robin over 4 compute streams, on Hopper and
+  Blackwell alike (TE v2.9 and v2.10 ``cublaslt_gemm.cu`` ``nvte_multi_tensor_gemm`` ->
+  ``multi_stream_cublas_gemm``; the one grouped kernel, CUTLASS, is Hopper-only, BF16/FP16 only and off unless
+  ``NVTE_USE_CUTLASS_GROUPED_GEMM`` is set). Each expert's GEMM has `rows_per_expert` rows, so the GEMM
+  efficiency curve (``compute.EfficiencyModel.gemm_efficiency``) is read at those rows, not at the
+  micro-batch's tokens. Its FP8 operands are quantized per expert (``split_quantize``): per-tensor current
+  scaling launches four kernels per expert and quantization (zero amax, amax, scale, cast), MXFP8 one;
+  their host time is part of the fitted ``host_s`` below (no sourced per-launch time);
 - **imbalance**: ``expert_imbalance`` (the busiest expert's load over the balanced load, >= 1) multiplies the
   busiest rank's expert GEMMs and what it receives; published MoE benchmarks force-balance tokens (1.0).
 
@@ -87,6 +96,15 @@ def layer_cost(tokens: float, top_k: int, hidden: int, experts: int, mem_Bps: fl
     dispatcher = routed / dispatch_eps if dispatch_eps > 0 else 0.0
     sort = 2 * (2 * routed * ACT_BYTES) / mem_Bps if sort_local else 0.0   # sort and restore, each read + write
     return MoeLayerCost(router, permute, dispatcher, sort)
+
+
+def rows_per_expert(tokens: float, top_k: int, ep: int, experts: int, expert_tp: int = 1) -> float:
+    """Rows of one local expert's GEMM under balanced routing: the `tokens` a GPU routes (after TP's sequence
+    split) x `top_k` copies, gathered from the `ep` x `expert_tp` ranks that share the experts, over `experts`."""
+    if tokens <= 0 or top_k < 1 or ep < 1 or experts < 1 or expert_tp < 1:
+        raise ConfigError(f"rows per expert of tokens={tokens}, top_k={top_k}, ep={ep}, experts={experts}, "
+                          f"expert_tp={expert_tp}", "give positive tokens and sizes")
+    return tokens * top_k * ep * expert_tp / experts
 
 
 def host_wait_s(layer_fwd_s: float, host_s: float) -> float:
