@@ -47,3 +47,14 @@ def test_a_capacity_without_its_source_is_refused(tmp_path: Path, titan: list[di
     case = {k: v for k, v in titan[0].items() if k != "hbm_source"}
     with pytest.raises(ConfigError, match="hbm_source"):
         _check_case(case, tmp_path / "cases.yaml")
+
+
+@pytest.mark.parametrize("technique", ["", "-compile", "-compile-float8"])
+def test_one_technique_on_8_and_128_gpus_is_one_group(titan: list[dict], technique: str) -> None:
+    eight, many = _one(titan, f"torchtitan-llama31-8b-fsdp8{technique}"), \
+        _one(titan, f"torchtitan-llama31-8b-fsdp128{technique}")
+    assert eight["group"] == many["group"] and eight["set"] == many["set"]
+    assert (eight["gpus"], many["gpus"]) == (8, 128)
+    assert {k: v for k, v in eight["layout"].items() if k != "global_batch"} == \
+        {k: v for k, v in many["layout"].items() if k != "global_batch"}
+    assert eight["kernels"] == many["kernels"]
