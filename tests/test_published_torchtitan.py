@@ -58,3 +58,21 @@ def test_one_technique_on_8_and_128_gpus_is_one_group(titan: list[dict], techniq
     assert {k: v for k, v in eight["layout"].items() if k != "global_batch"} == \
         {k: v for k, v in many["layout"].items() if k != "global_batch"}
     assert eight["kernels"] == many["kernels"]
+
+
+def _sweep(titan: list[dict], table: str) -> list[dict]:
+    return [c for c in titan if c["source"]["where"].startswith(f"Table {table}")]
+
+
+@pytest.mark.parametrize(("table", "gpus", "rows"), [("2", 8, 4)])
+def test_a_sequence_length_sweep_is_one_group_with_one_sequence_per_fsdp_rank(
+        titan: list[dict], table: str, gpus: int, rows: int) -> None:
+    sweep = _sweep(titan, table)
+    assert len(sweep) == rows and len({c["group"] for c in sweep}) == 1
+    assert sorted(c["layout"]["seq_len"] for c in sweep) == [32768, 65536, 131072, 262144]
+    for c in sweep:
+        lay = c["layout"]
+        fsdp = gpus // (lay["cp"] * lay.get("tp", 1) * lay.get("pp", 1))
+        assert c["gpus"] == gpus and lay["seq_len"] == 32768 * lay["cp"]
+        assert lay["global_batch"] == fsdp * (8 if lay.get("pp", 1) > 1 else 1)
+    assert all(c["group"] not in {o["group"] for o in titan if o not in sweep} for c in sweep)
