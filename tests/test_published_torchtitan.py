@@ -76,3 +76,12 @@ def test_a_sequence_length_sweep_is_one_group_with_one_sequence_per_fsdp_rank(
         assert c["gpus"] == gpus and lay["seq_len"] == 32768 * lay["cp"]
         assert lay["global_batch"] == fsdp * (8 if lay.get("pp", 1) > 1 else 1)
     assert all(c["group"] not in {o["group"] for o in titan if o not in sweep} for c in sweep)
+
+
+def test_table_5s_two_schedules_are_two_configurations(titan: list[dict]) -> None:
+    plain = _one(titan, "torchtitan-llama31-405b-fsdp8-tp8-pp8-1f1b")
+    looped = _one(titan, "torchtitan-llama31-405b-fsdp8-tp8-pp8-interleaved")
+    assert plain["group"] != looped["group"]
+    assert (plain["layout"]["interleave"], looped["layout"]["interleave"]) == (1, 2)
+    assert {k: v for k, v in plain["layout"].items() if k != "interleave"} == \
+        {k: v for k, v in looped["layout"].items() if k != "interleave"}
