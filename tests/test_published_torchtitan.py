@@ -64,7 +64,7 @@ def _sweep(titan: list[dict], table: str) -> list[dict]:
     return [c for c in titan if c["source"]["where"].startswith(f"Table {table}")]
 
 
-@pytest.mark.parametrize(("table", "gpus", "rows"), [("2", 8, 4)])
+@pytest.mark.parametrize(("table", "gpus", "rows"), [("2", 8, 4), ("6", 512, 4)])
 def test_a_sequence_length_sweep_is_one_group_with_one_sequence_per_fsdp_rank(
         titan: list[dict], table: str, gpus: int, rows: int) -> None:
     sweep = _sweep(titan, table)
