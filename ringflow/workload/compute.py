@@ -59,7 +59,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
+from .attention_tables import measured_flops
 from .kernels import (
+    ATTENTION_KERNELS,
     FP8_RECIPES,
     PASSES,
     REFERENCE,
@@ -313,7 +315,11 @@ def _attention_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyMo
         return attn_flops / rate, 2 * attn_flops / rate
     kernel = kernel_profile(e.kernels).attention
     work = attention_work(model, attn_flops)
-    fwd, bwd = (attention_pass_s(kernel, work, p, rate, gpu.exp_per_s, gpu.async_mma) for p in PASSES)
+    table = ATTENTION_KERNELS[kernel].table
+    fwd, bwd = (attention_pass_s(kernel, work, p, rate, gpu.exp_per_s, gpu.async_mma,
+                                 measured_flops(gpu.name, gpu.bf16_flops, table, p, model.qk_head_dim,
+                                                layout.seq_len / layout.cp) if table else None)
+                for p in PASSES)
     return fwd, bwd
 
 

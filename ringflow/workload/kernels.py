@@ -57,11 +57,11 @@ Two more mechanisms ride on the profile and the run's precision:
     FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao,
     arXiv:2307.08691, section 4.1, A100), so its forward takes 1.4x and its backward 2x ``flash2``'s time.
 
-  A layout without FlashAttention (``flash_attention: false``) runs attention as two batched GEMMs over the full
-  square at the GEMM rate (backward twice the forward) with its softmax among the memory-bound kernels.
-  FlashAttention-2 on Hopper uses Ampere's synchronous MMA and reaches about a third of the peak ("FlashAttention-2
-  achieving only 35% utilization on the H100 GPU", arXiv:2407.08608 abstract); the model runs its tensor FLOPs at
-  the GEMM rate all the same, so it is optimistic there;
+  Where a published measurement covers the GPU and the kernel (`attention_tables`: the FlashAttention-3 paper's
+  H100 figures for FlashAttention-2, cuDNN and FlashAttention-3), a pass runs at the measured rate instead, times
+  the kernel's factors. A layout without FlashAttention (``flash_attention: false``) runs attention as two batched
+  GEMMs over the full square at the GEMM rate (backward twice the forward) with its softmax among the memory-bound
+  kernels;
 - **FP8 quantisation** (`fp8_cast_bytes_per_token`): an FP8 GEMM reads FP8 operands, so every activation
   operand of every FP8 linear layer (its input forward, its output gradient backward) is cast from BF16 in a
   pass that reads 2 bytes and writes an FP8 row-wise and column-wise copy (1 + 1 bytes; the column-wise one
@@ -93,17 +93,20 @@ class AttentionKernel:
 
     name: str
     overlapped: bool                 # softmax under the GEMMs where the GPU has asynchronous tensor cores
-    factors: tuple[float, float]     # (forward, backward) time over the mechanism's
+    factors: tuple[float, float]     # (forward, backward) time over the mechanism's (or the measured table's)
     source: str
+    table: str = ""                  # the kernel measured in attention_tables whose rate this one runs at
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {k.name: k for k in (
-    AttentionKernel("flash2", False, (1.0, 1.0), "FlashAttention-2, Dao arXiv:2307.08691; PyTorch SDPA flash backend"),
-    AttentionKernel("flash3", True, (1.0, 1.0), "FlashAttention-3, Shah et al. arXiv:2407.08608 section 3.1"),
+    AttentionKernel("flash2", False, (1.0, 1.0), "FlashAttention-2, Dao arXiv:2307.08691; PyTorch SDPA flash backend",
+                    "flash2"),
+    AttentionKernel("flash3", True, (1.0, 1.0), "FlashAttention-3, Shah et al. arXiv:2407.08608 section 3.1",
+                    "flash3"),
     AttentionKernel("cudnn", True, (1.0, 1.0), "cuDNN fused attention (Transformer Engine FusedAttention, PyTorch "
-                    "SDPA cudnn backend): FlashAttention-3's rate on H100, pytorch/pytorch#142132"),
+                    "SDPA cudnn backend): FlashAttention-3's rate on H100, pytorch/pytorch#142132", "cudnn"),
     AttentionKernel("triton-flash", False, (1.4, 2.0), "FlashAttention in Triton: FlashAttention-2 1.3-1.5x faster "
-                    "forward, 2x backward, arXiv:2307.08691 section 4.1 (A100)"),
+                    "forward, 2x backward, arXiv:2307.08691 section 4.1 (A100)", "flash2"),
 )}
 FP8_RECIPES = ("tensorwise", "block")   # per-tensor current / dynamic scaling; MXFP8 block scaling
 CAST_READ_BYTES = 2     # a BF16 operand read by the cast (and by the amax pass)
@@ -304,10 +307,11 @@ def attention_work(model: ModelSpec, model_flops: float) -> AttentionWork:
 
 
 def attention_pass_s(kernel: str, work: AttentionWork, pass_: str, flops_per_s: float, exp_per_s: float,
-                     async_mma: bool) -> float:
-    """Seconds of one pass ('forward' or 'backward') of attention `kernel` over `work`, its tensor FLOPs at
+                     async_mma: bool, measured_flops_per_s: float | None = None) -> float:
+    """Seconds of one pass ('forward' or 'backward') of attention `kernel` over `work`: at the measured rate of
+    its table kernel where one is given (`attention_tables.measured_flops`), else its tensor FLOPs at
     `flops_per_s` and its exponentials at `exp_per_s` (0: not known, left out), overlapped where the kernel
-    overlaps them and the GPU has asynchronous tensor cores (module docstring)."""
+    overlaps them and the GPU has asynchronous tensor cores (module docstring); times the kernel's factors."""
     k = ATTENTION_KERNELS.get(kernel)
     if k is None:
         raise InvalidArgument(f"attention kernel {kernel!r}", f"use one of {', '.join(ATTENTION_KERNELS)}")
@@ -317,7 +321,12 @@ def attention_pass_s(kernel: str, work: AttentionWork, pass_: str, flops_per_s: 
         raise InvalidArgument(f"attention rates flops_per_s={flops_per_s}, exp_per_s={exp_per_s}",
                               "give a FLOP rate > 0 and an exponential rate >= 0")
     forward = pass_ == "forward"
-    tensor_s = (work.forward_flops if forward else work.backward_flops) / flops_per_s
+    flops = work.forward_flops if forward else work.backward_flops
+    if measured_flops_per_s is not None:
+        if measured_flops_per_s <= 0:
+            raise InvalidArgument(f"measured attention rate {measured_flops_per_s}", "give a FLOP rate > 0")
+        return flops / measured_flops_per_s * k.factors[0 if forward else 1]
+    tensor_s = flops / flops_per_s
     exp_s = work.exps / exp_per_s if exp_per_s else 0.0
     base = max(tensor_s, exp_s) if k.overlapped and async_mma else tensor_s + exp_s
     return base * k.factors[0 if forward else 1]
