@@ -119,9 +119,14 @@ def create(path: Path, nslots: int, info: dict[str, Any]) -> tuple[mmap.mmap, in
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.ftruncate(fd, nbytes)
+        try:   # the file's blocks now, not in the page faults of the calls that first write each slot
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError:   # a file system without it: the faults stay on the calls
+            pass
         mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
+    mm[:] = bytes(nbytes)   # each page's first-write fault taken here, not by the call that first writes a slot on it
     for w, v in ((H_VERSION, VERSION), (H_NSLOTS, nslots), (H_SLOTS_AT, slots_at), (H_NAMES_AT, HEADER_BYTES),
                  (H_NAMES_CAP, NAMES_BYTES), (H_INFO_LEN, len(text))):
         _set(mm, w, v)
