@@ -46,15 +46,26 @@ def case_layout(case: dict[str, Any]) -> Layout:
     return Layout(dp=gpus // per_replica, **lay)
 
 
+def case_gpu(case: dict[str, Any], gpu: GpuSpec) -> GpuSpec:
+    """`gpu` (its topology preset's) with the figures the case's source states where they differ from the preset's:
+    memory bandwidth (hbm_GBps), capacity (hbm_GB) and dense tensor peaks (peak_tflops)."""
+    if case.get("hbm_GBps"):
+        gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
+    if case.get("hbm_GB"):
+        gpu = replace(gpu, memory_bytes=float(case["hbm_GB"]) * 1e9)
+    if case.get("peak_tflops"):
+        pk = case["peak_tflops"]
+        gpu = replace(gpu, bf16_flops=float(pk["bf16"]) * 1e12, fp8_flops=float(pk.get("fp8", pk["bf16"])) * 1e12)
+    return gpu
+
+
 def case_memory(case: dict[str, Any], gpu: GpuSpec | None = None) -> MemoryBreakdown:
-    """Memory per GPU of a registry training case on `gpu` (default: its topology's GPU), under its run's memory
-    settings."""
+    """Memory per GPU of a registry training case on `gpu` (default: its topology's GPU with the case's stated
+    figures, `case_gpu`), under its run's memory settings."""
     from ..sim.references import build_topology
     from .compute import gpu_of_topology
     if gpu is None:
-        gpu = gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0])
-    if case.get("hbm_GB"):   # the memory its source states where the preset's GPU has another
-        gpu = replace(gpu, memory_bytes=float(case["hbm_GB"]) * 1e9)
+        gpu = case_gpu(case, gpu_of_topology(build_topology(case["topology"], int(case["gpus"]))[0]))
     return peak_memory(load_model(case["model"]), case_layout(case), gpu.memory_bytes,
                        policy=run_policy(case), gpu=gpu.name)
 

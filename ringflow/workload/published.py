@@ -266,6 +266,7 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     from .commmodel import AlphaBetaModel
     from .compute import EfficiencyModel, gpu_of_topology
     from .layout import Layout
+    from .memory_cases import case_gpu
     from .models import load_model
     from .steptime import step_time
     if not case.get("layout"):
@@ -289,20 +290,13 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
                   flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0),
                   alltoall_host_s=consts.dispatch_host_s.get("alltoall", 0.0),
                   flex_host_s=consts.dispatch_host_s.get("flex", 0.0))
-    gpu = gpu_of_topology(topo)
-    if case.get("hbm_GBps"):   # the run's GPU memory bandwidth where its source states one the preset lacks
-        gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
-    if case.get("hbm_GB"):   # ... and its memory capacity
-        gpu = replace(gpu, memory_bytes=float(case["hbm_GB"]) * 1e9)
-    if case.get("peak_tflops"):   # the run's dense tensor peaks where its source states others than the preset's
-        pk = case["peak_tflops"]
-        gpu = replace(gpu, bf16_flops=float(pk["bf16"]) * 1e12, fp8_flops=float(pk.get("fp8", pk["bf16"])) * 1e12)
+    gpu = case_gpu(case, gpu_of_topology(topo))
     r = step_time(model, layout, topo, gpu=gpu, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()),
                   eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
               "hw_tflops_per_gpu": r.hw_tflops_per_gpu, "mfu": r.mfu}
     return Prediction(float(values[case["metric"]]), "ok", {"note": note, "gpu": r.gpu, "mfu": r.mfu,
-                                                            **run_memory(case, gpu_of_topology(topo))})
+                                                            **run_memory(case, gpu)})
 
 
 def run_memory(case: dict[str, Any], gpu: GpuSpec | None = None) -> dict[str, Any]:
