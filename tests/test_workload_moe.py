@@ -12,9 +12,7 @@ from ringflow.workload.layout import Layout
 from ringflow.workload.models import load_model
 from ringflow.workload.moe import PERMUTE_INDEXING_FRACTION, dispatch_bytes, host_wait_s, layer_cost
 
-QWEN3_30B = {"name": "qwen3-30b-a3b", "layers": 48, "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128,
-             "ffn_hidden": 6144, "expert_ffn_hidden": 768, "experts": 128, "top_k": 8, "vocab": 151936,
-             "seq_len": 4096}
+QWEN3_30B = "qwen3-30b-a3b"   # the preset (ringflow/workload/models/qwen3.yaml)
 
 
 def _layout(**kw: object) -> Layout:
