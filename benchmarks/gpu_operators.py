@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from ringflow.errors import InvalidArgument
 from ringflow.tables import print_table
 from ringflow.workload.compute import GpuSpec, efficiency_for, gpu_spec, microbatch_times
+from ringflow.workload.kernels import kernel_profile
 from ringflow.workload.layout import Layout
 from ringflow.workload.models import ModelSpec, load_model
 
@@ -240,11 +241,22 @@ class DecoderLayer(torch.nn.Module):
         return h + self.down(F.silu(g) * u)
 
 
-def predicted_layer_s(m: ModelSpec, seq: int, gpu: GpuSpec, compiled: bool) -> float:
+def sdpa_kernel_of(torch_version: str) -> str:
+    """The attention kernel (kernels.ATTENTION_KERNELS) PyTorch's SDPA runs on Hopper by default in this release:
+    cuDNN first from 2.9 (pytorch/pytorch#162073), the flash backend (FlashAttention-2) before it."""
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return "cudnn" if (major, minor) >= (2, 9) else "flash2"
+
+
+def predicted_layer_s(m: ModelSpec, seq: int, gpu: GpuSpec, compiled: bool, attention: str = "") -> float:
     """ringflow's forward + backward seconds of one decoder layer (one sequence, BF16, no recomputation): a
-    2-layer model's micro-batch less a 1-layer one's, so the logits cancel."""
+    2-layer model's micro-batch less a 1-layer one's, so the logits cancel; `attention` names the kernel SDPA
+    runs (default: the torchtitan profile's own)."""
     lay = Layout(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, seq_len=seq)
-    eff = efficiency_for("torchtitan-compile" if compiled else "torchtitan-eager")
+    name = "torchtitan-compile" if compiled else "torchtitan-eager"
+    eff = efficiency_for(name)
+    if attention:
+        eff = replace(eff, kernels=replace(kernel_profile(name), name=f"{name}-{attention}", attention=attention))
     two, one = (microbatch_times(replace(m, layers=n), lay, gpu, eff) for n in (2, 1))
     return (two.forward_s + two.backward_s) - (one.forward_s + one.backward_s)
 
@@ -255,7 +267,7 @@ def _layer_step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
 
 
 def layer_rows(models: list[ModelSpec], seq: int, device: torch.device, reps: int, compile_too: bool,
-               gpu: GpuSpec | None) -> list[dict[str, Any]]:
+               gpu: GpuSpec | None, attention: str = "") -> list[dict[str, Any]]:
     """One decoder layer forward + backward per model, eager (and compiled), beside ringflow's prediction."""
     rows = []
     for m in models:
@@ -270,7 +282,7 @@ def layer_rows(models: list[ModelSpec], seq: int, device: torch.device, reps: in
             step()   # the first call compiles
             first_s = time.perf_counter() - t0
             s = timed_s(step, device, reps)
-            pred = predicted_layer_s(m, seq, gpu, compiled) if gpu is not None else None
+            pred = predicted_layer_s(m, seq, gpu, compiled, attention) if gpu is not None else None
             rows.append({"model": m.name, "seq": seq, "compiled": compiled, "first_call_s": first_s,
                          "seconds": s, "tflops": flops / s / 1e12, "predicted_s": pred,
                          "predicted_tflops": None if pred is None else flops / pred / 1e12,
@@ -321,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="cuda or cpu (cpu: a smoke run of the script itself)")
     ap.add_argument("--compile", action="store_true", help="also time the decoder layer under torch.compile")
     ap.add_argument("--gpu", default="", help="ringflow's catalog GPU to predict for (default: the device's own)")
+    ap.add_argument("--attention", default="", help="the attention kernel SDPA runs, for the layer's prediction "
+                    "(flash2, cudnn, ...; default: by this torch's release, sdpa_kernel_of)")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -330,8 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     gpu = gpu_spec(a.gpu) if a.gpu else catalog_gpu(env)
     tokens = a.seq
+    attention = a.attention or sdpa_kernel_of(torch.__version__)
     res: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]), "environment": env,
-                           "catalog_gpu": None if gpu is None else gpu.name, "seq": a.seq, "reps": a.reps}
+                           "catalog_gpu": None if gpu is None else gpu.name, "seq": a.seq, "reps": a.reps,
+                           "predicted_attention": attention}
     res["gemm"] = gemm_rows(models, tokens, device, a.reps, gpu)
     show("GEMMs (M x K) @ (K x N)", res["gemm"], ["model", "tp", "gemm", "pass", "dtype", "m", "n", "k", "tflops",
                                                   "of_peak"])
@@ -341,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     show(f"memory-bound kernels ({models[0].name} activations)", res["memory"], ["kernel", "bytes", "GBps"])
     res["moe"] = moe_rows(device, a.reps, small=device.type != "cuda")
     show("MoE expert GEMMs and permute", res["moe"], ["op", "experts", "tokens", "tflops", "GBps"])
-    res["layer"] = layer_rows(models, a.seq, device, a.reps, a.compile, gpu)
-    show("decoder layer, forward + backward (model TFLOP/s) beside ringflow's prediction", res["layer"],
+    res["layer"] = layer_rows(models, a.seq, device, a.reps, a.compile, gpu, attention)
+    show(f"decoder layer, forward + backward (model TFLOP/s) beside ringflow's prediction ({attention} attention)",
+         res["layer"],
          ["model", "compiled", "seconds", "tflops", "predicted_tflops", "error"])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "operators.json").write_text(json.dumps(res, indent=1))

@@ -59,3 +59,12 @@ def test_a_cpu_smoke_run_writes_every_part_with_a_prediction(tmp_path: Path) -> 
     layer = res["layer"][0]
     assert layer["seconds"] > 0 and layer["predicted_s"] > 0
     assert layer["error"] == pytest.approx(layer["seconds"] / layer["predicted_s"] - 1)
+
+
+def test_the_layer_is_predicted_with_the_attention_kernel_this_torch_runs() -> None:
+    bench, m, gpu = _bench(), load_model("llama3-8b"), gpu_spec("H200")
+    assert bench.sdpa_kernel_of("2.13.0+cpu") == "cudnn" and bench.sdpa_kernel_of("2.9.1") == "cudnn"
+    assert bench.sdpa_kernel_of("2.6.0.dev20241223+cu124") == "flash2"
+    flash2, cudnn = (bench.predicted_layer_s(m, 8192, gpu, False, k) for k in ("flash2", "cudnn"))
+    assert cudnn < flash2   # cuDNN's measured H100 rates are above FlashAttention-2's
+    assert bench.predicted_layer_s(m, 8192, gpu, False) == pytest.approx(flash2)   # torchtitan's own kernel

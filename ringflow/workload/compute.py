@@ -65,6 +65,7 @@ from .kernels import (
     FP8_RECIPES,
     PASSES,
     REFERENCE,
+    KernelProfile,
     attention_pass_s,
     attention_work,
     extra_bytes_per_token,
@@ -158,7 +159,7 @@ class EfficiencyModel:
     alltoall_host_s: float = _CURVE["alltoall_host_s"]
     flex_host_s: float = _CURVE["flex_host_s"]
     fused_permute: bool = True    # MoE permute/unpermute as one fused kernel (Megatron --moe-permute-fusion)
-    kernels: str = REFERENCE      # memory-bound kernel profile (workload/kernels.py); the reference adds nothing
+    kernels: str | KernelProfile = REFERENCE   # kernel profile (workload/kernels.py), by name or itself
     kernel_launch_s: float = 0.0  # per memory-bound kernel beyond the reference's (no sourced figure yet: 0)
 
     def __post_init__(self) -> None:
