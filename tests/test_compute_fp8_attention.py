@@ -8,9 +8,9 @@ import pytest
 from ringflow.errors import InvalidArgument
 from ringflow.workload.compute import EfficiencyModel, gpu_spec, microbatch_times
 from ringflow.workload.kernels import (
+    ATTENTION_KERNELS,
     CAST_READ_BYTES,
     CAST_WRITE_BYTES,
-    attention_time_factors,
     fp8_cast_bytes_per_token,
     kernel_profile,
 )
@@ -28,8 +28,8 @@ def test_triton_flash_attention_takes_longer_by_its_published_factors() -> None:
     model, gpu, e = load_model("mpt-7b"), gpu_spec("H100"), EfficiencyModel()
     layout = _layout(seq_len=2048)
     assert kernel_profile("llm-foundry-2023").attention == "triton-flash"
-    assert attention_time_factors("llm-foundry-2023") == (1.4, 2.0)
-    assert attention_time_factors("megatron-te") == (1.0, 1.0)
+    assert ATTENTION_KERNELS[kernel_profile("llm-foundry-2023").attention].factors == (1.4, 2.0)
+    assert ATTENTION_KERNELS[kernel_profile("megatron-te").attention].factors == (1.0, 1.0)
     ref = microbatch_times(model, layout, gpu, e)
     triton = microbatch_times(model, layout, gpu, replace(e, kernels="llm-foundry-2023"))
     flash2 = microbatch_times(model, layout, gpu, replace(e, kernels="torchtitan-eager"))

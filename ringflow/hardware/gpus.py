@@ -56,6 +56,7 @@ _A100_EXP = f"{_GUIDE} (compute capability 8.0) x 108 SMs x 1.41 GHz boost (NVID
 _GH100_EXP = ("arXiv:2407.08608 (FlashAttention-3) section 3.1 'Pingpong scheduling': 'the H100 SXM5 GPU has 989 "
               "TFLOPS of FP16 matmul but only 3.9 TFLOPS of special functions such as exponential'; footnote 5: 16 "
               "per SM per clock (CUDA programming guide) x 132 SMs x 1830 MHz; H800 and H200 are the same GH100 part")
+_BLACKWELL_EXP = f"{_BLACKWELL_ULTRA_BLOG}: Blackwell 5 TeraExponentials/s"
 _ULTRA_EXP = (f"{_BLACKWELL_ULTRA_BLOG}: Blackwell Ultra 10.7 TeraExponentials/s (2x Blackwell's SFU throughput for "
               "attention)")
 
@@ -106,7 +107,7 @@ GPU_MODELS: dict[str, GpuModel] = {g.name: g for g in [
     # 1,440 GB HBM3e and 64 TB/s per 8 GPUs -> 180 GB and 8 TB/s per GPU.
     GpuModel("B200", 2250.0, 2250.0, 4500.0, 180, 8000, 5, 18, 6,
              "NVIDIA DGX B200 datasheet, https://www.nvidia.com/en-us/data-center/dgx-b200/",
-             exp_per_s=5.0e12, async_mma=True, exp_source=f"{_BLACKWELL_ULTRA_BLOG}: Blackwell 5 TeraExponentials/s"),
+             exp_per_s=5.0e12, async_mma=True, exp_source=_BLACKWELL_EXP),
     # HGX B300 spec table: 8 GPUs = 36 PF BF16, 72 PF FP8 with sparsity -> 2.25 / 4.5 PF dense per GPU;
     # up to 2.3 TB HBM3e per 8 GPUs (288 GB per GPU), 8 TB/s per GPU; PCIe Gen6 host interface.
     GpuModel("B300", 2250.0, 2250.0, 4500.0, 288, 8000, 5, 18, 6,
@@ -116,7 +117,7 @@ GPU_MODELS: dict[str, GpuModel] = {g.name: g for g in [
     # 13.4 TB HBM3e (186 GB per GPU) at 576 TB/s (8 TB/s per GPU).
     GpuModel("GB200", 2500.0, 2500.0, 5000.0, 186, 8000, 5, 18, 6,
              "NVIDIA GB200 NVL72 spec table, https://www.nvidia.com/en-us/data-center/gb200-nvl72/",
-             exp_per_s=5.0e12, async_mma=True, exp_source=f"{_BLACKWELL_ULTRA_BLOG}: Blackwell 5 TeraExponentials/s"),
+             exp_per_s=5.0e12, async_mma=True, exp_source=_BLACKWELL_EXP),
     # GB300 NVL72 spec table: 72 GPUs = 360 PF BF16, 720 PF FP8 with sparsity -> 2.5 / 5 PF dense per GPU;
     # up to 21 TB HBM3e (288 GB per GPU) at up to 576 TB/s (8 TB/s per GPU).
     GpuModel("GB300", 2500.0, 2500.0, 5000.0, 288, 8000, 5, 18, 6,

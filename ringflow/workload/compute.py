@@ -27,7 +27,8 @@ Model (all constants below are settable through `EfficiencyModel`):
   tensor FLOPs over the causal half of the scores (backward with QK^T recomputed) at the BF16 GEMM rate, and one
   exponential per kept score and pass at the GPU's special-function rate (``GpuSpec.exp_per_s``), added
   (FlashAttention-2) or overlapped (FlashAttention-3 and cuDNN on GPUs with asynchronous tensor cores), times the
-  kernel's factors (FlashAttention in Triton 1.4x forward, 2x backward); `kernels.attention_pass_s`. Without
+  kernel's factors (FlashAttention in Triton 1.4x forward, 2x backward); `kernels.attention_pass_s`. Where a
+  published measurement covers the GPU and the kernel (`attention_tables`), a pass runs at its rate instead. Without
   FlashAttention (``layout.flash_attention`` false) the model's attention FLOPs run at the GEMM rate.
 - A pipeline stage computes its own layers (uneven splits, dense and MoE layers, windowed attention), the last
   one also the logits; an MoE layer's routed experts run ``capacity_factor`` x the balanced load when buffers
@@ -319,7 +320,7 @@ def _attention_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyMo
     table = ATTENTION_KERNELS[kernel].table
     fwd, bwd = (attention_pass_s(kernel, work, p, rate, gpu.exp_per_s, gpu.async_mma,
                                  measured_flops(gpu.name, gpu.bf16_flops, table, p, model.qk_head_dim,
-                                                layout.seq_len / layout.cp) if table else None)
+                                                layout.seq_len / layout.cp))
                 for p in PASSES)
     return fwd, bwd
 

@@ -95,7 +95,7 @@ class AttentionKernel:
     overlapped: bool                 # softmax under the GEMMs where the GPU has asynchronous tensor cores
     factors: tuple[float, float]     # (forward, backward) time over the mechanism's (or the measured table's)
     source: str
-    table: str = ""                  # the kernel measured in attention_tables whose rate this one runs at
+    table: str                       # the kernel measured in attention_tables whose rate this one runs at
 
 
 ATTENTION_KERNELS: dict[str, AttentionKernel] = {k.name: k for k in (
@@ -282,11 +282,6 @@ def extra_bytes_per_token(model: ModelSpec, layout: Layout, profile: str | Kerne
         parts.append((loss_inventory(model, layout, profile, pass_), loss_inventory(model, layout, ref, pass_), 1))
     return Inventory(sum((m.nbytes - b.nbytes) * n for m, b, n in parts),
                      sum((m.launches - b.launches) * n for m, b, n in parts))
-
-
-def attention_time_factors(profile: str | KernelProfile) -> tuple[float, float]:
-    """(forward, backward) time factors of the profile's attention kernel over its generation's mechanism."""
-    return ATTENTION_KERNELS[kernel_profile(profile).attention].factors
 
 
 @dataclass(frozen=True)
