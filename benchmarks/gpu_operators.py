@@ -55,23 +55,40 @@ def model_of(name: str) -> ModelSpec:
     return TINY if name == "tiny" else load_model(name)
 
 
-def timed_s(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 3) -> float:
-    """Median seconds of one call of `fn` over `reps` timed calls after `warmup` untimed ones."""
+def timed_s(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 3, inner: int = 1,
+            graph: bool = False) -> float:
+    """Median seconds of one call of `fn` over `reps` timed runs of `inner` back-to-back calls each, after
+    `warmup` untimed calls. On a GPU the host runs ahead of the kernels within a run, so a kernel longer than its
+    launch is timed without the launch; with `graph` the `inner` calls are captured once as a CUDA graph and
+    replayed, which times the kernels alone whatever their length (GEMMs; not autograd)."""
     for _ in range(warmup):
         fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+        return statistics.median(times)
+    run: Callable[[], Any] = lambda: [fn() for _ in range(inner)]   # noqa: E731
+    if graph:
+        torch.cuda.synchronize(device)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                run()
+            run = g.replay
+        except RuntimeError as exc:   # not capturable: the back-to-back calls, timed as they are
+            print(f"CUDA graph capture failed ({str(exc).splitlines()[0][:80]}); timing without", file=sys.stderr)
     times = []
     for _ in range(reps):
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3 / inner)
     return statistics.median(times)
 
 
@@ -122,13 +139,13 @@ def gemm_rows(models: list[ModelSpec], tokens: int, device: torch.device, reps: 
                 for part, fn, shape in (("forward", lambda x=x, w=w: x @ w, (M, N, K)),
                                         ("input grad", lambda g=g, w=w: g @ w.t(), (M, K, N)),
                                         ("weight grad", lambda x=x, g=g: x.t() @ g, (K, N, M))):
-                    s = timed_s(fn, device, reps)
+                    s = timed_s(fn, device, reps, inner=5, graph=True)
                     rows.append(_gemm_row(m.name, tp, name, part, "bf16", shape, s, peak))
                 if fp8:
                     a8 = x.to(torch.float8_e4m3fn)
                     b8 = w.t().contiguous().to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm wants
                     one = torch.ones((), device=device)
-                    s = timed_s(_scaled_mm_call(a8, b8, one, dt), device, reps)
+                    s = timed_s(_scaled_mm_call(a8, b8, one, dt), device, reps, inner=5, graph=True)
                     rows.append(_gemm_row(m.name, tp, name, "forward", "fp8", (M, N, K), s, peak))
     return rows
 
@@ -161,7 +178,7 @@ def attention_rows(models: list[ModelSpec], seq: int, device: torch.device, reps
                     gqa: bool = m.kv_heads != m.heads) -> None:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             o.backward(dout)
-        s = timed_s(fwd_bwd, device, reps)
+        s = timed_s(fwd_bwd, device, reps, inner=3)
         flops = 3 * 2 * m.heads * seq * seq * hd   # causal: half of 4 h s^2 d forward, x3 forward + backward
         rows.append({"model": m.name, "seq": seq, "heads": m.heads, "kv_heads": m.kv_heads, "head_dim": hd,
                      "seconds": s, "tflops": flops / s / 1e12})
@@ -183,7 +200,7 @@ def memory_rows(m: ModelSpec, tokens: int, device: torch.device, reps: int) -> l
     ]
     rows = []
     for name, fn, nbytes in cases:
-        s = timed_s(fn, device, reps)
+        s = timed_s(fn, device, reps, inner=10)
         rows.append({"kernel": name, "bytes": nbytes, "seconds": s, "GBps": nbytes / s / 1e9})
     return rows
 
@@ -197,10 +214,10 @@ def moe_rows(device: torch.device, reps: int, small: bool) -> list[dict[str, Any
     w = torch.randn(E, H, W, device=device, dtype=dt)
     flops = 2.0 * E * T * H * W
     loop_s = timed_s(lambda: [x[i] @ w[i] for i in range(E)], device, reps)
-    bmm_s = timed_s(lambda: torch.bmm(x, w), device, reps)
+    bmm_s = timed_s(lambda: torch.bmm(x, w), device, reps, inner=5)
     tokens = x.reshape(E * T, H)
     perm = torch.randperm(E * T, device=device)
-    perm_s = timed_s(lambda: tokens.index_select(0, perm), device, reps)
+    perm_s = timed_s(lambda: tokens.index_select(0, perm), device, reps, inner=10)
     return [{"op": "expert GEMMs, one per expert", **sh, "seconds": loop_s, "tflops": flops / loop_s / 1e12},
             {"op": "expert GEMMs, one batched GEMM", **sh, "seconds": bmm_s, "tflops": flops / bmm_s / 1e12},
             {"op": "token permute (index_select)", **sh, "seconds": perm_s,
@@ -267,27 +284,51 @@ def _layer_step(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> 
 
 
 def layer_rows(models: list[ModelSpec], seq: int, device: torch.device, reps: int, compile_too: bool,
-               gpu: GpuSpec | None, attention: str = "") -> list[dict[str, Any]]:
-    """One decoder layer forward + backward per model, eager (and compiled), beside ringflow's prediction."""
+               gpu: GpuSpec | None, attention: str = "", backends: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """One decoder layer forward + backward per model, eager with torch's SDPA choice and with each of
+    `backends` forced (and compiled), beside ringflow's prediction with the kernel that ran."""
     rows = []
     for m in models:
         layer = DecoderLayer(m, seq).to(device=device, dtype=torch.bfloat16)
         x = torch.randn(1, seq, m.hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
         mm, at, _ = m.span_flops_per_token(seq, 0, 1)
         flops = 3.0 * seq * (mm + at)
-        for compiled in (False, True) if compile_too else (False,):
+        runs = [(False, "")] + [(False, b) for b in backends] + ([(True, "")] if compile_too else [])
+        for compiled, backend in runs:
             fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(layer) if compiled else layer
             step = _layer_step(fn, x)
-            t0 = time.perf_counter()
-            step()   # the first call compiles
-            first_s = time.perf_counter() - t0
-            s = timed_s(step, device, reps)
-            pred = predicted_layer_s(m, seq, gpu, compiled, attention) if gpu is not None else None
-            rows.append({"model": m.name, "seq": seq, "compiled": compiled, "first_call_s": first_s,
+            kernel = SDPA_BACKENDS[backend] if backend else attention
+            try:
+                with _forced_backend(backend):
+                    t0 = time.perf_counter()
+                    step()   # the first call compiles
+                    first_s = time.perf_counter() - t0
+                    s = timed_s(step, device, reps)
+            except RuntimeError as exc:
+                rows.append({"model": m.name, "seq": seq, "compiled": compiled, "sdpa": backend or "default",
+                             "failed": str(exc).splitlines()[0][:200]})
+                continue
+            pred = predicted_layer_s(m, seq, gpu, compiled, kernel) if gpu is not None else None
+            rows.append({"model": m.name, "seq": seq, "compiled": compiled, "sdpa": backend or "default",
+                         "predicted_with": kernel, "first_call_s": first_s,
                          "seconds": s, "tflops": flops / s / 1e12, "predicted_s": pred,
                          "predicted_tflops": None if pred is None else flops / pred / 1e12,
                          "error": None if pred is None else s / pred - 1.0})
     return rows
+
+
+# SDPA backends a layer can be forced to, and the kernel (kernels.ATTENTION_KERNELS) each runs
+SDPA_BACKENDS = {"flash": "flash2", "cudnn": "cudnn"}
+
+
+def _forced_backend(backend: str) -> Any:
+    """A context that forces SDPA onto one backend ('' : torch's own choice)."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    if not backend:
+        return contextlib.nullcontext()
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]])
 
 
 def _fmt(v: Any) -> str:
@@ -335,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="", help="ringflow's catalog GPU to predict for (default: the device's own)")
     ap.add_argument("--attention", default="", help="the attention kernel SDPA runs, for the layer's prediction "
                     "(flash2, cudnn, ...; default: by this torch's release, sdpa_kernel_of)")
+    ap.add_argument("--layer-backends", default="flash,cudnn", help="SDPA backends to also force the eager layer onto")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -357,10 +399,11 @@ def main(argv: list[str] | None = None) -> int:
     show(f"memory-bound kernels ({models[0].name} activations)", res["memory"], ["kernel", "bytes", "GBps"])
     res["moe"] = moe_rows(device, a.reps, small=device.type != "cuda")
     show("MoE expert GEMMs and permute", res["moe"], ["op", "experts", "tokens", "tflops", "GBps"])
-    res["layer"] = layer_rows(models, a.seq, device, a.reps, a.compile, gpu, attention)
-    show(f"decoder layer, forward + backward (model TFLOP/s) beside ringflow's prediction ({attention} attention)",
+    backends = tuple(b for b in a.layer_backends.split(",") if b) if device.type == "cuda" else ()
+    res["layer"] = layer_rows(models, a.seq, device, a.reps, a.compile, gpu, attention, backends)
+    show("decoder layer, forward + backward (model TFLOP/s) beside ringflow's prediction with the kernel that ran",
          res["layer"],
-         ["model", "compiled", "seconds", "tflops", "predicted_tflops", "error"])
+         ["model", "compiled", "sdpa", "predicted_with", "seconds", "tflops", "predicted_tflops", "error"])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "operators.json").write_text(json.dumps(res, indent=1))
     drew = plot(res["gemm"], a.out / "operators.png")
