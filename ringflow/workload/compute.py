@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
 from .attention_tables import measured_flops
+from .context_parallel import ring_attention_s, uses_torch_ring
 from .kernels import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
@@ -354,6 +355,8 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     rate = peak * eff_g
     rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
     attn_fwd_s, attn_bwd_s = _attention_s(model, layout, gpu, e, attn, rate_bf16)
+    if attn and layout.flash_attention and uses_torch_ring(layout, e.kernels):   # torch's ring attention (CP)
+        attn_fwd_s, attn_bwd_s = ring_attention_s(model, layout, gpu, e, attn, rate_bf16, stop - start)
     logit_s = logits / rate_bf16
     cast_fwd, cast_bwd = (tokens * fp8_cast_bytes_per_token(model, layout, e.fp8_recipe, p, start, stop) / mem_Bps
                           for p in ("forward", "backward"))

@@ -85,6 +85,7 @@ NORMS = ("fused", "native", "composed")
 POINTWISE = ("fused", "compiled", "eager")
 LOSSES = ("fused", "eager_fp32")
 PASSES = ("forward", "backward")
+CP_IMPLS = ("transformer-engine", "torch-ring")   # Transformer Engine's CP; torch's experimental ring attention
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,13 @@ class KernelProfile:
     loss: str        # fused cross entropy | eager_fp32 (logits.float() then cross_entropy)
     source: str
     attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | flash3 | cudnn | triton-flash
+    context_parallel: str = "transformer-engine"   # CP_IMPLS: whose ring attention (`context_parallel` module)
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
                                       ("loss", self.loss, LOSSES), ("attention", self.attention,
-                                                                    tuple(ATTENTION_KERNELS))):
+                                                                    tuple(ATTENTION_KERNELS)),
+                                      ("context_parallel", self.context_parallel, CP_IMPLS)):
             if value not in allowed:
                 raise InvalidArgument(f"kernel profile {self.name!r}: {field}={value!r}",
                                       f"use one of {', '.join(allowed)}")
@@ -149,11 +152,11 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
     KernelProfile("torchtitan-eager", "composed", "eager", "eager_fp32",
                   "torchtitan 9dec370 without compile: train_configs/llama3_8b.toml 'compile = false', "
                   "'norm_type = \"rmsnorm\"' (models/norms.py RMSNorm in PyTorch ops); eager fp32 loss (train.py "
-                  "lines 131-138); " + _TITAN_SDPA),
+                  "lines 131-138); " + _TITAN_SDPA, context_parallel="torch-ring"),
     KernelProfile("torchtitan-compile", "composed", "compiled", "eager_fp32",
                   "torchtitan 9dec370 with training.compile: each TransformerBlock torch.compile'd "
                   "(parallelisms/parallelize_llama.py apply_compile, lines 297-306); the final norm and the fp32 "
-                  "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA),
+                  "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA, context_parallel="torch-ring"),
     KernelProfile("llm-foundry-2023", "native", "eager", "fused",
                   "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
                   "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "

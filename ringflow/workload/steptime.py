@@ -40,7 +40,8 @@ from typing import Any
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, MicrobatchTimes, efficiency_for, gpu_of_topology, microbatch_times
-from .layercomm import CommCall, stage_calls
+from .context_parallel import stage_calls_for, stage_ring_exposed_s, uses_torch_ring
+from .layercomm import CommCall
 from .layout import Layout, expert_groups, group_endpoints, rank_groups, rank_of
 from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_param_split, stage_params
 from .models import ModelSpec
@@ -161,6 +162,11 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
     """Exposed communication seconds per dimension for one micro-batch of a stage (layers span[0]..span[1]-1)."""
     raw: dict[str, float] = {}
     hidden: dict[tuple[str, str], float] = {}  # (dimension, what it hides under) -> seconds
+    if "cp" in groups and uses_torch_ring(L, eff.kernels):   # torch's ring attention prices its own exchange
+        cp_grp = groups["cp"]
+        raw["cp"] = stage_ring_exposed_s(model, L, gpu, eff, span, lambda coll, nb: comm.time_s(
+            coll, nb, cp_grp[:2] if coll == "sendrecv" else cp_grp, topo) * f("cp"))
+        calls = [c for c in calls if c.dim != "cp"]
     if L.overlap_tp and "tp" in groups:
         raw["tp"] = _tp_overlap_s(calls, L, topo, comm, groups["tp"], f, model, span, gpu, eff)
     for c in calls:
@@ -233,7 +239,7 @@ def _pipeline_stages(model: ModelSpec, L: Layout, topo: Any, gpu: GpuSpec, comm:
         st = seen.get(key)
         if st is None:
             mb = microbatch_times(model, L, gpu, eff, stage=i)
-            calls = stage_calls(model, L, i)
+            calls = stage_calls_for(model, L, i, eff.kernels)
             st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model, (a, b), gpu, eff),
                                     calls)
         stages.append(st)
@@ -270,7 +276,7 @@ def stage_bound_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, 
     if stage is None:
         return max(s.total_s for s in _pipeline_stages(model, layout, topo, gpu, comm, e, lambda dim: 1.0, groups))
     mb = microbatch_times(model, layout, gpu, e, stage=stage)
-    calls = stage_calls(model, layout, stage)
+    calls = stage_calls_for(model, layout, stage, e.kernels)
     span = layout.stage_ranges(model)[stage]
     return _Stage(mb, _stage_time(calls, mb, layout, topo, comm, groups, lambda dim: 1.0, model, span, gpu, e),
                   calls).total_s
