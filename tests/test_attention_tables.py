@@ -50,7 +50,7 @@ def test_a_gpu_of_the_table_gpus_kind_scales_by_its_peak_and_others_have_no_tabl
     base = measured_flops("H100", H100_PEAK, "flash2", "forward", 128, 8192)
     capped = measured_flops("H100", 912.5e12, "flash2", "forward", 128, 8192)
     assert base is not None and capped == pytest.approx(base * 912.5 / 989.5)
-    assert measured_flops("H200", H100_PEAK, "flash2", "forward", 128, 8192) == pytest.approx(base)
+    assert measured_flops("H800", H100_PEAK, "flash2", "forward", 128, 8192) == pytest.approx(base)
     for gpu in ("A100", "B200", "GB300"):
         assert measured_flops(gpu, 2.25e15, "flash2", "forward", 128, 8192) is None
     assert measured_flops("H100", H100_PEAK, "triton-flash", "forward", 128, 8192) is None
@@ -89,3 +89,17 @@ def test_on_h100_an_attention_pass_runs_at_the_table_rate_of_the_profiles_kernel
         bwd = measured_flops("H100", gpu.bf16_flops, kernel, "backward", m.qk_head_dim, 8192)
         assert fwd is not None and bwd is not None
         assert mb.attention_s == pytest.approx(work.forward_flops / fwd + work.backward_flops / bwd, rel=1e-9)
+
+
+def test_a_measured_causal_backward_is_read_where_a_table_has_one_and_derived_where_not() -> None:
+    t = table_for("H200", "cudnn")
+    assert t is not None and "backward_causal" in t.rates["cudnn"]
+    row = t.rates["cudnn"]["backward_causal"][128]
+    got = measured_flops("H200", H100_PEAK, "cudnn", "backward", 128, t.seq_len[3])
+    assert got == pytest.approx(row[3] * 1e12)
+    paper = table_for("H100", "cudnn")
+    assert paper is not None and "backward_causal" not in paper.rates["cudnn"]
+    derived = measured_flops("H100", H100_PEAK, "cudnn", "backward", 128, 8192)
+    r = paper.rates["cudnn"]
+    i = paper.seq_len.index(8192)
+    assert derived == pytest.approx(r["backward"][128][i] * r["forward_causal"][128][i] / r["forward"][128][i] * 1e12)

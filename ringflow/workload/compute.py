@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 from ..errors import InvalidArgument
 from .attention_tables import measured_flops
 from .context_parallel import ring_attention_s, uses_torch_ring
+from .gemm_tables import max_flops_per_s, passes_of, sequence_flops_per_s
 from .kernels import (
     ATTENTION_KERNELS,
     FP8_RECIPES,
@@ -163,6 +164,8 @@ class EfficiencyModel:
     fused_permute: bool = True    # MoE permute/unpermute as one fused kernel (Megatron --moe-permute-fusion)
     kernels: str | KernelProfile = REFERENCE   # kernel profile (workload/kernels.py), by name or itself
     kernel_launch_s: float = 0.0  # per memory-bound kernel beyond the reference's (no sourced figure yet: 0)
+    gemm_tables: bool = True      # GEMMs at a measured table's rates where one covers the GPU (gemm_tables)
+    expert_rate_bound: bool = False  # expert GEMMs at the table's highest rate: a lower bound of their time
 
     def __post_init__(self) -> None:
         kernel_profile(self.kernels)   # an unknown profile name is an InvalidArgument naming the known ones
@@ -249,6 +252,30 @@ class MicrobatchTimes:
         return self.forward_s + self.backward_s + self.recompute_s
 
 
+def linear_gemms(model: ModelSpec, layout: Layout, tokens: float) -> list[tuple[float, float, float]]:
+    """The forward GEMMs (M, N, K) of one dense decoder layer on one tensor-parallel rank at `tokens` rows: the
+    attention's input projections (Q, K, V, or MLA's down and up projections, as one), its output projection, the
+    MLP's up (and gate) and down projections."""
+    t, h = layout.tp, model.hidden
+    out_k = model.heads * model.v_dim
+    attn_in = (model.attention_matmul_params() - out_k * h) / h
+    up = (2 if model.gated_mlp else 1) * model.ffn_hidden
+    return [(tokens, attn_in / t, h), (tokens, h, out_k / t), (tokens, up / t, h), (tokens, h, model.ffn_hidden / t)]
+
+
+def expert_gemms(model: ModelSpec, layout: Layout, rows: float) -> list[tuple[float, float, float]]:
+    """The forward GEMMs (M, N, K) of one routed expert at `rows` rows: up (and gate), down."""
+    f = model.moe_ffn / layout.expert_tp
+    return [(rows, (2 if model.gated_mlp else 1) * f, model.hidden), (rows, model.hidden, f)]
+
+
+def table_rates(gpu: GpuSpec, dtype: str, gemms: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """(forward, backward) FLOP/s of `gemms` at the measured GEMM table's rates for `gpu`, or None without one."""
+    peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
+    fwd, bwd = (sequence_flops_per_s(gpu.name, peak, dtype, g) for g in passes_of(gemms))
+    return None if fwd is None or bwd is None else (fwd, bwd)
+
+
 def _stage_index(layout: Layout, stage: str | int) -> int:
     if isinstance(stage, int):
         if not 0 <= stage < layout.pp:
@@ -273,13 +300,25 @@ def expert_roofline_s(flops: float, params: float, weight_bytes: float, rate: fl
     return fwd, bwd
 
 
-def expert_gemm_rate(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens: float, rate: float) -> float:
-    """FLOP/s of the routed experts' GEMMs: `rate` (the linear layers' FLOP/s at a micro-batch of `tokens` rows)
-    with the row term of the efficiency curve read at one local expert's rows (`moe.rows_per_expert`, times the
-    capacity factor where buffers are padded), since each expert runs its own GEMM."""
+def expert_gemm_rate(model: ModelSpec, layout: Layout, e: EfficiencyModel, tokens: float, rate: float,
+                     gpu: GpuSpec | None = None) -> float:
+    """FLOP/s of the routed experts' GEMMs, each expert its own GEMM at one local expert's rows
+    (`moe.rows_per_expert`, times the capacity factor where buffers are padded): at the measured GEMM table's
+    rates where one covers `gpu` (forward and backward GEMMs together), else `rate` (the linear layers' FLOP/s at
+    a micro-batch of `tokens` rows) with the row term of the efficiency curve read at the expert's rows."""
     from .moe import rows_per_expert
     rows = rows_per_expert(tokens / layout.tp, model.top_k, layout.ep, model.experts, layout.expert_tp)
     rows *= layout.capacity_factor or 1.0
+    if gpu is not None and e.gemm_tables:
+        fwd, bwd = passes_of(expert_gemms(model, layout, rows))
+        peak = gpu.fp8_flops if layout.precision == "fp8" else gpu.bf16_flops
+        dtype = "fp8" if layout.precision == "fp8" else "bf16"
+        both = max_flops_per_s(gpu.name, peak, dtype) if e.expert_rate_bound else \
+            sequence_flops_per_s(gpu.name, peak, dtype, fwd + bwd)
+        if both is not None:
+            return both * e.software_factor
+    if e.expert_rate_bound:   # the curve's row term at its limit
+        return rate * (tokens + e.n_half) / tokens
     d = model.hidden / layout.tp
     return rate * e.gemm_efficiency(d, rows) / e.gemm_efficiency(d, tokens)
 
@@ -352,32 +391,43 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     act = sum(activation_bytes_per_layer(model, layout, "none", index=j) * n
               for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
-    rate = peak * eff_g
+    rate = rate_bwd = peak * eff_g
     rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
+    logit_rate = rate_bf16
+    measured = table_rates(gpu, "fp8" if layout.precision == "fp8" else "bf16",
+                           linear_gemms(model, layout, tokens)) if e.gemm_tables else None
+    if measured is not None:
+        rate, rate_bwd = (r * e.software_factor for r in measured)
+        dense_bf16 = table_rates(gpu, "bf16", linear_gemms(model, layout, tokens))
+        rate_bf16 = (dense_bf16 or measured)[0] * e.software_factor
+        if logits:
+            logit_pair = table_rates(gpu, "bf16", [(tokens, model.vocab / t, model.hidden)])
+            logit_rate = (logit_pair or measured)[0] * e.software_factor
     attn_fwd_s, attn_bwd_s = _attention_s(model, layout, gpu, e, attn, rate_bf16)
     if attn and layout.flash_attention and uses_torch_ring(layout, e.kernels):   # torch's ring attention (CP)
         attn_fwd_s, attn_bwd_s = ring_attention_s(model, layout, gpu, e, attn, rate_bf16, stop - start)
-    logit_s = logits / rate_bf16
+    logit_s = logits / logit_rate
     cast_fwd, cast_bwd = (tokens * fp8_cast_bytes_per_token(model, layout, e.fp8_recipe, p, start, stop) / mem_Bps
                           for p in ("forward", "backward"))
     # routed experts: a roofline per pass, their GEMM FLOPs against the bytes of the local experts' weights
     # (read forward; read, and the FP32 main gradient read and written, backward)
     x_flops = tokens * ex * (1.0 + pad) / t
     x_params = n_moe * model.routed_expert_params() / (layout.expert_tp * layout.ep)
-    x_rate = expert_gemm_rate(model, layout, e, tokens, rate) if n_moe else rate
+    x_rate = expert_gemm_rate(model, layout, e, tokens, rate, gpu) if n_moe else rate
     x_fwd, x_bwd = expert_roofline_s(x_flops * layout.expert_imbalance, x_params,
                                      1 if layout.precision == "fp8" else 2, x_rate, mem_Bps, layout.grad_bytes)
     moe_s = n_moe * _moe_layer_s(model, layout, gpu, e, tokens / t, mem_Bps) if n_moe else 0.0
     k_fwd, k_bwd, k_rec = _kernel_extra_s(model, layout, e, tokens, stop - start - n_moe, i == layout.pp - 1,
                                           mem_Bps)
-    gemm_s = (work - x_flops - attn - logits) / rate   # the linear layers' GEMMs (FP8 where the run trains in FP8)
+    dense_flops = work - x_flops - attn - logits   # the linear layers' GEMMs (FP8 where the run trains in FP8)
+    gemm_s = dense_flops / rate
     t_fwd = gemm_s + logit_s + attn_fwd_s + x_fwd + 2 * act / mem_Bps + moe_s + k_fwd + cast_fwd
     wait = 0.0
     if n_moe and layout.ep > 1 and not layout.capacity_factor:   # dropless: the host waits once per MoE layer
         from .moe import host_wait_s
         wait = n_moe * host_wait_s((t_fwd - logit_s) / (stop - start), e.dispatch_host_s(layout.ep_dispatcher))
     t_fwd += wait
-    t_bwd = 2 * (gemm_s + logit_s) + attn_bwd_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
+    t_bwd = 2 * (dense_flops / rate_bwd + logit_s) + attn_bwd_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
     if layout.recompute == "full":
         rec_flops = matmul + padded + attn
         t_rec = (matmul + padded) / rate + attn_fwd_s + 2 * act / mem_Bps + k_rec + cast_fwd

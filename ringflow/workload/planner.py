@@ -6,7 +6,9 @@ memory before it is timed. With ``keep`` (the CLI's --top) a best-first branch a
 ``keep`` layouts as timing every one. Its queue entries, each bounded below the step of every candidate in it:
 
 0. (TP, CP, PP split, micro-batch, v, recompute): the pipeline at the slowest stage's FLOPs alone (unlimited HBM
-   bandwidth and EP 1, so no memory-bound term, expert-weight roofline or dispatcher; no expert choice beats it);
+   bandwidth and EP 1, so no memory-bound term, expert-weight roofline or dispatcher, and the expert GEMMs at the
+   highest rate a measured GEMM table gives, `compute.EfficiencyModel.expert_rate_bound`; no expert choice beats
+   it);
 1. + (EP, expert TP, dispatcher): that stage's compute (`compute.microbatch_times`);
 2. + the CP exchange: that stage's compute and exposed TP, CP, EP and PP time (`steptime.stage_bound_s`);
 3. + the ZeRO stage (one candidate): plus that stage's exposed DP time and optimizer step (`steptime.stage_dp_s`);
@@ -222,6 +224,7 @@ class _Search:
         self.stage: dict[int, int] = {}      # candidate -> the pipeline stage its bounds look at
         self.done = 0
         self._flops_gpu = replace(job.gpu, hbm_GBps=float("inf"))
+        self._flops_eff = replace(job.eff, expert_rate_bound=True)   # no expert layout's GEMMs run faster
 
     @property
     def threshold(self) -> float:
@@ -300,7 +303,7 @@ class _Search:
             # FLOPs only: unlimited HBM bandwidth, EP 1 (no dispatcher, no expert-weight roofline), the slowest
             # stage; the levels below bound that stage only (any one stage's time is at most the pacing one's)
             lay = j.layout(s._replace(ep=1, etp=0, dispatcher="alltoall", cp_comm="p2p", zero=0))
-            stage, flops_s = slowest_compute(j.model, lay, self._flops_gpu, j.eff)
+            stage, flops_s = slowest_compute(j.model, lay, self._flops_gpu, self._flops_eff)
             for i in members:
                 self.stage[i] = stage
             heap.append((self._fill(s) * flops_s, members[0], 0, members))
