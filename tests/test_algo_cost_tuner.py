@@ -26,11 +26,12 @@ def test_traffic_per_pair_of_ring_allreduce() -> None:
 def test_flat_cost_is_alpha_beta_closed_form() -> None:
     n, count = 8, 1 << 20
     S = count * 4
-    c = cost.schedule_cost(registry.get_schedule(AR, "ring", n), CallShape(AR, n, count), alpha_us=3.0, beta_GBps=20.0)
+    c = cost.schedule_cost(registry.get_schedule(AR, "ring", n), CallShape(AR, n, count), alpha_us=3.0, beta_GBps=20.0,
+                           msg_us=0.0)
     assert c.steps == 14 and c.bytes_per_rank == 2 * (n - 1) * S // n
     assert c.time_s == pytest.approx(14 * 3e-6 + 2 * (n - 1) / n * S / 20e9)
     one = cost.schedule_cost(registry.get_schedule(AR, "one_shot", n), CallShape(AR, n, count), alpha_us=3.0,
-                             beta_GBps=20.0)
+                             beta_GBps=20.0, msg_us=0.0)
     assert one.time_s == pytest.approx(3e-6 + (n - 1) * S / 20e9)
 
 

@@ -54,7 +54,7 @@ def test_pipelined_broadcast_matches_seed_formula(n: int, segs: int) -> None:
     tr = cost.traffic(s, shape)
     assert tr.steps == segs + n - 2
     beta = 10.0
-    c = cost.schedule_cost(s, shape, alpha_us=0.0, beta_GBps=beta)
+    c = cost.schedule_cost(s, shape, alpha_us=0.0, beta_GBps=beta, msg_us=0.0)
     assert c.time_s == pytest.approx(N * (segs + n - 2) / (segs * beta * 1e9))
 
 

@@ -15,12 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ..errors import InvalidArgument
 from . import registry, staging, tuner
-from .cost import DEFAULT_ALPHA_US, DEFAULT_BETA_GBPS
+from .cost import DEFAULT_ALPHA_US, DEFAULT_BETA_GBPS, DEFAULT_MSG_US, schedule_cost, traffic
 from .layout import CallShape
 from .plan import compile_plan
 from .schedule import Collective, OpKind, Schedule
-from .verify_messages import opens_with_check
+from .verify_messages import missing, opens_with_check, verifiable
 
 RERANK_TOP = 6  # the tuner's best candidates re-priced with their local copy cost
 
@@ -84,16 +85,40 @@ def variants(schedule: Schedule) -> list[Schedule]:
     return [schedule] if st is None else [schedule, st]
 
 
+def check_messages(schedule: Schedule) -> tuple[int, int]:
+    """(steps, messages) the argument check adds to a call of `schedule`: the CHECK exchange (one step in which
+    every rank sends to and receives from every peer), or the verify messages completing its first step (the
+    most messages any rank then handles in that step, less the most before); (0, 0) for a self-checking one."""
+    n = schedule.nranks
+    if opens_with_check(schedule):
+        return 1, 2 * (n - 1)
+    if not verifiable(schedule):
+        return 0, 0
+    before = [sum(1 for op in schedule.steps(r)[0] if op.peer is not None) for r in range(n)]
+    after = [k + sum(map(len, missing(schedule, r))) for r, k in enumerate(before)]
+    return 0, max(after) - max(before)
+
+
+def call_messages(schedule: Schedule, shape: CallShape) -> tuple[int, int]:
+    """(steps, messages) of one runtime call of `schedule`: the schedule's steps that move data and the sum over
+    steps of the most messages any rank sends + receives, the argument check's included (`check_messages`)."""
+    tr = traffic(schedule, shape)
+    steps, msgs = check_messages(schedule)
+    return tr.steps + steps, tr.messages + msgs
+
+
 def check_price_s(schedule: Schedule) -> float:
-    """The flat tuner's price of the CHECK exchange a call of `schedule` opens with: one step (0 if none)."""
-    return DEFAULT_ALPHA_US * 1e-6 if opens_with_check(schedule) else 0.0
+    """The flat tuner's price of the argument check of a call of `schedule`: its steps and messages
+    (`check_messages`) at the tuner's per-step and per-message figures (0 if it checks itself)."""
+    steps, msgs = check_messages(schedule)
+    return (steps * DEFAULT_ALPHA_US + msgs * DEFAULT_MSG_US) * 1e-6
 
 
 def flat_choice(choice: tuner.Choice, coll: Collective, nranks: int, root: int | None, nbytes: int,
                 dtype_size: int, single_channel: bool = False, inplace: bool = False) -> Schedule:
     """The cheapest of the tuner's RERANK_TOP best candidates (each as written and staged, `variants`) once each
     is charged its local copies and reductions at the shared-memory bandwidth the tuner assumes
-    (`cost.DEFAULT_BETA_GBPS`) and its CHECK exchange as one of the tuner's steps (`check_price_s`)."""
+    (`cost.DEFAULT_BETA_GBPS`) and its argument check's steps and messages (`check_price_s`)."""
     cands = sorted(candidate_pool(choice, single_channel), key=lambda c: c.time_s)[:RERANK_TOP]
     shape = call_shape(coll, nranks, nbytes, dtype_size)
     best: Schedule | None = None
@@ -106,6 +131,35 @@ def flat_choice(choice: tuner.Choice, coll: Collective, nranks: int, root: int |
     if best is None:
         raise RuntimeError(f"the tuner offered no candidate for {coll.value} on {nranks} ranks")
     return best
+
+
+@dataclass(frozen=True)
+class FlatCostModel:
+    """The flat tuner's pricing as a `CostModel`: per step `alpha_us`, per message a rank sends or receives
+    `msg_us`, bytes at `beta_GBps`, local copies and reductions at the same bandwidth, the argument check's steps
+    and messages included (the single-host defaults of `algorithms.cost` unless given)."""
+
+    alpha_us: float = DEFAULT_ALPHA_US
+    msg_us: float = DEFAULT_MSG_US
+    beta_GBps: float = DEFAULT_BETA_GBPS
+    margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.alpha_us, self.msg_us) < 0 or self.beta_GBps <= 0 or self.margin < 1.0:
+            raise InvalidArgument(f"FlatCostModel(alpha_us={self.alpha_us}, msg_us={self.msg_us}, "
+                                  f"beta_GBps={self.beta_GBps}, margin={self.margin})",
+                                  "need alpha_us >= 0, msg_us >= 0, beta_GBps > 0 and margin >= 1")
+
+    def supports(self, nranks: int) -> bool:
+        """Any rank count: the flat model has no calibrated range."""
+        return nranks >= 1
+
+    def predict_us(self, schedule: Schedule, shape: CallShape, inplace: bool) -> float:
+        """Predicted time (us) of one call of `schedule`: its steps, messages, bytes, local work and check."""
+        c = schedule_cost(schedule, shape, alpha_us=self.alpha_us, msg_us=self.msg_us, beta_GBps=self.beta_GBps)
+        steps, msgs = check_messages(schedule)
+        return (c.time_s * 1e6 + steps * self.alpha_us + msgs * self.msg_us
+                + local_copy_bytes(schedule, shape, inplace) / (self.beta_GBps * 1e3))
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,13 @@ class Candidate:
     steps: int
     bytes_per_rank: int
     scratch_bytes: int = 0
+    messages: int = 0    # sum over steps of the most messages any rank sends + receives
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (time in microseconds)."""
         return {"algorithm": self.algorithm, "nsegs": self.nsegs, "nchannels": self.nchannels,
                 "time_us": self.time_s * 1e6, "steps": self.steps, "bytes_per_rank": self.bytes_per_rank,
-                "scratch_bytes": self.scratch_bytes}
+                "scratch_bytes": self.scratch_bytes, "messages": self.messages}
 
 
 @dataclass(frozen=True)
@@ -222,7 +223,7 @@ def choose(collective: Collective | str, nbytes: int, nranks: int, topo: Topolog
                 if cost.scratch_bytes > scratch_cap and not explicit:
                     continue
                 cands.append((Candidate(name, nseg, sched.nchannels, cost.time_s, cost.steps, cost.bytes_per_rank,
-                                        cost.scratch_bytes), rings if a.multichannel else None))
+                                        cost.scratch_bytes, cost.messages), rings if a.multichannel else None))
     if not cands:
         raise UnknownAlgorithm(f"no algorithm left for {c.value} on {nranks} ranks",
                                f"RINGFLOW_ALGO={spec!r}; algorithms for {c.value}: {', '.join(algorithms_for(c))}")
