@@ -53,7 +53,15 @@ from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgument
 from .attention_tables import measured_flops
-from .kernels import ATTENTION_KERNELS, PASSES, AttentionWork, attention_pass_s, attention_work, kernel_profile
+from .kernels import (
+    ATTENTION_KERNELS,
+    PASSES,
+    AttentionWork,
+    KernelProfile,
+    attention_pass_s,
+    attention_work,
+    kernel_profile,
+)
 from .layercomm import CommCall, stage_calls
 from .layout import Layout
 from .models import ModelSpec
@@ -67,10 +75,10 @@ FP32_BYTES = 4
 RING_METHODS = ("p2p", "allgather")   # torch's rotate methods: alltoall (p2p here) and allgather
 
 
-def uses_torch_ring(layout: Layout, kernels: object) -> bool:
+def uses_torch_ring(layout: Layout, kernels: str | KernelProfile) -> bool:
     """Whether `layout` runs torch's ring attention: cp > 1, a profile whose CP is torch's, a ring exchange."""
     return layout.cp > 1 and layout.cp_comm in RING_METHODS and \
-        kernel_profile(kernels).context_parallel == TORCH_RING  # type: ignore[arg-type]
+        kernel_profile(kernels).context_parallel == TORCH_RING
 
 
 @dataclass(frozen=True)
@@ -164,7 +172,8 @@ def ring_attention_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: Efficien
     per_rank = [merge_bytes(el, layout.cp, r, compiled, layout.cp_comm) for r in range(layout.cp)]
     busiest = max(per_rank, key=lambda b: b["forward"] + b["backward"])
     mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
-    return tuple(layers * (k.total_s(p, layout.cp) + busiest[p] / mem_Bps) for p in PASSES)  # type: ignore[return-value]
+    fwd, bwd = (layers * (k.total_s(p, layout.cp) + busiest[p] / mem_Bps) for p in PASSES)
+    return fwd, bwd
 
 
 def ring_exposed_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: EfficiencyModel, attn_flops: float,
@@ -211,7 +220,7 @@ def ring_calls(model: ModelSpec, layout: Layout, layers: int) -> list[CommCall]:
     return [kv, CommCall("cp", "sendrecv", (el.k + el.v) * FP32_BYTES, cp * layers, 2, "ring", 0.0)]
 
 
-def stage_calls_for(model: ModelSpec, layout: Layout, stage: int, kernels: object) -> list[CommCall]:
+def stage_calls_for(model: ModelSpec, layout: Layout, stage: int, kernels: str | KernelProfile) -> list[CommCall]:
     """`layercomm.stage_calls`, its CP calls replaced by `ring_calls` where the layout runs torch's ring."""
     calls = stage_calls(model, layout, stage)
     if not uses_torch_ring(layout, kernels):
