@@ -7,7 +7,7 @@ import pytest
 from ringflow.errors import ConfigError
 from ringflow.workload import load_model
 from ringflow.workload.commmodel import AlphaBetaModel
-from ringflow.workload.compute import MicrobatchTimes
+from ringflow.workload.compute import MicrobatchTimes, gpu_spec
 from ringflow.workload.fsdp import Units, exposed_s, root_params, stage_units
 from ringflow.workload.layout import Layout
 from ringflow.workload.memory import stage_param_split
@@ -60,6 +60,18 @@ def test_short_compute_exposes_each_gather_beyond_the_block_before_it():
     forward = 2 + 2 * (2 - fwd_per_block)
     backward = (2 - bwd_per_block) + (2 + 4 - bwd_per_block) + (4 - bwd_per_block) + 4
     assert t == pytest.approx(forward + backward)
+
+
+def test_a_hidden_collective_slows_the_compute_beside_it_by_the_sms_its_kernel_holds():
+    units = Units(blocks=3, block_params=(1e9, 0.0), root_params=0.0)
+    lay = Layout(dp=8, zero=3, global_batch=8)
+    mb = _mb(3 * 0.5, 3 * 1.0)   # as above: each forward window hides 0.5 s of a gather, each backward 1 s
+    bare, _ = exposed_s(units, lay, mb, (_rate, _rate))
+    held, _ = exposed_s(units, lay, mb, (_rate, _rate), sm_share=0.25)
+    hidden = 2 * 0.5 + 3 * 1.0   # two later forward gathers, three backward windows
+    assert held - bare == pytest.approx(0.25 * hidden)
+    gpu = gpu_spec("H100")
+    assert gpu.nccl_sm_share == pytest.approx(24 / 132) and gpu_spec("A100").nccl_sm_share == 0.0
 
 
 def test_pipeline_gathers_once_per_step_and_reduces_each_chunk_once():

@@ -11,6 +11,8 @@ MHz clock speed to get 3.9 TFLOPS of special functions" on H100 SXM5). Blackwell
 table ("Attention acceleration (SFU EX2)": Blackwell 5, Blackwell Ultra 10.7 TeraExponentials/s). ``async_mma``:
 the tensor cores run asynchronously to the warps that issue them (Hopper's WGMMA and later), which lets a
 warp-specialised attention kernel compute one tile's softmax while another tile's GEMMs run.
+``nccl_sm_share``: NCCL runs each collective as a kernel whose CTAs (one per channel) hold SMs for the whole
+collective, so compute overlapped with it runs on the rest (measured where a source gives the CTA count).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ class GpuModel:
     exp_per_s: float = 0.0       # base-2 exponentials per second (MUFU.EX2); 0 = not known
     async_mma: bool = False      # asynchronous tensor-core MMA (Hopper WGMMA, Blackwell tcgen05)
     exp_source: str = ""
+    nccl_sm_share: float = 0.0   # share of the SMs a running NCCL collective holds (its CTAs); 0 = not known
+    nccl_sm_source: str = ""
 
 
 _GUIDE = ("CUDA C++ Programming Guide, Arithmetic Instructions throughput table: 16 base-2 exponentials per clock "
@@ -57,6 +61,10 @@ _GH100_EXP = ("arXiv:2407.08608 (FlashAttention-3) section 3.1 'Pingpong schedul
               "TFLOPS of FP16 matmul but only 3.9 TFLOPS of special functions such as exponential'; footnote 5: 16 "
               "per SM per clock (CUDA programming guide) x 132 SMs x 1830 MHz; H800 and H200 are the same GH100 part")
 _BLACKWELL_EXP = f"{_BLACKWELL_ULTRA_BLOG}: Blackwell 5 TeraExponentials/s"
+_GH100_NCCL = ("NVIDIA Developer Forums, 'Compute-Communication Overlap Causes Severe GEMM Performance Degradation "
+               "because of Tail Effect' (2025), https://forums.developer.nvidia.com/t/compute-communication-overlap-"
+               "causes-severe-gemm-performance-degradation-because-of-tail-effect/337991: Nsight Systems on an H100 "
+               "(132 SMs) under FSDP prefetch: 'the concurrent ncclAllGather kernel launches 24 blocks'")
 _ULTRA_EXP = (f"{_BLACKWELL_ULTRA_BLOG}: Blackwell Ultra 10.7 TeraExponentials/s (2x Blackwell's SFU throughput for "
               "attention)")
 
@@ -85,16 +93,19 @@ GPU_MODELS: dict[str, GpuModel] = {g.name: g for g in [
     # H100 SXM5 datasheet: BF16 1,979 / FP8 3,958 TFLOPS with sparsity -> 989.5 / 1,979 dense; 80 GB HBM3 3.35 TB/s.
     GpuModel("H100", 989.5, 989.5, 1979.0, 80, 3350, 4, 18, 5,
              "NVIDIA H100 datasheet (H100 SXM column), https://www.nvidia.com/en-us/data-center/h100/",
-             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP),
+             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP,
+             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
     # H800 SXM5: H100 compute and memory; NVLink cut to 8 NVLink4 links = 400 GB/s both directions
     # (DeepSeek, "Insights into DeepSeek-V3: Scaling Challenges and Reflections on Hardware", Sec. 4).
     GpuModel("H800", 989.5, 989.5, 1979.0, 80, 3350, 4, 8, 5,
              "arXiv:2505.09343 (DeepSeek-V3 hardware paper), https://arxiv.org/abs/2505.09343; compute as H100 SXM",
-             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP),
+             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP,
+             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
     # H200 SXM datasheet: same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
     GpuModel("H200", 989.5, 989.5, 1979.0, 141, 4800, 4, 18, 5,
              "NVIDIA H200 datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/",
-             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP),
+             exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP,
+             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
     # H20 (Hopper, export part): 148 TFLOPS BF16/FP16 and 296 TFLOPS FP8 dense, 96 GB HBM3 at 4.0 TB/s, NVLink4
     # 900 GB/s (18 links), PCIe Gen5 x16. NVIDIA publishes no public datasheet; figures as vendors list them.
     GpuModel("H20", 148.0, 148.0, 296.0, 96, 4000, 4, 18, 5,

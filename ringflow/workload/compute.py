@@ -94,6 +94,7 @@ class GpuSpec:
     memory_bytes: float
     exp_per_s: float = 0.0      # special-function base-2 exponentials per second (0: not known, left out)
     async_mma: bool = False     # asynchronous tensor cores (Hopper and later): softmax can overlap the GEMMs
+    nccl_sm_share: float = 0.0  # share of the SMs a running NCCL collective holds (hardware.gpus); 0: not known
 
 
 def _from_catalog() -> dict[str, GpuSpec]:
@@ -104,7 +105,8 @@ def _from_catalog() -> dict[str, GpuSpec]:
     for g in GPU_MODELS.values():
         half = (g.bf16_tflops or g.fp16_tflops) * 1e12
         out[g.name] = GpuSpec(g.name, half, (g.fp8_tflops or g.bf16_tflops or g.fp16_tflops) * 1e12,
-                              float(g.memory_GBps), float(g.memory_GB) * 1e9, g.exp_per_s, g.async_mma)
+                              float(g.memory_GBps), float(g.memory_GB) * 1e9, g.exp_per_s, g.async_mma,
+                              g.nccl_sm_share)
     return out
 
 

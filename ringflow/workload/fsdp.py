@@ -81,12 +81,13 @@ def stage_units(model: ModelSpec, layout: Layout, stage: int, dense_p: float, ex
     return Units(n, ((dense_p - root) / n, expert_p / n), root)
 
 
-def exposed_s(units: Units, layout: Layout, mb: MicrobatchTimes, times: tuple[CollTime, ...]
-              ) -> tuple[float, float]:
+def exposed_s(units: Units, layout: Layout, mb: MicrobatchTimes, times: tuple[CollTime, ...],
+              sm_share: float = 0.0) -> tuple[float, float]:
     """(exposed seconds per step, bytes one rank sends per step) of the stage's FSDP units (module docstring).
 
     `times` holds one collective-time function per entry of ``units.block_params`` (the dense DP group first,
-    which also carries the root)."""
+    which also carries the root). A collective hidden under compute still holds `sm_share` of the SMs while it
+    runs, so the compute beside it slows: the step grows by `sm_share` x the hidden collective time."""
     L = layout
     gb = FP8_BYTES if L.fp8_params else PARAM_BYTES
     n = units.blocks
@@ -106,8 +107,9 @@ def exposed_s(units: Units, layout: Layout, mb: MicrobatchTimes, times: tuple[Co
         # backward windows: the last block's hides the next gather; middle ones a gather and a reduce-scatter;
         # the first block's the second block's reduce-scatter; the first block's own is left
         loads = ([ag] if n > 1 else []) + [ag + rs] * max(n - 2, 0) + ([rs] if n > 1 else [])
+        hidden = (n - 1) * min(ag, fwd) + sum(min(x, bwd) for x in loads)
         per_mb = (ag_root + ag + (n - 1) * max(0.0, ag - fwd) +
-                  sum(max(0.0, x - bwd) for x in loads) + rs + rs_root)
+                  sum(max(0.0, x - bwd) for x in loads) + rs + rs_root + sm_share * hidden)
         wire = (2 * n - 1) * sum(units.block_params) * gb + root * PARAM_BYTES + (params + root) * L.grad_bytes
         return m * per_mb, m * wire
     n_chunk = max(n // v, 1)
@@ -115,5 +117,6 @@ def exposed_s(units: Units, layout: Layout, mb: MicrobatchTimes, times: tuple[Co
     rs_chunk = n_chunk * rs
     hide = min(m, p) * (mb.backward_s + mb.recompute_s) / v
     reduces = rs_chunk + rs_root + max(0.0, (v - 1) * rs_chunk - hide)
+    hidden = v * (n_chunk - 1) * min(ag, fwd) + min((v - 1) * rs_chunk, hide)
     wire = params * gb + root * PARAM_BYTES + (params + root) * L.grad_bytes
-    return gathers + reduces, wire
+    return gathers + reduces + sm_share * hidden, wire

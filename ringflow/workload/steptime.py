@@ -375,12 +375,13 @@ def _dp_stage(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuS
 
         def over(grp: list[str]) -> Any:
             return lambda coll, nb: comm.time_s(coll, nb, grp, topo) * f("dp") if len(grp) > 1 else 0.0
-        t_exp, nbytes = exposed_s(stage_units(model, L, i, dense_p, expert_p), L, mb, (over(dpg), over(edpg)))
+        t_exp, nbytes = exposed_s(stage_units(model, L, i, dense_p, expert_p), L, mb, (over(dpg), over(edpg)),
+                                  gpu.nccl_sm_share)
         nbytes *= (len(dpg) - 1) / len(dpg)
     else:
         for P, grp in ((dense_p, dpg), (expert_p, edpg)):
             if P and len(grp) > 1:
-                te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers)
+                te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers, gpu.nccl_sm_share)
                 t_exp, nbytes = t_exp + te, nbytes + nb
     shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
     t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
@@ -400,8 +401,9 @@ def stage_dp_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, com
 
 
 def _dp_one(P: float, grp: list[str], L: Layout, topo: Any, comm: CommModel, mb: MicrobatchTimes,
-            f: Any, n_layers: int) -> tuple[float, float]:
-    """Exposed seconds and bytes per rank of reducing (and gathering) P parameters' gradients over `grp`."""
+            f: Any, n_layers: int, sm_share: float = 0.0) -> tuple[float, float]:
+    """Exposed seconds and bytes per rank of reducing (and gathering) P parameters' gradients over `grp`; a
+    collective hidden under compute adds `sm_share` x its hidden time (the SMs its kernel holds, `fsdp.exposed_s`)."""
     n, m = len(grp), L.microbatches
     grad_b = P * L.grad_bytes
     param_b = P * 2
@@ -410,15 +412,16 @@ def _dp_one(P: float, grp: list[str], L: Layout, topo: Any, comm: CommModel, mb:
     if L.zero == 0:
         t_red = comm.time_s("all_reduce", grad_b, grp, topo) * f("dp")
         last = comm.time_s("all_reduce", bucket, grp, topo) * f("dp")
-        return (max(last, t_red - window) if L.overlap_grad_reduce else t_red), 2 * (n - 1) / n * grad_b
+        exposed = max(last, t_red - window) if L.overlap_grad_reduce else t_red
+        return exposed + sm_share * (t_red - exposed), 2 * (n - 1) / n * grad_b
     if L.zero in (1, 2):
         t_red = comm.time_s("reduce_scatter", grad_b, grp, topo) * f("dp")
         last = comm.time_s("reduce_scatter", bucket, grp, topo) * f("dp")
         t_ag = comm.time_s("all_gather", param_b, grp, topo) * f("dp")
         ag_first = comm.time_s("all_gather", min(L.bucket_bytes / 2, param_b), grp, topo) * f("dp")
-        t = (max(last, t_red - window) if L.overlap_grad_reduce else t_red) + \
+        exposed = (max(last, t_red - window) if L.overlap_grad_reduce else t_red) + \
             (ag_first if L.overlap_param_gather else t_ag)
-        return t, (n - 1) / n * (grad_b + param_b)
+        return exposed + sm_share * (t_red + t_ag - exposed), (n - 1) / n * (grad_b + param_b)
     # ZeRO-3 / FSDP: per micro-batch: gather params fwd + bwd, reduce-scatter grads
     per_mb = (2 * comm.time_s("all_gather", param_b, grp, topo) +
               comm.time_s("reduce_scatter", grad_b, grp, topo)) * f("dp")
@@ -426,7 +429,7 @@ def _dp_one(P: float, grp: list[str], L: Layout, topo: Any, comm: CommModel, mb:
         exposed_mb = max(0.0, per_mb - mb.total_s) + per_mb / max(n_layers, 1)
     else:
         exposed_mb = per_mb
-    return m * exposed_mb, m * (n - 1) / n * (2 * param_b + grad_b)
+    return m * (exposed_mb + sm_share * max(0.0, per_mb - exposed_mb)), m * (n - 1) / n * (2 * param_b + grad_b)
 
 
 def _contention_factors(model: ModelSpec, L: Layout, topo: Any, act_bytes: float) -> dict[str, float]:
