@@ -5,6 +5,10 @@ Model (all constants below are settable through `EfficiencyModel`):
     t_gemm = FLOPs_gemm / (peak x eff_max x d / (d + d_half) x n / (n + n_half))
     t_mem  = c x activation_bytes / (hbm_GBps x mem_eff)
 
+- on a GPU a measured GEMM table covers (`gemm_tables`, ``EfficiencyModel.gemm_tables``), the curve is not used:
+  each linear layer's forward GEMM and its two backward products (`linear_gemms`), the logit GEMM and each routed
+  expert's GEMMs (`expert_gemms`, at one expert's rows) run at the table's rate for their (M, N, K) and dtype,
+  times ``software_factor``;
 - ``d`` = hidden / tp, the per-GPU GEMM width: narrow GEMMs (small models, wide TP) reach a smaller fraction
   of the tensor-core peak (tile quantisation, wave quantisation, launch overhead);
 - ``n`` = tokens per micro-batch per GPU (b x s / cp), the GEMM's other dimension;
