@@ -50,7 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ringflow.runtime.bench import bus_factor, median_call_s  # noqa: E402
+from ringflow.runtime.bench import bus_factor, median_call_s, settle  # noqa: E402
 from ringflow.units import format_size, parse_size  # noqa: E402
 
 MPI_TARGET = Path.home() / ".cache" / "ringflow-baselines" / "mpi4py"
@@ -91,6 +91,7 @@ def gloo_worker(spec: dict, rank: int, n: int, init_file: str, out: str) -> None
         t[0] = seconds
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t[0])
+    settle(slowest)
     for coll in spec["collectives"]:
         for nbytes in spec["sizes"]:
             ein, eout = _elems(coll, nbytes, n)
@@ -174,6 +175,7 @@ def mpi_worker(spec: dict, out: str, label: str) -> None:
         t[0] = seconds
         comm.Allreduce(t, tmax, op=MPI.MAX)
         return float(tmax[0])
+    settle(slowest)   # as ringflow's own benchmark: the job-start transient passes before the first row
     for coll in spec["collectives"]:
         for nbytes in spec["sizes"]:
             ein, eout = _elems(coll, nbytes, n)

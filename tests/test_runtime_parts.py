@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ringflow.errors import InvalidArgument, ProtocolError
-from ringflow.runtime.bench import bus_factor
+from ringflow.runtime.bench import bus_factor, settle
 from ringflow.runtime.call.ops import Buf, parse_op
 from ringflow.runtime.job import env as rt_env
 from ringflow.runtime.transport import frames
@@ -143,6 +143,21 @@ def test_launcher_timeout_kills_everything(tmp_path: Path) -> None:
     script.write_text("import time; time.sleep(60)\n")
     p = _ringflow("run", "-n", "2", "--timeout", "1", str(script))
     assert p.returncode == 124
+
+
+def test_settle_runs_collectives_until_the_slowest_rank_has_spent_its_time() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.1
+        return now[0]
+    seen: list[float] = []
+
+    def slowest(mine: float) -> float:   # the slowest rank took twice this rank's time
+        seen.append(mine)
+        return 2 * mine
+    assert settle(slowest, seconds=1.0, clock=clock) == 5
+    assert 2 * seen[-1] >= 1.0 > 2 * seen[-2]   # the last call's agreed time decided, on every rank alike
 
 
 def test_bench_cli_writes_the_json_contract(tmp_path: Path) -> None:

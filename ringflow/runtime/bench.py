@@ -8,8 +8,10 @@ all_gather / gather, the whole input for reduce_scatter / scatter and all_to_all
 Time (`median_call_s`, shared with the baselines and calibration): a sample is a barrier followed by
 back-to-back calls timed together (as many as take SAMPLE_MIN_S, 1 ms); the sample's time is the
 slowest rank's time per call, and the row shows the median over samples (about ROW_TARGET_S of
-them). Values are not reset between calls, as in nccl-tests: resetting would rewrite the buffer
-into one core's cache before every sample and time a cache state no training step has.
+them). A job's ranks first make SETTLE_S of back-to-back small all-reduces (`settle`), so its first row
+is not timed in the job-start transient. Values are not reset between calls, as in nccl-tests:
+resetting would rewrite the buffer into one core's cache before every sample and time a cache state
+no training step has.
 """
 from __future__ import annotations
 
@@ -51,6 +53,23 @@ WARMUP_CALLS = 5
 SAMPLE_MIN_S = 1e-3   # a sample times back-to-back calls for at least this long (barrier skew is amortised)
 ROW_TARGET_S = 0.3    # samples per row: about this much timed work, between MIN_ and MAX_SAMPLES
 MIN_SAMPLES, MAX_SAMPLES = 10, 200
+
+
+# a job's first timed row starts after this long of back-to-back collectives: on a 16-core host, 16 ranks' 8-byte
+# all-reduce ran 16-22 us per call (median) in the first 40 samples after the job started and 7.2-7.6 us in every
+# later row of the same job (a job-start transient: the cores' clocks, the processes' first pages, the launcher),
+# so a job that timed its 8-byte row first reported two to three times its steady latency
+SETTLE_S = 0.5
+
+
+def settle(slowest: Callable[[float], float], seconds: float = SETTLE_S,
+           clock: Callable[[], float] = time.perf_counter) -> int:
+    """Make the job's collectives back to back (each `slowest`, itself a small all-reduce) until the slowest rank has
+    spent `seconds`, before the job's first timed row; every rank makes the same calls. The calls made."""
+    t0, calls = clock(), 1
+    while slowest(clock() - t0) < seconds:
+        calls += 1
+    return calls
 
 
 def batch_size(call_s: float) -> int:
@@ -237,6 +256,12 @@ def worker(spec: dict) -> list[dict]:
     samples: dict[tuple[str, int], list[float]] = {}
     by_pass: dict[tuple[str, int], list[float]] = {}   # each pass's median (us)
     passes_done = [0]
+
+    def slowest(seconds: float) -> float:
+        timer[0] = seconds
+        comm.all_reduce(timer, "max")
+        return float(timer[0])
+    settle(slowest)
 
     def bench_pass() -> None:
         """Time every row's share of its samples (the last pass also checks the results and adds the rows)."""
