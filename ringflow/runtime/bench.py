@@ -55,10 +55,10 @@ ROW_TARGET_S = 0.3    # samples per row: about this much timed work, between MIN
 MIN_SAMPLES, MAX_SAMPLES = 10, 200
 
 
-# a job's first timed row starts after this long of back-to-back collectives: on a 16-core host, 16 ranks' 8-byte
-# all-reduce ran 16-22 us per call (median) in the first 40 samples after the job started and 7.2-7.6 us in every
-# later row of the same job (a job-start transient: the cores' clocks, the processes' first pages, the launcher),
-# so a job that timed its 8-byte row first reported two to three times its steady latency
+# a job's first timed row starts after this long of back-to-back collectives: on a 16-core host the small
+# all-reduces of a 16-rank job run two to three times slower in the job's first few hundred milliseconds than
+# later (a job-start transient: the cores' clocks, the processes' first pages, the launcher), so a job that
+# timed its 8-byte row first reported that transient instead of its steady latency
 SETTLE_S = 0.5
 
 
