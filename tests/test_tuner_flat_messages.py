@@ -12,6 +12,8 @@ from ringflow.algorithms import cost, registry, selection
 from ringflow.algorithms.layout import CallShape
 from ringflow.algorithms.schedule import Collective, Schedule
 from ringflow.errors import InvalidArgument
+from ringflow.hostmodel.features import F_MSGS, F_STEP, CacheSizes
+from ringflow.hostmodel.model import HostCostModel, HostParams
 
 AR, BC = Collective.ALL_REDUCE, Collective.BROADCAST
 RANKS = (3, 4, 8, 16)
@@ -102,3 +104,18 @@ def test_the_runtime_default_runs_the_flat_models_cheapest_candidate() -> None:
 def test_a_flat_model_with_a_negative_price_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="msg_us >= 0"):
         selection.FlatCostModel(msg_us=-1.0)
+
+
+def test_the_flat_model_and_the_calibrated_host_model_count_the_same_steps_and_messages() -> None:
+    host = HostCostModel("shm", HostParams(call_us=1.0, step_us=1.0, msg_us=0.5), 16, (2, 3, 4, 8),
+                         CacheSizes(1 << 20, 32 << 20))
+    for coll in (AR, BC, Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL, Collective.REDUCE):
+        for algo in registry.algorithms_for(coll):
+            if algo == "hierarchical":
+                continue
+            for n in (2, 3, 4, 8):
+                for v in selection.variants(registry.get_schedule(coll, algo, n, root=root(coll))):
+                    shape = selection.call_shape(coll, n, 64 * n, 4)
+                    f = host.features(v, shape, True).steps
+                    seen = (int((f[..., F_STEP].max(axis=1) > 0).sum()), int(f[..., F_MSGS].max(axis=1).sum()))
+                    assert selection.call_messages(v, shape) == seen, (coll, algo, n, v.algorithm)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .. import config
 from ..errors import InvalidArgument
 from . import registry, staging, tuner
 from .cost import DEFAULT_ALPHA_US, DEFAULT_BETA_GBPS, DEFAULT_MSG_US, schedule_cost, traffic
@@ -41,10 +42,19 @@ class CostModel(Protocol):
         ...
 
 
+_LOCAL_BYTES: dict[tuple[int, CallShape, bool, bool], tuple[Schedule, int]] = {}
+_LOCAL_BYTES_MAX = 4096
+
+
 def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False) -> int:
     """Max over ranks of the bytes a rank's local work touches outside the transfers: COPY and REDUCE ops
     (a reduce counted 1.5x: 2 reads, 1 write) and the snapshot copies of sends whose source a receive of
-    the same step overwrites (in-place calls)."""
+    the same step overwrites (in-place calls). Cached per schedule object, shape, in-place-ness and
+    RINGFLOW_RECEIVER_CHECK (which decides the verify messages the plans carry)."""
+    key = (id(schedule), shape, inplace, bool(config.get("RECEIVER_CHECK")))
+    hit = _LOCAL_BYTES.get(key)
+    if hit is not None and hit[0] is schedule:
+        return hit[1]
     worst = 0
     for r in range(schedule.nranks):
         plan = compile_plan(schedule, shape, r, inplace)
@@ -56,6 +66,9 @@ def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False
                 if x.snapshot:
                     tot += x.nbytes
         worst = max(worst, int(tot))
+    if len(_LOCAL_BYTES) >= _LOCAL_BYTES_MAX:
+        _LOCAL_BYTES.clear()
+    _LOCAL_BYTES[key] = (schedule, worst)
     return worst
 
 
@@ -88,7 +101,8 @@ def variants(schedule: Schedule) -> list[Schedule]:
 def check_messages(schedule: Schedule) -> tuple[int, int]:
     """(steps, messages) the argument check adds to a call of `schedule`: the CHECK exchange (one step in which
     every rank sends to and receives from every peer), or the verify messages completing its first step (the
-    most messages any rank then handles in that step, less the most before); (0, 0) for a self-checking one."""
+    most messages any rank then handles in that step, less the most before; a step if that one moved no data);
+    (0, 0) for a self-checking one."""
     n = schedule.nranks
     if opens_with_check(schedule):
         return 1, 2 * (n - 1)
@@ -96,7 +110,7 @@ def check_messages(schedule: Schedule) -> tuple[int, int]:
         return 0, 0
     before = [sum(1 for op in schedule.steps(r)[0] if op.peer is not None) for r in range(n)]
     after = [k + sum(map(len, missing(schedule, r))) for r, k in enumerate(before)]
-    return 0, max(after) - max(before)
+    return (0 if max(before) else 1), max(after) - max(before)   # a first step with no data becomes one
 
 
 def call_messages(schedule: Schedule, shape: CallShape) -> tuple[int, int]:
