@@ -14,11 +14,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import networkx as nx
+
 from ..errors import TopologyError
 from ..hardware import LATENCY_US
 from ..units import gbps_to_GBps
 from .fabric_plan import DEFAULT_RADIX, FABRICS, FabricSpec, rail_plan
-from .graph import LinkType, NodeKind, Topology
+from .gcpause import gc_paused
+from .graph import LinkType, NodeKind, Topology, predecessors, successors
 from .presets import PRESETS, build_preset
 
 __all__ = ["FABRICS", "FabricSpec", "build_cluster"]
@@ -48,6 +51,12 @@ def build_cluster(preset: str | Topology, nodes: int, fabric: str = "rail", nic_
                   planes: int = 1) -> Topology:
     """`nodes` servers of `preset` on a rail-optimised or fat-tree fabric of `tiers` (2 or 3) switch tiers, with
     `oversubscription` per tier below the top (leaf[, spine]) and `planes` parallel independent fabrics."""
+    with gc_paused():
+        return _build_cluster(preset, nodes, fabric, nic_gbps, oversubscription, tiers, radix, planes)
+
+
+def _build_cluster(preset: str | Topology, nodes: int, fabric: str, nic_gbps: float | None,
+                   oversubscription: float | Sequence[float], tiers: int, radix: int, planes: int) -> Topology:
     spec = FabricSpec.make(fabric, tiers, radix, oversubscription, planes)
     if not isinstance(nodes, int) or nodes < 1:
         raise TopologyError(f"nodes={nodes!r} must be an integer >= 1", "give the number of servers")
@@ -119,6 +128,7 @@ def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: Fabri
             spec.check_fits(per, nodes)
 
 
+_LinkRow = tuple[str, str, LinkType, float, float, int, str]
 _HostView = tuple[list[tuple[str, dict[str, Any]]], list[tuple[str, str, dict[str, Any]]]]
 
 
@@ -147,13 +157,37 @@ def _copy_host(topo: Topology, template: _HostView, dst: int) -> None:
     nodes, links = template
     new = f"h{dst}/"
     ids = {n: new + n[3:] if n.startswith("h0/") else n for n, _ in nodes}
-    topo.graph.add_nodes_from((ids[n], {**d, "host": dst, "label": ids.get(d["label"], d["label"])})
-                              for n, d in nodes)
-    topo.graph.add_edges_from((ids[u], ids[v], dict(d)) for u, v, d in links)
-    for _, d in nodes:
-        key = (dst, str(getattr(d["kind"], "value", d["kind"])))
-        topo._counters[key] = max(topo._counters.get(key, 0), int(d["index"]) + 1)
+    g = topo.graph
+    node_rows = [(ids[n], {**d, "host": dst, "label": ids.get(d["label"], d["label"])}) for n, d in nodes]
+    edge_rows = [(ids[u], ids[v], dict(d)) for u, v, d in links]
+    if type(g) is nx.DiGraph and not any(n in g for n, _ in node_rows):
+        # the same dicts, in the same order, as add_nodes_from / add_edges_from make, without their per-item checks
+        attrs: dict[str, dict[str, Any]] = g._node  # type: ignore[attr-defined]
+        succ, pred = successors(g), predecessors(g)
+        for n, d in node_rows:
+            attrs[n] = d
+            succ[n] = {}
+            pred[n] = {}
+        for u, v, d in edge_rows:
+            succ[u][v] = d
+            pred[v][u] = d
+        nx._clear_cache(g)
+    else:
+        g.add_nodes_from(node_rows)
+        g.add_edges_from(edge_rows)
+    for kind, top in _kind_counts(template):
+        key = (dst, kind)
+        topo._counters[key] = max(topo._counters.get(key, 0), top)
     topo.invalidate()
+
+
+def _kind_counts(template: _HostView) -> list[tuple[str, int]]:
+    """Per node kind of `template`: one past its highest index (the host's next free index of that kind)."""
+    out: dict[str, int] = {}
+    for _, d in template[0]:
+        kind = str(getattr(d["kind"], "value", d["kind"]))
+        out[kind] = max(out.get(kind, 0), int(d["index"]) + 1)
+    return list(out.items())
 
 
 class _Switches:
@@ -187,15 +221,13 @@ def _add_leaves(topo: Topology, switches: _Switches, spec: FabricSpec, members: 
             tag = f"r{rails[0]}" if len(rails) == 1 else f"r{rails[0]}-{rails[-1]}"
             for j in range(lpg):
                 leaves.append(switches.add(0, f"leaf-{tag}-{j}", rail=rails[0], rails=rails))
-        for h, nics in enumerate(members):
-            for nic in nics:
-                r = (_rail(topo, nic) // spec.planes) % per_host
-                _nic_link(topo, nic, leaves[(r // rpl) * lpg + h // down], ltype)
+        topo.add_links(_nic_link(topo, nic, leaves[((_rail(topo, nic) // spec.planes) % per_host // rpl) * lpg
+                                                   + h // down], ltype)
+                       for h, nics in enumerate(members) for nic in nics)
     else:
         nics = [n for m in members for n in m]
         leaves = [switches.add(0, f"leaf{j}") for j in range(math.ceil(len(nics) / down))]
-        for g, nic in enumerate(nics):
-            _nic_link(topo, nic, leaves[g // down], ltype)
+        topo.add_links(_nic_link(topo, nic, leaves[g // down], ltype) for g, nic in enumerate(nics))
     return leaves
 
 
@@ -205,9 +237,7 @@ def _add_spines(topo: Topology, switches: _Switches, leaves: list[str], up: int,
     nspine = _divisor_at_least(up, math.ceil(len(leaves) * up / switches.radix))
     k = up // nspine
     spines = [switches.add(1, f"spine{s}") for s in range(nspine)]
-    for lf in leaves:
-        for sp in spines:
-            topo.add_link(lf, sp, ltype, k * link_GBps, sw_lat, nlinks=k, tier="leaf-spine")
+    topo.add_links((lf, sp, ltype, k * link_GBps, sw_lat, k, "leaf-spine") for lf in leaves for sp in spines)
 
 
 def _add_pods_and_cores(topo: Topology, switches: _Switches, spec: FabricSpec, leaves: list[str], ltype: LinkType,
@@ -228,11 +258,9 @@ def _add_pods_and_cores(topo: Topology, switches: _Switches, spec: FabricSpec, l
         spines = [switches.add(1, f"spine-p{p}-{s}", pod=p) for s in range(spp)]
         for lf in pod:
             topo.graph.nodes[lf]["pod"] = p
-            for sp in spines:
-                topo.add_link(lf, sp, ltype, k1 * link_GBps, sw_lat, nlinks=k1, tier="leaf-spine")
-        for j, sp in enumerate(spines):
-            for co in groups[j]:
-                topo.add_link(sp, co, ltype, k2 * link_GBps, sw_lat, nlinks=k2, tier="spine-core")
+        topo.add_links((lf, sp, ltype, k1 * link_GBps, sw_lat, k1, "leaf-spine") for lf in pod for sp in spines)
+        topo.add_links((sp, co, ltype, k2 * link_GBps, sw_lat, k2, "spine-core")
+                       for j, sp in enumerate(spines) for co in groups[j])
 
 
 def _divisor_at_least(ports: int, need: int) -> int:
@@ -241,6 +269,7 @@ def _divisor_at_least(ports: int, need: int) -> int:
     return next((d for d in range(need, ports + 1) if ports % d == 0), max(need, ports))
 
 
-def _nic_link(topo: Topology, nic: str, leaf: str, ltype: LinkType) -> None:
+def _nic_link(topo: Topology, nic: str, leaf: str, ltype: LinkType) -> _LinkRow:
+    """The link of `nic` to its leaf, as `Topology.add_links` takes it."""
     speed = topo.graph.nodes[nic]["speed_gbps"]
-    topo.add_link(nic, leaf, ltype, gbps_to_GBps(speed), LATENCY_US["nic"], nlinks=1, tier="nic")
+    return (nic, leaf, ltype, gbps_to_GBps(speed), LATENCY_US["nic"], 1, "nic")

@@ -15,6 +15,7 @@ widest PCIe/CPU path, and between hosts: GPU -> nearest NIC (same PCIe switch, s
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, cast
@@ -92,7 +93,23 @@ class Topology:
     def add_link(self, a: str, b: str, type: LinkType, bw_GBps: float, latency_us: float,  # noqa: A002
                  nlinks: int = 1, tier: str | None = None, bidirectional: bool = True, **attrs: Any) -> None:
         """Add a link a->b (and b->a when bidirectional) with per-direction bandwidth and latency."""
-        type = LinkType(type)  # noqa: A001
+        self.graph.add_edges_from(self._link_edges(a, b, type, bw_GBps, latency_us, nlinks, tier, bidirectional,
+                                                   attrs))
+        self.invalidate()
+
+    def add_links(self, links: Iterable[tuple[str, str, LinkType, float, float, int, str | None]]) -> None:
+        """Add bidirectional links (a, b, type, bw_GBps, latency_us, nlinks, tier), in order, as `add_link` does
+        one by one."""
+        rows: list[tuple[str, str, Attrs]] = []
+        for a, b, type_, bw_GBps, latency_us, nlinks, tier in links:
+            rows.extend(self._link_edges(a, b, type_, bw_GBps, latency_us, nlinks, tier, True, {}))
+        self.graph.add_edges_from(rows)
+        self.invalidate()
+
+    def _link_edges(self, a: str, b: str, type_: LinkType, bw_GBps: float, latency_us: float, nlinks: int,
+                    tier: str | None, bidirectional: bool, attrs: Attrs) -> list[tuple[str, str, Attrs]]:
+        """The checked edge a->b (and b->a) of one link, with its attributes."""
+        type_ = LinkType(type_)
         for n in (a, b):
             if n not in self.graph:
                 raise TopologyError(f"link {a}->{b}: node {n!r} does not exist", "add the node before its links")
@@ -102,15 +119,12 @@ class Topology:
             raise TopologyError(f"link {a}->{b}: bw_GBps={bw_GBps!r} must be > 0", "give the per-direction GB/s")
         if latency_us < 0:
             raise TopologyError(f"link {a}->{b}: latency_us={latency_us!r} must be >= 0", "give microseconds")
-        tier = tier or _DEFAULT_TIER[type]
+        tier = tier or _DEFAULT_TIER[type_]
         if tier not in TIERS:
             raise TopologyError(f"link {a}->{b}: tier {tier!r} is not known", f"use one of {', '.join(TIERS)}")
-        data = dict(type=type, bw_GBps=float(bw_GBps), latency_us=float(latency_us), nlinks=int(nlinks),
+        data = dict(type=type_, bw_GBps=float(bw_GBps), latency_us=float(latency_us), nlinks=int(nlinks),
                     tier=tier, **attrs)
-        self.graph.add_edge(a, b, **data)
-        if bidirectional:
-            self.graph.add_edge(b, a, **dict(data))
-        self.invalidate()
+        return [(a, b, data), (b, a, dict(data))] if bidirectional else [(a, b, data)]
 
     def invalidate(self) -> None:
         """Forget cached routes; call after changing edge bandwidths or the graph directly."""
@@ -137,9 +151,9 @@ class Topology:
 
     def nodes(self, kind: NodeKind | None = None, host: int | None = None) -> list[str]:
         """Nodes of a kind (and host), sorted by (host, index, id)."""
-        out = [n for n, d in self.graph.nodes(data=True)
-               if (kind is None or d["kind"] == kind) and (host is None or d["host"] == host)]
-        return sorted(out, key=lambda n: (self.graph.nodes[n]["host"], self.graph.nodes[n]["index"], n))
+        keyed = sorted((d["host"], d["index"], n) for n, d in self.graph.nodes(data=True)
+                       if (kind is None or d["kind"] == kind) and (host is None or d["host"] == host))
+        return [n for _, _, n in keyed]
 
     def endpoints(self) -> list[str]:
         """The nodes that run ranks (GPUs, else PROCs) in global rank order: sorted by (host, index)."""
