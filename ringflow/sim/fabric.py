@@ -83,16 +83,29 @@ def _links_of(topo: Any, params: SimParams) -> _Links:
 
 def _read_links(g: Any) -> tuple[_Links, np.ndarray, list[str], np.ndarray]:
     """The graph's links (capacities not set), each one's efficiency scale, the link types, each one's type."""
-    edges = list(g.edges(data=True))
-    link_type = [_val(d.get("type", "")) for _, _, d in edges]
+    edges: list[tuple[str, str]] = []
+    link_type: list[str] = []
+    link_tier: list[str] = []
+    bw: list[float] = []
+    lat: list[float] = []
+    scale: list[float] = []
+    names: dict[Any, str] = {}   # a link type or tier's name, read once per distinct value
+    for u, nbrs in g.adjacency():   # one pass, in g.edges order
+        for v, d in nbrs.items():
+            edges.append((u, v))
+            t = d.get("type", "")
+            tn = names.get(t) or names.setdefault(t, _val(t))
+            link_type.append(tn)
+            tier = d.get("tier") or t
+            link_tier.append(names.get(tier) or names.setdefault(tier, _val(tier)))
+            bw.append(float(d.get("bw_GBps", 0.0)) * 1e3)
+            lat.append(float(d.get("latency_us", 0.0)))
+            scale.append(edge_efficiency_scale(d) if tier == "nvlink" else 1.0)
     types = sorted(set(link_type))
     code = {t: i for i, t in enumerate(types)}
-    links = _Links({(u, v): i for i, (u, v, _) in enumerate(edges)}, [(u, v) for u, v, _ in edges], link_type,
-                   [_val(d.get("tier") or d.get("type", "")) for _, _, d in edges],
-                   np.array([float(d.get("bw_GBps", 0.0)) * 1e3 for _, _, d in edges]), np.zeros(0),
-                   np.array([float(d.get("latency_us", 0.0)) for _, _, d in edges]))
-    return (links, np.array([edge_efficiency_scale(d) for _, _, d in edges]), types,
-            np.array([code[t] for t in link_type], dtype=np.int64))
+    links = _Links({e: i for i, e in enumerate(edges)}, edges, link_type, link_tier, np.array(bw), np.zeros(0),
+                   np.array(lat))
+    return links, np.array(scale), types, np.array([code[t] for t in link_type], dtype=np.int64)
 
 
 class Fabric:

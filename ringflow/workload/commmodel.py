@@ -226,6 +226,7 @@ class SimModel:
     def time_s(self, collective: str, nbytes: float, group: Sequence[str], topo: Any) -> float:
         """Seconds of one call as the simulator predicts it."""
         from ..sim import choose_algorithm, simulate
+        from ..topology.gcpause import gc_paused
         c = _norm(collective)
         n = len(group)
         if n <= 1 or nbytes <= 0:
@@ -236,10 +237,11 @@ class SimModel:
             return hit
         size = max(int(nbytes), n * 2)
         coll = "sendrecv" if c == "sendrecv" else c
-        algo = choose_algorithm(topo, coll, n, size, "bfloat16", endpoints=list(group))
-        # simulate() takes the fast path for huge ring/hierarchical groups and caches tables per group
-        res = simulate(topo, coll, size, algorithm=algo, nranks=n, engine=self.engine, dtype="bfloat16",
-                       endpoints=list(group))
+        with gc_paused():   # a first call on a large cluster builds its link tables, rings and schedules
+            algo = choose_algorithm(topo, coll, n, size, "bfloat16", endpoints=list(group))
+            # simulate() takes the fast path for huge ring/hierarchical groups and caches tables per group
+            res = simulate(topo, coll, size, algorithm=algo, nranks=n, engine=self.engine, dtype="bfloat16",
+                           endpoints=list(group))
         out = float(res.time_us) * 1e-6
         if len(self._cache) > 100_000:
             self._cache.clear()
