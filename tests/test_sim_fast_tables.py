@@ -2,6 +2,8 @@
 ring tables written from their step pattern in the schedule's row order."""
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -30,3 +32,59 @@ def test_links_read_in_one_pass_equal_the_edge_by_edge_reading(make: object) -> 
     assert np.array_equal(scale, [edge_efficiency_scale(d) for _, _, d in edges])
     assert types == sorted(set(links.link_type))
     assert [types[c] for c in code] == links.link_type
+
+
+_FIELDS = ("step", "src", "dst", "chan", "frac", "nmsg", "lrank", "lstep", "lcopy", "lreduce")
+
+
+def test_ring_tables_written_from_the_pattern_equal_the_schedules_array_for_array() -> None:
+    from ringflow.algorithms import registry
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.fastpath import schedule_equal_table
+    from ringflow.sim.transfers import from_schedule
+    rng = random.Random(7)
+    taken = 0
+    for _ in range(120):
+        n = rng.choice([2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 33])
+        nch = rng.choice([1, 2, 3, 4, 8])
+        nsegs = rng.choice([1, 1, 1, 2])
+        coll = rng.choice([Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER,
+                           Collective.BROADCAST])
+        rings = [tuple(rng.sample(range(n), n)) for _ in range(nch)]
+        fast = schedule_equal_table(coll, n, rings, nsegs)
+        if fast is None:
+            continue
+        taken += 1
+        ref = from_schedule(registry.get_schedule(coll, "ring", n, rings=rings, nchannels=nch, nsegs=nsegs))
+        assert (fast.nranks, fast.nsteps, fast.coarsened, fast.collective) == \
+            (ref.nranks, ref.nsteps, ref.coarsened, ref.collective)
+        assert fast.nserial is None and ref.nserial is None and fast.in_switch is None
+        for f in _FIELDS:
+            a, b = getattr(fast, f), getattr(ref, f)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (n, nch, coll, f)
+    assert taken > 30
+
+
+def test_ring_tables_not_written_where_the_schedules_bytes_are_rounded_or_segmented() -> None:
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.fastpath import schedule_equal_table
+    ring = [tuple(range(6))]
+    assert schedule_equal_table(Collective.ALL_REDUCE, 6, ring) is None          # 1/6 blocks are rounded
+    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring * 3) is None      # thirds of a block per channel
+    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring, nsegs=2) is None
+    assert schedule_equal_table(Collective.ALL_GATHER, 6, [(0, 1, 2, 3, 4, 4)]) is None   # not an order of ranks
+    assert schedule_equal_table(Collective.BROADCAST, 8, [tuple(range(8))]) is None
+    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring) is not None
+
+
+def test_simulated_ring_times_equal_those_of_the_schedules_tables() -> None:
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim import simulate, simulate_schedule
+    from ringflow.sim.api import schedule_for
+    topo = build_cluster("dgx-h100", 4)
+    for coll in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        for size in (4096, 1 << 24):
+            got = simulate(topo, coll, size, algorithm="ring", nranks=32)
+            want = simulate_schedule(topo, schedule_for(topo, coll, 32, "ring"), size)
+            assert got.time_us == want.time_us and got.protocol == want.protocol
+            assert np.array_equal(got.rank_finish_us, want.rank_finish_us)

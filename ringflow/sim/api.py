@@ -203,6 +203,11 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
     if algorithm == "pxn":   # NCCL's PXN relays inside each OS host (sim.alltoall_net)
         from .alltoall_net import pxn_table
         return pxn_table(topo, eps[:nranks], nsegs or 1)
+    if algorithm == "ring" and "rings" in kw:
+        from .fastpath import schedule_equal_table
+        exact = schedule_equal_table(coll, nranks, kw["rings"], nsegs or 1)
+        if exact is not None:
+            return exact
     return from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))
 
 
