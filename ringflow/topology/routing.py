@@ -58,6 +58,8 @@ class Router:
         self._fp_rep: dict[int, tuple[int, _HostFingerprint]] = {}
         self._near: dict[str, list[str]] = {}
         self._sw_paths: dict[tuple[str, str], list[list[str]]] = {}
+        self._sw_succ: dict[str, list[str]] | None = None
+        self._sw_preds: dict[str, dict[str, list[str]]] = {}
         self._host_nodes: dict[int, set[str]] = {}
         for n, d in self.g.nodes(data=True):
             self._host_nodes.setdefault(d["host"], set()).add(n)
@@ -344,33 +346,50 @@ class Router:
                     best = sw
         return [[na] + sp + [nb] for sp in best]
 
+    def _switch_succ(self) -> dict[str, list[str]]:
+        """Each node's network-switch successors, in adjacency order (read once per Router)."""
+        if self._sw_succ is None:
+            nodes = self.g.nodes
+            is_switch = {n: d["kind"] == NodeKind.NET_SWITCH for n, d in nodes(data=True)}
+            self._sw_succ = {u: [v for v in self._succ[u] if is_switch[v]] for u, sw in is_switch.items() if sw}
+        return self._sw_succ
+
+    def _switch_preds(self, x: str) -> dict[str, list[str]]:
+        """BFS from switch `x` over the switch-only graph: every switch it reaches with all its predecessors on
+        shortest paths from `x` (the ECMP sets), cached per `x`. A BFS stopped at the level of some switch y
+        has the same predecessors up to that level, so one full BFS serves every y."""
+        hit = self._sw_preds.get(x)
+        if hit is not None:
+            return hit
+        sw_succ = self._switch_succ()
+        level = {x: 0}
+        preds: dict[str, list[str]] = {x: []}
+        frontier = [x]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                up = level[u] + 1
+                for v in sw_succ.get(u, ()):
+                    if v not in level:
+                        level[v] = up
+                        preds[v] = [u]
+                        nxt.append(v)
+                    elif level[v] == up:
+                        preds[v].append(u)
+            frontier = nxt
+        self._sw_preds[x] = preds
+        return preds
+
     def _switch_paths(self, x: str, y: str, limit: int = 64) -> list[list[str]]:
         key = (x, y)
         if key in self._sw_paths:
             return self._sw_paths[key]
-        g = self.g
         if x == y:
             res = [[x]]
         else:
-            # BFS in the switch-only graph, keeping every shortest predecessor (ECMP set)
-            level = {x: 0}
-            preds: dict[str, list[str]] = {x: []}
-            frontier = [x]
-            while frontier and y not in level:
-                nxt = []
-                for u in frontier:
-                    for v in self._succ[u]:
-                        if g.nodes[v]["kind"] != NodeKind.NET_SWITCH:
-                            continue
-                        if v not in level:
-                            level[v] = level[u] + 1
-                            preds[v] = [u]
-                            nxt.append(v)
-                        elif level[v] == level[u] + 1:
-                            preds[v].append(u)
-                frontier = nxt
+            preds = self._switch_preds(x)
             res = []
-            if y in level:
+            if y in preds:
                 stack = [[y]]
                 while stack and len(res) < limit:
                     p = stack.pop()
