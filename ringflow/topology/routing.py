@@ -26,7 +26,7 @@ import heapq
 import zlib
 from collections.abc import Callable
 from itertools import pairwise
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import TopologyError
 from .graph import Attrs, LinkType, NodeKind, predecessors, successors
@@ -60,6 +60,8 @@ class Router:
         self._sw_paths: dict[tuple[str, str], list[list[str]]] = {}
         self._sw_succ: dict[str, list[str]] | None = None
         self._sw_preds: dict[str, dict[str, list[str]]] = {}
+        #: search.find_rings' results on this topology (with the link capacities they were found on)
+        self.found_rings: dict[Any, Any] = {}
         self._host_nodes: dict[int, set[str]] = {}
         for n, d in self.g.nodes(data=True):
             self._host_nodes.setdefault(d["host"], set()).add(n)

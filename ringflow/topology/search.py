@@ -464,8 +464,25 @@ def find_rings(topo: Topology, endpoints: list[str] | None = None, nchannels: in
                                 "pass GPU or PROC nodes")
     if nchannels is not None and nchannels < 1:
         raise TopologyError(f"nchannels={nchannels} must be >= 1", "ask for at least one channel")
-    hops = _Hops(topo, eps)
     cap = _capacities(topo)
+    # kept with the router (dropped on any `invalidate()`, as the routes the search reads are) while every
+    # link's bandwidth is what it was
+    store = topo.router.found_rings
+    if store.get("cap") != cap:
+        store.clear()
+        store["cap"] = cap
+    key = (tuple(eps), nchannels, config.get("RINGS"), config.get("NCHANNELS"), MAX_DFS_NODES, MAX_SEGMENT_TRIES,
+           SEARCH_TRIES)
+    hit = store.get(key)
+    if hit is None:
+        hit = store[key] = tuple(_search_rings(topo, eps, nchannels, dict(cap)))
+    return list(hit)
+
+
+def _search_rings(topo: Topology, eps: list[str], nchannels: int | None, cap: dict[Edge, float]) -> list[Ring]:
+    """find_rings' search (on `cap`, which it uses up)."""
+    n = len(eps)
+    hops = _Hops(topo, eps)
     text = config.get("RINGS")
     if text:
         orders = parse_rings(text, n)
