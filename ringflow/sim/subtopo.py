@@ -52,16 +52,31 @@ def _build(topo: Any, keep_hosts: frozenset[int]) -> Any:
     import networkx as nx
 
     from ..topology import Topology
-    from ..topology.graph import predecessors
+    from ..topology.graph import predecessors, successors
     g = topo.graph
     # a unique name: the tuner caches choices by (id, name) of the topology, and ids are reused
     view = Topology(f"{topo.name}#servers{next(_SERIAL)}", meta=topo.meta)
     h: nx.DiGraph[str] = nx.DiGraph()
     # one server: no route between its devices leaves it (the router searches a host's own nodes only)
     fabric = len(keep_hosts) > 1
-    h.add_nodes_from((n, d) for n, d in g.nodes(data=True) if d["host"] in keep_hosts or (fabric and d["host"] < 0))
-    succ = g.adj
-    h.add_edges_from((u, v, d) for u in list(h) for v, d in succ[u].items() if v in h)
+    keep = {n: d for n, d in g.nodes(data=True) if d["host"] in keep_hosts or (fabric and d["host"] < 0)}
+    succ = successors(g)
+    if type(g) is nx.DiGraph:   # networkx's own dicts, filled as add_nodes_from / add_edges_from fill them
+        h_node: dict[str, dict[str, Any]] = h._node  # type: ignore[attr-defined]
+        h_succ, h_pred = successors(h), predecessors(h)
+        for n, d in keep.items():
+            h_node[n] = dict(d)
+            h_succ[n] = {}
+            h_pred[n] = {}
+        for u in keep:
+            out = h_succ[u]
+            for v, d in succ[u].items():
+                if v in keep:
+                    out[v] = h_pred[v][u] = dict(d)
+        nx._clear_cache(h)
+    else:
+        h.add_nodes_from(keep.items())
+        h.add_edges_from((u, v, d) for u in keep for v, d in succ[u].items() if v in keep)
     pred, full = predecessors(h), predecessors(g)
     for v, ins in pred.items():   # each node's in-links in the full graph's order too (the router reads them)
         if len(ins) > 1:
