@@ -51,7 +51,7 @@ def test_ring_tables_written_from_the_pattern_equal_the_schedules_array_for_arra
         coll = rng.choice([Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER,
                            Collective.BROADCAST])
         rings = [tuple(rng.sample(range(n), n)) for _ in range(nch)]
-        fast = schedule_equal_table(coll, n, rings, nsegs)
+        fast = schedule_equal_table(coll, "ring", n, rings=rings, nsegs=nsegs)
         if fast is None:
             continue
         taken += 1
@@ -65,26 +65,59 @@ def test_ring_tables_written_from_the_pattern_equal_the_schedules_array_for_arra
     assert taken > 30
 
 
+def test_hierarchical_tables_written_from_the_pattern_equal_the_schedules_array_for_array() -> None:
+    from ringflow.algorithms import registry
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.fastpath import schedule_equal_table
+    from ringflow.sim.transfers import from_schedule
+    rng = random.Random(3)
+    taken = 0
+    for _ in range(60):
+        hosts, per = rng.choice([(1, 4), (2, 2), (2, 3), (4, 2), (4, 8), (8, 4), (3, 4), (8, 1), (16, 2)])
+        n = hosts * per
+        ranks = rng.sample(range(n), n)
+        groups = [ranks[h * per:(h + 1) * per] for h in range(hosts)]
+        if rng.random() < 0.5:
+            groups = [sorted(g) for g in groups]
+        fast = schedule_equal_table(Collective.ALL_REDUCE, "hierarchical", n, groups=groups)
+        if fast is None:
+            continue
+        taken += 1
+        ref = from_schedule(registry.get_schedule(Collective.ALL_REDUCE, "hierarchical", n, host_groups=groups))
+        assert (fast.nranks, fast.nsteps, fast.coarsened) == (ref.nranks, ref.nsteps, ref.coarsened)
+        for f in _FIELDS:
+            a, b = getattr(fast, f), getattr(ref, f)
+            assert a.dtype == b.dtype and np.array_equal(a, b), (hosts, per, f)
+    assert taken > 20
+
+
 def test_ring_tables_not_written_where_the_schedules_bytes_are_rounded_or_segmented() -> None:
     from ringflow.algorithms.schedule import Collective
     from ringflow.sim.fastpath import schedule_equal_table
     ring = [tuple(range(6))]
-    assert schedule_equal_table(Collective.ALL_REDUCE, 6, ring) is None          # 1/6 blocks are rounded
-    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring * 3) is None      # thirds of a block per channel
-    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring, nsegs=2) is None
-    assert schedule_equal_table(Collective.ALL_GATHER, 6, [(0, 1, 2, 3, 4, 4)]) is None   # not an order of ranks
-    assert schedule_equal_table(Collective.BROADCAST, 8, [tuple(range(8))]) is None
-    assert schedule_equal_table(Collective.ALL_GATHER, 6, ring) is not None
+    AR, AG = Collective.ALL_REDUCE, Collective.ALL_GATHER
+    assert schedule_equal_table(AR, "ring", 6, rings=ring) is None          # 1/6 blocks are rounded
+    assert schedule_equal_table(AG, "ring", 6, rings=ring * 3) is None      # thirds of a block per channel
+    assert schedule_equal_table(AG, "ring", 6, rings=ring, nsegs=2) is None
+    assert schedule_equal_table(AG, "ring", 6, rings=[(0, 1, 2, 3, 4, 4)]) is None   # not an order of ranks
+    assert schedule_equal_table(Collective.BROADCAST, "ring", 8, rings=[tuple(range(8))]) is None
+    assert schedule_equal_table(AR, "hierarchical", 6, groups=[[0, 1, 2], [3, 4, 5]]) is None
+    assert schedule_equal_table(AR, "hierarchical", 8, groups=[[0, 1, 2], [3, 4, 5, 6, 7]]) is None
+    assert schedule_equal_table(AR, "hierarchical", 8, groups=[[0, 1, 2, 3], [3, 4, 5, 6]]) is None
+    assert schedule_equal_table(AR, "tree", 8) is None
+    assert schedule_equal_table(AG, "ring", 6, rings=ring) is not None
+    assert schedule_equal_table(AR, "hierarchical", 8, groups=[[0, 1, 2, 3], [4, 5, 6, 7]]) is not None
 
 
-def test_simulated_ring_times_equal_those_of_the_schedules_tables() -> None:
+def test_simulated_ring_and_hierarchical_times_equal_those_of_the_schedules_tables() -> None:
     from ringflow.algorithms.schedule import Collective
     from ringflow.sim import simulate, simulate_schedule
     from ringflow.sim.api import schedule_for
     topo = build_cluster("dgx-h100", 4)
-    for coll in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+    for coll, algo in ((Collective.ALL_REDUCE, "ring"), (Collective.REDUCE_SCATTER, "ring"),
+                       (Collective.ALL_GATHER, "ring"), (Collective.ALL_REDUCE, "hierarchical")):
         for size in (4096, 1 << 24):
-            got = simulate(topo, coll, size, algorithm="ring", nranks=32)
-            want = simulate_schedule(topo, schedule_for(topo, coll, 32, "ring"), size)
+            got = simulate(topo, coll, size, algorithm=algo, nranks=32)
+            want = simulate_schedule(topo, schedule_for(topo, coll, 32, algo), size)
             assert got.time_us == want.time_us and got.protocol == want.protocol
             assert np.array_equal(got.rank_finish_us, want.rank_finish_us)

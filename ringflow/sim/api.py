@@ -203,9 +203,10 @@ def _table_for(topo: Any, coll: Collective, nranks: int, algorithm: str, root: i
     if algorithm == "pxn":   # NCCL's PXN relays inside each OS host (sim.alltoall_net)
         from .alltoall_net import pxn_table
         return pxn_table(topo, eps[:nranks], nsegs or 1)
-    if algorithm == "ring" and "rings" in kw:
+    if algorithm in ("ring", "hierarchical"):
         from .fastpath import schedule_equal_table
-        exact = schedule_equal_table(coll, nranks, kw["rings"], nsegs or 1)
+        exact = schedule_equal_table(coll, algorithm, nranks, rings=kw.get("rings"), groups=kw.get("host_groups"),
+                                     nsegs=nsegs or 1)
         if exact is not None:
             return exact
     return from_schedule(registry.get_schedule(coll, algorithm, nranks, **kw))

@@ -169,21 +169,35 @@ def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def schedule_equal_table(collective: Collective, nranks: int, rings: Sequence[Sequence[int]],
+def schedule_equal_table(collective: Collective, algorithm: str, nranks: int, *,
+                         rings: Sequence[Sequence[int]] | None = None, groups: Sequence[Sequence[int]] | None = None,
                          nsegs: int = 1) -> TransferTable | None:
-    """The table `transfers.from_schedule` makes of `algorithms.ring`'s schedule, written from its step pattern
-    in the schedule's row order, where the two are equal array for array: reduce-scatter and all-gather on a
-    power-of-two number of channels, all-reduce where ranks x channels is a power of two (the schedule's byte
-    counts are then exact), one segment, each ring an order of all the ranks; else None (build the schedule)."""
-    C, n = len(rings), nranks
-    if nsegs != 1 or n < 2 or not _pow2(C) or any(sorted(r) != list(range(n)) for r in rings):
+    """The table `transfers.from_schedule` makes of `algorithms.ring`'s or `algorithms.hierarchical`'s schedule,
+    written from its step pattern in the schedule's row order, where the two are equal array for array (the
+    schedule's byte counts are then exact): ring reduce-scatter and all-gather on a power-of-two number of
+    channels; ring all-reduce where ranks x channels is a power of two; hierarchical all-reduce on a power-of-two
+    number of ranks in equal host groups; one segment; the rings and groups covering every rank once. Else None
+    (build the schedule)."""
+    n = nranks
+    if nsegs != 1 or n < 2:
         return None
-    if collective == Collective.ALL_REDUCE:
-        if not _pow2(n * C):
+    if algorithm == "hierarchical":
+        if collective != Collective.ALL_REDUCE or not groups or not _pow2(n) or len({len(g) for g in groups}) != 1 \
+                or sorted(r for g in groups for r in g) != list(range(n)):
             return None
-        tab = table_from_phases(collective, "ring", n, ring_allreduce_phases(n, rings))
-    elif collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
-        tab = _ring_half(collective, n, rings, 1, None)
+        tab = table_from_phases(collective, algorithm, n, hierarchical_allreduce_phases(n, groups))
+    elif algorithm == "ring" and rings:
+        C = len(rings)
+        if not _pow2(C) or any(sorted(r) != list(range(n)) for r in rings):
+            return None
+        if collective == Collective.ALL_REDUCE:
+            if not _pow2(n * C):
+                return None
+            tab = table_from_phases(collective, "ring", n, ring_allreduce_phases(n, rings))
+        elif collective in (Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+            tab = _ring_half(collective, n, rings, 1, None)
+        else:
+            return None
     else:
         return None
     rows = np.lexsort((tab.chan, tab.step, tab.src))   # the schedule lists each rank's sends step by step
@@ -191,4 +205,3 @@ def schedule_equal_table(collective: Collective, nranks: int, rings: Sequence[Se
     return replace(tab, step=tab.step[rows], src=tab.src[rows], dst=tab.dst[rows], chan=tab.chan[rows],
                    frac=tab.frac[rows], nmsg=tab.nmsg[rows], lrank=tab.lrank[work], lstep=tab.lstep[work],
                    lcopy=tab.lcopy[work], lreduce=tab.lreduce[work], nserial=None)
-
