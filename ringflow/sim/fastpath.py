@@ -10,8 +10,9 @@ the engines get a compact table in milliseconds.
 
 It reproduces the traffic of `algorithms.ring` / `algorithms.hierarchical` exactly (bytes per
 (step, sender, receiver, channel), reductions per (rank, step)); `tests/test_sim_fastpath.py`
-checks that against the registry's schedules.  `api.simulate` uses it only above
-FASTPATH_MIN_TRANSFERS; smaller calls always flatten the real schedule.
+checks that against the registry's schedules.  `api.simulate` uses it above FASTPATH_MIN_TRANSFERS;
+below, only where its table equals the schedule's array for array (`schedule_equal_table`), else it
+flattens the real schedule.
 """
 from __future__ import annotations
 
