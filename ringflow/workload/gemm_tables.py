@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import yaml
@@ -111,6 +111,7 @@ def _axis(dims: tuple[int, ...], x: float) -> tuple[int, int, float, float]:
     return lo, hi, (math.log2(x) - math.log2(lo)) / (math.log2(hi) - math.log2(lo)), 1.0
 
 
+@lru_cache(maxsize=1 << 16)   # a pure function of its arguments: the packaged tables never change in a process
 def gemm_flops_per_s(gpu: str, peak_flops: float, dtype: str, m: float, n: float, k: float) -> float | None:
     """FLOP/s of one (M x K) @ (K x N) GEMM in `dtype` on `gpu` (dense peak `peak_flops` in that dtype), or None
     where no table covers the GPU (module docstring)."""
