@@ -130,8 +130,7 @@ def gemm_rows(models: list[ModelSpec], tokens: int, device: torch.device, reps: 
     """Every layer GEMM forward and its backward's two, BF16, and the forward in FP8 where supported."""
     rows: list[dict[str, Any]] = []
     dt = torch.bfloat16
-    fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and \
-        hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    fp8 = has_fp8(device)
     for m in models:
         for tp in TP_WIDTHS:
             for name, M, N, K in layer_gemms(m, tokens, tp):
@@ -142,24 +141,30 @@ def gemm_rows(models: list[ModelSpec], tokens: int, device: torch.device, reps: 
                     s = timed_s(fn, device, reps, inner=5, graph=True)
                     rows.append(_gemm_row(m.name, tp, name, part, "bf16", shape, s, peak))
                 if fp8:
-                    a8 = x.to(torch.float8_e4m3fn)
-                    b8 = w.t().contiguous().to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm wants
-                    one = torch.ones((), device=device)
-                    s = timed_s(_scaled_mm_call(a8, b8, one, dt), device, reps, inner=5, graph=True)
+                    s = timed_s(fp8_matmul(x, w), device, reps, inner=5, graph=True)
                     rows.append(_gemm_row(m.name, tp, name, "forward", "fp8", (M, N, K), s, peak))
     return rows
 
 
-def _scaled_mm_call(a8: torch.Tensor, b8: torch.Tensor, one: torch.Tensor, dt: torch.dtype) -> Callable[[], Any]:
-    """One FP8 GEMM with per-tensor scales, as a call to time."""
-    return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=dt)
+def has_fp8(device: torch.device) -> bool:
+    """Whether `device` has FP8 tensor cores (compute capability 8.9 on) and this torch `_scaled_mm`."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and \
+        hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+
+
+def fp8_matmul(x: torch.Tensor, w: torch.Tensor) -> Callable[[], Any]:
+    """x @ w as one FP8 GEMM with per-tensor scales (BF16 out), operands cast once, as a call to time."""
+    a8 = x.to(torch.float8_e4m3fn)
+    b8 = w.t().contiguous().to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm wants
+    one = torch.ones((), device=x.device)
+    return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
 def _gemm_row(model: str, tp: int, name: str, part: str, dtype: str, mnk: tuple[int, int, int], s: float,
               peak: GpuSpec | None) -> dict[str, Any]:
     M, N, K = mnk
     tflops = 2.0 * M * N * K / s / 1e12
-    top = None if peak is None else (peak.fp8_flops if dtype == "fp8" else peak.bf16_flops) / 1e12
+    top = None if peak is None else peak.peak_flops(dtype) / 1e12
     return {"model": model, "tp": tp, "gemm": name, "pass": part, "dtype": dtype, "m": M, "n": N, "k": K,
             "seconds": s, "tflops": tflops, "of_peak": None if top is None else tflops / top}
 

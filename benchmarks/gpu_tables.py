@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_operators import environment, show, timed_s  # noqa: E402
+from gpu_operators import environment, fp8_matmul, has_fp8, show, timed_s  # noqa: E402
 
 BACKENDS = ("flash", "cudnn", "efficient")
 FA3_TOKENS, FA3_HIDDEN = 16384, 2048     # arXiv:2407.08608 section 4.1
@@ -58,8 +58,7 @@ def reps_for(est_s: float, budget_s: float, low: int = 3, high: int = 20) -> int
 
 def gemm_grid(device: torch.device, dims: list[int], max_mnk: float, budget_s: float) -> list[dict[str, Any]]:
     """TFLOP/s of every (M, N, K) in the grid, BF16 and FP8."""
-    fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and \
-        hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    fp8 = has_fp8(device)
     rows: list[dict[str, Any]] = []
     dt = torch.bfloat16
     for M, N, K in itertools.product(dims, dims, dims):
@@ -69,11 +68,7 @@ def gemm_grid(device: torch.device, dims: list[int], max_mnk: float, budget_s: f
         flops = 2.0 * M * N * K
         calls: list[tuple[str, Callable[[], Any]]] = [("bf16", lambda x=x, w=w: x @ w)]
         if fp8:
-            a8 = x.to(torch.float8_e4m3fn)
-            b8 = w.t().contiguous().to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm wants
-            one = torch.ones((), device=device)
-            calls.append(("fp8", lambda a8=a8, b8=b8, one=one: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one,
-                                                                               out_dtype=dt)))
+            calls.append(("fp8", fp8_matmul(x, w)))
         for dtype, fn in calls:
             est = flops / (1.4e15 if dtype == "fp8" else 7e14) if device.type == "cuda" else flops / 1e11
             inner = max(1, min(50, int(2e-4 / est)))   # a graph of >= ~0.2 ms: the replay's own cost vanishes

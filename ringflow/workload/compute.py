@@ -100,6 +100,10 @@ class GpuSpec:
     async_mma: bool = False     # asynchronous tensor cores (Hopper and later): softmax can overlap the GEMMs
     nccl_sm_share: float = 0.0  # share of the SMs a running NCCL collective holds (hardware.gpus); 0: not known
 
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s in `dtype` ('fp8', else the BF16/FP16 peak)."""
+        return self.fp8_flops if dtype == "fp8" else self.bf16_flops
+
 
 def _from_catalog() -> dict[str, GpuSpec]:
     """The hardware catalog's GPUs (ringflow.hardware.gpus: dense datasheet peaks, sources per entry) in the
@@ -277,8 +281,7 @@ def expert_gemms(model: ModelSpec, layout: Layout, rows: float) -> list[tuple[fl
 
 def table_rates(gpu: GpuSpec, dtype: str, gemms: list[tuple[float, float, float]]) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of `gemms` at the measured GEMM table's rates for `gpu`, or None without one."""
-    peak = gpu.fp8_flops if dtype == "fp8" else gpu.bf16_flops
-    fwd, bwd = (sequence_flops_per_s(gpu.name, peak, dtype, g) for g in passes_of(gemms))
+    fwd, bwd = (sequence_flops_per_s(gpu.name, gpu.peak_flops(dtype), dtype, g) for g in passes_of(gemms))
     return None if fwd is None or bwd is None else (fwd, bwd)
 
 
@@ -317,8 +320,7 @@ def expert_gemm_rate(model: ModelSpec, layout: Layout, e: EfficiencyModel, token
     rows *= layout.capacity_factor or 1.0
     if gpu is not None and e.gemm_tables:
         fwd, bwd = passes_of(expert_gemms(model, layout, rows))
-        peak = gpu.fp8_flops if layout.precision == "fp8" else gpu.bf16_flops
-        dtype = "fp8" if layout.precision == "fp8" else "bf16"
+        dtype, peak = layout.precision, gpu.peak_flops(layout.precision)
         both = max_flops_per_s(gpu.name, peak, dtype) if e.expert_rate_bound else \
             sequence_flops_per_s(gpu.name, peak, dtype, fwd + bwd)
         if both is not None:
@@ -400,11 +402,11 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     rate = rate_bwd = peak * eff_g
     rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
     logit_rate = rate_bf16
-    measured = table_rates(gpu, "fp8" if layout.precision == "fp8" else "bf16",
-                           linear_gemms(model, layout, tokens)) if e.gemm_tables else None
+    gemms = linear_gemms(model, layout, tokens)
+    measured = table_rates(gpu, layout.precision, gemms) if e.gemm_tables else None
     if measured is not None:
         rate, rate_bwd = (r * e.software_factor for r in measured)
-        dense_bf16 = table_rates(gpu, "bf16", linear_gemms(model, layout, tokens))
+        dense_bf16 = measured if layout.precision == "bf16" else table_rates(gpu, "bf16", gemms)
         rate_bf16 = (dense_bf16 or measured)[0] * e.software_factor
         if logits:
             logit_pair = table_rates(gpu, "bf16", [(tokens, model.vocab / t, model.hidden)])

@@ -328,7 +328,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     net = sum(breakdown[k] for k in ("tp_exposed", "cp_exposed", "ep_exposed", "pp_p2p", "dp_exposed"))
     mem = memory_per_gpu(model, L, gpu.memory_bytes, **({} if reserve_bytes is None else
                                                           {"reserve_bytes": reserve_bytes}))
-    peak = gpu.fp8_flops if mfu_peak == "fp8" else gpu.bf16_flops
+    peak = gpu.peak_flops(mfu_peak)
     wire: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0}
     for call in S.calls:
         wire["ep" if call.dim == "etp" else call.dim] += m * call.wire_bytes
