@@ -304,7 +304,7 @@ def layer_rows(models: list[ModelSpec], seq: int, device: torch.device, reps: in
             step = _layer_step(fn, x)
             kernel = SDPA_BACKENDS[backend] if backend else attention
             try:
-                with _forced_backend(backend):
+                with forced_backend(backend):
                     t0 = time.perf_counter()
                     step()   # the first call compiles
                     first_s = time.perf_counter() - t0
@@ -322,18 +322,19 @@ def layer_rows(models: list[ModelSpec], seq: int, device: torch.device, reps: in
     return rows
 
 
-# SDPA backends a layer can be forced to, and the kernel (kernels.ATTENTION_KERNELS) each runs
+# SDPA backends that run a kernel of kernels.ATTENTION_KERNELS, and that kernel's name
 SDPA_BACKENDS = {"flash": "flash2", "cudnn": "cudnn"}
 
 
-def _forced_backend(backend: str) -> Any:
-    """A context that forces SDPA onto one backend ('' : torch's own choice)."""
+def forced_backend(backend: str) -> Any:
+    """A context that forces SDPA onto one backend (flash, cudnn, efficient; '': torch's own choice)."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     if not backend:
         return contextlib.nullcontext()
-    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]])
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                         "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]])
 
 
 def _fmt(v: Any) -> str:

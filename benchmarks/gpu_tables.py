@@ -41,7 +41,15 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_operators import environment, fp8_matmul, has_fp8, show, timed_s  # noqa: E402
+from gpu_operators import (  # noqa: E402
+    SDPA_BACKENDS,
+    environment,
+    forced_backend,
+    fp8_matmul,
+    has_fp8,
+    show,
+    timed_s,
+)
 
 BACKENDS = ("flash", "cudnn", "efficient")
 FA3_TOKENS, FA3_HIDDEN = 16384, 2048     # arXiv:2407.08608 section 4.1
@@ -81,9 +89,6 @@ def gemm_grid(device: torch.device, dims: list[int], max_mnk: float, budget_s: f
 def attention_table(device: torch.device, seqs: list[int], head_dims: list[int], tokens: int, hidden: int,
                     budget_s: float) -> list[dict[str, Any]]:
     """Forward and backward TFLOP/s of SDPA per backend, sequence length, head dimension and causality."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION}
     rows: list[dict[str, Any]] = []
     for backend, hd, causal, seq in itertools.product(BACKENDS, head_dims, (False, True), seqs):
         b, h = max(1, tokens // seq), hidden // hd
@@ -102,7 +107,7 @@ def attention_table(device: torch.device, seqs: list[int], head_dims: list[int],
                     d: torch.Tensor = dout) -> None:
             F.scaled_dot_product_attention(q, k, v, is_causal=c).backward(d)
         try:
-            with sdpa_kernel([kinds[backend]]):
+            with forced_backend(backend):
                 est = fwd_flops / 4e14 if device.type == "cuda" else fwd_flops / 1e10
                 inner = max(1, min(10, int(1e-3 / est)))   # the host runs ahead of kernels of >= ~1 ms in all
                 f_s = timed_s(fwd, device, reps_for(est * inner, budget_s, high=10), warmup=2, inner=inner)
@@ -196,9 +201,6 @@ def grouped_rows(device: torch.device, small: bool, reps: int) -> list[dict[str,
     return rows
 
 
-KERNEL_OF_BACKEND = {"flash": "flash2", "cudnn": "cudnn"}   # kernels.ATTENTION_KERNELS names
-
-
 def provenance(res: dict[str, Any]) -> str:
     """What ran, for a data file's source: GPU, power limit, driver, CUDA, cuDNN, torch, the command."""
     env = res["environment"]
@@ -224,11 +226,11 @@ def emit_data(res: dict[str, Any], out: Path) -> None:
             "columns": ["m", "n", "k", "bf16_tflops", "fp8_tflops"], "rows": rows}
     (out / "gemm_table.yaml").write_text(yaml.safe_dump({"tables": [gemm]}, default_flow_style=None, width=120,
                                                          sort_keys=False))
-    ok = [r for r in res.get("attention", []) if "error" not in r and r["backend"] in KERNEL_OF_BACKEND]
+    ok = [r for r in res.get("attention", []) if "error" not in r and r["backend"] in SDPA_BACKENDS]
     seqs = sorted({r["seq"] for r in ok})
     kernels: dict[str, dict[str, dict[int, list[float]]]] = {}
     for r in ok:
-        k = kernels.setdefault(KERNEL_OF_BACKEND[r["backend"]], {})
+        k = kernels.setdefault(SDPA_BACKENDS[r["backend"]], {})
         suffix = "_causal" if r["causal"] else ""
         for series, key in (("forward", "forward_tflops"), ("backward", "backward_tflops")):
             row = k.setdefault(series + suffix, {}).setdefault(r["head_dim"], [0.0] * len(seqs))
