@@ -36,3 +36,24 @@ def test_a_peak_without_its_source_or_not_positive_is_refused(tmp_path: Path, ti
         case.pop("peak_source")
     with pytest.raises(ConfigError, match="peak_tflops"):
         _check_case(case, tmp_path / "cases.yaml")
+
+
+@pytest.mark.parametrize("bad", [0, -500, "500", True, float("nan")])
+def test_a_power_limit_not_a_positive_number_is_refused(tmp_path: Path, titan: dict, bad: object) -> None:
+    case = dict(titan, power_limit_W=bad, power_source={"url": "https://example.org", "where": "x"})
+    with pytest.raises(ConfigError, match="power_limit_W"):
+        _check_case(case, tmp_path / "cases.yaml")
+
+
+def test_a_power_limit_without_its_source_is_refused(tmp_path: Path, titan: dict) -> None:
+    case = {k: v for k, v in titan.items() if k != "power_source"}
+    with pytest.raises(ConfigError, match="power_limit_W"):
+        _check_case(dict(case, power_limit_W=500), tmp_path / "cases.yaml")
+
+
+def test_a_stated_power_limit_reaches_the_prediction(titan: dict) -> None:
+    consts = Constants.defaults()
+    src = {"url": "https://example.org", "where": "x"}
+    at = {w: predict(dict(titan, power_limit_W=w, power_source=src), consts).value for w in (400, 500, 700)}
+    assert at[400] < at[500] < at[700]
+    assert at[700] / at[500] < 1969.0 / 1731.0   # the memory-bound kernels and the communication do not slow

@@ -13,9 +13,17 @@ the tensor cores run asynchronously to the warps that issue them (Hopper's WGMMA
 warp-specialised attention kernel compute one tile's softmax while another tile's GEMMs run.
 ``nccl_sm_share``: NCCL runs each collective as a kernel whose CTAs (one per channel) hold SMs for the whole
 collective, so compute overlapped with it runs on the rest (measured where a source gives the CTA count).
+
+``power_limit_W`` is the board power limit a GPU runs at by default (the datasheet's TDP): the measured GEMM and
+attention tables (``ringflow/data/gemm_tables.yaml``, ``attention_kernels.yaml``) were taken there. Under a lower
+limit the GPU holds a lower SM clock through tensor-core-bound work, and its tensor and special-function rates
+fall with it; ``sustained_clock_MHz`` is that clock per power limit where a source measured it
+(`GpuModel.clock_ratio`). HBM bandwidth is not scaled: the memory clock stays at its rate under a power cap.
 """
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument
@@ -40,6 +48,42 @@ class GpuModel:
     exp_source: str = ""
     nccl_sm_share: float = 0.0   # share of the SMs a running NCCL collective holds (its CTAs); 0 = not known
     nccl_sm_source: str = ""
+    power_limit_W: float = 0.0   # default board power limit (datasheet TDP); 0 = not known
+    # (power limit in W, average SM clock in MHz) under a tensor-core-bound load, ascending; () = not measured
+    sustained_clock_MHz: tuple[tuple[float, float], ...] = ()
+    sustained_clock_source: str = ""
+
+    def clock_ratio(self, power_limit_W: float, reference_W: float | None = None) -> float:
+        """Sustained SM clock under a `power_limit_W` board limit over that under `reference_W` (default: the GPU's
+        default limit), linear in the limit between the measured ones."""
+        ref = self.power_limit_W if reference_W is None else reference_W
+        for w in (power_limit_W, reference_W):
+            if w is not None and not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+                raise InvalidArgument(f"{self.name}: power limit {w!r} W", "give a positive power limit in watts")
+        if not ref:
+            raise InvalidArgument(f"{self.name}: its default power limit is not known",
+                                  "add its power_limit_W (the datasheet TDP) to ringflow/hardware/gpus.py")
+        if power_limit_W == ref:
+            return 1.0
+        if not self.sustained_clock_MHz:
+            raise InvalidArgument(f"{self.name} at a {power_limit_W:g} W power limit (its default is "
+                                  f"{self.power_limit_W:g} W): no measured sustained clock under a power limit",
+                                  "state the run at the GPU's default power limit, or add the GPU's "
+                                  "sustained_clock_MHz with its source to ringflow/hardware/gpus.py")
+        return self._clock_at(power_limit_W) / self._clock_at(ref)
+
+    def _clock_at(self, watts: float) -> float:
+        """The sustained SM clock in MHz under a `watts` limit, interpolated between the measured limits."""
+        pts = self.sustained_clock_MHz
+        lo, hi = pts[0][0], pts[-1][0]
+        if not lo <= watts <= hi:
+            raise InvalidArgument(f"{self.name} at a {watts:g} W power limit: its sustained clock is measured "
+                                  f"from {lo:g} to {hi:g} W", f"give a power limit within {lo:g}-{hi:g} W")
+        j = bisect.bisect_left([w for w, _ in pts], watts)
+        if pts[j][0] == watts:
+            return pts[j][1]
+        (w0, f0), (w1, f1) = pts[j - 1], pts[j]
+        return f0 + (f1 - f0) * (watts - w0) / (w1 - w0)
 
 
 _GUIDE = ("CUDA C++ Programming Guide, Arithmetic Instructions throughput table: 16 base-2 exponentials per clock "
@@ -65,6 +109,14 @@ _GH100_NCCL = ("NVIDIA Developer Forums, 'Compute-Communication Overlap Causes S
                "because of Tail Effect' (2025), https://forums.developer.nvidia.com/t/compute-communication-overlap-"
                "causes-severe-gemm-performance-degradation-because-of-tail-effect/337991: Nsight Systems on an H100 "
                "(132 SMs) under FSDP prefetch: 'the concurrent ncclAllGather kernel launches 24 blocks'")
+_H100_POWER = ("arXiv:2604.11391v2 (Ujeniya, Eitzinger, Hager, Wellein, 'Architectural Trade-offs in the "
+               "Energy-Efficient Era: A Comparative Study of power-capping NVIDIA H100 and H200', 2026), Fig. 6b: "
+               "average SM clock of an H100 SXM (94 GiB HBM2e, 700 W TDP; NHR@FAU Helma) running ViT-L/16 "
+               "inference (batch 256, TF32 tensor cores) under power caps of 200, 300, 400, 500, 600 and 700 W: "
+               "625, 1132, 1501, 1731, 1889 and 1969 MHz (the values printed in the figure). The HBM2e part is the "
+               "one torchtitan's Grand Teton H100s are; the catalog H100 (HBM3) has the same GH100 die and SMs")
+_H100_CLOCKS = ((200.0, 625.0), (300.0, 1132.0), (400.0, 1501.0), (500.0, 1731.0), (600.0, 1889.0),
+                (700.0, 1969.0))
 _ULTRA_EXP = (f"{_BLACKWELL_ULTRA_BLOG}: Blackwell Ultra 10.7 TeraExponentials/s (2x Blackwell's SFU throughput for "
               "attention)")
 
@@ -92,9 +144,11 @@ GPU_MODELS: dict[str, GpuModel] = {g.name: g for g in [
              exp_per_s=_sfu_rate(108, 1.41), exp_source=_A100_EXP),
     # H100 SXM5 datasheet: BF16 1,979 / FP8 3,958 TFLOPS with sparsity -> 989.5 / 1,979 dense; 80 GB HBM3 3.35 TB/s.
     GpuModel("H100", 989.5, 989.5, 1979.0, 80, 3350, 4, 18, 5,
-             "NVIDIA H100 datasheet (H100 SXM column), https://www.nvidia.com/en-us/data-center/h100/",
+             "NVIDIA H100 datasheet (H100 SXM column; max TDP 700 W, configurable), "
+             "https://www.nvidia.com/en-us/data-center/h100/",
              exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP,
-             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
+             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL, power_limit_W=700.0,
+             sustained_clock_MHz=_H100_CLOCKS, sustained_clock_source=_H100_POWER),
     # H800 SXM5: H100 compute and memory; NVLink cut to 8 NVLink4 links = 400 GB/s both directions
     # (DeepSeek, "Insights into DeepSeek-V3: Scaling Challenges and Reflections on Hardware", Sec. 4).
     GpuModel("H800", 989.5, 989.5, 1979.0, 80, 3350, 4, 8, 5,
@@ -103,9 +157,10 @@ GPU_MODELS: dict[str, GpuModel] = {g.name: g for g in [
              nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
     # H200 SXM datasheet: same compute as H100 SXM; 141 GB HBM3e at 4.8 TB/s.
     GpuModel("H200", 989.5, 989.5, 1979.0, 141, 4800, 4, 18, 5,
-             "NVIDIA H200 datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/",
+             "NVIDIA H200 datasheet (H200 SXM column; max TDP 700 W, configurable), "
+             "https://www.nvidia.com/en-us/data-center/h200/",
              exp_per_s=_sfu_rate(132, 1.83), async_mma=True, exp_source=_GH100_EXP,
-             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL),
+             nccl_sm_share=24 / 132, nccl_sm_source=_GH100_NCCL, power_limit_W=700.0),
     # H20 (Hopper, export part): 148 TFLOPS BF16/FP16 and 296 TFLOPS FP8 dense, 96 GB HBM3 at 4.0 TB/s, NVLink4
     # 900 GB/s (18 links), PCIe Gen5 x16. NVIDIA publishes no public datasheet; figures as vendors list them.
     GpuModel("H20", 148.0, 148.0, 296.0, 96, 4000, 4, 18, 5,

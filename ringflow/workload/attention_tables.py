@@ -7,7 +7,9 @@ is used). Where a table covers the GPU and the kernel, an attention pass runs at
 
 - log-linear in the sequence length between its points, flat beyond them (its rates level off by 8k);
 - linear in the head dimension between the tables' head dimensions, the nearest table outside them;
-- scaled by the GPU's dense BF16 peak over the table GPU's (a GPU listed with the table GPU's SMs and clocks);
+- scaled by the GPU's dense BF16 peak over the table GPU's (a GPU listed with the table GPU's SMs and clocks; the
+  tables were measured at the default power limit, and a run under a lower one passes a peak scaled by its
+  sustained clock there, `compute.GpuSpec.at_power_limit`);
 - a causal backward at its measured rate where the table has one; where it has none (the paper shows no causal
   backward) at the non-causal backward rate times the causal over non-causal forward rate at the same length:
   the masked diagonal tiles cost the backward what they cost the forward (an assumption).

@@ -45,6 +45,10 @@ Model (all constants below are settable through `EfficiencyModel`):
   permute/unpermute, sort-by-local-expert and token-dispatcher time (`moe.layer_cost`, the dispatcher's rate
   fitted per kind); a dropless
   MoE layer's forward lasts at least the host's time to launch it (`moe.host_wait_s`, fitted per kind).
+- A run under a board power limit below the GPU's default (``GpuSpec.at_power_limit``) holds a lower SM clock
+  through tensor-core-bound work: its tensor peaks and exponential rate, and so every GEMM, attention and softmax
+  time above, scale by the sustained clock there over the clock at the default limit the tables were measured at
+  (``hardware.gpus``, measured per limit where a source gives it); the memory-bound terms keep HBM bandwidth.
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 - ``kernels`` names the framework's memory-bound kernel profile (`kernels.PROFILES`): the stored-activation term
@@ -59,7 +63,7 @@ is the fraction of HBM bandwidth elementwise kernels reach.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,10 +103,26 @@ class GpuSpec:
     exp_per_s: float = 0.0      # special-function base-2 exponentials per second (0: not known, left out)
     async_mma: bool = False     # asynchronous tensor cores (Hopper and later): softmax can overlap the GEMMs
     nccl_sm_share: float = 0.0  # share of the SMs a running NCCL collective holds (hardware.gpus); 0: not known
+    power_limit_W: float = 0.0  # the board power limit the rates above hold at (hardware.gpus); 0: not known
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s in `dtype` ('fp8', else the BF16/FP16 peak)."""
         return self.fp8_flops if dtype == "fp8" else self.bf16_flops
+
+    def at_power_limit(self, watts: float) -> GpuSpec:
+        """This GPU under a `watts` board power limit: its tensor peaks and exponential rate (what the compute-bound
+        GEMM, attention and softmax times scale with) times the sustained SM clock there over the clock at its
+        current limit (`hardware.gpus.GpuModel.clock_ratio`); HBM bandwidth and capacity unchanged."""
+        from ..hardware.gpus import GPU_MODELS
+        if watts == self.power_limit_W:
+            return self
+        model = GPU_MODELS.get(self.name)
+        if model is None:
+            raise InvalidArgument(f"{self.name} at a {watts!r} W power limit: not a catalog GPU",
+                                  f"use one of {', '.join(GPU_MODELS)}")
+        r = model.clock_ratio(watts, self.power_limit_W or None)
+        return replace(self, bf16_flops=self.bf16_flops * r, fp8_flops=self.fp8_flops * r,
+                       exp_per_s=self.exp_per_s * r, power_limit_W=float(watts))
 
 
 def _from_catalog() -> dict[str, GpuSpec]:
@@ -114,7 +134,7 @@ def _from_catalog() -> dict[str, GpuSpec]:
         half = (g.bf16_tflops or g.fp16_tflops) * 1e12
         out[g.name] = GpuSpec(g.name, half, (g.fp8_tflops or g.bf16_tflops or g.fp16_tflops) * 1e12,
                               float(g.memory_GBps), float(g.memory_GB) * 1e9, g.exp_per_s, g.async_mma,
-                              g.nccl_sm_share)
+                              g.nccl_sm_share, g.power_limit_W)
     return out
 
 
@@ -240,7 +260,6 @@ def efficiency_for(software: str = DEFAULT_SOFTWARE, base: EfficiencyModel | Non
     if prof is None:
         raise InvalidArgument(f"unknown software profile {software!r}",
                               f"use one of {', '.join(SOFTWARE_PROFILES)}")
-    from dataclasses import replace
     return replace(base or EfficiencyModel(), software_factor=prof.software_factor, kernels=prof.kernels)
 
 

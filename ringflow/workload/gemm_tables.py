@@ -14,7 +14,8 @@ driver, CUDA, cuDNN and torch versions and the command). A GEMM's rate is read:
 - beyond the largest grid value, at the largest (the rate is flat there); below the smallest, at the smallest
   times the dimension over it (a tile then computes that fraction of its work);
 - scaled by the GPU's dense peak over the table GPU's, for the catalog GPUs `applies_to` lists (the table GPU's
-  SMs and clocks).
+  SMs and clocks). The tables were measured at those GPUs' default 700 W power limit; a run under a lower limit
+  passes a peak already scaled by the sustained SM clock there (`compute.GpuSpec.at_power_limit`).
 
 A GPU no table covers keeps the efficiency curve of `compute.EfficiencyModel`.
 """

@@ -48,7 +48,8 @@ def case_layout(case: dict[str, Any]) -> Layout:
 
 def case_gpu(case: dict[str, Any], gpu: GpuSpec) -> GpuSpec:
     """`gpu` (its topology preset's) with the figures the case's source states where they differ from the preset's:
-    memory bandwidth (hbm_GBps), capacity (hbm_GB) and dense tensor peaks (peak_tflops)."""
+    memory bandwidth (hbm_GBps), capacity (hbm_GB), dense tensor peaks (peak_tflops) and the board power limit the
+    run held (power_limit_W: its compute-bound rates at that limit's sustained clock, `GpuSpec.at_power_limit`)."""
     if case.get("hbm_GBps"):
         gpu = replace(gpu, hbm_GBps=float(case["hbm_GBps"]))
     if case.get("hbm_GB"):
@@ -56,6 +57,8 @@ def case_gpu(case: dict[str, Any], gpu: GpuSpec) -> GpuSpec:
     if case.get("peak_tflops"):
         pk = case["peak_tflops"]
         gpu = replace(gpu, bf16_flops=float(pk["bf16"]) * 1e12, fp8_flops=float(pk.get("fp8", pk["bf16"])) * 1e12)
+    if case.get("power_limit_W"):
+        gpu = gpu.at_power_limit(float(case["power_limit_W"]))
     return gpu
 
 

@@ -163,6 +163,10 @@ def _check_case(c: Any, p: Path) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in peak.values())
             and c.get("peak_source")):
         bad.append("peak_tflops ({bf16: dense TFLOP/s, fp8: ...}, with peak_source)")
+    watts = c.get("power_limit_W")
+    if "power_limit_W" in c and (not isinstance(watts, (int, float)) or isinstance(watts, bool) or not watts > 0
+                                 or not c.get("power_source")):
+        bad.append("power_limit_W (the board power limit the run held, in W, with power_source)")
     if bad:
         raise ConfigError(f"{p}: case {cid!r}: missing or invalid {', '.join(bad)}",
                           f"kind in {KINDS}, set in {SETS}, a group name, metric in {METRICS}, a positive value, "
