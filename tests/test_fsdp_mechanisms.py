@@ -124,3 +124,26 @@ def test_pipelined_per_block_fsdp_holds_the_stage_gradients_unsharded_in_the_red
     assert deferred.grads_bytes == pytest.approx(dense * 4)
     bucketed = stage_memory(M8, lay.with_(fsdp_units="bucketed"), 0, 80e9, policy=pol)
     assert bucketed.grads_bytes == pytest.approx(dense * 4 / 8)
+
+
+def test_pipelined_fsdp_casts_the_first_gradient_and_adds_each_later_one_in_the_reduce_dtype():
+    from ringflow.workload.fsdp import accumulate_s
+    units = Units(blocks=4, block_params=(1e9, 0.0), root_params=5e8)
+    lay = Layout(pp=4, dp=2, zero=3, global_batch=8, micro_batch=1)   # 4 micro-batches, float32 reduce dtype
+    params = 4.5e9
+    # first: bf16 read + fp32 written (6 B); each later: bf16 and fp32 read, fp32 written (10 B); per micro-batch
+    assert accumulate_s(units, lay, 1.0) == pytest.approx(params * (6 + 3 * 10) / 4)
+    # reduce dtype = param dtype: the first gradient stays in place, autograd adds the later ones (6 B)
+    assert accumulate_s(units, lay.with_(grad_bytes=2), 1.0) == pytest.approx(params * 3 * 6 / 4)
+    assert accumulate_s(units, Layout(dp=8, zero=3, global_batch=8), 1.0) == 0.0   # no pipeline: reduced each time
+
+
+def test_step_time_prices_the_gradient_accumulation_of_pipelined_per_block_fsdp_only():
+    topo = cluster_for("dgx-h100", 4)
+    lay = Layout(tp=8, pp=2, dp=2, zero=3, fsdp_units="per_block", micro_batch=1, global_batch=8,
+                 seq_len=2048, sequence_parallel=True)
+    r = step_time(M8, lay, topo, comm=AlphaBetaModel())
+    assert r.breakdown["grad_accumulate"] > 0
+    assert r.step_time_s == pytest.approx(sum(r.breakdown.values()))
+    bucketed = step_time(M8, lay.with_(fsdp_units="bucketed"), topo, comm=AlphaBetaModel())
+    assert bucketed.breakdown["grad_accumulate"] == 0.0

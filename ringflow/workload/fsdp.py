@@ -32,6 +32,14 @@ final norm and the output layer. What each unit gathers and reduces, and what hi
   ``set_requires_gradient_sync(False)``, then ``post_backward()`` of every unit on ``last_backward``). The
   chunk that finishes last leaves its reduce-scatters exposed; an earlier chunk's hide under the last chunk's
   remaining backwards (the cool-down's last round: min(m, p) micro-batches).
+- **gradient accumulation under pipeline parallelism**: with gradient sync off, each unit's post-backward hook
+  keeps the micro-batch's unsharded gradient in the reduce dtype: the first micro-batch's bf16 gradient is cast
+  (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``), every later one added
+  to that sum (``accumulate_unsharded_grad_if_needed``: ``unsharded_accumulated_grad += unsharded_param.grad``),
+  PyTorch ``_composable/fsdp/_fsdp_param.py``, called from ``FSDPParamGroup.post_backward`` while
+  ``reduce_grads`` is off. Each is one memory-bound pass over the stage's unsharded parameters on the compute
+  stream after the unit's backward (`accumulate_s`); with the reduce dtype equal to the parameters' the first
+  gradient stays in place and autograd adds the later ones (``AccumulateGrad``).
 
 Collective times come from the caller (the step model's communication model over the DP group).
 """
@@ -120,3 +128,17 @@ def exposed_s(units: Units, layout: Layout, mb: MicrobatchTimes, times: tuple[Co
     hidden = v * (n_chunk - 1) * min(ag, fwd) + min((v - 1) * rs_chunk, hide)
     wire = params * gb + root * PARAM_BYTES + (params + root) * L.grad_bytes
     return gathers + reduces + sm_share * hidden, wire
+
+
+def accumulate_s(units: Units, layout: Layout, mem_Bps: float) -> float:
+    """Seconds per micro-batch, averaged over the step, of accumulating the stage's unsharded gradients in the
+    reduce dtype while the pipeline keeps gradient sync off (module docstring); 0 without pipelining."""
+    L = layout
+    if L.pp == 1:
+        return 0.0
+    params = sum(units.block_params) * units.blocks + units.root_params
+    g = L.grad_bytes
+    first = 0.0 if g == PARAM_BYTES else PARAM_BYTES + g   # bf16 gradient read, cast, written in the reduce dtype
+    later = PARAM_BYTES + 2 * g                             # bf16 gradient and the sum read, the sum written
+    m = L.microbatches
+    return params * (first + (m - 1) * later) / m / mem_Bps

@@ -15,6 +15,8 @@ Per micro-batch on every pipeline stage i (uneven splits, dense/MoE layers, embe
           combined 1F1B), exposed beyond it and in the warm-up and cool-down, where a forward or a backward runs
           alone (`ep_overlap_share`)
         + PP: one activation send forward and one gradient send backward per virtual stage
+        + with pipelining and ZeRO-3 per block (``fsdp_units: per_block``, PyTorch FSDP): the post-backward
+          accumulation of the stage's unsharded gradients in the reduce dtype (`fsdp.accumulate_s`)
       (the collectives come from `layercomm.stage_calls`, the same list the traffic figures use)
 
     pipeline = (m + (p-1)/v) x max_i t_i   (the slowest stage paces 1F1B; bubble share (p-1)/(m v + p - 1))
@@ -112,10 +114,20 @@ class _Stage:
     mb: MicrobatchTimes
     comm: dict[str, float]      # exposed seconds per dimension, per micro-batch
     calls: list[CommCall]
+    accumulate_s: float = 0.0   # FSDP's unsharded gradient accumulation per micro-batch (`fsdp.accumulate_s`)
 
     @property
     def total_s(self) -> float:
-        return self.mb.total_s + sum(self.comm.values())
+        return self.mb.total_s + sum(self.comm.values()) + self.accumulate_s
+
+
+def _accumulate_s(model: ModelSpec, L: Layout, stage: int, gpu: GpuSpec, eff: EfficiencyModel) -> float:
+    """FSDP's per-micro-batch gradient accumulation on pipeline stage `stage` (0 unless ZeRO-3 per block)."""
+    if L.zero != 3 or L.fsdp_units != "per_block" or L.pp == 1:
+        return 0.0
+    from .fsdp import accumulate_s, stage_units
+    units = stage_units(model, L, stage, *stage_param_split(model, L, stage))
+    return accumulate_s(units, L, gpu.hbm_GBps * 1e9 * eff.mem_eff)
 
 
 def _hierarchical_a2a_s(nbytes: float, grp: list[str], topo: Any, comm: CommModel, model: ModelSpec) -> float | None:
@@ -241,7 +253,7 @@ def _pipeline_stages(model: ModelSpec, L: Layout, topo: Any, gpu: GpuSpec, comm:
             mb = microbatch_times(model, L, gpu, eff, stage=i)
             calls = stage_calls_for(model, L, i, eff.kernels)
             st = seen[key] = _Stage(mb, _stage_time(calls, mb, L, topo, comm, groups, f, model, (a, b), gpu, eff),
-                                    calls)
+                                    calls, _accumulate_s(model, L, i, gpu, eff))
         stages.append(st)
     return stages
 
@@ -279,7 +291,7 @@ def stage_bound_s(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec, 
     calls = stage_calls_for(model, layout, stage, e.kernels)
     span = layout.stage_ranges(model)[stage]
     return _Stage(mb, _stage_time(calls, mb, layout, topo, comm, groups, lambda dim: 1.0, model, span, gpu, e),
-                  calls).total_s
+                  calls, _accumulate_s(model, layout, stage, gpu, e)).total_s
 
 
 def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | None = None,
@@ -320,6 +332,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
                  "recompute": m * mb.recompute_s,
                  "tp_exposed": (m + fill) * c["tp"], "cp_exposed": (m + fill) * c["cp"],
                  "ep_exposed": (m + fill) * c["ep"], "pp_p2p": (m + fill) * c["pp"],
+                 "grad_accumulate": (m + fill) * S.accumulate_s,
                  "bubble": fill * mb.total_s, "dp_exposed": t_dp_exposed, "optimizer": t_opt}
     tokens = L.tokens_per_step
     model_flops = model.training_flops_per_token(L.seq_len) * tokens
