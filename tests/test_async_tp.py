@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringflow.errors import ConfigError
+from ringflow.errors import ConfigError, InvalidArgument
 from ringflow.workload import load_model
 from ringflow.workload.commmodel import AlphaBetaModel
 from ringflow.workload.layercomm import stage_calls
@@ -79,3 +79,29 @@ def test_tp_overlap_needs_sequence_parallelism_and_a_known_implementation():
     with pytest.raises(ConfigError, match="tp_overlap"):
         Layout(tp=8, sequence_parallel=True, overlap_tp=True, tp_overlap="flux", global_batch=8)
     Layout(tp=1, overlap_tp=True, global_batch=8)   # nothing to overlap on one GPU: accepted
+
+
+def test_a_non_reentrant_recompute_leaves_out_the_reduce_scatter_ending_each_layer():
+    def tp(checkpoint: str, lay: Layout = BASE) -> dict[str, float]:
+        return {c.collective: c.calls for c in stage_calls(M70, lay, 0, checkpoint) if c.dim == "tp"}
+    rerun, needed = tp("reentrant"), tp("non-reentrant")
+    assert rerun == {"all_gather": 2 * 80 * 3, "reduce_scatter": 2 * 80 * 3}
+    # the recompute gathers both regions' inputs again but stops before the MLP's reduce-scatter
+    assert needed == {"all_gather": 2 * 80 * 3, "reduce_scatter": 2 * 80 * 3 - 80}
+    assert tp("non-reentrant", BASE.with_(recompute="selective")) == tp("reentrant", BASE.with_(recompute="selective"))
+    no_sp = {c.collective: c.calls for c in stage_calls(M70, BASE.with_(sequence_parallel=False), 0, "non-reentrant")
+             if c.dim == "tp"}
+    assert no_sp == {"all_reduce": 2 * 80 * 3 - 80}
+    pieces = tp_pieces(M70, BASE.with_(overlap_tp=True, tp_overlap="async_tp"), 0, 80, 1.0, 2.0, "non-reentrant")
+    recompute_rs = [p for p in pieces if p.pass_ == "recompute" and p.collective == "reduce_scatter"]
+    assert [p.gemm_flops for p in recompute_rs] == [pytest.approx(2 * 8192 * 2 * 8192 * 8192 / 8)]   # O only
+    with pytest.raises(InvalidArgument, match="checkpoint"):
+        stage_calls(M70, BASE, 0, "selective")
+
+
+def test_torchtitan_profiles_checkpoint_non_reentrant_and_an_unknown_checkpoint_is_refused():
+    from ringflow.workload.kernels import PROFILES, KernelProfile
+    assert PROFILES["torchtitan-compile"].checkpoint == PROFILES["torchtitan-eager"].checkpoint == "non-reentrant"
+    assert PROFILES["megatron-te"].checkpoint == "reentrant"
+    with pytest.raises(InvalidArgument, match="checkpoint"):
+        KernelProfile("x", "fused", "fused", "fused", "", checkpoint="early")

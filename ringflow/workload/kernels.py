@@ -35,7 +35,17 @@ an eager one well above. Kernels of per-token scalars (mean, rsqrt) are counted 
 per-kernel launch time is a parameter (`EfficiencyModel.kernel_launch_s`, 0: no sourced figure yet).
 MoE layers keep the stored-activation term alone (no PyTorch-native MoE profile yet).
 
-Two more mechanisms ride on the profile and the run's precision:
+Three more mechanisms ride on the profile and the run's precision:
+
+- **checkpoint** (`CHECKPOINTS`): what full recomputation reruns. ``reentrant`` (Megatron-Core's
+  ``tensor_parallel.checkpoint``, a ``CheckpointFunction``) reruns the whole checkpointed forward in backward;
+  ``non-reentrant`` (``torch.utils.checkpoint(use_reentrant=False)``, which torchtitan's ``checkpoint_wrapper``
+  applies per TransformerBlock: torchtitan 9dec370 ``parallelize_llama.py`` line 234, ``ptd_checkpoint_wrapper``
+  with its default ``CheckpointImpl.NO_REENTRANT``) stops "recomputation as soon as it has computed all needed
+  Tensors" (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default), and under torch.compile the
+  backward graph holds only the forward nodes its gradients need. Nothing after a layer's last GEMM is needed
+  by that layer's backward, so the collective that ends the layer (the MLP's reduce-scatter or all-reduce, an
+  MoE layer's combine) is not rerun (`layercomm`, `tpoverlap`);
 
 - **attention kernel** (`ATTENTION_KERNELS`, `attention_work`, `attention_pass_s`): a FlashAttention kernel
   computes, per (query, key) score it keeps (causal: half the square, ``heads x s_eff / 2`` per token), on tensor
@@ -86,6 +96,7 @@ POINTWISE = ("fused", "compiled", "eager")
 LOSSES = ("fused", "eager_fp32")
 PASSES = ("forward", "backward")
 CP_IMPLS = ("transformer-engine", "torch-ring")   # Transformer Engine's CP; torch's experimental ring attention
+CHECKPOINTS = ("reentrant", "non-reentrant")       # full recomputation: the whole layer, or what backward needs
 
 
 @dataclass(frozen=True)
@@ -125,12 +136,14 @@ class KernelProfile:
     source: str
     attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | flash3 | cudnn | triton-flash
     context_parallel: str = "transformer-engine"   # CP_IMPLS: whose ring attention (`context_parallel` module)
+    checkpoint: str = "reentrant"   # CHECKPOINTS: what full recomputation reruns (module docstring)
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
                                       ("loss", self.loss, LOSSES), ("attention", self.attention,
                                                                     tuple(ATTENTION_KERNELS)),
-                                      ("context_parallel", self.context_parallel, CP_IMPLS)):
+                                      ("context_parallel", self.context_parallel, CP_IMPLS),
+                                      ("checkpoint", self.checkpoint, CHECKPOINTS)):
             if value not in allowed:
                 raise InvalidArgument(f"kernel profile {self.name!r}: {field}={value!r}",
                                       f"use one of {', '.join(allowed)}")
@@ -141,6 +154,8 @@ _TITAN_SDPA = ("attention F.scaled_dot_product_attention, whose default backend 
                "puts the flash backend (FlashAttention-2) first and cuDNN last on H100: cuDNN SDPA deprioritized "
                "after the 2.5 release (pytorch/pytorch#141274, 2024-11-21; #142132 on 2.6.0.dev20241204: 'This is "
                "expected'), back first on sm90/sm100 only from 2.9 (pytorch/pytorch#162073)")
+_TITAN_AC = ("activation checkpointing per TransformerBlock by ptd_checkpoint_wrapper "
+             "(parallelisms/parallelize_llama.py lines 233-234, 272-276): torch's non-reentrant checkpoint")
 PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
     KernelProfile("megatron-te", "fused", "fused", "fused",
                   "Megatron-Core with Transformer Engine: fused norm (LayerNormLinear), fused RoPE, fused SwiGLU, "
@@ -152,11 +167,13 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
     KernelProfile("torchtitan-eager", "composed", "eager", "eager_fp32",
                   "torchtitan 9dec370 without compile: train_configs/llama3_8b.toml 'compile = false', "
                   "'norm_type = \"rmsnorm\"' (models/norms.py RMSNorm in PyTorch ops); eager fp32 loss (train.py "
-                  "lines 131-138); " + _TITAN_SDPA, context_parallel="torch-ring"),
+                  "lines 131-138); " + _TITAN_SDPA + "; " + _TITAN_AC, context_parallel="torch-ring",
+                  checkpoint="non-reentrant"),
     KernelProfile("torchtitan-compile", "composed", "compiled", "eager_fp32",
                   "torchtitan 9dec370 with training.compile: each TransformerBlock torch.compile'd "
                   "(parallelisms/parallelize_llama.py apply_compile, lines 297-306); the final norm and the fp32 "
-                  "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA, context_parallel="torch-ring"),
+                  "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA + "; " + _TITAN_AC,
+                  context_parallel="torch-ring", checkpoint="non-reentrant"),
     KernelProfile("llm-foundry-2023", "native", "eager", "fused",
                   "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
                   "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "

@@ -13,11 +13,14 @@ Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2``
   ``PrepareFloat8ModuleInput``, whose cast "happens before the all-gather", and ``Float8RowwiseParallel``, which
   casts the output gradient before backward's all-gather: torchao ``float8/float8_tensor_parallel.py``);
   the reduce-scatters carry the GEMMs' BF16 outputs. With ``overlap_tp`` the TP calls hide under their
-  GEMMs as `tpoverlap` prices them;
+  GEMMs as `tpoverlap` prices them. Where full recomputation reruns only what backward needs (a kernel profile's
+  ``checkpoint: non-reentrant``, `kernels`), the recompute pass leaves out the collective that ends each layer:
+  the MLP's (or shared experts') reduce-scatter or all-reduce;
 - **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
   ``T/tp x top_k x h x 2`` B (x the capacity factor when padded, x the expert imbalance: the busiest rank
   receives that much more; tokens are split over TP ranks before dispatch); the fraction ``(ep-1)/ep`` of it
-  leaves the rank; with ``overlap_ep`` hidden under compute;
+  leaves the rank; with ``overlap_ep`` hidden under compute; a non-reentrant recompute reruns the dispatch,
+  not the combine that ends the layer;
 - **ETP** (expert TP > 1, MoE layers): the dispatched tokens all-gathered over the expert-TP group before the
   experts and reduce-scattered after, per pass (exposed: no TP-overlap decomposition of the grouped expert
   GEMMs is modelled);
@@ -34,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InvalidArgument
+from .kernels import CHECKPOINTS
 from .layout import Layout
 from .models import ModelSpec
 
@@ -61,8 +66,11 @@ class CommCall:
         return self.calls * self.nbytes * _WIRE[self.collective](self.group)
 
 
-def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
-    """Every collective one GPU of pipeline stage `stage` issues per micro-batch (see module docstring)."""
+def stage_calls(model: ModelSpec, layout: Layout, stage: int, checkpoint: str = "reentrant") -> list[CommCall]:
+    """Every collective one GPU of pipeline stage `stage` issues per micro-batch (see module docstring);
+    `checkpoint` ('reentrant' or 'non-reentrant', `kernels.CHECKPOINTS`) says what full recomputation reruns."""
+    if checkpoint not in CHECKPOINTS:
+        raise InvalidArgument(f"checkpoint={checkpoint!r}", f"use one of {', '.join(CHECKPOINTS)}")
     L = layout
     start, stop = L.stage_ranges(model)[stage]
     n_layers = stop - start
@@ -71,19 +79,22 @@ def stage_calls(model: ModelSpec, layout: Layout, stage: int) -> list[CommCall]:
     tokens = L.micro_batch * L.seq_len / L.cp
     act = tokens * model.hidden * ACT_BYTES
     passes = 2 + (1 if L.recompute == "full" else 0)
+    # a non-reentrant recompute stops at the layer's last saved tensor: the collective ending the layer is left
+    ends = 1 if L.recompute == "full" and checkpoint == "non-reentrant" else 0
     out: list[CommCall] = []
     if L.tp > 1:
         regions = n_layers + n_dense + (n_moe if model.shared_experts else 0)
+        scatters = regions * passes - ends * (regions - n_layers)   # the MLP regions end their layers
         if L.sequence_parallel:
             gather = act * FP8_BYTES / ACT_BYTES if L.precision == "fp8" else act
             out += [CommCall("tp", "all_gather", gather, regions * passes, L.tp, "gemm"),
-                    CommCall("tp", "reduce_scatter", act, regions * passes, L.tp, "gemm")]
+                    CommCall("tp", "reduce_scatter", act, scatters, L.tp, "gemm")]
         else:
-            out.append(CommCall("tp", "all_reduce", act, regions * passes, L.tp))
+            out.append(CommCall("tp", "all_reduce", act, scatters, L.tp))
     pad = L.capacity_factor or 1.0
     routed = tokens / L.tp * model.top_k * pad * L.expert_imbalance * model.hidden * ACT_BYTES
     if n_moe and L.ep > 1:
-        out.append(CommCall("ep", "all_to_all", routed, 2 * passes * n_moe, L.ep, "compute"))
+        out.append(CommCall("ep", "all_to_all", routed, (2 * passes - ends) * n_moe, L.ep, "compute"))
     if n_moe and L.expert_tp > 1:
         gathered = routed * L.expert_tp
         out += [CommCall("etp", "all_gather", gathered, passes * n_moe, L.expert_tp),

@@ -43,6 +43,7 @@ from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
 from .compute import EfficiencyModel, GpuSpec, MicrobatchTimes, efficiency_for, gpu_of_topology, microbatch_times
 from .context_parallel import stage_calls_for, stage_ring_exposed_s, uses_torch_ring
+from .kernels import kernel_profile
 from .layercomm import CommCall
 from .layout import Layout, expert_groups, group_endpoints, rank_groups, rank_of
 from .memory import OPTIMIZER_BYTES, MemoryBreakdown, memory_per_gpu, stage_param_split, stage_params
@@ -160,7 +161,8 @@ def _tp_overlap_s(calls: list[CommCall], L: Layout, topo: Any, comm: CommModel, 
     """Exposed seconds of a stage's TP collectives per micro-batch under ``overlap_tp`` (`tpoverlap`)."""
     from .tpoverlap import exposed_s, tp_pieces
     nb = {c.collective: c.nbytes for c in calls if c.dim == "tp"}
-    pieces = tp_pieces(model, L, span[0], span[1], nb.get("all_gather", 0.0), nb.get("reduce_scatter", 0.0))
+    pieces = tp_pieces(model, L, span[0], span[1], nb.get("all_gather", 0.0), nb.get("reduce_scatter", 0.0),
+                       kernel_profile(eff.kernels).checkpoint)
     links = getattr(comm, "links", None)
     hop_s = links(grp, topo).intra_hop_us * 1e-6 if links is not None else 0.0
     rows = L.micro_batch * L.seq_len / L.cp

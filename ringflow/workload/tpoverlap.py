@@ -26,6 +26,9 @@ beside chunk k-1's GEMM (``g``), copies one after another:
 
     t = max(tp g, g + (tp - 1) c)        exposed = t - GEMM at the full shape + extra + tp barriers
 
+A recompute that reruns only what backward needs (a kernel profile's ``checkpoint: non-reentrant``) leaves out
+the reduce-scatter that ends each layer: the MLP's (`layercomm`).
+
 ``extra``: an all-gather first copies the local shard into the symmetric buffer (PyTorch
 ``_pipelined_multi_all_gather_and_consume``: ``copy_shard`` before the barrier); a reduce-scatter ends with the
 reduction of the ``tp`` partial chunks it received (PyTorch ``_fused_matmul_reduce_scatter_impl``: ``reduce_fn``
@@ -74,14 +77,16 @@ def _regions(model: ModelSpec, layout: Layout, start: int, stop: int) -> list[tu
 
 
 def tp_pieces(model: ModelSpec, layout: Layout, start: int, stop: int, gather_bytes: float,
-              scatter_bytes: float) -> list[TpPiece]:
+              scatter_bytes: float, checkpoint: str = "reentrant") -> list[TpPiece]:
     """The TP collectives of layers start..stop-1 per micro-batch with sequence parallelism, each with its GEMM
-    and how `layout.tp_overlap` runs it (module docstring); `gather_bytes` / `scatter_bytes` per call."""
+    and how `layout.tp_overlap` runs it (module docstring); `gather_bytes` / `scatter_bytes` per call;
+    `checkpoint` what full recomputation reruns (`kernels.CHECKPOINTS`)."""
     tokens = layout.micro_batch * layout.seq_len / layout.cp
     passes = ("forward", "backward") + (("recompute",) if layout.recompute == "full" else ())
     async_tp = layout.tp_overlap == "async_tp"
     out: list[TpPiece] = []
-    for col, row, n in _regions(model, layout, start, stop):
+    for k, (col, row, n) in enumerate(_regions(model, layout, start, stop)):
+        ends_layer = k > 0   # the MLP and shared-expert regions end their layers; attention does not
         for p in passes:
             if p == "backward":   # all-gather of dY before the row GEMM's dgrad; reduce-scatter after the column's
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * row, "decomposed", n))
@@ -89,7 +94,8 @@ def tp_pieces(model: ModelSpec, layout: Layout, start: int, stop: int, gather_by
                                    "exposed" if async_tp else "bulk", n))
             else:
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * col, "decomposed", n))
-                out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * row, "decomposed", n))
+                if not (p == "recompute" and ends_layer and checkpoint == "non-reentrant"):
+                    out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * row, "decomposed", n))
     return out
 
 
