@@ -2,16 +2,17 @@
 """Where the time of a small collective goes: the native loop alone, the Python around it, the full path.
 
     .venv/bin/python benchmarks/call_overhead.py --nranks 2 --json overhead.json
-    RINGFLOW_FLIGHT_RECORDER=0 .venv/bin/python benchmarks/call_overhead.py --nranks 2,4 --parts
+    .venv/bin/python benchmarks/call_overhead.py --nranks 2 --parts --collectives all_reduce,broadcast
 
-Per rank count, two jobs (native executor on, and RINGFLOW_NATIVE=0), each timing an 8-byte
-all-reduce (float32) with ringflow.runtime.bench.call_samples_s (rows: the median over samples of the
-slowest rank's time per call) in these ways:
+Per rank count and collective (``--collectives``: all_reduce, broadcast), two jobs (native executor on, and
+RINGFLOW_NATIVE=0), each timing an 8-byte call (float32; all_reduce with op="max", broadcast from rank 0) with
+ringflow.runtime.bench.call_samples_s (rows: the median over samples of the slowest rank's time per call) in
+these ways:
 
 * ``native loop``: the compiled native plan run directly (HotPlan.run): the floor of a call.
 * ``hotpath.execute``: plus the Python that starts it and reads its result.
-* ``same array``: ``comm.all_reduce(x, op="max")`` with the same x each time (the repeated-call fast path).
-* ``new array``: ``comm.all_reduce(x, op="max")`` on a fresh array each time (the remembered call shape run at
+* ``same array``: the call with the same x each time (the repeated-call fast path).
+* ``new array``: the call on a fresh array each time (the remembered call shape run at
   the new array's address), minus the time to make the array (measured alone).
 
 Each row is a separate measurement; the differences between rows are the per-call overhead of each layer.
@@ -19,7 +20,7 @@ Each row is a separate measurement; the differences between rows are the per-cal
 ``--parts`` adds, for the native job, the breakdown of the repeated call (same array) into its layers, and the
 waits' counters of the native module (`_hotpath.stats`, this thread's) over the rows that exchange:
 
-* ``Python entry and the door's checks`` (CPU time, local): ``comm.all_reduce``'s own Python up to its door and
+* ``Python entry and the door's checks`` (CPU time, local): the collective's own Python up to its door and
   every check the door makes in C before it runs the plan (failed or destroyed communicator, recorder, queued
   asynchronous call, owning thread, op, timeout, plan, both arrays' state), timed with ``Door.checks`` in place
   of ``Door.call`` (the bookkeeping it skips is a few dictionary stores).
@@ -31,9 +32,11 @@ waits' counters of the native module (`_hotpath.stats`, this thread's) over the 
   reduction, bookkeeping).
 * ``rest``: the full call (its best sample) minus the entry and the native loop (the GIL's release and return, skew and
   scheduling between two Python processes, measurement noise).
+* ``flight recorder``: the full call (its best sample) minus the same call with the communicator's recorder
+  set aside (timed right after it): what recording each call costs (on by default under ``ringflow run``;
+  ``RINGFLOW_FLIGHT_RECORDER=0`` turns it off, and the row reads 0).
 * per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
 CPU-time rows are robust to other load on the machine; the wall-time rows are not (compare within one run).
-With the flight recorder on (the default under ``ringflow run``), the full call also pays the recorder.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +56,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def worker(out: str, parts: bool) -> None:
-    """One rank: time each layer, write rank 0's rows."""
+ARGS = {"all_reduce": "max", "broadcast": 0}   # each collective's op or root, as its door takes it
+
+
+def collective_call(comm: object, coll: str) -> Callable[[np.ndarray], object]:
+    """The timed call of `coll` on an array (all_reduce with op="max", broadcast from rank 0)."""
+    if coll == "all_reduce":
+        return lambda a: comm.all_reduce(a, op="max")   # type: ignore[attr-defined]
+    return lambda a: comm.broadcast(a, root=0)   # type: ignore[attr-defined]
+
+
+def worker(out: str, parts: bool, coll: str) -> None:
+    """One rank: time each layer of `coll`, write rank 0's rows."""
     import ringflow
     from ringflow.runtime import native
     from ringflow.runtime.bench import call_samples_s
@@ -95,14 +109,22 @@ def worker(out: str, parts: bool) -> None:
         runs = max(1, sums["runs"])
         return {"wait_ns": float(np.median(wait_ns)), **{k: sums[k] / runs for k in ("waits", "sleeps", "rings")}}
 
+    call = collective_call(comm, coll)
     for _ in range(20):
-        comm.all_reduce(x, op="max")
-    full = counted("same array: comm.all_reduce(x)", lambda: comm.all_reduce(x, op="max"))
+        call(x)
+    full = counted("same array: call(x)", lambda: call(x))
+    if parts:
+        rec = comm._rec   # type: ignore[attr-defined]
+        comm._rec = None   # type: ignore[attr-defined]
+        try:
+            timed("same array, recorder set aside", lambda: call(x))
+        finally:
+            comm._rec = rec   # type: ignore[attr-defined]
     # the remembered call, taken before the new arrays below crowd the repeated-call table
-    fast = next((f for k, f in comm._mem.by_object.items() if k[0] == "all_reduce" and k[1] == id(x)), None)
+    fast = next((f for k, f in comm._mem.by_object.items() if k[0] == coll and k[1] == id(x)), None)
     timed("making the array alone", lambda: np.ones(2, np.float32))
-    timed("new array: comm.all_reduce(np.ones(2))", lambda: comm.all_reduce(np.ones(2, np.float32), op="max"))
-    rows["new array: comm.all_reduce(np.ones(2))"] -= rows["making the array alone"]
+    timed("new array: call(np.ones(2))", lambda: call(np.ones(2, np.float32)))
+    rows["new array: call(np.ones(2))"] -= rows["making the array alone"]
     if fast is not None:
         ctx, hot, regions, bases = fast.ctx, fast.hot, comm._transport.regions, fast.bases
         hp, w = hot.steps.hp, comm._waiters[LANE_COLL]
@@ -122,7 +144,7 @@ def worker(out: str, parts: bool) -> None:
         timed("hotpath.execute", execute_plain)
         timed("native loop (HotPlan.run)", loop)
         if parts and fast.runner is not None:
-            _parts(rows, best, full, fast, x, regions, comm, counted)
+            _parts(rows, best, full, fast, x, regions, comm, counted, coll)
     if comm.rank == 0:
         Path(out).write_text(json.dumps(rows))
     comm.destroy()
@@ -132,7 +154,7 @@ REPEAT = 50   # calls per Runner.repeat
 
 
 class _Checks:
-    """A stand-in for the communicator's all_reduce door whose call only checks (times the Python and C around the
+    """A stand-in for a communicator's door whose call only checks (times the Python and C around the
     native plan: every check of `Door.call`, no bookkeeping, nothing sent)."""
 
     def __init__(self, door: object) -> None:
@@ -152,7 +174,7 @@ def cpu_us(fn: object, n: int = 20000) -> float:
 
 
 def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float], fast: object, x: np.ndarray,
-           regions: object, comm: object, counted: object) -> None:
+           regions: object, comm: object, counted: object, coll: str) -> None:
     """The breakdown rows of --parts (see the module docstring)."""
     from ringflow.runtime.call import hotpath
     r, ctx, bases = fast.runner, fast.ctx, fast.bases   # type: ignore[attr-defined]
@@ -175,18 +197,21 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
     counted("one C call (Runner.go)", go)   # type: ignore[operator]
     native_c = counted("native loop in C (Runner.repeat)", repeat, REPEAT)   # type: ignore[operator]
     comm._op_seq = seq[0]   # type: ignore[attr-defined]
-    # local, CPU time: all_reduce's Python and the door's checks (Door.checks in place of Door.call), and the C
+    # local, CPU time: the collective's Python and the door's checks (Door.checks in place of Door.call), and the C
     # call's entry and identity check (another array: it returns -1 before any state is read or anything is sent)
-    door, other = comm._door_all_reduce, np.ones(2, np.float32)   # type: ignore[attr-defined]
-    if door.checks(x, None, "max", False, None) is not True:
-        raise RuntimeError("the repeated all_reduce does not take its door")
-    comm._door_all_reduce = _Checks(door)   # type: ignore[attr-defined]
+    name, other, call = f"_door_{coll}", np.ones(2, np.float32), collective_call(comm, coll)
+    door, rec = getattr(comm, name), comm._rec   # type: ignore[attr-defined]
+    comm._rec = None   # type: ignore[attr-defined]  # Door.checks takes the path without the recorder
     try:
-        entry = cpu_us(lambda: comm.all_reduce(x, op="max"))   # type: ignore[attr-defined]
+        if door.checks(x, None, ARGS[coll], False, None) is not True:
+            raise RuntimeError(f"the repeated {coll} does not take its door")
+        setattr(comm, name, _Checks(door))
+        entry = cpu_us(lambda: call(x))
     finally:
-        comm._door_all_reduce = door   # type: ignore[attr-defined]
+        setattr(comm, name, door)
+        comm._rec = rec   # type: ignore[attr-defined]
     c_entry = cpu_us(lambda: r.go(other, None, 0, 60.0, b""))
-    total, loop = best["same array: comm.all_reduce(x)"], best["native loop in C (Runner.repeat)"]
+    total, loop = best["same array: call(x)"], best["native loop in C (Runner.repeat)"]
     wait_us = native_c["wait_ns"] / 1e3
     rows.update({
         "parts (CPU): Python entry and the door's checks": entry,
@@ -196,6 +221,7 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
         "parts:   own work": loop - wait_us,
         "parts (best sample): full call": total,
         "parts: rest (full - entry - loop)": total - entry - loop,
+        "parts: flight recorder (full - recorder set aside)": total - best["same array, recorder set aside"],
         "per call (native loop): waits": native_c["waits"],
         "per call (native loop): sleeps": native_c["sleeps"],
         "per call (native loop): doorbells rung": native_c["rings"],
@@ -204,12 +230,13 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
     })
 
 
-def run_job(n: int, native: bool, parts: bool = False) -> dict[str, float]:
-    """One job of n ranks; rank 0's rows."""
+def run_job(n: int, native: bool, parts: bool = False, coll: str = "all_reduce") -> dict[str, float]:
+    """One job of n ranks timing `coll`; rank 0's rows."""
     with tempfile.TemporaryDirectory(prefix="rf-ovh-") as tmp:
         out = os.path.join(tmp, "rows.json")
         env = dict(os.environ, RINGFLOW_NATIVE="1" if native else "0")
-        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), sys.executable, __file__, "--worker", out]
+        cmd = [sys.executable, "-m", "ringflow", "run", "-n", str(n), sys.executable, __file__, "--worker", out,
+               "--collectives", coll]
         if parts:
             cmd.append("--parts")
         subprocess.run(cmd, env=env, check=True, timeout=600)
@@ -221,20 +248,23 @@ def main() -> int:
     ap.add_argument("--nranks", default="2,4")
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", action="store_true", help="the repeated call's breakdown (native job)")
+    ap.add_argument("--collectives", default="all_reduce", help="comma list: all_reduce, broadcast")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    colls = a.collectives.split(",")
+    if any(c not in ARGS for c in colls):
+        ap.error(f"--collectives takes {', '.join(ARGS)}")
     if a.worker:
-        worker(a.worker, a.parts)
+        worker(a.worker, a.parts, colls[0])
         return 0
     result = {}
-    for n in (int(v) for v in a.nranks.split(",")):
-        for native in (True, False):
-            rows = run_job(n, native, a.parts and native)
-            label = f"{n} ranks, native {'on' if native else 'off'}"
-            result[label] = rows
-            print(f"== {label}: 8-byte all_reduce, us per call (slowest rank's median)")
-            for k, v in rows.items():
-                print(f"  {k:<44}{v:>8.2f}")
+    for n, coll, native in ((int(v), c, nat) for v in a.nranks.split(",") for c in colls for nat in (True, False)):
+        rows = run_job(n, native, a.parts and native, coll)
+        label = f"{n} ranks, {coll}, native {'on' if native else 'off'}"
+        result[label] = rows
+        print(f"== {label}: 8-byte call, us per call (slowest rank's median)")
+        for k, v in rows.items():
+            print(f"  {k:<52}{v:>8.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
     return 0
