@@ -114,12 +114,12 @@ def worker(out: str, parts: bool, coll: str) -> None:
         call(x)
     full = counted("same array: call(x)", lambda: call(x))
     if parts:
-        rec = comm._rec   # type: ignore[attr-defined]
-        comm._rec = None   # type: ignore[attr-defined]
+        rec = comm._rec
+        comm._rec = None
         try:
             timed("same array, recorder set aside", lambda: call(x))
         finally:
-            comm._rec = rec   # type: ignore[attr-defined]
+            comm._rec = rec
     # the remembered call, taken before the new arrays below crowd the repeated-call table
     fast = next((f for k, f in comm._mem.by_object.items() if k[0] == coll and k[1] == id(x)), None)
     timed("making the array alone", lambda: np.ones(2, np.float32))
