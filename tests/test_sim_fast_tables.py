@@ -121,3 +121,54 @@ def test_simulated_ring_and_hierarchical_times_equal_those_of_the_schedules_tabl
             want = simulate_schedule(topo, schedule_for(topo, coll, 32, algo), size)
             assert got.time_us == want.time_us and got.protocol == want.protocol
             assert np.array_equal(got.rank_finish_us, want.rank_finish_us)
+
+
+def test_models_built_from_repeated_steps_equal_the_row_by_row_build_bit_for_bit() -> None:
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim import analytic
+    from ringflow.sim.fabric import fabric_for
+    from ringflow.sim.fastpath import fast_table
+    from ringflow.sim.params import params_for
+    from ringflow.topology import find_rings
+    topo = build_cluster("dgx-h100", 4)
+    prm = params_for(topo)
+    eps = topo.endpoints()
+    fab = fabric_for(topo, prm, eps)
+    rings = [r.ranks for r in find_rings(topo, eps)]
+    sizes = np.array([8.0, 1e4, 1e6, 1e9])
+    built = 0
+    for coll, algo in ((Collective.ALL_REDUCE, "ring"), (Collective.REDUCE_SCATTER, "ring"),
+                       (Collective.ALL_GATHER, "ring"), (Collective.ALL_REDUCE, "hierarchical")):
+        for max_transfers in (None, 9000):
+            tab = fast_table(coll, algo, 32, rings=rings, groups=topo.host_groups(eps), max_transfers=max_transfers)
+            assert tab is not None
+            if analytic.repeated_steps(tab) is None:
+                continue
+            built += 1
+            fast, full = analytic.build_model(tab, fab, prm), analytic._build_full(tab, fab, prm)
+            assert fast.routed is None
+            for f in ("base_us", "line_step", "line_a", "line_c", "step_starts", "steps_present", "local_c",
+                      "link_frac", "rank_last_step"):
+                assert np.array_equal(getattr(fast, f), getattr(full, f)), (coll, algo, max_transfers, f)
+            for got, want in zip(fast.times_us(sizes), full.times_us(sizes), strict=True):
+                assert np.array_equal(got, want)
+            assert np.array_equal(fast.flows.p_link, full.flows.p_link)   # the whole table, routed on first use
+    assert built >= 6
+
+
+def test_repeated_steps_found_only_in_step_order_and_equal_row_for_row() -> None:
+    from dataclasses import replace
+
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.analytic import repeated_steps
+    from ringflow.sim.fastpath import fast_table
+    tab = fast_table(Collective.ALL_GATHER, "ring", 64, rings=[tuple(range(64))] * 2)
+    assert tab is not None
+    present, pattern = repeated_steps(tab)
+    assert np.array_equal(present, np.arange(tab.nsteps)) and not pattern.any()   # every step the same rows
+    frac = tab.frac.copy()
+    frac[tab.step == 5] *= 1.0 + 2 ** -52   # one step's bytes one ulp larger: a pattern of its own
+    _, pattern = repeated_steps(replace(tab, frac=frac))
+    assert list(pattern[4:7]) == [0, 1, 2] and pattern.max() == 2
+    order = np.argsort(tab.src, kind="stable")
+    assert repeated_steps(replace(tab, step=tab.step[order], src=tab.src[order], dst=tab.dst[order])) is None

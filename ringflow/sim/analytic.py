@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .columns import column_keys
-from .fabric import Fabric, Flows, route_table
+from .fabric import Fabric, Flows, ragged, route_table
 from .params import LINK_CLASSES, SimParams
 from .transfers import TransferTable
 
@@ -86,7 +86,15 @@ class AnalyticModel:
 
 
 def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
-    """Precompute the cost lines (see module docstring)."""
+    """Precompute the cost lines (see module docstring); a table whose consecutive steps repeat the same rows
+    from the lines of its distinct steps (`repeated_steps`)."""
+    rep = repeated_steps(table)
+    if rep is not None:
+        return _build_repeated(table, fab, params, *rep)
+    return _build_full(table, fab, params)
+
+
+def _build_full(table: TransferTable, fab: Fabric, params: SimParams) -> AnalyticModel:
     flows = route_table(table, fab)
     T = table.ntransfers
     L = fab.nlinks
@@ -122,6 +130,80 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
         line_step = np.zeros(0, dtype=np.int64)
         line_a = line_c = np.zeros((nprot, 0))
         steps_present = starts = np.zeros(0, dtype=np.int64)
+    local_c, last = _local_and_last(table, fab)
+    return AnalyticModel(table, flows, [p.name for p in params.protocols],
+                         np.array([p.base_us + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
+                                   for p in params.protocols]), line_step, line_a, line_c,
+                         starts, steps_present, local_c, link_frac, last, fab)
+
+
+REPEAT_MIN_ROWS = 4096   # below, a table is built row by row (finding its repeats would cost what they save)
+
+
+def repeated_steps(table: TransferTable) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the steps that have rows, ascending; each one's pattern: 0, 1, ... numbered in order) where the rows are
+    in step order and some step moves exactly the rows of the step before it (every field equal, row for row),
+    as the macro steps of a ring or hierarchical table (`fastpath`) do; None otherwise."""
+    T = table.ntransfers
+    if T < REPEAT_MIN_ROWS or table.in_switch is not None or np.any(table.step[1:] < table.step[:-1]):
+        return None
+    cnt_all = np.bincount(table.step, minlength=table.nsteps)
+    present = np.flatnonzero(cnt_all)
+    cnt = cnt_all[present]
+    if present.size < 2:
+        return None
+    # each row against the row one step above it, where the two steps have as many rows
+    prev_cnt = np.concatenate([[0], np.where(cnt[1:] == cnt[:-1], cnt[:-1], 0)])
+    back = np.repeat(prev_cnt, cnt)
+    rows = np.flatnonzero(back)
+    eq = np.zeros(T, dtype=bool)
+    if rows.size:
+        above = rows - back[rows]
+        ok = np.ones(rows.size, dtype=bool)
+        for col in (table.src, table.dst, table.chan, table.nmsg, table.serial(), table.frac.view(np.int64)):
+            ok &= col[rows] == col[above]
+        eq[rows] = ok
+    starts = np.cumsum(cnt) - cnt
+    same = np.logical_and.reduceat(eq, starts) & (prev_cnt > 0)
+    if not same.any():
+        return None
+    return present, np.cumsum(~same) - 1
+
+
+def _build_repeated(table: TransferTable, fab: Fabric, params: SimParams, present: np.ndarray,
+                    pattern: np.ndarray) -> AnalyticModel:
+    """`_build_full`'s model of `table` from a table of one step per pattern: each step's cost lines are its
+    pattern's (the same rows on the same links give the same sums, in the same order), the per-link bytes add
+    every step's pairs in `_build_full`'s order; the full table is routed on first use of `flows`."""
+    cnt = np.bincount(table.step, minlength=table.nsteps)[present]
+    starts = np.cumsum(cnt) - cnt
+    leader = np.concatenate([[True], pattern[1:] != pattern[:-1]])
+    rows, owner = ragged(starts[leader], cnt[leader])
+    none_i, none_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+    tpl = TransferTable(table.collective, table.algorithm, table.nranks, int(leader.sum()),
+                        pattern[leader][owner], table.src[rows], table.dst[rows], table.chan[rows], table.frac[rows],
+                        table.nmsg[rows], none_i, none_i, none_f, none_f, nserial=table.serial()[rows],
+                        coarsened=table.coarsened)
+    tm = _build_full(tpl, fab, params)
+    npat = tpl.nsteps
+    line_cnt = np.bincount(tm.line_step, minlength=npat)
+    line_start = np.cumsum(line_cnt) - line_cnt
+    idx, line_owner = ragged(line_start[pattern], line_cnt[pattern])
+    line_step = present[line_owner]
+    steps_present, step_starts = np.unique(line_step, return_index=True)
+    flows = tm.flows
+    row_end = np.cumsum(cnt[leader])
+    pair_end = flows.f_pair_ptr[flows.t_flow_ptr[row_end]]
+    pair_cnt = np.diff(np.concatenate([[0], pair_end]))
+    pidx, _ = ragged(pair_end[pattern] - pair_cnt[pattern], pair_cnt[pattern])
+    link_frac = np.bincount(flows.p_link[pidx], weights=flows.pair_frac()[pidx], minlength=fab.nlinks)
+    local_c, last = _local_and_last(table, fab)
+    return AnalyticModel(table, None, tm.protocols, tm.base_us, line_step, tm.line_a[:, idx], tm.line_c[:, idx],
+                         step_starts, steps_present, local_c, link_frac, last, fab)
+
+
+def _local_and_last(table: TransferTable, fab: Fabric) -> tuple[np.ndarray, np.ndarray]:
+    """Per step the largest local work (microseconds per byte of B); per rank its last step (-1: none)."""
     local_c = np.zeros(max(table.nsteps, 1))
     if table.lrank.size:
         np.maximum.at(local_c, table.lstep, fab.local_us_per_byte(table))
@@ -130,10 +212,7 @@ def build_model(table: TransferTable, fab: Fabric, params: SimParams) -> Analyti
     np.maximum.at(last, table.dst, table.step)
     if table.lrank.size:
         np.maximum.at(last, table.lrank, table.lstep)
-    return AnalyticModel(table, flows, [p.name for p in params.protocols],
-                         np.array([p.base_us + params.cpu.call_overhead_per_peer_us * (table.nranks - 1)
-                                   for p in params.protocols]), line_step, line_a, line_c,
-                         starts, steps_present, local_c, link_frac, last, fab)
+    return local_c, last
 
 
 _MODELS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
