@@ -37,7 +37,7 @@ setup(ext_modules=[
               depends=["ringflow/runtime/native/_copy.h"], extra_compile_args=["-O2"], optional=True),
     Extension("ringflow.runtime.native._hotpath",
               [f"ringflow/runtime/native/_hotpath{part}.c"
-               for part in ("", "_reduce", "_shm", "_run", "_plan", "_runner", "_door")],
+               for part in ("", "_reduce", "_shm", "_run", "_plan", "_runner", "_door", "_shape")],
               depends=["ringflow/runtime/native/_hotpath.h", "ringflow/runtime/native/_protocol.h",
                        "ringflow/runtime/native/_copy.h"],
               extra_compile_args=["-O3", "-std=gnu11"], optional=True),

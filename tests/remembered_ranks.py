@@ -3,7 +3,8 @@ each with the rank's result or the type of the typed error it raised.
 
 Usage: ringflow run -n 2 -- python tests/remembered_ranks.py HOST:PORT AUTHKEY_HEX
 Buffers live in slots; a step may mutate a slot (dtype, size, storage, flags, offset, reallocation) between
-collectives, so the communicator's remembered calls are held to the full path's results.
+collectives, or call on a fresh array made like the slot's (another dtype, strided, 2-D, read-only, unaligned), so
+the communicator's remembered calls and call shapes are held to the full path's results.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class Rank:
         if isinstance(x, np.ndarray):
             w = x.flags.writeable
             x.flags.writeable = True
-            x.reshape(-1)[:] = v.astype(x.dtype)
+            x[...] = v.astype(x.dtype).reshape(x.shape)   # x may be strided: reshape(-1) would be a copy
             x.flags.writeable = w
         else:
             x.view(-1).copy_(torch.from_numpy(v).to(x.dtype))
@@ -116,9 +117,31 @@ class Rank:
             pass
         self.comm = self.world.split(0)
 
+    @staticmethod
+    def fresh(x: np.ndarray, how: str) -> np.ndarray:
+        """A new array for one call, made like slot array x: the same dtype and shape ("copy"), another dtype
+        ("retyped"), strided, 2-D, read-only (once filled) or at an address not aligned for its dtype."""
+        if how == "retyped":
+            return np.empty(x.shape, RETYPE[x.dtype])
+        if how == "strided":
+            return np.empty(2 * x.size, x.dtype)[::2]
+        if how == "2d":
+            return np.empty((x.size, 1), x.dtype)
+        if how == "unaligned":
+            return np.empty(x.nbytes + 1, np.uint8)[1:].view(x.dtype)
+        return np.empty_like(x)   # copy, readonly
+
     def collective(self, op: str, x: Any, st: dict[str, Any], c: Any) -> Any:
+        if op == "doors":   # how many call shapes the communicator's doors hold
+            return np.array([sum(getattr(c, "_door_" + d).shapes() for d in
+                                 ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))])
         gen = st["gen"]
+        how = st.get("fresh")
+        if how is not None:
+            x = self.fresh(x, how)
         self.fill(x, gen)
+        if how == "readonly":
+            x.flags.writeable = False
         if op == "all_reduce":
             mode = st["out"]
             if mode == "none":
@@ -130,12 +153,19 @@ class Rank:
                                     else torch.empty_like(x))
             n, off = x.size, st["off"]   # overlap: x and out are windows of one array
             b = np.zeros(n + off, x.dtype)
-            b[:n] = x
+            b[:n] = x.reshape(-1)
             return c.all_reduce(b[:n], st["red"], out=b[off:off + n])
         if op == "broadcast":
             return c.broadcast(x, st["root"])
         out = self.kept_out(op, st["slot"], x) if st.get("out") == "kept" else None
+        if st.get("out") == "fresh":
+            out = np.empty_like(self.kept_out(op, st["slot"], x))
         if op == "all_gather":
+            if st.get("out") == "overlap":   # x is this rank's part of out (torch's in-place all-gather)
+                b = np.empty(x.size * self.comm.size, x.dtype)
+                part = b[self.world.rank * x.size:(self.world.rank + 1) * x.size]
+                part[...] = x.reshape(-1)
+                return c.all_gather(part, out=b)
             return c.all_gather(x, out=out)
         if op == "reduce_scatter":
             return c.reduce_scatter(x, "sum", out=out)

@@ -3,8 +3,10 @@
 The driver (this process) sends both ranks the same steps: collectives on buffers held in slots, interleaved
 with mutations of those buffers after the communicator remembered them (dtype reassignment, torch resize_,
 set_ and .data =, the writeable flag, views at moving offsets, dropping and reallocating, out= overlapping x,
-kept output buffers, tune_with, a new communicator). Each collective's result is checked against NumPy on both
-ranks; the only allowed outcomes are the exact result on every rank or a typed error on every rank.
+kept output buffers, tune_with, a new communicator), and calls on fresh arrays made like a slot's (same or
+another dtype, strided, 2-D, read-only, unaligned; fresh, kept or overlapping out=), which the call shapes the
+doors remember must tell apart. Each collective's result is checked against NumPy on both ranks; the only
+allowed outcomes are the exact result on every rank or a typed error on every rank.
 """
 from __future__ import annotations
 
@@ -159,10 +161,14 @@ class RememberedCalls(RuleBasedStateMachine):
     def _one_call(self, op: str, slot: int, **kw: Any) -> bool:
         """One collective on both ranks, checked; False if it raised (typed, on every rank)."""
         s = self.slots[slot]
+        if kw.get("fresh") is not None:   # a fresh array made like the slot's for this call
+            s = {**s, "writeable": kw["fresh"] != "readonly",
+                 "dtype": np.dtype(RETYPE[s["dtype"]]) if kw["fresh"] == "retyped" else s["dtype"]}
         self.gen = (self.gen + 1) % 50
         st_ = {"op": op, "slot": slot, "gen": self.gen, **kw}
         answers = self.run(st_, op)
         kinds = {a[0] for a in answers}
+        assert "crash" not in kinds, f"{st_} on {s}: {answers}"
         assert len(kinds) == 1, f"ranks disagree on the outcome of {st_} on {s}: {answers}"
         if kinds == {"err"}:
             # a typed error on every rank: the only other allowed outcome; the next steps use a new communicator
@@ -171,7 +177,7 @@ class RememberedCalls(RuleBasedStateMachine):
             self.ok({"op": "resplit"}, "new communicator")
             return False
         assert s["writeable"] or op == "all_reduce" and kw.get("out") == "overlap" \
-            or op != "broadcast" and kw.get("out") == "kept", \
+            or op != "broadcast" and kw.get("out") in ("kept", "fresh", "overlap"), \
             f"{op} wrote into a read-only buffer: {s}"
         for rank, a in enumerate(answers):
             want = expected(op, st_, s["dtype"], s["n"], rank)
@@ -212,6 +218,28 @@ class RememberedCalls(RuleBasedStateMachine):
     def _slot_of(self, data: st.DataObject, kind: str) -> int | None:
         ok = sorted(k for k, v in self.slots.items() if v["kind"] == kind)
         return data.draw(st.sampled_from(ok)) if ok else None
+
+    @rule(data=st.data(), how=st.sampled_from(["copy", "retyped", "strided", "2d", "readonly", "unaligned"]),
+          repeat=st.integers(1, 3))
+    def fresh_arrays(self, data: st.DataObject, how: str, repeat: int) -> None:
+        """A call on a fresh array of a slot's dtype and shape (its call shape remembered), then calls each on a new
+        array made like it in another way, which must not be taken for that shape."""
+        slot = self._slot_of(data, "numpy")
+        if slot is None:
+            return
+        TALLY[f"fresh {how}"] += 1
+        if self.slots[slot]["n"] % NRANKS == 0 and data.draw(st.booleans()):
+            op = data.draw(st.sampled_from(["broadcast", "all_gather", "reduce_scatter", "all_to_all"]))
+            kw = {"root": data.draw(st.integers(0, 1)), "out": data.draw(st.sampled_from(
+                ["none", "kept", "fresh", "overlap"] if op == "all_gather" else ["none", "kept", "fresh"]))}
+        else:
+            op = "all_reduce"
+            kw = {"red": data.draw(st.sampled_from(["sum", "max", "min"])), "off": data.draw(st.integers(1, 40)),
+                  "out": data.draw(st.sampled_from(["none", "self", "fresh", "overlap"]))}
+        if self._one_call(op, slot, fresh="copy", **kw):
+            self._collective(op, slot, repeat, fresh=how, **kw)
+        shapes = min(int(a[1][0]) for a in self.job.step({"op": "doors"}))
+        TALLY["door call shapes, most"] = max(TALLY["door call shapes, most"], shapes)
 
     @rule(data=st.data())
     def retype(self, data: st.DataObject) -> None:
@@ -289,3 +317,4 @@ def test_remembered_calls_give_the_exact_result_or_a_typed_error_on_every_rank(j
     mutations = sum(TALLY[k] for k in ("x.dtype =", "flags.writeable =", "tensor resize", "tensor set_", "tensor data",
                                        "resize_ on one rank", "drop and reallocate", "view at an offset"))
     assert calls >= 150 and mutations >= 30, TALLY   # the run exercised enough to mean something
+    assert TALLY["door call shapes, most"] > 0, TALLY   # calls on fresh arrays ran through call shapes in the doors

@@ -108,7 +108,7 @@ class ShapeEntry:
     passed (C-contiguous, writeable, not overlapping: re-checked per call)."""
 
     __slots__ = ("prep", "hot", "ctx", "go", "scratch", "scratch_addr", "inplace", "alloc", "average", "meta",
-                 "description")
+                 "description", "runner")
 
     def __init__(self, prep: Any, hot: hotpath.Prepared, ctx: CallContext, go: Callable[..., None],
                  scratch: np.ndarray | None, scratch_addr: int | None, inplace: bool,
@@ -117,6 +117,7 @@ class ShapeEntry:
         self.scratch, self.scratch_addr = scratch, scratch_addr   # None: the plan keeps no scratch of its own
         self.inplace, self.alloc = inplace, alloc   # alloc: the shape of the output the call allocates
         self.meta, self.description = meta, description
+        self.runner: Any = None   # its plan as a `_hotpath.Runner` for its collective's door (made on first use)
 
 
 class CallMemory:

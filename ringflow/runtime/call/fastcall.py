@@ -20,7 +20,12 @@ one. Any miss returns MISS having changed nothing (its record taken back), and t
 
 A synchronous call on NumPy arrays also finds its call shape (collective, dtype and shape of x, of out
 or that the call allocates it or works in place, op or root): a later call on other arrays of that
-shape, C-contiguous, writeable and not overlapping, runs the same native plan at their addresses.
+shape, C-contiguous, writeable and not overlapping, runs the same native plan at their addresses. The door holds
+the call shapes last run for its collective too (`Door.set_shape`, up to 8): a call on fresh arrays then costs one
+C call, as a repeated one does, which matches x's (and out's) exact type, dtype object, shape, C-contiguity,
+alignment and writeability, that x and out do not overlap, and makes every check of the identity path. Shapes
+whose call allocates its output or averages, and arrays the door does not take, go through `_shape_run` in Python
+(same rules, and it gives the door the shape again where the door forgot it for newer ones).
 """
 from __future__ import annotations
 
@@ -93,14 +98,32 @@ class FastCalls:
         door = self._mem.doors.get(name)
         if door is None or f.runner is None or f.average or isinstance(door, _NoDoor):
             return
-        door.set(f.runner, arg, f.prep, f.hot, f.prep.desc, f.prep.schedule, self._transport.regions,
-                 lambda seq, rc: self._fast_finish(f, seq, rc), f.description, f.meta)
+        hot, ctx = f.hot, f.ctx
+        door.set(f.runner, arg, f.prep, hot, f.prep.desc, f.prep.schedule, self._transport.regions,
+                 lambda seq, rc, *at: self._fast_finish(hot, ctx, seq, rc, at), f.description, f.meta)
 
-    def _fast_finish(self, f: IdentityEntry, seq: int, rc: int) -> None:
-        """Finish call number `seq` of identity entry f, whose first native pass (its runner's, or its door's)
-        returned `rc`, unfinished."""
-        ctx, hot, bases = f.ctx, f.hot, f.bases
-        ctx.op_seq, ctx.deadline = seq, f.runner.deadline
+    def _shape_open_door(self, name: str, s: ShapeEntry, x: np.ndarray, out: Any, arg: Any) -> None:
+        """Let the door of collective `name` run call shape s (called with `arg`, its op or root) on any arrays of
+        x's (and out's) dtype and shape: out is None, x, or another array (a shape whose call allocates its output,
+        or averages, stays with `_shape_run`)."""
+        door = self._mem.doors.get(name)
+        if door is None or isinstance(door, _NoDoor) or s.average or (s.alloc is not None and not s.inplace):
+            return
+        if s.runner is None:
+            s.runner = hotpath.call_runner(s.hot, s.ctx, (0, 0, 0), x, out)
+            if s.runner is None:
+                return
+        hot, ctx = s.hot, s.ctx
+        door.set_shape(s.runner, arg, s.prep, hot, s.prep.desc, s.prep.schedule, self._transport.regions,
+                       lambda seq, rc, *at: self._fast_finish(hot, ctx, seq, rc, at), s.description, s.meta,
+                       x, out, s.scratch)
+
+    def _fast_finish(self, hot: hotpath.Prepared, ctx: CallContext, seq: int, rc: int,
+                     at: tuple[int, int, int, float]) -> None:
+        """Finish call number `seq` of a remembered call whose first native pass (its runner's, or its door's) at
+        the addresses and deadline `at` (IN, OUT, SCRATCH, deadline) returned `rc`, unfinished."""
+        bases = (at[0], at[1], at[2])
+        ctx.op_seq, ctx.deadline = seq, at[3]
         spans = self._transport.regions.packed
         self._guard(lambda _: hotpath.resume_call(hot, ctx, bases, spans, rc), ctx.deadline, LANE_COLL)
 
@@ -165,7 +188,7 @@ class FastCalls:
             return MISS
         self._fast_open_door(key[0], f, key[-1])
         if rc:
-            self._fast_finish(f, seq, rc)
+            self._fast_finish(f.hot, f.ctx, seq, rc, (*f.bases, f.runner.deadline))
         else:
             self._in_call = False
         result = x if out is None else out
@@ -204,6 +227,8 @@ class FastCalls:
                     return MISS
             ao = addr(o)
         bases = (ax, ao, ao if s.scratch_addr is None else s.scratch_addr)
+        if s.alloc is None or s.inplace:   # the door forgot it for newer shapes: it takes the next call again
+            self._shape_open_door(key[0], s, x, out, key[-1])
         go, n = s.go, self.size
         if s.average:
             def fn(deadline: float) -> None:
@@ -258,10 +283,11 @@ class FastCalls:
         if shape_key is not None and shape_key not in mem.by_shape and type(result) is np.ndarray:
             if len(mem.by_shape) >= MAX_ENTRIES:
                 mem.by_shape.clear()
-            mem.by_shape[shape_key] = ShapeEntry(
+            s = mem.by_shape[shape_key] = ShapeEntry(
                 prep, hot, ctx, hotpath.runner(hot, ctx, bases, self._transport.regions), scratch,
                 None if scratch is None else bases[2], result is x, result.shape if shape_key[3] is False else None,
                 avg, meta, coll.value)
+            self._shape_open_door(shape_key[0], s, x, out, shape_key[-1])
         if key is None or not mem.second_call(key, x):
             return
         if len(mem.by_object) >= MAX_ENTRIES:

@@ -10,8 +10,8 @@
  *
  * This file is the module: its function table and set-up, and the functions that only hand numbers and words to
  * Python. The reductions are in _hotpath_reduce.c, the shared-memory protocol in _hotpath_shm.c, the runner loop
- * in _hotpath_run.c, the plan object in _hotpath_plan.c, the Runner in _hotpath_runner.c and the Door in
- * _hotpath_door.c; _hotpath.h holds what they share.
+ * in _hotpath_run.c, the plan object in _hotpath_plan.c, the Runner in _hotpath_runner.c, the Door in
+ * _hotpath_door.c and its call shapes in _hotpath_shape.c; _hotpath.h holds what they share.
  */
 #include "_hotpath.h"
 

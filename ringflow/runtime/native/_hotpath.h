@@ -115,6 +115,57 @@ typedef struct {
     double deadline;             /* the deadline of the latest go(), for resuming a call go() left unfinished */
 } Runner;
 
+/* The leading fields of numpy's PyArrayObject_fields (numpy/ndarraytypes.h; the same in NumPy 1 and 2). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    intptr_t *dimensions;
+    intptr_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayFields;
+
+#define ARRAY_C_CONTIGUOUS 0x0001   /* NPY_ARRAY_C_CONTIGUOUS */
+#define ARRAY_ALIGNED 0x0100        /* NPY_ARRAY_ALIGNED */
+#define ARRAY_WRITEABLE 0x0400      /* NPY_ARRAY_WRITEABLE */
+
+/* A Door (_hotpath_door.c) is one collective's entry on one communicator: the calls it remembered for their very
+ * arrays (DoorEntry: a Runner and what the call's bookkeeping names) and the call shapes it remembered for any
+ * arrays of that shape (ShapeEntry, _hotpath_shape.c: the same, plus the shape its arrays must have). */
+enum { DOOR_ENTRIES = 16, SHAPE_ENTRIES = 8, SHAPE_MAX_DIMS = 8 };
+
+typedef struct {
+    Runner *runner;      /* NULL: a free entry */
+    PyObject *arg, *prep, *hot, *last_desc, *schedule, *regions, *resume;
+    PyObject *what, *meta;   /* the recorder's description and meta of the call */
+} DoorEntry;
+
+enum { SHAPE_OUT_NONE, SHAPE_OUT_X, SHAPE_OUT_ARRAY };   /* out=None (in place), out=x, out another array */
+
+typedef struct {
+    DoorEntry c;         /* the call (its Runner's own addresses unused: each call passes its arrays') */
+    PyObject *type;      /* numpy.ndarray: x (and out) are exactly of this type */
+    PyObject *xdescr, *odescr;   /* x's dtype object, and out's (NULL unless SHAPE_OUT_ARRAY) */
+    int xnd, ond, out;
+    intptr_t xdims[SHAPE_MAX_DIMS], odims[SHAPE_MAX_DIMS];
+    int64_t xbytes, obytes;
+    PyObject *scratch;   /* the plan's own scratch array, or NULL: SCRATCH is then out's address */
+    uint64_t scratch_addr;
+} ShapeEntry;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *dict;      /* the communicator's __dict__ */
+    PyObject *lane;      /* its collective lane (`_outstanding` counts queued asynchronous calls) */
+    PyObject *miss;      /* what call() returns where the door does not apply */
+    PyObject *inner;     /* the door's own `run` (call() without the recorder), handed to the recorder */
+    int next, next_shape;    /* the entry set() / set_shape() replaces when none is free */
+    DoorEntry e[DOOR_ENTRIES];
+    ShapeEntry s[SHAPE_ENTRIES];
+} Door;
+
 /* one extension module's internals: not exported from its shared object */
 #pragma GCC visibility push(hidden)
 
@@ -148,12 +199,22 @@ PyObject *rf_array_state(PyObject *self, PyObject *arg);
 PyObject *rf_address(PyObject *self, PyObject *arg);
 PyObject *rf_make_runner(PyObject *self, PyObject *args);
 int rf_same_array(PyObject *obj, PyObject *ref, PyObject *state);
+int rf_is_array_type(PyObject *t);
 int rf_run_call(Runner *r, uint64_t op_seq, double timeout_s, const uint64_t *spans, int64_t nspans);
+int rf_run_call_at(Runner *r, const uint64_t *base, uint64_t op_seq, double timeout_s, const uint64_t *spans,
+                   int64_t nspans);
 
 /* _hotpath_door.c */
 extern PyTypeObject rf_DoorType;
 PyObject *rf_make_door(PyObject *self, PyObject *args);
 int rf_intern_names(void);
+void rf_entry_forget(DoorEntry *e);
+
+/* _hotpath_shape.c */
+void rf_shape_forget(ShapeEntry *s);
+ShapeEntry *rf_shape_find(Door *d, PyObject *x, PyObject *out, PyObject *arg, int *err, uint64_t *base);
+PyObject *rf_door_set_shape(Door *d, PyObject *const *args, Py_ssize_t nargs);
+int rf_shape_traverse(ShapeEntry *s, visitproc visit, void *arg);
 
 #pragma GCC visibility pop
 #endif

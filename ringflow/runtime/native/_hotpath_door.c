@@ -4,35 +4,20 @@
 
 /* ------------------------------------------------------------------ the communicator's door for one collective */
 /* A Door is one collective's entry on one communicator (fastcall.py): it holds the calls remembered last for that
- * collective (up to DOOR_ENTRIES: each one's Runner and what else the call's bookkeeping names) and the
- * communicator's instance dict. `call` does, in C, every check the remembered Python path does (the communicator
- * neither failed nor destroyed, no queued asynchronous call, the owning thread, the same op or root, a timeout > 0,
- * the plan still the prepared one, the very arrays in the same state), the communicator's bookkeeping (sequence
- * number, last call, in-call flag, last schedule) and the call's first native pass, inside the recorder's `run`
+ * collective (up to DOOR_ENTRIES: each one's Runner and what else the call's bookkeeping names), the call shapes
+ * remembered for it (up to SHAPE_ENTRIES, _hotpath_shape.c: a call on any arrays of that dtype and shape, C-contiguous,
+ * aligned, writeable and not overlapping) and the communicator's instance dict. `call` does, in C, every check the
+ * remembered Python paths do (the communicator neither failed nor destroyed, no queued asynchronous call, the
+ * owning thread, the same op or root, a timeout > 0, the plan still the prepared one, the very arrays in the same
+ * state or arrays of the remembered shape), the communicator's bookkeeping (sequence number, last call, in-call
+ * flag, last schedule) and the call's first native pass at the arrays' addresses, inside the recorder's `run`
  * where the communicator has a recorder; anything else returns the miss object, having changed nothing, and the
- * full path decides. */
-enum { DOOR_ENTRIES = 16 };
-
-typedef struct {
-    Runner *runner;      /* NULL: a free entry */
-    PyObject *arg, *prep, *hot, *last_desc, *schedule, *regions, *resume;
-    PyObject *what, *meta;   /* the recorder's description and meta of the call */
-} DoorEntry;
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *dict;      /* the communicator's __dict__ */
-    PyObject *lane;      /* its collective lane (`_outstanding` counts queued asynchronous calls) */
-    PyObject *miss;      /* what call() returns where the door does not apply */
-    PyObject *inner;     /* the door's own `run` (call() without the recorder), handed to the recorder */
-    int next;            /* the entry set() replaces when none is free */
-    DoorEntry e[DOOR_ENTRIES];
-} Door;
-
+ * full path decides. The argument check across ranks is the plan's own (its first messages or its check
+ * exchange), on every call. */
 static PyObject *s_failure, *s_destroyed, *s_rec, *s_owner_id, *s_op_seq, *s_last_call, *s_in_call,
     *s_last_schedule, *s_timeout, *s_outstanding, *s_hot, *s_packed, *s_run;
 
-static void entry_forget(DoorEntry *e)
+void rf_entry_forget(DoorEntry *e)
 {
     Py_CLEAR(e->runner);
     Py_CLEAR(e->arg);
@@ -49,7 +34,9 @@ static void entry_forget(DoorEntry *e)
 static void door_forget(Door *d)
 {
     for (int i = 0; i < DOOR_ENTRIES; i++)
-        entry_forget(&d->e[i]);
+        rf_entry_forget(&d->e[i]);
+    for (int i = 0; i < SHAPE_ENTRIES; i++)
+        rf_shape_forget(&d->s[i]);
 }
 
 /* door(comm_dict, lane, miss) -> Door */
@@ -62,8 +49,9 @@ PyObject *rf_make_door(PyObject *self, PyObject *args)
     if (!d)
         return NULL;
     d->dict = Py_NewRef(dict), d->lane = Py_NewRef(lane), d->miss = Py_NewRef(miss);
-    d->next = 0;
+    d->next = d->next_shape = 0;
     memset(d->e, 0, sizeof d->e);
+    memset(d->s, 0, sizeof d->s);
     d->inner = NULL;
     PyObject_GC_Track((PyObject *)d);
     if ((d->inner = PyObject_GetAttrString((PyObject *)d, "run")) == NULL) {
@@ -97,8 +85,9 @@ static DoorEntry *door_find(Door *d, PyObject *x, PyObject *out, PyObject *arg, 
     return NULL;
 }
 
-/* set(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta): remember this call (resume(op_seq, rc)
- * finishes a call whose first native pass left it unfinished; what and meta: the recorder's description of it) */
+/* set(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta): remember this call (resume(op_seq, rc,
+ * in, out, scratch, deadline) finishes a call whose first native pass at those addresses left it unfinished; what
+ * and meta: the recorder's description of it) */
 static PyObject *Door_set(Door *d, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 10 || !PyObject_TypeCheck(args[0], &rf_RunnerType) || !PyCallable_Check(args[7])) {
@@ -118,7 +107,7 @@ static PyObject *Door_set(Door *d, PyObject *const *args, Py_ssize_t nargs)
         e = &d->e[d->next];
         d->next = (d->next + 1) % DOOR_ENTRIES;
     }
-    entry_forget(e);
+    rf_entry_forget(e);
     e->runner = (Runner *)Py_NewRef(r);
     e->arg = Py_NewRef(args[1]), e->prep = Py_NewRef(args[2]), e->hot = Py_NewRef(args[3]);
     e->last_desc = Py_NewRef(args[4]), e->schedule = Py_NewRef(args[5]), e->regions = Py_NewRef(args[6]);
@@ -141,15 +130,53 @@ static PyObject *Door_held(Door *d, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLong(n);
 }
 
+static PyObject *Door_shapes(Door *d, PyObject *Py_UNUSED(ignored))
+{
+    long n = 0;
+    for (int i = 0; i < SHAPE_ENTRIES; i++)
+        n += d->s[i].c.runner != NULL;
+    return PyLong_FromLong(n);
+}
+
 static PyObject *door_miss(Door *d) { return Py_NewRef(d->miss); }
 
 /* the dict's value under `key` (borrowed), or NULL where absent */
 static PyObject *comm_get(Door *d, PyObject *key) { return PyDict_GetItemWithError(d->dict, key); }
 
+/* A call call() may run: its entry (an identity entry, or a call shape's common part), the buffer addresses it runs
+ * at and its result (borrowed) */
+typedef struct {
+    DoorEntry *e;
+    ShapeEntry *shape;   /* NULL: an identity entry */
+    uint64_t base[3];
+    PyObject *result;
+} DoorHit;
+
+/* the entry call(x, out, arg) would run (h filled in; 1), none (0), or an error (-1); identity entries first */
+static int door_lookup(Door *d, PyObject *x, PyObject *out, PyObject *arg, DoorHit *h)
+{
+    int err = 0;
+    h->shape = NULL;
+    h->e = door_find(d, x, out, arg, &err);
+    if (h->e != NULL) {
+        memcpy(h->base, h->e->runner->base, sizeof h->base);
+        h->result = out == Py_None ? x : out;
+        return 1;
+    }
+    if (err)
+        return -1;
+    h->shape = rf_shape_find(d, x, out, arg, &err, h->base);
+    if (h->shape == NULL)
+        return err;
+    h->e = &h->shape->c;
+    h->result = h->shape->out == SHAPE_OUT_ARRAY ? out : x;
+    return 1;
+}
+
 /* Every check of call(): 1 where the remembered call applies (timeout_s, the sequence number and the regions'
  * packed spans, a new reference, filled in), 0 where it does not, -1 on an error */
 static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, int recorded, double *timeout_s,
-                      unsigned long long *seq, PyObject **spans_out, DoorEntry **entry)
+                      unsigned long long *seq, PyObject **spans_out, DoorHit *h)
 {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "call(x, out, arg, async_op, timeout)");
@@ -158,10 +185,10 @@ static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, int reco
     PyObject *x = args[0], *out = args[1], *arg = args[2], *timeout = args[4];
     if (args[3] != Py_False)
         return 0;
-    int err = 0;
-    DoorEntry *e = door_find(d, x, out, arg, &err);
-    if (e == NULL)
-        return err;
+    int found = door_lookup(d, x, out, arg, h);
+    if (found <= 0)
+        return found;
+    DoorEntry *e = h->e;
     Runner *r = e->runner;
     if (timeout == Py_None && (timeout = comm_get(d, s_timeout)) == NULL)
         return PyErr_Occurred() ? -1 : 0;
@@ -191,10 +218,14 @@ static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, int reco
         return -1;
     Py_DECREF(hot);   /* prep holds it: only its identity is compared */
     if (hot != e->hot) {
-        entry_forget(e);
+        if (h->shape != NULL)
+            rf_shape_forget(h->shape);
+        else
+            rf_entry_forget(e);
         return 0;
     }
-    if (!rf_same_array(x, r->xref, r->xstate) || (r->outref != NULL && !rf_same_array(out, r->outref, r->outstate)))
+    if (h->shape == NULL && (!rf_same_array(x, r->xref, r->xstate) ||
+                             (r->outref != NULL && !rf_same_array(out, r->outref, r->outstate))))
         return 0;
     PyObject *seq_obj = comm_get(d, s_op_seq);
     if (seq_obj == NULL || !PyLong_CheckExact(seq_obj))
@@ -210,18 +241,17 @@ static int door_ready(Door *d, PyObject *const *args, Py_ssize_t nargs, int reco
         return 0;
     }
     *spans_out = spans;
-    *entry = e;
     return 1;
 }
 
-/* checks(x, out, arg, async_op, timeout) -> True where call() would run the remembered call (nothing done) */
+/* checks(x, out, arg, async_op, timeout) -> True where call() would run a remembered call (nothing done) */
 static PyObject *Door_checks(Door *d, PyObject *const *args, Py_ssize_t nargs)
 {
     double timeout_s;
     unsigned long long seq;
     PyObject *spans = NULL;
-    DoorEntry *e;
-    int ok = door_ready(d, args, nargs, 0, &timeout_s, &seq, &spans, &e);
+    DoorHit h;
+    int ok = door_ready(d, args, nargs, 0, &timeout_s, &seq, &spans, &h);
     Py_XDECREF(spans);
     return ok < 0 ? NULL : PyBool_FromLong(ok);
 }
@@ -232,16 +262,16 @@ static PyObject *door_run(Door *d, PyObject *const *args, Py_ssize_t nargs, int 
     double timeout_s;
     unsigned long long seq;
     PyObject *spans = NULL;
-    DoorEntry *e;
-    int ok = door_ready(d, args, nargs, recorded, &timeout_s, &seq, &spans, &e);
+    DoorHit h;
+    int ok = door_ready(d, args, nargs, recorded, &timeout_s, &seq, &spans, &h);
     if (ok <= 0)
         return ok < 0 ? NULL : door_miss(d);
-    PyObject *x = args[0], *out = args[1];
+    DoorEntry *e = h.e;
     /* everything checked: from here the call is this communicator's next collective */
     Py_INCREF(d);
     Runner *keep = (Runner *)Py_NewRef(e->runner);
     PyObject *resume = Py_NewRef(e->resume);   /* resume() may run Python that clears the door */
-    PyObject *result = Py_NewRef(out == Py_None ? x : out);
+    PyObject *result = Py_NewRef(h.result);
     PyObject *next = PyLong_FromUnsignedLongLong(seq + 1), *seq_now = PyLong_FromUnsignedLongLong(seq);
     PyObject *last = seq_now ? PyTuple_Pack(2, seq_now, e->last_desc) : NULL;
     int failed = next == NULL || last == NULL || PyDict_SetItem(d->dict, s_op_seq, next) < 0 ||
@@ -250,14 +280,14 @@ static PyObject *door_run(Door *d, PyObject *const *args, Py_ssize_t nargs, int 
     Py_XDECREF(next);
     Py_XDECREF(last);
     if (!failed) {
-        int rc = rf_run_call(keep, seq, timeout_s, (const uint64_t *)PyBytes_AS_STRING(spans),
-                          PyBytes_GET_SIZE(spans) / 24);
+        int rc = rf_run_call_at(keep, h.base, seq, timeout_s, (const uint64_t *)PyBytes_AS_STRING(spans),
+                                PyBytes_GET_SIZE(spans) / 24);
         if (rc == RC_DONE) {
             failed = PyDict_SetItem(d->dict, s_in_call, Py_False) < 0;
-        } else {
-            PyObject *rc_obj = PyLong_FromLong(rc);
-            PyObject *res = rc_obj ? PyObject_CallFunctionObjArgs(resume, seq_now, rc_obj, NULL) : NULL;
-            Py_XDECREF(rc_obj);
+        } else {   /* resume(op_seq, rc, in, out, scratch, deadline) finishes it */
+            PyObject *res = PyObject_CallFunction(resume, "OiKKKd", seq_now, rc, (unsigned long long)h.base[0],
+                                                  (unsigned long long)h.base[1], (unsigned long long)h.base[2],
+                                                  keep->deadline);
             failed = res == NULL;
             Py_XDECREF(res);
         }
@@ -285,11 +315,11 @@ static PyObject *Door_call(Door *d, PyObject *const *args, Py_ssize_t nargs)
     PyObject *rec = nargs == 5 ? comm_get(d, s_rec) : NULL;
     if (rec == NULL || rec == Py_None)
         return PyErr_Occurred() ? NULL : door_run(d, args, nargs, 0);
-    int err = 0;
-    DoorEntry *e = args[3] == Py_False ? door_find(d, args[0], args[1], args[2], &err) : NULL;
-    if (e == NULL)
-        return err ? NULL : door_miss(d);
-    PyObject *call[10] = {rec, e->what, e->meta, d->miss, d->inner, args[0], args[1], args[2], args[3], args[4]};
+    DoorHit h;
+    int found = args[3] == Py_False ? door_lookup(d, args[0], args[1], args[2], &h) : 0;
+    if (found <= 0)
+        return found < 0 ? NULL : door_miss(d);
+    PyObject *call[10] = {rec, h.e->what, h.e->meta, d->miss, d->inner, args[0], args[1], args[2], args[3], args[4]};
     Py_INCREF(rec);
     PyObject *res = PyObject_VectorcallMethod(s_run, call, 10, NULL);
     Py_DECREF(rec);
@@ -314,6 +344,11 @@ static int Door_traverse(Door *d, visitproc visit, void *arg)
         Py_VISIT(e->resume);
         Py_VISIT(e->what);
         Py_VISIT(e->meta);
+    }
+    for (int i = 0; i < SHAPE_ENTRIES; i++) {
+        int rc = rf_shape_traverse(&d->s[i], visit, arg);
+        if (rc)
+            return rc;
     }
     return 0;
 }
@@ -345,8 +380,12 @@ static PyMethodDef Door_methods[] = {
      "checks(x, out, arg, async_op, timeout) -> True where call() would run the remembered call (nothing done)"},
     {"set", (PyCFunction)(void (*)(void))Door_set, METH_FASTCALL,
      "set(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta): remember this call"},
-    {"clear", (PyCFunction)Door_clear, METH_NOARGS, "forget the remembered call"},
-    {"held", (PyCFunction)Door_held, METH_NOARGS, "how many calls are remembered"},
+    {"set_shape", (PyCFunction)(void (*)(void))rf_door_set_shape, METH_FASTCALL,
+     "set_shape(runner, arg, prep, hot, desc, schedule, regions, resume, what, meta, x, out, scratch) -> True where "
+     "remembered: run this call on any arrays of x's (and out's) dtype and shape"},
+    {"clear", (PyCFunction)Door_clear, METH_NOARGS, "forget the remembered calls and call shapes"},
+    {"held", (PyCFunction)Door_held, METH_NOARGS, "how many calls are remembered for their arrays"},
+    {"shapes", (PyCFunction)Door_shapes, METH_NOARGS, "how many call shapes are remembered"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,21 +22,6 @@ PyObject *rf_set_array_type(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* The leading fields of numpy's PyArrayObject_fields (numpy/ndarraytypes.h; the same in NumPy 1 and 2). */
-typedef struct {
-    PyObject_HEAD
-    char *data;
-    int nd;
-    intptr_t *dimensions;
-    intptr_t *strides;
-    PyObject *base;
-    PyObject *descr;
-    int flags;
-} ArrayFields;
-
-#define ARRAY_C_CONTIGUOUS 0x0001   /* NPY_ARRAY_C_CONTIGUOUS */
-#define ARRAY_WRITEABLE 0x0400      /* NPY_ARRAY_WRITEABLE */
-
 /* What determines a remembered call's plan about an array, as words: data address, dtype object, contiguity and
    writeability, shape and strides (buf holds 3 + 2 * 64 words); the word count, or -1 for a dimension count out of
    range. Equal words mean the same memory seen the same way, as long as the caller keeps the dtype alive. */
@@ -70,6 +55,9 @@ PyObject *rf_array_state(PyObject *self, PyObject *arg)
     }
     return PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)(n * sizeof(intptr_t)));
 }
+
+/* 1 if t is the type set_array_type named (numpy.ndarray) */
+int rf_is_array_type(PyObject *t) { return ndarray_type != NULL && t == (PyObject *)ndarray_type; }
 
 PyObject *rf_address(PyObject *self, PyObject *arg)
 {
@@ -127,22 +115,29 @@ PyObject *rf_make_runner(PyObject *self, PyObject *args)
     return (PyObject *)r;
 }
 
-/* One call's first native pass: the check exchange (if any), then the plan; the plan's rc, or CHECK_RC + rc where
- * the check exchange did not finish (the plan has not started) */
-int rf_run_call(Runner *r, uint64_t op_seq, double timeout_s, const uint64_t *spans, int64_t nspans)
+/* One call's first native pass at the buffer addresses `base` (IN, OUT, SCRATCH): the check exchange (if any),
+ * then the plan; the plan's rc, or CHECK_RC + rc where the check exchange did not finish (the plan has not started) */
+int rf_run_call_at(Runner *r, const uint64_t *base, uint64_t op_seq, double timeout_s, const uint64_t *spans,
+                   int64_t nspans)
 {
     HotPlan *p = r->plan, *c = r->check;
     r->deadline = rf_now_s() + timeout_s;
     if (c) {
         c->step = 0, c->step_started = 0, c->err_op = -1, c->err_code = 0;
-        int rc = rf_run_plan(c, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1],
-                          r->base[2], spans, nspans);
+        int rc = rf_run_plan(c, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, base[0], base[1], base[2],
+                             spans, nspans);
         if (rc != RC_DONE)
             return CHECK_RC + rc;
     }
     p->step = 0, p->step_started = 0, p->err_op = -1, p->err_code = 0;
-    return rf_run_plan(p, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, r->base[0], r->base[1], r->base[2],
-                    spans, nspans);
+    return rf_run_plan(p, r->sig, op_seq, r->deadline, r->bell, r->hot_s, r->spin_s, base[0], base[1], base[2],
+                       spans, nspans);
+}
+
+/* rf_run_call_at at the addresses the Runner was made with */
+int rf_run_call(Runner *r, uint64_t op_seq, double timeout_s, const uint64_t *spans, int64_t nspans)
+{
+    return rf_run_call_at(r, r->base, op_seq, timeout_s, spans, nspans);
 }
 
 /* go(x, out, op_seq, timeout_s, spans) -> rc (run_call's), or -1 (nothing done) where x or out is not the array
