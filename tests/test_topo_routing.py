@@ -117,3 +117,23 @@ def test_small_rail_fabric_groups_rails_and_pickles() -> None:
     assert sum(1 for n in t.path(a, b) if t.kind(n) == NodeKind.NET_SWITCH) == 1
     u = pickle.loads(pickle.dumps(t))
     assert u.path(a, b) == t.path(a, b)
+
+
+@pytest.mark.parametrize("preset", ["gb300-nvl72", "dgx-h100", "dgx1-v100"])
+def test_searches_inside_a_host_on_its_link_lists_equal_the_searches_on_the_graph(preset: str) -> None:
+    from ringflow.topology import build_preset
+    from ringflow.topology.routing import _NET_TYPES, _NO_TRANSIT
+    topo = build_preset(preset)
+    r = topo.router
+    nodes = r._host_nodes[0]
+    relay = (NodeKind.PROC, NodeKind.NIC)
+    nvlink, not_net = (lambda d: d["type"] == LinkType.NVLINK), (lambda d: d["type"] not in _NET_TYPES)
+    for nvlink_only, ok in ((True, nvlink), (False, not_net)):
+        adj = r._adjacency(0, nvlink_only)
+        for a in sorted(nodes)[::max(1, len(nodes) // 24)]:
+            for blocked in (_NO_TRANSIT, relay):
+                best = r._widest_in(a, adj, blocked)
+                assert best == r._widest_values(a, nodes, ok, blocked)
+                for floor in sorted({round(bw, 9) for bw in best.values()}):
+                    assert r._short_tree_in(a, adj, floor - 1e-9, blocked) == \
+                        r._short_tree(a, nodes, ok, floor - 1e-9, blocked)

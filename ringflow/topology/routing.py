@@ -26,7 +26,7 @@ import heapq
 import zlib
 from collections.abc import Callable
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TopologyError
 from .graph import Attrs, LinkType, NodeKind, predecessors, successors
@@ -63,8 +63,17 @@ class Router:
         #: search.find_rings' results on this topology (with the link capacities they were found on)
         self.found_rings: dict[Any, Any] = {}
         self._host_nodes: dict[int, set[str]] = {}
+        self._kind: dict[str, NodeKind] = {}
+        self._host_of: dict[str, int] = {}
+        self._host_nics: dict[int, list[str]] = {}
         for n, d in self.g.nodes(data=True):
             self._host_nodes.setdefault(d["host"], set()).add(n)
+            self._kind[n] = d["kind"]
+            self._host_of[n] = d["host"]
+            if d["kind"] == NodeKind.NIC:
+                self._host_nics.setdefault(d["host"], []).append(n)
+        #: per (host, NVLink only?): each node's links inside the host as (to, bw_GBps, latency_us), in graph order
+        self._host_adj: dict[tuple[int, bool], dict[str, list[tuple[str, float, float]]]] = {}
 
     # ----------------------------------------------------------------- public
     def path(self, a: str, b: str) -> list[str]:
@@ -98,7 +107,7 @@ class Router:
     # ----------------------------------------------------------------- dispatch
     def _host(self, n: str) -> int:
         try:
-            return cast(int, self.g.nodes[n]["host"])
+            return self._host_of[n]
         except KeyError:
             raise TopologyError(f"node {n!r} is not in topology {self.topo.name!r}",
                                 "use an id from topo.endpoints() / topo.graph.nodes") from None
@@ -175,17 +184,15 @@ class Router:
         intra-host edge, GPUs may relay (NCCL PXN/NVB) — only used when the other modes find no route.
         """
         self._intra_done.add((a, mode))
-        nodes = self._host_nodes[self._host(a)]
-        ok: Callable[[Attrs], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if mode == "nvlink"
-                                      else (lambda d: d["type"] not in _NET_TYPES))
+        adj = self._adjacency(self._host(a), mode == "nvlink")
         blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
-        best = self._widest_values(a, nodes, ok, blocked)
+        best = self._widest_in(a, adj, blocked)
         by_floor: dict[float, list[str]] = {}
         for t, bw in best.items():
             if t != a:
                 by_floor.setdefault(round(bw, 9), []).append(t)
         for floor, targets in by_floor.items():
-            pred = self._short_tree(a, nodes, ok, floor - _EPS, blocked)
+            pred = self._short_tree_in(a, adj, floor - _EPS, blocked)
             for t in targets:
                 if t not in pred:
                     continue
@@ -193,6 +200,70 @@ class Router:
                 while out[-1] != a:
                     out.append(pred[out[-1]])
                 self._intra_cache[(a, t, mode)] = out[::-1]
+
+    def _adjacency(self, host: int, nvlink_only: bool) -> dict[str, list[tuple[str, float, float]]]:
+        """The links a search inside `host` may take, per node: NVLink only, or any but the network's."""
+        key = (host, nvlink_only)
+        adj = self._host_adj.get(key)
+        if adj is None:
+            nodes = self._host_nodes[host]
+            ok: Callable[[Attrs], bool] = ((lambda d: d["type"] == LinkType.NVLINK) if nvlink_only
+                                          else (lambda d: d["type"] not in _NET_TYPES))
+            adj = self._host_adj[key] = {
+                u: [(v, d["bw_GBps"], d["latency_us"]) for v, d in self._succ[u].items() if v in nodes and ok(d)]
+                for u in nodes}
+        return adj
+
+    def _widest_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]],
+                   blocked: tuple[NodeKind, ...]) -> dict[str, float]:
+        """`_widest_values` over the links `adj` (a host's, `_adjacency`)."""
+        kind = self._kind
+        best = {a: float("inf")}
+        heap = [(-float("inf"), a)]
+        done: set[str] = set()
+        push, pop = heapq.heappush, heapq.heappop
+        while heap:
+            negbw, u = pop(heap)
+            if u in done:
+                continue
+            done.add(u)
+            if u != a and kind[u] in blocked:
+                continue
+            cur = -negbw
+            for v, bw, _ in adj[u]:
+                nb = bw if bw < cur else cur
+                if nb > best.get(v, -1.0) + _EPS:
+                    best[v] = nb
+                    push(heap, (-nb, v))
+        return best
+
+    def _short_tree_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]], floor: float,
+                       blocked: tuple[NodeKind, ...]) -> dict[str, str]:
+        """`_short_tree` over the links `adj` (a host's, `_adjacency`)."""
+        kind = self._kind
+        dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
+        pred: dict[str, str] = {}
+        heap: list[tuple[int, float, str]] = [(0, 0.0, a)]
+        seen: set[str] = set()
+        push, pop = heapq.heappush, heapq.heappop
+        while heap:
+            hops, lat, u = pop(heap)
+            if u in seen:
+                continue
+            seen.add(u)
+            if u != a and kind[u] in blocked:
+                continue
+            nxt = hops + 1
+            for v, bw, lat_us in adj[u]:
+                if bw < floor:
+                    continue
+                cand = (nxt, round(lat + lat_us, 9))
+                have = dist.get(v)
+                if have is None or cand < have:
+                    dist[v] = cand
+                    pred[v] = u
+                    push(heap, (nxt, cand[1], v))
+        return pred
 
     def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[Attrs], bool],
                        blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, float]:
@@ -280,13 +351,12 @@ class Router:
             self._near[x] = [x]
             return self._near[x]
         scored = []
-        for nic in self._host_nodes.get(d["host"], ()):
-            if self.g.nodes[nic]["kind"] != NodeKind.NIC:
-                continue
+        succ = self._succ
+        for nic in self._host_nics.get(d["host"], ()):
             p = self._intra(x, nic)
             if p is None:
                 continue
-            bw = min(self.g.edges[e]["bw_GBps"] for e in pairwise(p))
+            bw = min(succ[u][v]["bw_GBps"] for u, v in pairwise(p))
             scored.append(((len(p), -round(bw, 6)), nic))
         if not scored:
             self._near[x] = []

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -199,12 +201,8 @@ class _Hops:
 
 def ring_loads(order: Sequence[int], hops: _Hops) -> dict[Edge, int]:
     """How many hops of the ring cross each directed edge."""
-    load: dict[Edge, int] = {}
-    n = len(order)
-    for k in range(n):
-        for e in hops.edges(order[k], order[(k + 1) % n]):
-            load[e] = load.get(e, 0) + 1
-    return load
+    nxt = list(order[1:]) + list(order[:1])
+    return Counter(itertools.chain.from_iterable(map(hops.edges, order, nxt)))
 
 
 def ring_bw(order: Sequence[int], hops: _Hops, cap: dict[Edge, float]) -> float:
@@ -212,7 +210,7 @@ def ring_bw(order: Sequence[int], hops: _Hops, cap: dict[Edge, float]) -> float:
     if len(order) < 2:
         return math.inf
     load = ring_loads(order, hops)
-    return min(cap[e] / k for e, k in load.items())
+    return float(min(map(operator.truediv, map(cap.__getitem__, load), load.values())))
 
 
 def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset[LinkType]:
@@ -222,11 +220,13 @@ def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset[LinkType]:
 
 # ----------------------------------------------------------------------------- local order search
 def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
-                budget: int = 200_000, tiebreak: dict[int, int] | None = None) -> tuple[list[int], float]:
-    """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load."""
+                budget: int = 200_000, tiebreak: dict[int, int] | None = None,
+                memo: dict[tuple[int, int], float] | None = None) -> tuple[list[int], float]:
+    """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load;
+    `memo`: hop bottlenecks on `cap` found by earlier searches on the same `cap` (filled in)."""
     if len(nodes) == 1:
         return [start], math.inf
-    search = _OrderSearch(nodes, start, end, hops, cap, budget, tiebreak)
+    search = _OrderSearch(nodes, start, end, hops, cap, budget, tiebreak, memo)
     if len(nodes) > MAX_DFS_NODES:   # too deep to recurse: widest-next greedy order
         best_order = _greedy_order(nodes, start, end, search.others, search.pair_bw)
         return best_order, _order_bw(best_order, end is None, hops, cap)
@@ -242,11 +242,11 @@ class _OrderSearch:
     bound or after `budget` expansions; `best_order`/`best` hold the widest complete order found."""
 
     def __init__(self, nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
-                 budget: int, tiebreak: dict[int, int] | None) -> None:
+                 budget: int, tiebreak: dict[int, int] | None, memo: dict[tuple[int, int], float] | None) -> None:
         self.start, self.end, self.hops, self.cap = start, end, hops, cap
         self.budget, self.tiebreak = budget, tiebreak
         self.others = [x for x in nodes if x != start and x != end]
-        self.memo: dict[tuple[int, int], float] = {}
+        self.memo: dict[tuple[int, int], float] = {} if memo is None else memo
         self.best_order: list[int] = []
         self.best = -1.0
         self.ub = _order_upper_bound(nodes, start, end, hops, cap)
@@ -359,7 +359,8 @@ def _order_bw(order: list[int], closed: bool, hops: _Hops, cap: dict[Edge, float
 
 # ----------------------------------------------------------------------------- public search
 def _capacities(topo: Topology) -> dict[Edge, float]:
-    return {(u, v): d["bw_GBps"] for u, v, d in topo.graph.edges(data=True)}
+    from .graph import successors
+    return {(u, v): d["bw_GBps"] for u, nbrs in successors(topo.graph).items() for v, d in nbrs.items()}
 
 
 def _subtract(order: Sequence[int], bw: float, hops: _Hops, cap: dict[Edge, float]) -> None:
@@ -394,9 +395,10 @@ def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
     fps = [_host_fingerprint(topo, eps, g) for g in groups]
     best_ring: list[int] = []
     best = -1.0
+    memo: dict[tuple[int, int], float] = {}   # `cap` stays as it is until the ring is chosen
     for s, e in pairs:
         local, _ = _best_order(first, s, None if s == e else e, hops, cap,
-                               budget=10**6 if len(first) <= 9 else 100_000)
+                               budget=10**6 if len(first) <= 9 else 100_000, memo=memo)
         pos = [first.index(x) for x in local]
         # same order on every host, and (for entry/exit GPUs on different rails) the order reversed on every
         # other host, so that host h's exit GPU feeds the same-index GPU of host h+1: inter-host hops stay on
@@ -408,7 +410,7 @@ def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
                     ring.extend(g[p] for p in (pos[::-1] if alternate and h % 2 else pos))
                 else:
                     ls, le = _entry_exit(g, set(rails.get(s, [])) & set(rails.get(e, [])), eps, router)
-                    sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000)
+                    sub, _ = _best_order(g, ls, None if ls == le else le, hops, cap, budget=100_000, memo=memo)
                     ring.extend(sub)
             bw = ring_bw(ring, hops, cap)
             if bw > best + _EPS:
