@@ -1,4 +1,5 @@
-"""A published case's own GPU peaks (peak_tflops): sourced, checked, and what its prediction runs at."""
+"""A published case's own GPU peaks (peak_tflops) and power limit (power_limit_W): sourced, checked, and what its
+prediction runs at."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,10 +15,12 @@ def titan() -> dict:
     return next(c for c in load_cases() if c["id"] == "torchtitan-llama31-8b-fsdp128-compile-float8")
 
 
-def test_the_grand_teton_runs_state_a_peak_between_the_sxm_and_nvl_columns(titan: dict) -> None:
-    peak = titan["peak_tflops"]
-    assert 835.5 < peak["bf16"] < 989.5 and 1670.5 < peak["fp8"] < 1979.0
-    assert "between SXM and NVL" in titan["peak_source"]["where"]
+def test_every_grand_teton_run_states_the_sources_500_w_limit_on_the_sxm_part() -> None:
+    runs = [c for c in load_cases() if c["id"].startswith("torchtitan-")]
+    assert len(runs) == 18
+    for c in runs:
+        assert c["power_limit_W"] == 500 and "peak_tflops" not in c
+        assert "default 500W power limit" in c["power_source"]["where"]
 
 
 def test_a_lower_peak_predicts_proportionally_less_compute_bound_throughput(titan: dict) -> None:
@@ -32,8 +35,8 @@ def test_a_lower_peak_predicts_proportionally_less_compute_bound_throughput(tita
 @pytest.mark.parametrize("bad", [{"bf16": 900.0}, {"fp8": 1800.0}, {"bf16": -1.0}, {"bf16": 900.0, "fp4": 1.0}])
 def test_a_peak_without_its_source_or_not_positive_is_refused(tmp_path: Path, titan: dict, bad: dict) -> None:
     case = dict(titan, peak_tflops=bad)
-    if bad == {"bf16": 900.0}:
-        case.pop("peak_source")
+    if bad != {"bf16": 900.0}:
+        case["peak_source"] = {"url": "https://example.org", "where": "x"}
     with pytest.raises(ConfigError, match="peak_tflops"):
         _check_case(case, tmp_path / "cases.yaml")
 
