@@ -105,3 +105,40 @@ def test_torchtitan_profiles_checkpoint_non_reentrant_and_an_unknown_checkpoint_
     assert PROFILES["megatron-te"].checkpoint == "reentrant"
     with pytest.raises(InvalidArgument, match="checkpoint"):
         KernelProfile("x", "fused", "fused", "fused", "", checkpoint="early")
+
+
+def test_sequence_parallel_along_the_second_dimension_copies_each_nccl_collectives_buffer():
+    act = 2 * 8192 * 8192 * 2
+    s_first = {c.collective: c for c in stage_calls(M70, BASE, 0) if c.dim == "tp"}
+    s_second = {c.collective: c for c in stage_calls(M70, BASE, 0, "reentrant", 1) if c.dim == "tp"}
+    assert s_first["all_gather"].copy_bytes == s_first["reduce_scatter"].copy_bytes == 0.0
+    # (b, s, h) shards: the gathered FP8 output and the BF16 reduce-scatter input, each read and written once
+    assert s_second["all_gather"].copy_bytes == pytest.approx(2 * act / 2)
+    assert s_second["reduce_scatter"].copy_bytes == pytest.approx(2 * act)
+    assert s_second["all_gather"].wire_bytes == s_first["all_gather"].wire_bytes   # the wire carries the same
+    with pytest.raises(InvalidArgument, match="sequence_dim"):
+        stage_calls(M70, BASE, 0, "reentrant", 2)
+    # async TP: a fused collective takes its chunks in place, an NCCL reduce-scatter still copies
+    pieces = tp_pieces(M70, BASE.with_(overlap_tp=True, tp_overlap="async_tp"), 0, 80, 1.0, 2.0, "reentrant", 4.0)
+    assert {p.copy_bytes for p in pieces if p.how == "exposed"} == {4.0}
+    assert {p.copy_bytes for p in pieces if p.how == "decomposed"} == {0.0}
+    exposed = next(p for p in pieces if p.how == "exposed")
+    assert piece_exposed_s(exposed, 8, 3.0, 1e12, 1e12, 2.0, 0.0) == pytest.approx(3.0 + 4.0 / 2.0)
+
+
+def test_step_time_adds_the_layout_copies_of_a_torchtitan_profile_to_the_exposed_tp_time():
+    from dataclasses import replace
+
+    from ringflow.workload.compute import EfficiencyModel, gpu_spec
+    from ringflow.workload.kernels import PROFILES
+    topo = cluster_for("dgx-h100", 1)
+    titan = PROFILES["torchtitan-compile"]
+    lay = BASE.with_(recompute="selective")
+    eff_b = EfficiencyModel(kernels=titan)
+    eff_s = EfficiencyModel(kernels=replace(titan, sequence_dim=0))
+    gpu = gpu_spec("H100")
+    b = step_time(M70, lay, topo, comm=AlphaBetaModel(), eff=eff_b, gpu=gpu).breakdown["tp_exposed"]
+    s = step_time(M70, lay, topo, comm=AlphaBetaModel(), eff=eff_s, gpu=gpu).breakdown["tp_exposed"]
+    act = 2 * 8192 * 8192 * 2
+    copies = 2 * 80 * 2 * (2 * act / 2 + 2 * act)   # regions x passes x (all-gather + reduce-scatter copies)
+    assert b - s == pytest.approx(copies / (gpu.hbm_GBps * 1e9 * eff_b.mem_eff))

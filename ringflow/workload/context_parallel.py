@@ -222,7 +222,8 @@ def ring_calls(model: ModelSpec, layout: Layout, layers: int) -> list[CommCall]:
 
 def stage_calls_for(model: ModelSpec, layout: Layout, stage: int, kernels: str | KernelProfile) -> list[CommCall]:
     """`layercomm.stage_calls`, its CP calls replaced by `ring_calls` where the layout runs torch's ring."""
-    calls = stage_calls(model, layout, stage, kernel_profile(kernels).checkpoint)
+    prof = kernel_profile(kernels)
+    calls = stage_calls(model, layout, stage, prof.checkpoint, prof.sequence_dim)
     if not uses_torch_ring(layout, kernels):
         return calls
     start, stop = layout.stage_ranges(model)[stage]

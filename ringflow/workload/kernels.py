@@ -35,7 +35,18 @@ an eager one well above. Kernels of per-token scalars (mean, rsqrt) are counted 
 per-kernel launch time is a parameter (`EfficiencyModel.kernel_launch_s`, 0: no sourced figure yet).
 MoE layers keep the stored-activation term alone (no PyTorch-native MoE profile yet).
 
-Three more mechanisms ride on the profile and the run's precision:
+Four more mechanisms ride on the profile and the run's precision:
+
+- **sequence dimension** (``sequence_dim``): the activation dimension sequence parallelism shards. Megatron-Core
+  keeps activations as [s, b, h] and gathers and reduce-scatters along dim 0, on contiguous buffers (0).
+  torchtitan keeps (b, s, h) and shards dim 1 (DTensor ``Shard(1)``: torchtitan 9dec370 ``parallelize_llama.py``
+  lines 133-192), and PyTorch's functional collectives then copy each collective's whole buffer:
+  ``all_gather_tensor`` gathers along dim 0 and concatenates the chunks along ``gather_dim`` (``torch.cat(
+  torch.chunk(res, group_size, dim=0), dim=gather_dim)``), ``reduce_scatter_tensor`` first concatenates the input's
+  chunks along dim 0 (``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``), torch
+  ``distributed/_functional_collectives.py``. Each such copy reads and writes the buffer once, on the compute
+  stream before the GEMM that reads the gathered buffer or the collective that reads the concatenated one
+  (`layercomm` ``copy_bytes``); a collective async TP fuses with its GEMM takes its chunks in place (`tpoverlap`);
 
 - **checkpoint** (`CHECKPOINTS`): what full recomputation reruns. ``reentrant`` (Megatron-Core's
   ``tensor_parallel.checkpoint``, a ``CheckpointFunction``) reruns the whole checkpointed forward in backward;
@@ -137,6 +148,7 @@ class KernelProfile:
     attention: str = "flash2"   # attention kernel (ATTENTION_KERNELS): flash2 | flash3 | cudnn | triton-flash
     context_parallel: str = "transformer-engine"   # CP_IMPLS: whose ring attention (`context_parallel` module)
     checkpoint: str = "reentrant"   # CHECKPOINTS: what full recomputation reruns (module docstring)
+    sequence_dim: int = 0           # the activation dimension sequence parallelism shards (module docstring)
 
     def __post_init__(self) -> None:
         for field, value, allowed in (("norm", self.norm, NORMS), ("pointwise", self.pointwise, POINTWISE),
@@ -147,6 +159,9 @@ class KernelProfile:
             if value not in allowed:
                 raise InvalidArgument(f"kernel profile {self.name!r}: {field}={value!r}",
                                       f"use one of {', '.join(allowed)}")
+        if self.sequence_dim not in (0, 1):
+            raise InvalidArgument(f"kernel profile {self.name!r}: sequence_dim={self.sequence_dim!r}",
+                                  "use 0 ([s, b, h] activations) or 1 ((b, s, h) activations)")
 
 
 REFERENCE = "megatron-te"
@@ -168,12 +183,12 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
                   "torchtitan 9dec370 without compile: train_configs/llama3_8b.toml 'compile = false', "
                   "'norm_type = \"rmsnorm\"' (models/norms.py RMSNorm in PyTorch ops); eager fp32 loss (train.py "
                   "lines 131-138); " + _TITAN_SDPA + "; " + _TITAN_AC, context_parallel="torch-ring",
-                  checkpoint="non-reentrant"),
+                  checkpoint="non-reentrant", sequence_dim=1),
     KernelProfile("torchtitan-compile", "composed", "compiled", "eager_fp32",
                   "torchtitan 9dec370 with training.compile: each TransformerBlock torch.compile'd "
                   "(parallelisms/parallelize_llama.py apply_compile, lines 297-306); the final norm and the fp32 "
                   "loss stay eager (train.py lines 131-138); " + _TITAN_SDPA + "; " + _TITAN_AC,
-                  context_parallel="torch-ring", checkpoint="non-reentrant"),
+                  context_parallel="torch-ring", checkpoint="non-reentrant", sequence_dim=1),
     KernelProfile("llm-foundry-2023", "native", "eager", "fused",
                   "llm-foundry scripts/train/benchmarking/submit_benchmarks.py (5e85bd62): "
                   "norm_type 'low_precision_layernorm' (one F.layer_norm kernel, line 307), no torch.compile; MPT "

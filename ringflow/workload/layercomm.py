@@ -15,7 +15,9 @@ Per micro-batch (``T = b s / cp`` tokens on the GPU, activations ``A = T h x 2``
   the reduce-scatters carry the GEMMs' BF16 outputs. With ``overlap_tp`` the TP calls hide under their
   GEMMs as `tpoverlap` prices them. Where full recomputation reruns only what backward needs (a kernel profile's
   ``checkpoint: non-reentrant``, `kernels`), the recompute pass leaves out the collective that ends each layer:
-  the MLP's (or shared experts') reduce-scatter or all-reduce;
+  the MLP's (or shared experts') reduce-scatter or all-reduce. Where sequence parallelism shards the second
+  activation dimension (a kernel profile's ``sequence_dim: 1``, PyTorch DTensors of (b, s, h)), each all-gather
+  and reduce-scatter also copies its whole buffer through HBM (``copy_bytes``: read and written once, `kernels`);
 - **EP** (ep > 1, MoE layers): a dispatch and a combine all-to-all per pass, each rank's send buffer
   ``T/tp x top_k x h x 2`` B (x the capacity factor when padded, x the expert imbalance: the busiest rank
   receives that much more; tokens are split over TP ranks before dispatch); the fraction ``(ep-1)/ep`` of it
@@ -59,6 +61,7 @@ class CommCall:
     group: int          # group size
     hides_under: str = ""   # "gemm" (TP overlap, `tpoverlap`), "attention" (ring attention), "compute" (EP overlap)
     forward_share: float = 0.5  # the share of `calls` in the forward pass (the rest: backward)
+    copy_bytes: float = 0.0     # HBM bytes per call that lay the buffer out for the collective (`kernels`)
 
     @property
     def wire_bytes(self) -> float:
@@ -66,11 +69,15 @@ class CommCall:
         return self.calls * self.nbytes * _WIRE[self.collective](self.group)
 
 
-def stage_calls(model: ModelSpec, layout: Layout, stage: int, checkpoint: str = "reentrant") -> list[CommCall]:
+def stage_calls(model: ModelSpec, layout: Layout, stage: int, checkpoint: str = "reentrant",
+                sequence_dim: int = 0) -> list[CommCall]:
     """Every collective one GPU of pipeline stage `stage` issues per micro-batch (see module docstring);
-    `checkpoint` ('reentrant' or 'non-reentrant', `kernels.CHECKPOINTS`) says what full recomputation reruns."""
+    `checkpoint` ('reentrant' or 'non-reentrant', `kernels.CHECKPOINTS`) says what full recomputation reruns,
+    `sequence_dim` (0 or 1) which activation dimension sequence parallelism shards."""
     if checkpoint not in CHECKPOINTS:
         raise InvalidArgument(f"checkpoint={checkpoint!r}", f"use one of {', '.join(CHECKPOINTS)}")
+    if sequence_dim not in (0, 1):
+        raise InvalidArgument(f"sequence_dim={sequence_dim!r}", "use 0 ([s, b, h]) or 1 ((b, s, h))")
     L = layout
     start, stop = L.stage_ranges(model)[stage]
     n_layers = stop - start
@@ -87,8 +94,9 @@ def stage_calls(model: ModelSpec, layout: Layout, stage: int, checkpoint: str = 
         scatters = regions * passes - ends * (regions - n_layers)   # the MLP regions end their layers
         if L.sequence_parallel:
             gather = act * FP8_BYTES / ACT_BYTES if L.precision == "fp8" else act
-            out += [CommCall("tp", "all_gather", gather, regions * passes, L.tp, "gemm"),
-                    CommCall("tp", "reduce_scatter", act, scatters, L.tp, "gemm")]
+            out += [CommCall("tp", "all_gather", gather, regions * passes, L.tp, "gemm",
+                             copy_bytes=2 * gather * sequence_dim),
+                    CommCall("tp", "reduce_scatter", act, scatters, L.tp, "gemm", copy_bytes=2 * act * sequence_dim)]
         else:
             out.append(CommCall("tp", "all_reduce", act, scatters, L.tp))
     pad = L.capacity_factor or 1.0

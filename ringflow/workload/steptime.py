@@ -161,8 +161,9 @@ def _tp_overlap_s(calls: list[CommCall], L: Layout, topo: Any, comm: CommModel, 
     """Exposed seconds of a stage's TP collectives per micro-batch under ``overlap_tp`` (`tpoverlap`)."""
     from .tpoverlap import exposed_s, tp_pieces
     nb = {c.collective: c.nbytes for c in calls if c.dim == "tp"}
+    rs_copy = sum(c.copy_bytes for c in calls if c.dim == "tp" and c.collective == "reduce_scatter")
     pieces = tp_pieces(model, L, span[0], span[1], nb.get("all_gather", 0.0), nb.get("reduce_scatter", 0.0),
-                       kernel_profile(eff.kernels).checkpoint)
+                       kernel_profile(eff.kernels).checkpoint, rs_copy)
     links = getattr(comm, "links", None)
     hop_s = links(grp, topo).intra_hop_us * 1e-6 if links is not None else 0.0
     rows = L.micro_batch * L.seq_len / L.cp
@@ -191,7 +192,7 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
             if c.dim == "ep" and L.ep_dispatcher == "flex" else None
         if one is None:
             one = comm.time_s(c.collective, c.nbytes, grp, topo)
-        s = c.calls * one * f("tp" if c.dim == "etp" else c.dim)
+        s = c.calls * (one * f("tp" if c.dim == "etp" else c.dim) + c.copy_bytes / (gpu.hbm_GBps * 1e9 * eff.mem_eff))
         key = "ep" if c.dim == "etp" else c.dim
         under = c.hides_under
         if under == "attention" or (under == "compute" and L.overlap_ep):

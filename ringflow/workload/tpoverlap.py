@@ -26,6 +26,8 @@ beside chunk k-1's GEMM (``g``), copies one after another:
 
     t = max(tp g, g + (tp - 1) c)        exposed = t - GEMM at the full shape + extra + tp barriers
 
+A collective left to NCCL also copies its whole buffer where sequence parallelism shards (b, s, h) activations
+along s (`kernels` ``sequence_dim``; a fused one takes its chunks in place).
 A recompute that reruns only what backward needs (a kernel profile's ``checkpoint: non-reentrant``) leaves out
 the reduce-scatter that ends each layer: the MLP's (`layercomm`).
 
@@ -58,6 +60,7 @@ class TpPiece:
     gemm_flops: float    # the GEMM it decomposes with, or hides under (bulk)
     how: str             # decomposed | bulk | exposed
     count: int           # regions of this kind on the stage
+    copy_bytes: float = 0.0   # HBM bytes an NCCL call moves laying its buffer out (`layercomm.CommCall`)
 
 
 def _regions(model: ModelSpec, layout: Layout, start: int, stop: int) -> list[tuple[float, float, int]]:
@@ -77,10 +80,12 @@ def _regions(model: ModelSpec, layout: Layout, start: int, stop: int) -> list[tu
 
 
 def tp_pieces(model: ModelSpec, layout: Layout, start: int, stop: int, gather_bytes: float,
-              scatter_bytes: float, checkpoint: str = "reentrant") -> list[TpPiece]:
+              scatter_bytes: float, checkpoint: str = "reentrant", scatter_copy_bytes: float = 0.0
+              ) -> list[TpPiece]:
     """The TP collectives of layers start..stop-1 per micro-batch with sequence parallelism, each with its GEMM
     and how `layout.tp_overlap` runs it (module docstring); `gather_bytes` / `scatter_bytes` per call;
-    `checkpoint` what full recomputation reruns (`kernels.CHECKPOINTS`)."""
+    `checkpoint` what full recomputation reruns (`kernels.CHECKPOINTS`); `scatter_copy_bytes` what a
+    reduce-scatter left to NCCL copies laying out its buffer."""
     tokens = layout.micro_batch * layout.seq_len / layout.cp
     passes = ("forward", "backward") + (("recompute",) if layout.recompute == "full" else ())
     async_tp = layout.tp_overlap == "async_tp"
@@ -90,8 +95,9 @@ def tp_pieces(model: ModelSpec, layout: Layout, start: int, stop: int, gather_by
         for p in passes:
             if p == "backward":   # all-gather of dY before the row GEMM's dgrad; reduce-scatter after the column's
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * row, "decomposed", n))
-                out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * col,
-                                   "exposed" if async_tp else "bulk", n))
+                out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * col, "exposed", n,
+                                   scatter_copy_bytes) if async_tp else
+                           TpPiece("reduce_scatter", p, scatter_bytes, tokens * col, "bulk", n))
             else:
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * col, "decomposed", n))
                 if not (p == "recompute" and ends_layer and checkpoint == "non-reentrant"):
@@ -104,7 +110,7 @@ def piece_exposed_s(piece: TpPiece, tp: int, comm_s: float, rate: float, chunk_r
     """Exposed seconds of one call of `piece`: `comm_s` the collective alone, `rate` / `chunk_rate` the GEMM's
     FLOP/s at its full shape and at one chunk's (module docstring)."""
     if piece.how == "exposed":
-        return comm_s
+        return comm_s + piece.copy_bytes / mem_Bps
     gemm = piece.gemm_flops / rate
     if piece.how == "bulk":
         return max(0.0, comm_s - gemm)
