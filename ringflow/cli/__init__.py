@@ -24,4 +24,19 @@ def build_app() -> typer.Typer:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script."""
+    _freeze_at_exit()
     run_app(build_app(), sys.argv[1:] if argv is None else argv)
+
+
+_FREEZE_REGISTERED: list[bool] = []
+
+
+def _freeze_at_exit() -> None:
+    """At interpreter exit, leave what the command built to the operating system: a 16,384-GPU cluster and its
+    simulator tables are millions of objects that the collector's exit pass would scan and free one by one
+    (Python does not promise to finalize objects still alive at exit)."""
+    if not _FREEZE_REGISTERED:
+        import atexit
+        import gc
+        atexit.register(gc.freeze)
+        _FREEZE_REGISTERED.append(True)
