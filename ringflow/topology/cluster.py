@@ -109,16 +109,18 @@ def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: Fabri
     """The `nodes` servers, host 0 first; the fabric is sized after host 0, before building the rest."""
     name = preset if isinstance(preset, str) else preset.name
     template = None   # host 0, once a fresh build of host 1 is its copy: the other hosts are copied from it
+    counts: list[tuple[str, int]] = []
     for h in range(nodes):
         if isinstance(preset, str):
             if preset.partition(":")[0] not in PRESETS:
                 raise TopologyError(f"unknown topology preset {preset!r}", f"use one of {', '.join(PRESETS)}")
             if template is not None:
-                _copy_host(topo, template, h)
+                _copy_host(topo, template, h, counts)
                 continue
             build_preset(preset, host=h, topo=topo)
             if h == 1 and _host_view(topo, 1) == _host_view(topo, 0, rename=1):
                 template = _host_view(topo, 0)
+                counts = _kind_counts(template)
         else:
             _replicate(preset, topo, h)
         if h == 0:
@@ -152,8 +154,9 @@ def _host_view(topo: Topology, host: int, rename: int | None = None) -> _HostVie
             [(ren(u), ren(v), d) for u in nodes for v, d in g.adj[u].items()])
 
 
-def _copy_host(topo: Topology, template: _HostView, dst: int) -> None:
-    """Add host `dst` as a copy of `template` (host 0's `_host_view`, checked equal to a fresh build of host 1)."""
+def _copy_host(topo: Topology, template: _HostView, dst: int, counts: list[tuple[str, int]]) -> None:
+    """Add host `dst` as a copy of `template` (host 0's `_host_view`, checked equal to a fresh build of host 1;
+    `counts`: its `_kind_counts`)."""
     nodes, links = template
     new = f"h{dst}/"
     ids = {n: new + n[3:] if n.startswith("h0/") else n for n, _ in nodes}
@@ -175,7 +178,7 @@ def _copy_host(topo: Topology, template: _HostView, dst: int) -> None:
     else:
         g.add_nodes_from(node_rows)
         g.add_edges_from(edge_rows)
-    for kind, top in _kind_counts(template):
+    for kind, top in counts:
         key = (dst, kind)
         topo._counters[key] = max(topo._counters.get(key, 0), top)
     topo.invalidate()

@@ -103,13 +103,25 @@ class Topology:
         rows: list[tuple[str, str, Attrs]] = []
         for a, b, type_, bw_GBps, latency_us, nlinks, tier in links:
             rows.extend(self._link_edges(a, b, type_, bw_GBps, latency_us, nlinks, tier, True, {}))
-        self.graph.add_edges_from(rows)
+        g = self.graph
+        if type(g) is nx.DiGraph:   # what add_edges_from does with rows whose nodes exist, without its checks
+            succ, pred = successors(g), predecessors(g)
+            for u, v, d in rows:
+                have = succ[u].get(v)
+                if have is not None:   # a repeated link updates the attributes of the one there
+                    have.update(d)
+                    d = have
+                succ[u][v] = d
+                pred[v][u] = d
+            nx._clear_cache(g)
+        else:
+            g.add_edges_from(rows)
         self.invalidate()
 
     def _link_edges(self, a: str, b: str, type_: LinkType, bw_GBps: float, latency_us: float, nlinks: int,
                     tier: str | None, bidirectional: bool, attrs: Attrs) -> list[tuple[str, str, Attrs]]:
         """The checked edge a->b (and b->a) of one link, with its attributes."""
-        type_ = LinkType(type_)
+        type_ = type_ if type(type_) is LinkType else LinkType(type_)
         for n in (a, b):
             if n not in self.graph:
                 raise TopologyError(f"link {a}->{b}: node {n!r} does not exist", "add the node before its links")
