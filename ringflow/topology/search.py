@@ -221,9 +221,9 @@ def _ring_classes(order: Sequence[int], hops: _Hops) -> frozenset[LinkType]:
 # ----------------------------------------------------------------------------- local order search
 def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
                 budget: int = 200_000, tiebreak: dict[int, int] | None = None,
-                memo: dict[tuple[int, int], float] | None = None) -> tuple[list[int], float]:
+                memo: _PairMemo | None = None) -> tuple[list[int], float]:
     """Order of `nodes` from `start` (to `end`, or back to start when end is None) maximising min cap/load;
-    `memo`: hop bottlenecks on `cap` found by earlier searches on the same `cap` (filled in)."""
+    `memo`: what earlier searches on the same `cap` and `tiebreak` found (filled in)."""
     if len(nodes) == 1:
         return [start], math.inf
     search = _OrderSearch(nodes, start, end, hops, cap, budget, tiebreak, memo)
@@ -237,16 +237,28 @@ def _best_order(nodes: list[int], start: int, end: int | None, hops: _Hops, cap:
     return search.best_order, search.best
 
 
+class _PairMemo:
+    """Hop bottlenecks on one set of capacities, and per node set each node's others widest hop first (ties by
+    the tie-break order): shared by the searches that read the same capacities and tie-break."""
+
+    def __init__(self) -> None:
+        self.bw: dict[tuple[int, int], float] = {}
+        self.rows: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+
 class _OrderSearch:
     """Depth-first branch and bound over the orders of `nodes` (widest next hop first), stopping at the upper
     bound or after `budget` expansions; `best_order`/`best` hold the widest complete order found."""
 
     def __init__(self, nodes: list[int], start: int, end: int | None, hops: _Hops, cap: dict[Edge, float],
-                 budget: int, tiebreak: dict[int, int] | None, memo: dict[tuple[int, int], float] | None) -> None:
+                 budget: int, tiebreak: dict[int, int] | None, memo: _PairMemo | None) -> None:
         self.start, self.end, self.hops, self.cap = start, end, hops, cap
         self.budget, self.tiebreak = budget, tiebreak
+        self.nodes = nodes
         self.others = [x for x in nodes if x != start and x != end]
-        self.memo: dict[tuple[int, int], float] = {} if memo is None else memo
+        shared = _PairMemo() if memo is None else memo
+        self.memo = shared.bw
+        self.rows = shared.rows.setdefault(tuple(nodes), {})
         self.best_order: list[int] = []
         self.best = -1.0
         self.ub = _order_upper_bound(nodes, start, end, hops, cap)
@@ -262,6 +274,12 @@ class _OrderSearch:
         if v is None:
             v = self.memo[(i, j)] = min(self.cap[e] for e in self.hops.edges(i, j))
         return v
+
+    def widest_first(self, u: int) -> list[int]:
+        """The nodes other than `u`, widest hop from `u` first (ties by the tie-break order, else by index)."""
+        tiebreak = self.tiebreak
+        return sorted((v for v in self.nodes if v != u),
+                      key=lambda v: (-self.pair_bw(u, v), tiebreak[v] if tiebreak else v))
 
     def add(self, i: int, j: int, cur: float) -> tuple[float, list[Edge]]:
         m = cur
@@ -301,9 +319,11 @@ class _OrderSearch:
         u = order[-1]
         if len(order) == self.full_len:
             return self.close(u, cur)
-        tiebreak = self.tiebreak
-        cands = [v for v in self.others if v not in used]
-        cands.sort(key=lambda v: (-self.pair_bw(u, v), tiebreak[v] if tiebreak else v))
+        row = self.rows.get(u)
+        if row is None:
+            row = self.rows[u] = self.widest_first(u)
+        end = self.end
+        cands = [v for v in row if v not in used and v != end]   # `start` is used from the first step
         for v in cands:
             m, es = self.add(u, v, cur)
             if m > self.best + _EPS:
@@ -395,7 +415,7 @@ def _multi_host_ring(topo: Topology, groups: list[list[int]], hops: _Hops,
     fps = [_host_fingerprint(topo, eps, g) for g in groups]
     best_ring: list[int] = []
     best = -1.0
-    memo: dict[tuple[int, int], float] = {}   # `cap` stays as it is until the ring is chosen
+    memo = _PairMemo()   # `cap` stays as it is until the ring is chosen
     for s, e in pairs:
         local, _ = _best_order(first, s, None if s == e else e, hops, cap,
                                budget=10**6 if len(first) <= 9 else 100_000, memo=memo)
