@@ -142,3 +142,22 @@ def test_step_time_adds_the_layout_copies_of_a_torchtitan_profile_to_the_exposed
     act = 2 * 8192 * 8192 * 2
     copies = 2 * 80 * 2 * (2 * act / 2 + 2 * act)   # regions x passes x (all-gather + reduce-scatter copies)
     assert b - s == pytest.approx(copies / (gpu.hbm_GBps * 1e9 * eff_b.mem_eff))
+
+
+def test_a_non_reentrant_recompute_leaves_out_each_layers_down_projection_except_an_eager_fp8_linear():
+    from dataclasses import replace
+
+    from ringflow.workload.compute import EfficiencyModel, gpu_spec, microbatch_times
+    from ringflow.workload.kernels import PROFILES
+    lay = BASE.with_(recompute="full")
+    down_flops = lay.micro_batch * lay.seq_len * 2 * M70.hidden * M70.ffn_hidden / lay.tp * M70.layers
+
+    def rec(profile: str, checkpoint: str, layout: Layout = lay) -> float:
+        kp = replace(PROFILES[profile], checkpoint=checkpoint)
+        t = microbatch_times(M70, layout, gpu_spec("H100"), EfficiencyModel(kernels=kp))
+        return t.hardware_flops - t.model_flops
+    assert rec("torchtitan-compile", "reentrant") - rec("torchtitan-compile", "non-reentrant") == \
+        pytest.approx(down_flops)
+    fp8 = lay.with_(precision="fp8")
+    assert rec("torchtitan-eager", "non-reentrant", fp8) == pytest.approx(rec("torchtitan-eager", "reentrant", fp8))
+    assert rec("torchtitan-compile", "non-reentrant", fp8) < rec("torchtitan-compile", "reentrant", fp8)

@@ -82,6 +82,7 @@ from .kernels import (
     extra_bytes_per_token,
     fp8_cast_bytes_per_token,
     kernel_profile,
+    skips_last_gemm,
 )
 from .layout import Layout
 from .memory import activation_bytes_per_layer
@@ -456,8 +457,10 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     t_fwd += wait
     t_bwd = 2 * (dense_flops / rate_bwd + logit_s) + attn_bwd_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
     if layout.recompute == "full":
-        rec_flops = matmul + padded + attn
-        t_rec = (matmul + padded) / rate + attn_fwd_s + 2 * act / mem_Bps + k_rec + cast_fwd
+        down = tokens * 2 * model.hidden * model.ffn_hidden / t * (stop - start - n_moe) \
+            if skips_last_gemm(kernel_profile(e.kernels), layout.precision) else 0.0
+        rec_flops = matmul + padded + attn - down
+        t_rec = (matmul + padded - down) / rate + attn_fwd_s + 2 * act / mem_Bps + k_rec + cast_fwd
     elif layout.recompute == "selective":
         rec_flops = attn
         score = 0.0 if layout.flash_attention else \

@@ -56,7 +56,11 @@ Four more mechanisms ride on the profile and the run's precision:
   Tensors" (``torch.utils.checkpoint.set_checkpoint_early_stop``, on by default), and under torch.compile the
   backward graph holds only the forward nodes its gradients need. Nothing after a layer's last GEMM is needed
   by that layer's backward, so the collective that ends the layer (the MLP's reduce-scatter or all-reduce, an
-  MoE layer's combine) is not rerun (`layercomm`, `tpoverlap`);
+  MoE layer's combine) is not rerun (`layercomm`, `tpoverlap`); nor is a dense layer's last GEMM, the MLP's
+  down projection (`skips_last_gemm`, `compute.microbatch_times`): the last tensor backward needs is its input,
+  which autograd saves as it records an ATen matmul, before the kernel runs (the early stop fires there), and
+  which a compiled block's backward graph reads without the GEMM. An eager FP8 linear (torchao's Float8 autograd
+  Function) saves its tensors only after its forward has run, so there the GEMM is rerun;
 
 - **attention kernel** (`ATTENTION_KERNELS`, `attention_work`, `attention_pass_s`): a FlashAttention kernel
   computes, per (query, key) score it keeps (causal: half the square, ``heads x s_eff / 2`` per token), on tensor
@@ -199,6 +203,11 @@ PROFILES: dict[str, KernelProfile] = {p.name: p for p in (
                   "HazyResearch's flash_attn_triton.py; setup.py b2a43a147 line 66 installs its triton-pre-mlir)",
                   attention="triton-flash"),
 )}
+
+
+def skips_last_gemm(profile: KernelProfile, precision: str) -> bool:
+    """Whether full recomputation under `profile` leaves out each dense layer's last GEMM (module docstring)."""
+    return profile.checkpoint == "non-reentrant" and not (profile.pointwise == "eager" and precision == "fp8")
 
 
 def kernel_profile(name: str | KernelProfile) -> KernelProfile:
