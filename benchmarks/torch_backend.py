@@ -30,8 +30,8 @@ statistic; it includes the torch floor.
 peer and no wait): "torch floor" as above; the backend with its call into the Communicator replaced by a
 no-op (torch floor plus the backend's own Python), repeated and fresh tensors; and the parts of that Python
 alone: reading the options torch hands it (op, timeout, asyncOp: pybind getters), turning a tensor into the
-array ringflow is handed (a kept array; a first-seen tensor's NumPy view), and making the finished Work (new,
-or re-used for a repeated call). Each cell is the median over rounds of the per-round 10th percentile.
+array ringflow is handed (a NumPy view of its memory, made per call), and making the finished Work (new, or
+re-used for a repeated call). Each cell is the median over rounds of the per-round 10th percentile.
 
 --init starts fresh rank processes per round, gloo and ringflow alternating (file:// rendezvous), with
 ringflow byte-compiled beforehand into a temporary PYTHONPYCACHEPREFIX, as an installed package is. Each
@@ -301,7 +301,7 @@ def breakdown(rounds: int) -> list[tuple[str, float]]:
     import torch.distributed as dist
 
     import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
-    from ringflow.torch_backend.convert import Direct
+    from ringflow.torch_backend.convert import direct
     from ringflow.torch_backend.work import Succeeded, finished
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -311,15 +311,15 @@ def breakdown(rounds: int) -> list[tuple[str, float]]:
         rf.comm.all_reduce = lambda *a, **kw: None   # the backend's own Python only
         opts = dist.AllreduceOptions()
         opts.reduceOp, opts.asyncOp = dist.ReduceOp.SUM, False
-        same, direct, ok, outs = torch.ones(2), Direct(), Succeeded(), [torch.ones(2)]
+        same, ok, outs = torch.ones(2), Succeeded(), [torch.ones(2)]
         parts: dict[str, tuple[Callable[[Any], Any], bool]] = {
             "torch floor": (lambda t: dist.all_reduce(t, group=floor), False),
             "backend, no-op call into ringflow, repeated": (lambda t: dist.all_reduce(t, group=rf), False),
             "backend, no-op call into ringflow, fresh": (lambda t: dist.all_reduce(t, group=rf), True),
             "  read op + timeout + asyncOp": (lambda t: (hash(opts.reduceOp), opts.timeout.total_seconds(),
                                                          opts.asyncOp), False),
-            "  tensor -> array, repeated (kept array)": (direct, False),
-            "  tensor -> array, fresh (NumPy view)": (direct, True),
+            "  tensor -> array (NumPy view), repeated": (direct, False),
+            "  tensor -> array (NumPy view), fresh": (direct, True),
             "  finished Work, new": (lambda t: finished("allreduce", outs), False),
             "  finished Work, re-used (repeated call)": (lambda t: ok("allreduce", outs), False)}
         per: dict[str, list[float]] = {p: [] for p in parts}

@@ -1,7 +1,6 @@
 """Tensors and reduce ops from torch to ringflow: contiguous staging, dtype views and op names."""
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -12,10 +11,8 @@ from ..errors import InvalidArgument
 #: dtypes ringflow moves and reduces as they are
 NATIVE = {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64}
-#: dtypes ringflow takes as NumPy views (bfloat16 has no NumPy dtype: it goes as the tensor)
-_VIEWABLE = NATIVE - {torch.bfloat16}
-_ONCE = np.empty(0)   # `Direct`'s mark for memory seen once (never handed out)
-MAX_SEEN = 256   # memory `Direct` remembers having seen, by address, dtype and shape (emptied when full)
+#: the NumPy dtype of each dtype ringflow takes as a NumPy view (bfloat16 has none: it goes as the tensor)
+NUMPY_OF = {t: torch.empty(0, dtype=t).numpy().dtype for t in NATIVE - {torch.bfloat16}}
 #: bitwise ops (integer and bool tensors only)
 BITWISE = frozenset({"band", "bor", "bxor"})
 _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "BAND": "band",
@@ -54,69 +51,18 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class Direct:
-    """What to hand ringflow for a tensor it can take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
-    ringflow share, without the negative bit), or None (stage it).
-
-    A tensor at an address, dtype and shape not seen before goes as a NumPy view of its memory: ringflow runs the
-    plan it remembered for the call's shape at the view's address. From the second tensor at that address, dtype
-    and shape on (the same tensor called again, or a fresh one the allocator placed where an earlier one was), it
-    goes as one NumPy array kept for that memory, which ringflow remembers as an object and runs in one native call.
-    That array aliases the memory without holding any tensor (a kept tensor would never be freed); it is handed out
-    only for a live tensor that occupies exactly that memory now: a plain CPU tensor, contiguous, with the address,
-    dtype and shape the array was made for and no negative bit, re-checked on every call."""
-
-    __slots__ = ("_kept",)
-
-    def __init__(self) -> None:
-        # (data address, dtype, shape) -> the array kept for that memory, or _ONCE (seen once)
-        self._kept: dict[tuple[int, torch.dtype, torch.Size], np.ndarray] = {}
-
-    def __call__(self, t: torch.Tensor) -> np.ndarray | None:
-        """A NumPy array of t's memory, or None (ringflow cannot take it as it is)."""
-        a = self.kept(t)
-        return a if a is not None else self.first(t)[0]
-
-    def kept(self, t: torch.Tensor) -> np.ndarray | None:
-        """The array kept for t's memory, if t occupies exactly that memory now; else None (see `first`)."""
-        if type(t) is not torch.Tensor:
-            return None
-        try:
-            kept = self._kept.get((t.data_ptr(), t.dtype, t.shape))
-        except RuntimeError:   # no storage (sparse, functional wrappers)
-            return None
-        if kept is not None and kept is not _ONCE and t.is_contiguous() and t.is_cpu and not t.is_neg():
-            return kept
+def direct(t: torch.Tensor) -> np.ndarray | None:
+    """A NumPy view of t's memory for ringflow to take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
+    ringflow share, without grad, conjugate or negative bits), or None (stage it). A view is made per call: ringflow
+    runs the plan its collective's door remembered for the call's shape at the view's address, in one C call, so a
+    fresh tensor costs what a repeated one does."""
+    if type(t) is not torch.Tensor:
         return None
-
-    def first(self, t: torch.Tensor) -> tuple[np.ndarray | None, bool]:
-        """For a tensor `kept` has no array for: (a NumPy view of its memory, True) the first time that memory is
-        seen, (the array now kept for it, False) the second time, (None, False) if ringflow cannot take it."""
-        if type(t) is not torch.Tensor or t.dtype not in _VIEWABLE:
-            return None, False
-        try:
-            a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits)
-        except (RuntimeError, TypeError):
-            return None, False
-        if not a.flags.c_contiguous:
-            return None, False
-        if not a.size:
-            return a, True
-        seen = self._kept
-        key = (t.data_ptr(), t.dtype, t.shape)
-        if seen.get(key) is not None:   # the second tensor on this memory: keep an array for it
-            seen[key] = kept = _alias(a)
-            return kept, False
-        if len(seen) >= MAX_SEEN:
-            seen.clear()
-        seen[key] = _ONCE
-        return a, True
-
-
-def _alias(a: np.ndarray) -> np.ndarray:
-    """An array over a's memory that does not hold a's owner (the caller checks the owner is alive before use)."""
-    buf = (ctypes.c_char * a.nbytes).from_address(a.ctypes.data)
-    return np.frombuffer(memoryview(buf).cast("B"), dtype=a.dtype).reshape(a.shape)
+    try:
+        a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits, bfloat16)
+    except (RuntimeError, TypeError):
+        return None
+    return a if a.flags.c_contiguous else None
 
 
 class Staged:

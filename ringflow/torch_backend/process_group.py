@@ -16,16 +16,12 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
-from .convert import NATIVE, Direct, Staged, op_of, pack, same_dtype, unpack, work_view
+from .convert import NATIVE, NUMPY_OF, Staged, direct, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store, group_timeout_s
 from .work import Lane, RingflowWork, finished
 
 COLL, SEND, RECV = 0, 1, 2
 _NO_TIME = datetime.timedelta(0)
-#: a first-seen tensor up to this size is all-reduced through an array kept for its dtype and shape (two copies
-#: cost less than ringflow's call-shape path, which is Python, for a new array: ~10 us on a 2-vCPU VM)
-STAGE_MAX_NBYTES = 4096
-MAX_KEPT_FOR = 64   # those arrays, by (dtype, shape) (emptied when full)
 _PREMUL_SUM = 8   # hash() of a ReduceOp is its RedOpType's value; PREMUL_SUM's factor varies (never cached)
 
 
@@ -47,9 +43,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
             self._lanes[COLL].succeeded
         self._group_name = ""
         self._op_cache: dict[tuple[int, torch.dtype], tuple[str, Any]] = {}
-        self._direct_ops: dict[tuple[int, torch.dtype], str] = {}   # (op, dtype) ringflow reduces as they are
-        self._direct = Direct()
-        self._kept_for: dict[tuple[np.dtype, tuple[int, ...]], np.ndarray] = {}   # see _through_kept
+        # (op, NumPy dtype) -> the op's name, where ringflow reduces tensors of that dtype as they are
+        self._direct_ops: dict[tuple[int, np.dtype], str] = {}
 
     # ---------------------------------------------------------------- identity
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -114,19 +109,6 @@ class ProcessGroupRingflow(dist.ProcessGroup):
             return self._succeeded(what, outputs)
         return self._lanes[COLL].submit(lambda: job(t), what, outputs, False)
 
-    def _through_kept(self, a: np.ndarray, name: str, t: float) -> None:
-        """All-reduce a (a first-seen tensor's memory) through an array kept for its dtype and shape: two small copies
-        cost less than ringflow's call-shape path for a new array, and the kept array takes its one-native-call
-        path. Under the collective lane's lock (the arrays are shared by the group's synchronous calls)."""
-        key = (a.dtype, a.shape)
-        if (k := self._kept_for.get(key)) is None:
-            if len(self._kept_for) >= MAX_KEPT_FOR:
-                self._kept_for.clear()
-            k = self._kept_for[key] = np.empty_like(a)
-        k[...] = a
-        self.comm.all_reduce(k, name, timeout=t)
-        a[...] = k
-
     def _reduce_flat(self, flat: torch.Tensor, name: str, factor: Any, t: float, root: int | None = None) -> None:
         if factor is not None:
             flat.mul_(factor)
@@ -139,23 +121,17 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """All-reduce each tensor in place."""
         if opts is not None and len(tensors) == 1 and _HASH_IS_KIND:
-            # the common case: ringflow reduces the user's memory itself (no staging, no extra frames)
-            x = tensors[0]
-            name = self._direct_ops.get((hash(opts.reduceOp), x.dtype))
-            a, fresh = None, False
-            if name is not None and (a := self._direct.kept(x)) is None:
-                a, fresh = self._direct.first(x)
-            if a is not None and name is not None:
+            # the common case: ringflow reduces a NumPy view of the user's memory itself (no staging, no extra
+            # frames); a fresh tensor and a repeated one both run through the door's remembered call shape
+            a = direct(tensors[0])
+            if a is not None and (name := self._direct_ops.get((hash(opts.reduceOp), a.dtype))) is not None:
                 tm = opts.timeout   # _timeout, inlined
                 t = tm.total_seconds() if type(tm) is datetime.timedelta and tm > _NO_TIME else self._timeout_s
                 if not opts.asyncOp and not self._coll.busy and not self._coll.closed:
                     # as _now, without the job's frame: the hottest call of training loops
                     with self._coll_lock:
                         try:
-                            if fresh and a.nbytes <= STAGE_MAX_NBYTES:
-                                self._through_kept(a, name, t)
-                            else:
-                                self.comm.all_reduce(a, name, timeout=t)
+                            self.comm.all_reduce(a, name, timeout=t)
                         except BaseException as exc:  # noqa: BLE001 - delivered through the Work
                             return finished("allreduce", tensors, exc)
                     return self._succeeded("allreduce", tensors)
@@ -165,9 +141,9 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         if len(tensors) == 1 and opts is not None:
             x, (name, factor) = tensors[0], ops[0]
             if factor is None and x.dtype in NATIVE:
-                key = (hash(_op(opts)), x.dtype)
-                if key[0] != _PREMUL_SUM:
-                    self._direct_ops[key] = name
+                kind = hash(_op(opts))
+                if kind != _PREMUL_SUM and x.dtype in NUMPY_OF:
+                    self._direct_ops[(kind, NUMPY_OF[x.dtype])] = name
                 if x.is_contiguous() and not x.is_neg():   # bfloat16 or a first call: ringflow takes the tensor
                     return self._now("allreduce", lambda t: self.comm.all_reduce(x, name, timeout=t), tensors, opts)
 
@@ -227,8 +203,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
         name, factor = self._ops(opts, [output])[0]
-        if opts is not None and factor is None and input.dim() == 1 and (o := self._direct(output)) is not None \
-                and (i := self._direct(input)) is not None:
+        if opts is not None and factor is None and input.dim() == 1 and (o := direct(output)) is not None \
+                and (i := direct(input)) is not None:
             return self._now("reduce_scatter_tensor",
                              lambda t: self.comm.reduce_scatter(i, name, out=o, timeout=t), [output], opts)
         return self._submit(COLL, "reduce_scatter_tensor",
@@ -259,7 +235,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """Copy the root's tensors into every rank's."""
         root = int(opts.rootRank)
-        if len(tensors) == 1 and (a := self._direct(tensors[0])) is not None:
+        if len(tensors) == 1 and (a := direct(tensors[0])) is not None:
             return self._now("broadcast", lambda t: self.comm.broadcast(a, root, timeout=t), tensors, opts)
 
         def body(t: float) -> None:
@@ -307,7 +283,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Gather every rank's input into one flat output (all_gather_into_tensor)."""
-        if opts is not None and (o := self._direct(output)) is not None and (i := self._direct(input)) is not None:
+        if opts is not None and (o := direct(output)) is not None and (i := direct(input)) is not None:
             return self._now("all_gather_into_tensor", lambda t: self.comm.all_gather(i, out=o, timeout=t),
                              [output], opts)
         return self._submit(COLL, "all_gather_into_tensor", lambda t: self._ag(output, input, t), [output], opts)
@@ -371,7 +347,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                           input_split_sizes: list[int], opts: Any = None) -> RingflowWork:
         """all_to_all_single: rows of dim 0, equal or by split sizes."""
         if opts is not None and not output_split_sizes and not input_split_sizes \
-                and (o := self._direct(output)) is not None and (i := self._direct(input)) is not None:
+                and (o := direct(output)) is not None and (i := direct(input)) is not None:
             return self._now("all_to_all_single", lambda t: self.comm.all_to_all(i, out=o, timeout=t), [output],
                              opts)
 
