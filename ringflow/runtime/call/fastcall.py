@@ -272,8 +272,8 @@ class FastCalls:
     def _fast_remember(self, key: tuple | None, x: Any, out: Any, coll: Collective, opname: str | None,
                        root: int | None, meta: tuple, result: Any, shape_key: tuple | None = None) -> None:
         """After a full-path call on x with the caller's `out` (None where not given) that returned `result`: remember
-        it if it ran a kept native plan, by its call shape under `shape_key` and, from its second call with the same
-        objects, by those objects under `key`."""
+        it if it ran a kept native plan, by its call shape under `shape_key` and by those objects under `key` (where
+        it has a call shape, or from its second call with the same objects)."""
         last, self._last_native = self._last_native, None
         if last is None:
             return
@@ -288,7 +288,9 @@ class FastCalls:
                 None if scratch is None else bases[2], result is x, result.shape if shape_key[3] is False else None,
                 avg, meta, coll.value)
             self._shape_open_door(shape_key[0], s, x, out, shape_key[-1])
-        if key is None or not mem.second_call(key, x):
+        # from the second call with these objects on; or now, where the call found its shape (the door takes this
+        # shape's later calls in C, so these objects would not come back to be counted)
+        if key is None or not (shape_key is not None or mem.second_call(key, x)):
             return
         if len(mem.by_object) >= MAX_ENTRIES:
             mem.by_object.clear()
