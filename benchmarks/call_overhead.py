@@ -30,12 +30,13 @@ waits' counters of the native module (`_hotpath.stats`, this thread's) over the 
   split into ``waiting for the peer's flag`` (time inside the native waits, this rank's median per call: the
   peer's message crossing cores plus the ranks' skew) and ``own work`` (the rest: slot copy, header words,
   reduction, bookkeeping).
-* ``rest``: the full call (its best sample) minus the entry and the native loop (the GIL's release and return, skew and
-  scheduling between two Python processes, measurement noise).
-* ``flight recorder``: the full call (its best sample) minus the same call with the communicator's recorder
-  set aside (timed right after it): what recording each call costs (on by default under ``ringflow run``;
-  ``RINGFLOW_FLIGHT_RECORDER=0`` turns it off, and the row reads 0).
-* per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer.
+* ``flight recorder``: the same call timed with the communicator's recorder and with it set aside, in turns (best
+  samples): what recording each call costs (on by default under ``ringflow run``; ``RINGFLOW_FLIGHT_RECORDER=0``
+  turns it off, and the row reads about 0).
+* ``rest``: the full call (its best sample) minus the entry, the recorder and the native loop (the GIL's release and
+  return, skew and scheduling between two Python processes, measurement noise).
+* per call: native waits, sleeps on the doorbell (syscalls, each a wake-up), doorbells rung for a sleeping peer,
+  counted in separate passes (reading the counters around each call costs microseconds, kept out of every time).
 CPU-time rows are robust to other load on the machine; the wall-time rows are not (compare within one run).
 """
 from __future__ import annotations
@@ -49,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,8 +94,9 @@ def worker(out: str, parts: bool, coll: str) -> None:
         best[name] = min(samples) * 1e6 / per
 
     def counted(name: str, call: object, per: int = 1) -> dict[str, float]:
-        """`timed`, and the native module's wait counters per call, counted inside the timed calls only (not in
-        the barriers and slowest-rank reductions between samples)."""
+        """`timed`, then the native module's wait counters per call in a second pass (reading them around each call
+        costs microseconds, kept out of the time), counted inside the calls only (not in the barriers and
+        slowest-rank reductions between samples)."""
         keys = ("runs", "waits", "wait_ns", "sleeps", "rings")
         sums = dict.fromkeys(keys, 0)
         wait_ns: list[float] = []   # per timed call, per native run in it: the median is robust to preemption
@@ -105,7 +108,8 @@ def worker(out: str, parts: bool, coll: str) -> None:
             for k in keys:
                 sums[k] += after[k] - before[k]
             wait_ns.append((after["wait_ns"] - before["wait_ns"]) / max(1, after["runs"] - before["runs"]))
-        timed(name, call_counted, per)
+        timed(name, call, per)
+        call_samples_s(call_counted, comm.barrier, slowest, iters=10)
         runs = max(1, sums["runs"])
         return {"wait_ns": float(np.median(wait_ns)), **{k: sums[k] / runs for k in ("waits", "sleeps", "rings")}}
 
@@ -114,12 +118,7 @@ def worker(out: str, parts: bool, coll: str) -> None:
         call(x)
     full = counted("same array: call(x)", lambda: call(x))
     if parts:
-        rec = comm._rec
-        comm._rec = None
-        try:
-            timed("same array, recorder set aside", lambda: call(x))
-        finally:
-            comm._rec = rec
+        _recorder_rows(comm, lambda: call(x), slowest, rows, best)
     # the remembered call, taken before the new arrays below crowd the repeated-call table
     fast = next((f for k, f in comm._mem.by_object.items() if k[0] == coll and k[1] == id(x)), None)
     timed("making the array alone", lambda: np.ones(2, np.float32))
@@ -151,6 +150,24 @@ def worker(out: str, parts: bool, coll: str) -> None:
 
 
 REPEAT = 50   # calls per Runner.repeat
+
+
+def _recorder_rows(comm: Any, call: Callable[[], object], slowest: Callable[[float], float], rows: dict[str, float],
+                   best: dict[str, float]) -> None:
+    """The same call timed with the communicator's flight recorder and with it set aside, in turns (load on the
+    machine hits both alike)."""
+    from ringflow.runtime.bench import call_samples_s
+    rec, with_rec, without = comm._rec, [], []
+    for _ in range(3):
+        with_rec += call_samples_s(call, comm.barrier, slowest, iters=10)
+        comm._rec = None
+        try:
+            without += call_samples_s(call, comm.barrier, slowest, iters=10)
+        finally:
+            comm._rec = rec
+    for name, samples in (("same array, recorder on", with_rec), ("same array, recorder set aside", without)):
+        rows[name] = float(np.median(samples)) * 1e6
+        best[name] = min(samples) * 1e6
 
 
 class _Checks:
@@ -212,6 +229,7 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
         comm._rec = rec   # type: ignore[attr-defined]
     c_entry = cpu_us(lambda: r.go(other, None, 0, 60.0, b""))
     total, loop = best["same array: call(x)"], best["native loop in C (Runner.repeat)"]
+    recorder = best["same array, recorder on"] - best["same array, recorder set aside"]
     wait_us = native_c["wait_ns"] / 1e3
     rows.update({
         "parts (CPU): Python entry and the door's checks": entry,
@@ -220,8 +238,8 @@ def _parts(rows: dict[str, float], best: dict[str, float], full: dict[str, float
         "parts:   waiting for the peer's flag": wait_us,
         "parts:   own work": loop - wait_us,
         "parts (best sample): full call": total,
-        "parts: rest (full - entry - loop)": total - entry - loop,
-        "parts: flight recorder (full - recorder set aside)": total - best["same array, recorder set aside"],
+        "parts: flight recorder (on - set aside)": recorder,
+        "parts: rest (full - entry - recorder - loop)": total - entry - recorder - loop,
         "per call (native loop): waits": native_c["waits"],
         "per call (native loop): sleeps": native_c["sleeps"],
         "per call (native loop): doorbells rung": native_c["rings"],
