@@ -137,3 +137,31 @@ def test_searches_inside_a_host_on_its_link_lists_equal_the_searches_on_the_grap
                 for floor in sorted({round(bw, 9) for bw in best.values()}):
                     assert r._short_tree_in(a, adj, floor - 1e-9, blocked) == \
                         r._short_tree(a, nodes, ok, floor - 1e-9, blocked)
+
+
+def test_routes_inside_hosts_of_one_structure_are_reused_across_topologies_and_only_there() -> None:
+    from ringflow.topology import build_preset, routing
+    from ringflow.topology.graph import successors
+
+    def all_paths(topo: Topology) -> dict:
+        eps = topo.endpoints()
+        nodes = [n for n in topo.graph if topo.graph.nodes[n]["host"] >= 0]
+        return {(a, b): topo.path(a, b) for a in eps for b in nodes if a != b}
+
+    def slower_link(topo: Topology) -> Topology:   # one PCIe link of host 0 narrower: another structure
+        u = topo.gpus(0)[0]
+        v = next(v for v, d in successors(topo.graph)[u].items() if d["type"] == LinkType.PCIE)
+        topo.link(u, v)["bw_GBps"] = 1.0
+        topo.invalidate()
+        return topo
+
+    makers = [lambda: build_cluster("dgx-h100", 2), lambda: build_preset("dgx-h100"),
+              lambda: slower_link(build_cluster("dgx-h100", 2))]
+    fresh = []
+    for make in makers:
+        routing._SHARED_INTRA.clear()
+        fresh.append(all_paths(make()))
+    routing._SHARED_INTRA.clear()
+    warm = [all_paths(make()) for make in makers]   # later topologies read what the first ones found
+    assert warm == fresh
+    assert len(routing._SHARED_INTRA) == 2          # a server alone and in a cluster: one structure

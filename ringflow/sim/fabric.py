@@ -124,6 +124,7 @@ class Fabric:
         self.line_Bpus, self.cap_Bpus, self.lat_us = links.line_Bpus, links.cap_Bpus, links.lat_us
         self.nlinks = len(links.edges)
         self._routes: dict[tuple[int, int, int], PairRoute] = {}
+        self._pair_paths: dict[tuple[int, int], list[list[str]]] = {}
         self._hosts = [topo.host_of(e) for e in self.endpoints]
         self._ep_link: list[int] | None = None
         self._pool_link: dict[int, int] = {}
@@ -266,11 +267,13 @@ class Fabric:
         elif mode == "fixed":
             paths = [self.topo.path(a, b)]
         else:
-            paths = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]
+            known = self._pair_paths.get((src, dst))
+            if known is None:   # the equal-cost set, once for every channel between the pair
+                known = self._pair_paths[(src, dst)] = list(self.topo.paths(a, b)) or [self.topo.path(a, b)]
+            paths = known
+        if mode == "ecmp" and len(paths) > 1:
+            paths = [paths[(src * 1_000_003 + dst * 7919 + chan * 104_729) % len(paths)]]
         ids = [self._link_ids(p) for p in paths]
-        if mode == "ecmp" and len(ids) > 1:
-            pick = (src * 1_000_003 + dst * 7919 + chan * 104_729) % len(ids)
-            ids = [ids[pick]]
         if len(ids) == 1:
             w = np.ones(1)
         else:  # spray in proportion to each path's bottleneck capacity

@@ -38,6 +38,9 @@ _NO_TRANSIT = (NodeKind.GPU, NodeKind.PROC, NodeKind.NIC)
 _MODES = ("nvlink", "all", "relay")
 _NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
 _EPS = 1e-9
+#: routes inside a host by the host's structure (`Router._shared_routes`), shared by every topology's router
+_SHARED_INTRA: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]] = {}
+MAX_SHARED_HOSTS = 8
 #: a host's local structure: its nodes (id without the host prefix, kind, index) and links (ends, type,
 #: bandwidth, latency, nlinks); hosts with equal fingerprints share routes
 _HostFingerprint = tuple[tuple[tuple[str, str, int], ...], tuple[tuple[str, str, str, float, float, int], ...]]
@@ -72,6 +75,7 @@ class Router:
             self._host_of[n] = d["host"]
             if d["kind"] == NodeKind.NIC:
                 self._host_nics.setdefault(d["host"], []).append(n)
+        self._shared_of: dict[int, tuple[str, dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]]] = {}
         #: per (host, NVLink only?): each node's links inside the host as (to, bw_GBps, latency_us), in graph order
         self._host_adj: dict[tuple[int, bool], dict[str, list[tuple[str, float, float]]]] = {}
 
@@ -184,13 +188,22 @@ class Router:
         intra-host edge, GPUs may relay (NCCL PXN/NVB) — only used when the other modes find no route.
         """
         self._intra_done.add((a, mode))
-        adj = self._adjacency(self._host(a), mode == "nvlink")
+        host = self._host(a)
+        prefix, shared = self._shared_routes(host)
+        cut = len(prefix)
+        known = shared.get((a[cut:], mode))
+        if known is not None:   # found on another topology: a host of the same structure
+            for t, p in known:
+                self._intra_cache[(a, prefix + t, mode)] = [prefix + n for n in p]
+            return
+        adj = self._adjacency(host, mode == "nvlink")
         blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
         best = self._widest_in(a, adj, blocked)
         by_floor: dict[float, list[str]] = {}
         for t, bw in best.items():
             if t != a:
                 by_floor.setdefault(round(bw, 9), []).append(t)
+        found: list[tuple[str, tuple[str, ...]]] = []
         for floor, targets in by_floor.items():
             pred = self._short_tree_in(a, adj, floor - _EPS, blocked)
             for t in targets:
@@ -200,6 +213,26 @@ class Router:
                 while out[-1] != a:
                     out.append(pred[out[-1]])
                 self._intra_cache[(a, t, mode)] = out[::-1]
+                found.append((t[cut:], tuple(n[cut:] for n in reversed(out))))
+        shared[(a[cut:], mode)] = found
+
+    def _shared_routes(self, host: int) -> tuple[str, dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]]:
+        """The prefix of `host`'s node ids ('h<i>/', else '') and the routes found inside hosts of its structure
+        (ids without the prefix) on any topology: keyed by every node, kind and link the searches read."""
+        hit = self._shared_of.get(host)
+        if hit is None:
+            nodes = self._host_nodes[host]
+            prefix = f"h{host}/" if host >= 0 and all(n.startswith(f"h{host}/") for n in nodes) else ""
+            cut, kind, succ = len(prefix), self._kind, self._succ
+            key = tuple(sorted((u[cut:], kind[u], tuple((v[cut:], d["type"], d["bw_GBps"], d["latency_us"])
+                                                        for v, d in succ[u].items() if v in nodes))
+                               for u in nodes))
+            store = _SHARED_INTRA.pop(key, None)
+            _SHARED_INTRA[key] = store = {} if store is None else store   # most recently used last
+            while len(_SHARED_INTRA) > MAX_SHARED_HOSTS:
+                _SHARED_INTRA.pop(next(iter(_SHARED_INTRA)))
+            hit = self._shared_of[host] = (prefix, store)
+        return hit
 
     def _adjacency(self, host: int, nvlink_only: bool) -> dict[str, list[tuple[str, float, float]]]:
         """The links a search inside `host` may take, per node: NVLink only, or any but the network's."""
