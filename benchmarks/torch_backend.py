@@ -15,13 +15,15 @@ the per-round median time per call (max over ranks). torch's calls are all_gathe
 reduce_scatter_single where torch has them (all_gather_into_tensor and reduce_scatter_tensor warn).
 "overhead" is torch-on-ringflow minus the own API: what the backend adds.
 
---per-call times one small all_reduce (float32, 2 ranks unless --ranks) seven ways, interleaved as above:
+--per-call times one small all_reduce (float32, 2 ranks unless --ranks) eight ways, interleaved as above:
 gloo; torch on ringflow with the same tensor every call ("repeated") and with a new tensor every call
 ("fresh", made outside the timed region, as DDP and FSDP hand the backend new tensors); the own API on the
-same tensor, on a fresh one, and on a NumPy array; and "torch floor", torch on a backend whose all_reduce
-only makes a finished Work (what torch's own dist.all_reduce costs, in every backend's time). Each cell is
-the median over rounds of the per-round 10th percentile of the time per call (max over ranks): the calls
-that other processes on a shared machine did not delay (a median there measures the machine's load).
+same tensor, on a fresh one, on the same NumPy array and on a fresh NumPy array each call (the backend hands
+ringflow a NumPy view of the tensor, so these two are what its calls cost inside ringflow); and "torch floor",
+torch on a backend whose all_reduce only makes a finished Work (what torch's own dist.all_reduce costs, in
+every backend's time). Each cell is the median over rounds of the per-round 10th percentile of the time per
+call (max over ranks): the calls that other processes on a shared machine did not delay (a median there
+measures the machine's load).
 "adds" is what the backend adds to a call: torch's time per call minus the time inside its call into
 ringflow's Communicator (timed from the inside, so waiting for the other rank is not counted), same
 statistic; it includes the torch floor.
@@ -199,7 +201,8 @@ def _ddp(ranks: list[int], steps: int) -> list[dict[str, Any]]:
     return rows
 
 
-PER_CALL = ["gloo", "torch repeated", "torch fresh", "own repeated", "own fresh", "own numpy", "torch floor"]
+PER_CALL = ["gloo", "torch repeated", "torch fresh", "own repeated", "own fresh", "own numpy", "own numpy fresh",
+            "torch floor"]
 ADDS = ["torch repeated adds", "torch fresh adds"]   # time per call outside the backend's call into ringflow
 QUANTILE = 0.1   # --per-call: the fastest tenth of calls, those the other processes of a shared machine left alone
 
@@ -257,21 +260,24 @@ def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, o
         fns: dict[str, Callable[[Any], Any]] = {
             "gloo": lambda t: dist.all_reduce(t), "torch repeated": lambda t: dist.all_reduce(t, group=rf),
             "torch fresh": lambda t: dist.all_reduce(t, group=rf), "own repeated": comm.all_reduce,
-            "own fresh": comm.all_reduce, "own numpy": comm.all_reduce,
+            "own fresh": comm.all_reduce, "own numpy": comm.all_reduce, "own numpy fresh": comm.all_reduce,
             "torch floor": lambda t: dist.all_reduce(t, group=floor)}
+        make: dict[str, Callable[[], Any]] = {   # each call's argument (bound now: k, same and arr change per size)
+            w: (lambda k=k: torch.ones(k)) if w.endswith("fresh") else (lambda same=same: same) for w in PER_CALL}
+        make["own numpy"] = lambda arr=arr: arr
+        make["own numpy fresh"] = lambda k=k: np.ones(k, np.float32)
         per: dict[str, list[float]] = {w: [] for w in [*PER_CALL, *ADDS]}
         for rnd in range(rounds):
             for w in PER_CALL[rnd % len(PER_CALL):] + PER_CALL[:rnd % len(PER_CALL)]:
-                fn, fresh = fns[w], w.endswith("fresh")
-                arg = arr if w == "own numpy" else same
+                fn, new = fns[w], make[w]
                 for _ in range(20):
-                    fn(torch.ones(k) if fresh else arg)
+                    fn(new())
                 dist.barrier()
                 ts, adds = [], []
                 if w.startswith("torch"):
                     comm.all_reduce = timed
                 for _ in range(300):
-                    a = torch.ones(k) if fresh else arg
+                    a = new()
                     inner.clear()
                     t0 = time.perf_counter()
                     fn(a)
@@ -337,10 +343,10 @@ def breakdown(rounds: int) -> list[tuple[str, float]]:
 
 
 def _per_call_table(rows: list[dict[str, Any]]) -> str:
-    head = "".join(f"{w + ' us':>18}" for w in PER_CALL)
+    head = "".join(f"{w + ' us':>19}" for w in PER_CALL)
     lines = [f"{'ranks':>5}{'bytes':>7}{head}{'adds repeated':>15}{'adds fresh':>12}"]
     for r in rows:
-        cells = "".join(f"{r[w + '_us']:>18.1f}" for w in PER_CALL)
+        cells = "".join(f"{r[w + '_us']:>19.1f}" for w in PER_CALL)
         lines.append(f"{r['ranks']:>5}{r['bytes']:>7}{cells}{r['torch repeated adds_us']:>15.1f}"
                      f"{r['torch fresh adds_us']:>12.1f}")
     return "\n".join(lines)
