@@ -39,7 +39,8 @@ _MODES = ("nvlink", "all", "relay")
 _NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
 _EPS = 1e-9
 #: routes inside a host by the host's structure (`Router._shared_routes`), shared by every topology's router
-_SHARED_INTRA: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]] = {}
+_SharedRoutes = dict[tuple[str, str], tuple[str, list[tuple[str, list[str]]]]]
+_SHARED_INTRA: dict[tuple[Any, ...], _SharedRoutes] = {}
 MAX_SHARED_HOSTS = 8
 #: a host's local structure: its nodes (id without the host prefix, kind, index) and links (ends, type,
 #: bandwidth, latency, nlinks); hosts with equal fingerprints share routes
@@ -75,7 +76,7 @@ class Router:
             self._host_of[n] = d["host"]
             if d["kind"] == NodeKind.NIC:
                 self._host_nics.setdefault(d["host"], []).append(n)
-        self._shared_of: dict[int, tuple[str, dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]]] = {}
+        self._shared_of: dict[int, tuple[str, _SharedRoutes]] = {}
         #: per (host, NVLink only?): each node's links inside the host as (to, bw_GBps, latency_us), in graph order
         self._host_adj: dict[tuple[int, bool], dict[str, list[tuple[str, float, float]]]] = {}
 
@@ -193,8 +194,14 @@ class Router:
         cut = len(prefix)
         known = shared.get((a[cut:], mode))
         if known is not None:   # found on another topology: a host of the same structure
-            for t, p in known:
-                self._intra_cache[(a, prefix + t, mode)] = [prefix + n for n in p]
+            their, theirs = known
+            if their == prefix:   # the same ids: the same (never modified) path lists
+                for t, p in theirs:
+                    self._intra_cache[(a, t, mode)] = p
+            else:
+                n = len(their)
+                for t, p in theirs:
+                    self._intra_cache[(a, prefix + t[n:], mode)] = [prefix + x[n:] for x in p]
             return
         adj = self._adjacency(host, mode == "nvlink")
         blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
@@ -203,7 +210,7 @@ class Router:
         for t, bw in best.items():
             if t != a:
                 by_floor.setdefault(round(bw, 9), []).append(t)
-        found: list[tuple[str, tuple[str, ...]]] = []
+        found: list[tuple[str, list[str]]] = []
         for floor, targets in by_floor.items():
             pred = self._short_tree_in(a, adj, floor - _EPS, blocked)
             for t in targets:
@@ -212,13 +219,14 @@ class Router:
                 out = [t]
                 while out[-1] != a:
                     out.append(pred[out[-1]])
-                self._intra_cache[(a, t, mode)] = out[::-1]
-                found.append((t[cut:], tuple(n[cut:] for n in reversed(out))))
-        shared[(a[cut:], mode)] = found
+                path = self._intra_cache[(a, t, mode)] = out[::-1]
+                found.append((t, path))
+        shared[(a[cut:], mode)] = (prefix, found)
 
-    def _shared_routes(self, host: int) -> tuple[str, dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]]]:
+    def _shared_routes(self, host: int) -> tuple[str, _SharedRoutes]:
         """The prefix of `host`'s node ids ('h<i>/', else '') and the routes found inside hosts of its structure
-        (ids without the prefix) on any topology: keyed by every node, kind and link the searches read."""
+        on any topology (per source without the prefix: the finder's prefix and its paths): keyed by every node,
+        kind and link the searches read."""
         hit = self._shared_of.get(host)
         if hit is None:
             nodes = self._host_nodes[host]

@@ -21,7 +21,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .. import config
 from ..errors import TopologyError
@@ -171,6 +171,7 @@ class _Hops:
         self.topo = topo
         self.eps = eps
         self._edges: dict[tuple[int, int], tuple[Edge, ...]] = {}
+        self.known_edges = self._edges   # read-only view for loops over many hops (`ring_loads`)
         self._ends: dict[tuple[int, ...], tuple[dict[int, set[Edge]], dict[int, set[Edge]]]] = {}
 
     def end_edges(self, nodes: list[int]) -> tuple[dict[int, set[Edge]], dict[int, set[Edge]]]:
@@ -201,8 +202,11 @@ class _Hops:
 
 def ring_loads(order: Sequence[int], hops: _Hops) -> dict[Edge, int]:
     """How many hops of the ring cross each directed edge."""
-    nxt = list(order[1:]) + list(order[:1])
-    return Counter(itertools.chain.from_iterable(map(hops.edges, order, nxt)))
+    pairs = list(zip(order, list(order[1:]) + list(order[:1]), strict=True))
+    known = list(map(hops.known_edges.get, pairs))   # hops seen before, without a call per hop
+    hop_edges = [e if e is not None else hops.edges(*p) for e, p in zip(known, pairs, strict=True)] \
+        if None in known else cast("list[tuple[Edge, ...]]", known)
+    return Counter(itertools.chain.from_iterable(hop_edges))
 
 
 def ring_bw(order: Sequence[int], hops: _Hops, cap: dict[Edge, float]) -> float:
