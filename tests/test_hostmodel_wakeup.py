@@ -38,7 +38,7 @@ def _rows(delays_us: list[float], reps: int = 4) -> list[dict]:
 
 def test_the_fit_recovers_a_known_wake_up() -> None:
     spin_us = _spin_windows()[0]
-    rows = _rows([0.0, 200.0, 1000.0, 5000.0, 20000.0])
+    rows = _rows([0.0, 2000.0, 5000.0, 10000.0, 20000.0])   # every delay beyond the runtime's spin windows
     # a trial inside the spin window never slept: it must not enter the fit
     rows += [{**r, "end_ns": [e + 10**6 for e in r["end_ns"]], "delay_us": spin_us / 2} for r in _rows([1.0])]
     w = fit(rows)
@@ -46,8 +46,8 @@ def test_the_fit_recovers_a_known_wake_up() -> None:
     assert w.early_b_us == pytest.approx(EARLY_B, abs=0.01)
     assert w.late_a_us == pytest.approx(LATE_US, abs=0.01)
     assert w.late_b_us == 0.0          # a constant predicts the late rank: no log term
-    assert (w.min_wait_us, w.max_wait_us) == (200.0, 20000.0)
-    assert w.early_us(1e-3) == pytest.approx(EARLY_A, abs=0.01)
+    assert (w.min_wait_us, w.max_wait_us) == (2000.0, 20000.0)
+    assert w.early_us(2e-3) == pytest.approx(EARLY_A + EARLY_B * math.log(2.0), abs=0.01)
     assert w.early_us(1.0) == pytest.approx(w.early_us(20e-3))    # clamped to the measured range
 
 

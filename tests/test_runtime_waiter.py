@@ -34,7 +34,7 @@ def bell():  # noqa: ANN201
 def test_socket_waits_poll_first_only_where_every_rank_has_a_core(bell: doorbell.Doorbell) -> None:
     """A core per rank: poll SOCKET_SPIN_S before sleeping (a sleeping peer pays a wake-up that grows with
     the sleep); more ranks than cores: sleep at once (polling would take the peer's core)."""
-    assert executor.SOCKET_SPIN_S > executor.HOT_SPIN_S
+    assert executor.SOCKET_SPIN_S > executor.SOCKET_HOT_S
     assert executor.Waiter(bell, 1, lambda: None).socket_s == executor.SOCKET_SPIN_S
     crowded = executor.Waiter(bell, 10 * (os.cpu_count() or 1), lambda: None)
     assert crowded.socket_s == 0.0 and crowded.hot_s == 0.0

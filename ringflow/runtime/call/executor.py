@@ -66,11 +66,17 @@ def stream_key(key: str, j: int) -> str:
 
 
 GOODBYE_GRACE_S = 0.25  # a departed peer's last data may trail its goodbye on another socket by this much
-HOT_SPIN_S = 50e-6  # small messages: spin this long, then sleep (an in-step peer is usually that close)
+# Small messages on shared memory with a core per rank spin this long without yielding before they sleep, as long
+# as bulk waits (the doorbell's spin budget): a peer bound to another core that is not there yet was preempted for a
+# moment by another process, and a sleeper pays a wake-up (tens of us on a VM) after that moment ends. 2 ranks on a
+# busy 2-vCPU VM, 8-byte all-reduce / broadcast, median over 16 jobs of each job's median time per call: 8.6 / 12.4
+# us with a 50 us spin, 3.0 / 2.7 us with 1 ms
+HOT_SPIN_S = 1e-3
+SOCKET_HOT_S = 50e-6  # a socket-only wait polls this long before each further poll yields the core
 # Socket-only waits with a core per rank poll this long before sleeping: a peer that finished its call first
 # (a gather's or reduce's, while the root still copies or reduces) waits in the next call's check, and
 # asleep it pays a wake-up that grows with how long it slept. 2 TCP ranks, checked - unchecked at 512 KiB /
-# 1 MiB / 2 MiB: gathers 31 / 62 / 82 us with HOT_SPIN_S (50 us), 37 / 40 / 43 with 500 us, broadcasts 29-31
+# 1 MiB / 2 MiB: gathers 31 / 62 / 82 us polling 50 us, 37 / 40 / 43 with 500 us, broadcasts 29-31
 # either way
 SOCKET_SPIN_S = 500e-6
 
@@ -94,17 +100,18 @@ class Waiter:
     def wait(self, pending: list[XferOp], deadline: float, what: str, hot: bool = True) -> None:
         """Return when some op may progress; raise on failure, abort or timeout.
 
-        `hot` (messages below RINGFLOW_LL_THRESHOLD): spin HOT_SPIN_S without yielding, then sleep at
-        once: a peer that is not there by then is descheduled, often waiting for this very core, and
-        spinning (or sched_yield, which on a busy host hands the core to anybody for a timeslice)
-        would only delay it. Bulk transfers spin up to the spin budget: the peer is busy copying the
-        next slice and will be back within tens of microseconds. They yield the core while spinning only
-        where the host's ranks outnumber its cores (the peer may be waiting for this core); with a core
-        per rank a yield hands the core to whatever else runs on the host for a whole timeslice, so on a
-        busy host a bulk call would wait milliseconds for a peer that was back within microseconds.
-        Socket-only waits poll their sockets for SOCKET_SPIN_S before sleeping, unless the host is
-        oversubscribed: a rank asleep in poll() when the data lands pays a wake-up (30-80 us on a
-        VM, more the longer it slept), and a pair of ranks can lock into paying it on every call.
+        `hot` (messages below RINGFLOW_LL_THRESHOLD): spin HOT_SPIN_S without yielding, then sleep: with a
+        core per rank a peer that is not there yet was preempted for a moment on its own core, and a sleeper
+        would pay a wake-up after that moment; sched_yield, which on a busy host hands the core to anybody for
+        a timeslice, would only delay this rank. Where ranks outnumber cores there is no hot spin (hot_s is
+        0): the wait is a bulk one. Bulk transfers spin up to the spin budget: the peer is busy copying the
+        next slice and will be back within tens of microseconds. They yield the core while spinning only where
+        the host's ranks outnumber its cores (the peer may be waiting for this core); with a core per rank a
+        yield hands the core to whatever else runs on the host for a whole timeslice, so on a busy host a bulk
+        call would wait milliseconds for a peer that was back within microseconds. Socket-only waits poll
+        their sockets for SOCKET_SPIN_S before sleeping, unless the host is oversubscribed: a rank asleep in
+        poll() when the data lands pays a wake-up (30-80 us on a VM, more the longer it slept), and a pair of
+        ranks can lock into paying it on every call.
         """
         shm = [op for op in pending if op.is_shm]
         if self._ready_despite_failure(pending, shm):
@@ -179,7 +186,7 @@ def departed(what: str, peer: int) -> RemoteError:
 
 def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:
     """Poll the pending ops' sockets without sleeping for up to budget_s; True once one is ready. Past
-    HOT_SPIN_S each poll yields the core: ranks of emulated hosts (network namespaces) each count a core
+    SOCKET_HOT_S each poll yields the core: ranks of emulated hosts (network namespaces) each count a core
     per rank while sharing this machine's (2 namespaces x 2 ranks on 2 cores, flat ring all-reduce of
     256 KiB: 2,989 us with a 50 us poll, 4,937 with 500 us of plain polling)."""
     fds = [fd for op in pending for fd in op.fds]
@@ -189,7 +196,7 @@ def _sockets_ready(pending: list[XferOp], budget_s: float) -> bool:
     for fd, ev in fds:
         poller.register(fd, ev)
     start = time.monotonic()
-    hot_end, end = start + min(HOT_SPIN_S, budget_s), start + budget_s
+    hot_end, end = start + min(SOCKET_HOT_S, budget_s), start + budget_s
     while True:
         if poller.poll(0):
             return True
