@@ -77,3 +77,36 @@ def test_gc_paused_restores_the_collector_and_nests() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.peer: _Node | None = None
+
+
+def test_what_a_pause_built_is_old_at_once_and_its_dropped_cycles_still_collected() -> None:
+    import weakref
+    gc.collect()
+    with gc_paused():
+        kept = _Node()
+        kept.peer = kept
+        dropped = _Node()
+        dropped.peer = dropped
+        gone = weakref.ref(dropped)
+        del dropped
+    assert any(o is kept for o in gc.get_objects(generation=2))   # not examined by young collections
+    assert not any(o is kept for o in gc.get_objects(generation=0))
+    assert gone() is not None
+    gc.collect()
+    assert gone() is None and kept.peer is kept
+
+
+def test_a_pause_leaves_objects_frozen_by_others_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            built = [_Node() for _ in range(10)]
+        assert gc.get_freeze_count() == frozen and len(built) == 10
+    finally:
+        gc.unfreeze()
