@@ -322,6 +322,11 @@ def successors(g: nx.DiGraph[str]) -> Adjacency:
     return cast(Adjacency, g._succ)  # type: ignore[attr-defined]
 
 
+def node_attrs(g: nx.DiGraph[str]) -> dict[str, Attrs]:
+    """The raw node attribute dicts of `g` (networkx's `g._node`, live)."""
+    return cast(dict[str, Attrs], g._node)  # type: ignore[attr-defined]
+
+
 def predecessors(g: nx.DiGraph[str]) -> Adjacency:
     """The raw predecessor dicts of `g` (networkx's `g._pred`, live)."""
     return cast(Adjacency, g._pred)  # type: ignore[attr-defined]

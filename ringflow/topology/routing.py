@@ -26,10 +26,10 @@ import heapq
 import zlib
 from collections.abc import Callable
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import TopologyError
-from .graph import Attrs, LinkType, NodeKind, predecessors, successors
+from .graph import Attrs, LinkType, NodeKind, node_attrs, predecessors, successors
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Topology
@@ -67,15 +67,10 @@ class Router:
         #: search.find_rings' results on this topology (with the link capacities they were found on)
         self.found_rings: dict[Any, Any] = {}
         self._host_nodes: dict[int, set[str]] = {}
-        self._kind: dict[str, NodeKind] = {}
-        self._host_of: dict[str, int] = {}
+        self._attrs = node_attrs(self.g)
         self._host_nics: dict[int, list[str]] = {}
-        for n, d in self.g.nodes(data=True):
+        for n, d in self._attrs.items():
             self._host_nodes.setdefault(d["host"], set()).add(n)
-            self._kind[n] = d["kind"]
-            self._host_of[n] = d["host"]
-            if d["kind"] == NodeKind.NIC:
-                self._host_nics.setdefault(d["host"], []).append(n)
         self._shared_of: dict[int, tuple[str, _SharedRoutes]] = {}
         #: per (host, NVLink only?): each node's links inside the host as (to, bw_GBps, latency_us), in graph order
         self._host_adj: dict[tuple[int, bool], dict[str, list[tuple[str, float, float]]]] = {}
@@ -112,7 +107,7 @@ class Router:
     # ----------------------------------------------------------------- dispatch
     def _host(self, n: str) -> int:
         try:
-            return self._host_of[n]
+            return cast(int, self._attrs[n]["host"])
         except KeyError:
             raise TopologyError(f"node {n!r} is not in topology {self.topo.name!r}",
                                 "use an id from topo.endpoints() / topo.graph.nodes") from None
@@ -231,8 +226,8 @@ class Router:
         if hit is None:
             nodes = self._host_nodes[host]
             prefix = f"h{host}/" if host >= 0 and all(n.startswith(f"h{host}/") for n in nodes) else ""
-            cut, kind, succ = len(prefix), self._kind, self._succ
-            key = tuple(sorted((u[cut:], kind[u], tuple((v[cut:], d["type"], d["bw_GBps"], d["latency_us"])
+            cut, attrs, succ = len(prefix), self._attrs, self._succ
+            key = tuple(sorted((u[cut:], attrs[u]["kind"], tuple((v[cut:], d["type"], d["bw_GBps"], d["latency_us"])
                                                         for v, d in succ[u].items() if v in nodes))
                                for u in nodes))
             store = _SHARED_INTRA.pop(key, None)
@@ -258,7 +253,7 @@ class Router:
     def _widest_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]],
                    blocked: tuple[NodeKind, ...]) -> dict[str, float]:
         """`_widest_values` over the links `adj` (a host's, `_adjacency`)."""
-        kind = self._kind
+        attrs = self._attrs
         best = {a: float("inf")}
         heap = [(-float("inf"), a)]
         done: set[str] = set()
@@ -268,7 +263,7 @@ class Router:
             if u in done:
                 continue
             done.add(u)
-            if u != a and kind[u] in blocked:
+            if u != a and attrs[u]["kind"] in blocked:
                 continue
             cur = -negbw
             for v, bw, _ in adj[u]:
@@ -281,7 +276,7 @@ class Router:
     def _short_tree_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]], floor: float,
                        blocked: tuple[NodeKind, ...]) -> dict[str, str]:
         """`_short_tree` over the links `adj` (a host's, `_adjacency`)."""
-        kind = self._kind
+        attrs = self._attrs
         dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
         pred: dict[str, str] = {}
         heap: list[tuple[int, float, str]] = [(0, 0.0, a)]
@@ -292,7 +287,7 @@ class Router:
             if u in seen:
                 continue
             seen.add(u)
-            if u != a and kind[u] in blocked:
+            if u != a and attrs[u]["kind"] in blocked:
                 continue
             nxt = hops + 1
             for v, bw, lat_us in adj[u]:
@@ -393,7 +388,11 @@ class Router:
             return self._near[x]
         scored = []
         succ = self._succ
-        for nic in self._host_nics.get(d["host"], ()):
+        nics = self._host_nics.get(h)
+        if nics is None:
+            nics = self._host_nics[h] = [n for n in self._host_nodes.get(h, ())
+                                         if self._attrs[n]["kind"] == NodeKind.NIC]
+        for nic in nics:
             p = self._intra(x, nic)
             if p is None:
                 continue
