@@ -165,3 +165,26 @@ def test_routes_inside_hosts_of_one_structure_are_reused_across_topologies_and_o
     warm = [all_paths(make()) for make in makers]   # later topologies read what the first ones found
     assert warm == fresh
     assert len(routing._SHARED_INTRA) == 2          # a server alone and in a cluster: one structure
+
+
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "dgx-h100", "dgx1-v100"])
+def test_nearest_nics_equal_those_scored_over_every_nics_route(preset: str) -> None:
+    from itertools import pairwise
+
+    from ringflow.topology import build_preset
+    topo = build_preset(preset)
+    g = topo.graph
+    ref = Topology.from_dict(topo.to_dict()).router      # its own routes: every NIC's found in full
+    for x in sorted(g)[::3]:
+        if topo.kind(x) == NodeKind.NIC:
+            continue
+        scored = []
+        for nic in topo.nics():
+            p = ref._intra(x, nic)
+            if p is not None:
+                scored.append(((len(p), -round(min(g.edges[e]["bw_GBps"] for e in pairwise(p)), 6)), nic))
+        top = min(s for s, _ in scored)
+        own = g.nodes[x]["index"]
+        want = sorted((n for s, n in scored if s == top), key=lambda n: (g.nodes[n]["index"] != own,
+                                                                      g.nodes[n]["index"], n))
+        assert topo.router.near_nics(x) == want, x

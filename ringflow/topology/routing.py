@@ -158,14 +158,14 @@ class Router:
         self._rep_of[host] = rep[0] if rep[1] == fp else host
         return self._rep_of[host]
 
-    def _intra(self, a: str, b: str) -> list[str] | None:
+    def _intra(self, a: str, b: str, modes: tuple[str, ...] = _MODES) -> list[str] | None:
         h = self._host(a)
         rep = self._rep(h)
         if rep != h:
             cut = len(f"h{h}/")
-            p = self._intra(f"h{rep}/{a[cut:]}", f"h{rep}/{b[cut:]}")
+            p = self._intra(f"h{rep}/{a[cut:]}", f"h{rep}/{b[cut:]}", modes)
             return None if p is None else [f"h{h}/{n[len(f'h{rep}/'):]}" for n in p]
-        for mode in _MODES:
+        for mode in modes:
             key = (a, b, mode)
             if key not in self._intra_cache:
                 if (a, mode) in self._intra_done:
@@ -392,12 +392,25 @@ class Router:
         if nics is None:
             nics = self._host_nics[h] = [n for n in self._host_nodes.get(h, ())
                                          if self._attrs[n]["kind"] == NodeKind.NIC]
+        relayed = []
         for nic in nics:
-            p = self._intra(x, nic)
+            p = self._intra(x, nic, _MODES[:2])
             if p is None:
+                relayed.append(nic)
                 continue
             bw = min(succ[u][v]["bw_GBps"] for u, v in pairwise(p))
             scored.append(((len(p), -round(bw, 6)), nic))
+        if relayed:   # a route through a GPU is searched only where it may have as few nodes as the best so far
+            bound = min(s for s, _ in scored)[0] if scored else None
+            fewest = self._fewest_nodes(x, h) if bound is not None else {}
+            for nic in relayed:
+                if bound is not None and fewest.get(nic, bound + 1) > bound:
+                    continue
+                p = self._intra(x, nic)
+                if p is None:
+                    continue
+                bw = min(succ[u][v]["bw_GBps"] for u, v in pairwise(p))
+                scored.append(((len(p), -round(bw, 6)), nic))
         if not scored:
             self._near[x] = []
             return []
@@ -407,6 +420,23 @@ class Router:
                        key=lambda n: (self.g.nodes[n]["index"] != own, self.g.nodes[n]["index"], n))
         self._near[x] = cands
         return cands
+
+    def _fewest_nodes(self, x: str, host: int) -> dict[str, int]:
+        """Nodes on the shortest path from `x` to each node of `host` over its links, any node transit: no route
+        inside the host (`_intra`, any mode) has fewer."""
+        adj = self._adjacency(host, False)
+        count = {x: 1}
+        frontier = [x]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                k = count[u] + 1
+                for v, _, _ in adj[u]:
+                    if v not in count:
+                        count[v] = k
+                        nxt.append(v)
+            frontier = nxt
+        return count
 
     def _rail(self, nic: str) -> int:
         d = self.g.nodes[nic]
