@@ -276,7 +276,7 @@ class _OrderSearch:
     def pair_bw(self, i: int, j: int) -> float:
         v = self.memo.get((i, j))
         if v is None:
-            v = self.memo[(i, j)] = min(self.cap[e] for e in self.hops.edges(i, j))
+            v = self.memo[(i, j)] = min(map(self.cap.__getitem__, self.hops.edges(i, j)))
         return v
 
     def widest_first(self, u: int) -> list[int]:
