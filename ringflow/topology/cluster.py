@@ -21,7 +21,7 @@ from ..hardware import LATENCY_US
 from ..units import gbps_to_GBps
 from .fabric_plan import DEFAULT_RADIX, FABRICS, FabricSpec, rail_plan
 from .gcpause import gc_paused
-from .graph import LinkType, NodeKind, Topology, predecessors, successors
+from .graph import LinkType, NodeKind, Topology, node_attrs, predecessors, successors
 from .presets import PRESETS, build_preset
 
 __all__ = ["FABRICS", "FabricSpec", "build_cluster"]
@@ -75,8 +75,9 @@ def _build_cluster(preset: str | Topology, nodes: int, fabric: str, nic_gbps: fl
     if nic_gbps is not None:
         for n in nics:
             topo.graph.nodes[n]["speed_gbps"] = float(nic_gbps)
-    port_gbps = max(topo.graph.nodes[n]["speed_gbps"] for n in nics)
-    fam = {topo.graph.nodes[n].get("fabric", "ib") for n in nics}
+    attrs = node_attrs(topo.graph)
+    port_gbps = max(attrs[n]["speed_gbps"] for n in nics)
+    fam = {attrs[n].get("fabric", "ib") for n in nics}
     ltype = LinkType.IB if fam == {"ib"} else LinkType.ETHERNET
     sw_lat = LATENCY_US["ib_switch"] if ltype == LinkType.IB else LATENCY_US["eth_switch"]
     switches = _Switches(topo, radix)
@@ -85,7 +86,7 @@ def _build_cluster(preset: str | Topology, nodes: int, fabric: str, nic_gbps: fl
     nleaves = 0
     per_host: dict[int, list[str]] = {}
     for n in nics:   # sorted by (host, index): each host's NICs in order, one pass over the graph
-        per_host.setdefault(topo.host_of(n), []).append(n)
+        per_host.setdefault(int(attrs[n]["host"]), []).append(n)
     for p in range(planes):
         switches.prefix, switches.plane = ("" if planes == 1 else f"p{p}-"), p
         members = [[n for n in per_host.get(h, []) if _rail(topo, n) % planes == p] for h in range(nodes)]
@@ -101,8 +102,8 @@ def _build_cluster(preset: str | Topology, nodes: int, fabric: str, nic_gbps: fl
 
 
 def _rail(topo: Topology, nic: str) -> int:
-    d = topo.graph.nodes[nic]
-    return int(d.get("rail", d["index"]))
+    d = node_attrs(topo.graph)[nic]
+    return int(d["rail"] if "rail" in d else d["index"])
 
 
 def _add_servers(topo: Topology, preset: str | Topology, nodes: int, spec: FabricSpec) -> None:
@@ -274,5 +275,5 @@ def _divisor_at_least(ports: int, need: int) -> int:
 
 def _nic_link(topo: Topology, nic: str, leaf: str, ltype: LinkType) -> _LinkRow:
     """The link of `nic` to its leaf, as `Topology.add_links` takes it."""
-    speed = topo.graph.nodes[nic]["speed_gbps"]
+    speed = node_attrs(topo.graph)[nic]["speed_gbps"]
     return (nic, leaf, ltype, gbps_to_GBps(speed), LATENCY_US["nic"], 1, "nic")
