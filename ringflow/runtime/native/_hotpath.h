@@ -209,6 +209,7 @@ extern PyTypeObject rf_DoorType;
 PyObject *rf_make_door(PyObject *self, PyObject *args);
 int rf_intern_names(void);
 void rf_entry_forget(DoorEntry *e);
+int rf_entry_traverse(DoorEntry *e, visitproc visit, void *arg);
 
 /* _hotpath_shape.c */
 void rf_shape_forget(ShapeEntry *s);

@@ -31,6 +31,21 @@ void rf_entry_forget(DoorEntry *e)
     Py_CLEAR(e->meta);
 }
 
+int rf_entry_traverse(DoorEntry *e, visitproc visit, void *arg)
+{
+    Py_VISIT((PyObject *)e->runner);
+    Py_VISIT(e->arg);
+    Py_VISIT(e->prep);
+    Py_VISIT(e->hot);
+    Py_VISIT(e->last_desc);
+    Py_VISIT(e->schedule);
+    Py_VISIT(e->regions);
+    Py_VISIT(e->resume);
+    Py_VISIT(e->what);
+    Py_VISIT(e->meta);
+    return 0;
+}
+
 static void door_forget(Door *d)
 {
     for (int i = 0; i < DOOR_ENTRIES; i++)
@@ -333,17 +348,9 @@ static int Door_traverse(Door *d, visitproc visit, void *arg)
     Py_VISIT(d->miss);
     Py_VISIT(d->inner);
     for (int i = 0; i < DOOR_ENTRIES; i++) {
-        DoorEntry *e = &d->e[i];
-        Py_VISIT((PyObject *)e->runner);
-        Py_VISIT(e->arg);
-        Py_VISIT(e->prep);
-        Py_VISIT(e->hot);
-        Py_VISIT(e->last_desc);
-        Py_VISIT(e->schedule);
-        Py_VISIT(e->regions);
-        Py_VISIT(e->resume);
-        Py_VISIT(e->what);
-        Py_VISIT(e->meta);
+        int rc = rf_entry_traverse(&d->e[i], visit, arg);
+        if (rc)
+            return rc;
     }
     for (int i = 0; i < SHAPE_ENTRIES; i++) {
         int rc = rf_shape_traverse(&d->s[i], visit, arg);

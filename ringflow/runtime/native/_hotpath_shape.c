@@ -13,17 +13,9 @@ void rf_shape_forget(ShapeEntry *s)
 
 int rf_shape_traverse(ShapeEntry *s, visitproc visit, void *arg)
 {
-    DoorEntry *e = &s->c;
-    Py_VISIT((PyObject *)e->runner);
-    Py_VISIT(e->arg);
-    Py_VISIT(e->prep);
-    Py_VISIT(e->hot);
-    Py_VISIT(e->last_desc);
-    Py_VISIT(e->schedule);
-    Py_VISIT(e->regions);
-    Py_VISIT(e->resume);
-    Py_VISIT(e->what);
-    Py_VISIT(e->meta);
+    int rc = rf_entry_traverse(&s->c, visit, arg);
+    if (rc)
+        return rc;
     Py_VISIT(s->type);
     Py_VISIT(s->xdescr);
     Py_VISIT(s->odescr);
