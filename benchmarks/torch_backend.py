@@ -17,7 +17,7 @@ reduce_scatter_single where torch has them (all_gather_into_tensor and reduce_sc
 
 --per-call times one small all_reduce (float32, 2 ranks unless --ranks) eight ways, interleaved as above:
 gloo; torch on ringflow with the same tensor every call ("repeated") and with a new tensor every call
-("fresh", made outside the timed region, as DDP and FSDP hand the backend new tensors); the own API on the
+("fresh", all made before the timed calls, as DDP and FSDP hand the backend new tensors); the own API on the
 same tensor, on a fresh one, on the same NumPy array and on a fresh NumPy array each call (the backend hands
 ringflow a NumPy view of the tensor, so these two are what its calls cost inside ringflow); and "torch floor",
 torch on a backend whose all_reduce only makes a finished Work (what torch's own dist.all_reduce costs, in
@@ -276,8 +276,8 @@ def per_call_rank(rank: int, n: int, init: str, sizes: list[int], rounds: int, o
                 ts, adds = [], []
                 if w.startswith("torch"):
                     comm.all_reduce = timed
-                for _ in range(300):
-                    a = new()
+                args = [new() for _ in range(300)]   # made before the timed calls: no peer waits for another's
+                for a in args:
                     inner.clear()
                     t0 = time.perf_counter()
                     fn(a)
