@@ -129,14 +129,15 @@ def test_searches_inside_a_host_on_its_link_lists_equal_the_searches_on_the_grap
     relay = (NodeKind.PROC, NodeKind.NIC)
     nvlink, not_net = (lambda d: d["type"] == LinkType.NVLINK), (lambda d: d["type"] not in _NET_TYPES)
     for nvlink_only, ok in ((True, nvlink), (False, not_net)):
-        adj = r._adjacency(0, nvlink_only)
+        adj, on_graph = r._adjacency(0, nvlink_only), r._edges(nodes, ok)
+        assert all(adj[u] == on_graph(u) for u in nodes)
         for a in sorted(nodes)[::max(1, len(nodes) // 24)]:
             for blocked in (_NO_TRANSIT, relay):
-                best = r._widest_in(a, adj, blocked)
-                assert best == r._widest_values(a, nodes, ok, blocked)
+                best = r._widest_values(a, adj.__getitem__, blocked)
+                assert best == r._widest_values(a, on_graph, blocked)
                 for floor in sorted({round(bw, 9) for bw in best.values()}):
-                    assert r._short_tree_in(a, adj, floor - 1e-9, blocked) == \
-                        r._short_tree(a, nodes, ok, floor - 1e-9, blocked)
+                    assert r._short_tree(a, adj.__getitem__, floor - 1e-9, blocked) == \
+                        r._short_tree(a, on_graph, floor - 1e-9, blocked)
 
 
 def test_routes_inside_hosts_of_one_structure_are_reused_across_topologies_and_only_there() -> None:

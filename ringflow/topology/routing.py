@@ -40,6 +40,8 @@ _NET_TYPES = (LinkType.IB, LinkType.ETHERNET)
 _EPS = 1e-9
 #: routes inside a host by the host's structure (`Router._shared_routes`), shared by every topology's router
 _SharedRoutes = dict[tuple[str, str], tuple[str, list[tuple[str, list[str]]]]]
+#: a node's links a search may take, as (to, bw_GBps, latency_us)
+_Edges = Callable[[str], "list[tuple[str, float, float]]"]
 _SHARED_INTRA: dict[tuple[Any, ...], _SharedRoutes] = {}
 MAX_SHARED_HOSTS = 8
 #: a host's local structure: its nodes (id without the host prefix, kind, index) and links (ends, type,
@@ -200,14 +202,14 @@ class Router:
             return
         adj = self._adjacency(host, mode == "nvlink")
         blocked = (NodeKind.PROC, NodeKind.NIC) if mode == "relay" else _NO_TRANSIT
-        best = self._widest_in(a, adj, blocked)
+        best = self._widest_values(a, adj.__getitem__, blocked)
         by_floor: dict[float, list[str]] = {}
         for t, bw in best.items():
             if t != a:
                 by_floor.setdefault(round(bw, 9), []).append(t)
         found: list[tuple[str, list[str]]] = []
         for floor, targets in by_floor.items():
-            pred = self._short_tree_in(a, adj, floor - _EPS, blocked)
+            pred = self._short_tree(a, adj.__getitem__, floor - _EPS, blocked)
             for t in targets:
                 if t not in pred:
                     continue
@@ -250,9 +252,16 @@ class Router:
                 for u in nodes}
         return adj
 
-    def _widest_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]],
-                   blocked: tuple[NodeKind, ...]) -> dict[str, float]:
-        """`_widest_values` over the links `adj` (a host's, `_adjacency`)."""
+    def _edges(self, nodes: set[str] | None, ok: Callable[[Attrs], bool]) -> _Edges:
+        """Each node's links `ok` to nodes within `nodes` (None: any), as (to, bw_GBps, latency_us) in graph order."""
+        succ = self._succ
+        return lambda u: [(v, d["bw_GBps"], d["latency_us"]) for v, d in succ[u].items()
+                          if (nodes is None or v in nodes) and ok(d)]
+
+    def _widest_values(self, a: str, edges: _Edges, blocked: tuple[NodeKind, ...],
+                       target: str | None = None) -> dict[str, float]:
+        """Max-bottleneck value from a to every node reachable over `edges` (modified Dijkstra); stops at `target`
+        if given."""
         attrs = self._attrs
         best = {a: float("inf")}
         heap = [(-float("inf"), a)]
@@ -263,19 +272,21 @@ class Router:
             if u in done:
                 continue
             done.add(u)
+            if u == target:
+                break
             if u != a and attrs[u]["kind"] in blocked:
                 continue
             cur = -negbw
-            for v, bw, _ in adj[u]:
+            for v, bw, _ in edges(u):
                 nb = bw if bw < cur else cur
                 if nb > best.get(v, -1.0) + _EPS:
                     best[v] = nb
                     push(heap, (-nb, v))
         return best
 
-    def _short_tree_in(self, a: str, adj: dict[str, list[tuple[str, float, float]]], floor: float,
-                       blocked: tuple[NodeKind, ...]) -> dict[str, str]:
-        """`_short_tree` over the links `adj` (a host's, `_adjacency`)."""
+    def _short_tree(self, a: str, edges: _Edges, floor: float, blocked: tuple[NodeKind, ...],
+                    target: str | None = None) -> dict[str, str]:
+        """Predecessors of the fewest-hops-then-least-latency tree over `edges` at least `floor` wide."""
         attrs = self._attrs
         dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
         pred: dict[str, str] = {}
@@ -287,10 +298,12 @@ class Router:
             if u in seen:
                 continue
             seen.add(u)
+            if u == target:
+                break
             if u != a and attrs[u]["kind"] in blocked:
                 continue
             nxt = hops + 1
-            for v, bw, lat_us in adj[u]:
+            for v, bw, lat_us in edges(u):
                 if bw < floor:
                     continue
                 cand = (nxt, round(lat + lat_us, 9))
@@ -301,69 +314,18 @@ class Router:
                     push(heap, (nxt, cand[1], v))
         return pred
 
-    def _widest_values(self, a: str, nodes: set[str] | None, ok: Callable[[Attrs], bool],
-                       blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, float]:
-        """Max-bottleneck value from a to every reachable node (modified Dijkstra); stops at `target` if given."""
-        g = self.g
-        best = {a: float("inf")}
-        heap = [(-float("inf"), a)]
-        done: set[str] = set()
-        while heap:
-            negbw, u = heapq.heappop(heap)
-            if u in done:
-                continue
-            done.add(u)
-            if u == target:
-                break
-            if u != a and g.nodes[u]["kind"] in blocked:
-                continue
-            for v, d in self._succ[u].items():
-                if (nodes is not None and v not in nodes) or not ok(d):
-                    continue
-                nb = min(-negbw, d["bw_GBps"])
-                if nb > best.get(v, -1.0) + _EPS:
-                    best[v] = nb
-                    heapq.heappush(heap, (-nb, v))
-        return best
-
-    def _short_tree(self, a: str, nodes: set[str] | None, ok: Callable[[Attrs], bool], floor: float,
-                    blocked: tuple[NodeKind, ...], target: str | None = None) -> dict[str, str]:
-        """Predecessors of the fewest-hops-then-least-latency tree over edges at least `floor` wide."""
-        g = self.g
-        dist: dict[str, tuple[int, float]] = {a: (0, 0.0)}
-        pred: dict[str, str] = {}
-        heap: list[tuple[int, float, str]] = [(0, 0.0, a)]
-        seen: set[str] = set()
-        while heap:
-            hops, lat, u = heapq.heappop(heap)
-            if u in seen:
-                continue
-            seen.add(u)
-            if u == target:
-                break
-            if u != a and g.nodes[u]["kind"] in blocked:
-                continue
-            for v, d in self._succ[u].items():
-                if (nodes is not None and v not in nodes) or not ok(d) or d["bw_GBps"] < floor:
-                    continue
-                cand = (hops + 1, round(lat + d["latency_us"], 9))
-                if v not in dist or cand < dist[v]:
-                    dist[v] = cand
-                    pred[v] = u
-                    heapq.heappush(heap, (cand[0], cand[1], v))
-        return pred
-
     def _widest(self, a: str, b: str, nodes: set[str] | None, ok: Callable[[Attrs], bool],
                 blocked: tuple[NodeKind, ...] | None = None) -> list[str] | None:
         """Max-bottleneck path (then fewest hops, then lowest latency) using edges `ok` within `nodes`;
         nodes of a `blocked` kind are never transit (default: GPU/PROC/NIC in a host, GPU/PROC globally)."""
         if blocked is None:
             blocked = _NO_TRANSIT if nodes is not None else (NodeKind.GPU, NodeKind.PROC)
-        best = self._widest_values(a, nodes, ok, blocked, target=b)
+        edges = self._edges(nodes, ok)
+        best = self._widest_values(a, edges, blocked, target=b)
         if b not in best:
             return None
         # phase 2: fewest hops, then least latency, over edges at least as wide as the bottleneck
-        pred = self._short_tree(a, nodes, ok, best[b] - _EPS, blocked, target=b)
+        pred = self._short_tree(a, edges, best[b] - _EPS, blocked, target=b)
         if b not in pred:
             return None
         out = [b]
