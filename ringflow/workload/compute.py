@@ -205,6 +205,10 @@ class EfficiencyModel:
         if self.kernel_launch_s < 0:
             raise InvalidArgument(f"kernel_launch_s={self.kernel_launch_s}", "give a launch time >= 0 seconds")
 
+    def elementwise_Bps(self, gpu: GpuSpec) -> float:   # noqa: N802 - units in the name
+        """Bytes per second memory-bound kernels move on `gpu`: its HBM bandwidth times `mem_eff`."""
+        return gpu.hbm_GBps * 1e9 * self.mem_eff
+
     def dispatch_eps(self, dispatcher: str) -> float:
         """The fitted rate of a token dispatcher kind (moe.DISPATCHERS)."""
         return self.flex_dispatch_eps if dispatcher == "flex" else self.alltoall_dispatch_eps
@@ -418,7 +422,7 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     n_moe = sum(1 for j in range(start, stop) if model.is_moe_layer(j))
     act = sum(activation_bytes_per_layer(model, layout, "none", index=j) * n
               for j, n in ((0, stop - start - n_moe), (model.layers - 1, n_moe)) if n)
-    mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
+    mem_Bps = e.elementwise_Bps(gpu)
     rate = rate_bwd = peak * eff_g
     rate_bf16 = peak * eff_bf16                    # attention and the logit GEMM stay BF16 under FP8
     logit_rate = rate_bf16
@@ -457,7 +461,8 @@ def microbatch_times(model: ModelSpec, layout: Layout, gpu: GpuSpec,
     t_fwd += wait
     t_bwd = 2 * (dense_flops / rate_bwd + logit_s) + attn_bwd_s + x_bwd + 4 * act / mem_Bps + moe_s + k_bwd + cast_bwd
     if layout.recompute == "full":
-        down = tokens * 2 * model.hidden * model.ffn_hidden / t * (stop - start - n_moe) \
+        m_, n_, k_ = gemms[-1]   # the MLP's down projection
+        down = 2 * m_ * n_ * k_ * (stop - start - n_moe) \
             if skips_last_gemm(kernel_profile(e.kernels), layout.precision) else 0.0
         rec_flops = matmul + padded + attn - down
         t_rec = (matmul + padded - down) / rate + attn_fwd_s + 2 * act / mem_Bps + k_rec + cast_fwd

@@ -171,7 +171,7 @@ def ring_attention_s(model: ModelSpec, layout: Layout, gpu: GpuSpec, e: Efficien
     compiled = kernel_profile(e.kernels).pointwise == "compiled"
     per_rank = [merge_bytes(el, layout.cp, r, compiled, layout.cp_comm) for r in range(layout.cp)]
     busiest = max(per_rank, key=lambda b: b["forward"] + b["backward"])
-    mem_Bps = gpu.hbm_GBps * 1e9 * e.mem_eff
+    mem_Bps = e.elementwise_Bps(gpu)
     fwd, bwd = (layers * (k.total_s(p, layout.cp) + busiest[p] / mem_Bps) for p in PASSES)
     return fwd, bwd
 

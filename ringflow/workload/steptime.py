@@ -128,7 +128,7 @@ def _accumulate_s(model: ModelSpec, L: Layout, stage: int, gpu: GpuSpec, eff: Ef
         return 0.0
     from .fsdp import accumulate_s, stage_units
     units = stage_units(model, L, stage, *stage_param_split(model, L, stage))
-    return accumulate_s(units, L, gpu.hbm_GBps * 1e9 * eff.mem_eff)
+    return accumulate_s(units, L, eff.elementwise_Bps(gpu))
 
 
 def _hierarchical_a2a_s(nbytes: float, grp: list[str], topo: Any, comm: CommModel, model: ModelSpec) -> float | None:
@@ -168,7 +168,7 @@ def _tp_overlap_s(calls: list[CommCall], L: Layout, topo: Any, comm: CommModel, 
     hop_s = links(grp, topo).intra_hop_us * 1e-6 if links is not None else 0.0
     rows = L.micro_batch * L.seq_len / L.cp
     return exposed_s(pieces, L.tp, lambda coll, nbytes: comm.time_s(coll, nbytes, grp, topo) * f("tp"),
-                     lambda r: _gemm_rate(model, L, gpu, eff, r), rows, gpu.hbm_GBps * 1e9 * eff.mem_eff, hop_s)
+                     lambda r: _gemm_rate(model, L, gpu, eff, r), rows, eff.elementwise_Bps(gpu), hop_s)
 
 
 def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any, comm: CommModel,
@@ -192,7 +192,7 @@ def _stage_time(calls: list[CommCall], mb: MicrobatchTimes, L: Layout, topo: Any
             if c.dim == "ep" and L.ep_dispatcher == "flex" else None
         if one is None:
             one = comm.time_s(c.collective, c.nbytes, grp, topo)
-        s = c.calls * (one * f("tp" if c.dim == "etp" else c.dim) + c.copy_bytes / (gpu.hbm_GBps * 1e9 * eff.mem_eff))
+        s = c.calls * (one * f("tp" if c.dim == "etp" else c.dim) + c.copy_bytes / eff.elementwise_Bps(gpu))
         key = "ep" if c.dim == "etp" else c.dim
         under = c.hides_under
         if under == "attention" or (under == "compute" and L.overlap_ep):
@@ -400,7 +400,7 @@ def _dp_stage(model: ModelSpec, L: Layout, topo: Any, comm: CommModel, gpu: GpuS
                 te, nb = _dp_one(P, grp, L, topo, comm, mb, f, n_layers, gpu.nccl_sm_share)
                 t_exp, nbytes = t_exp + te, nbytes + nb
     shard = dense_p / (L.dp * L.cp if L.zero >= 1 else 1) + expert_p / (L.expert_dp if L.zero >= 1 else 1)
-    t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / (gpu.hbm_GBps * 1e9 * eff.mem_eff)
+    t_opt = shard * (2 * 2 + L.grad_bytes + 2 * OPTIMIZER_BYTES) / eff.elementwise_Bps(gpu)
     return t_exp, nbytes, t_opt
 
 
