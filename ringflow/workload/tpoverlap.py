@@ -95,9 +95,8 @@ def tp_pieces(model: ModelSpec, layout: Layout, start: int, stop: int, gather_by
         for p in passes:
             if p == "backward":   # all-gather of dY before the row GEMM's dgrad; reduce-scatter after the column's
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * row, "decomposed", n))
-                out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * col, "exposed", n,
-                                   scatter_copy_bytes) if async_tp else
-                           TpPiece("reduce_scatter", p, scatter_bytes, tokens * col, "bulk", n))
+                out.append(TpPiece("reduce_scatter", p, scatter_bytes, tokens * col, "exposed" if async_tp else "bulk",
+                                   n, scatter_copy_bytes if async_tp else 0.0))
             else:
                 out.append(TpPiece("all_gather", p, gather_bytes, tokens * col, "decomposed", n))
                 if not (p == "recompute" and ends_layer and checkpoint == "non-reentrant"):
