@@ -209,6 +209,7 @@ extern PyTypeObject rf_DoorType;
 PyObject *rf_make_door(PyObject *self, PyObject *args);
 int rf_intern_names(void);
 void rf_entry_forget(DoorEntry *e);
+void rf_entry_fill(DoorEntry *e, PyObject *const *args);
 int rf_entry_traverse(DoorEntry *e, visitproc visit, void *arg);
 
 /* _hotpath_shape.c */

@@ -31,6 +31,18 @@ void rf_entry_forget(DoorEntry *e)
     Py_CLEAR(e->meta);
 }
 
+/* e (forgotten first) takes set()'s ten arguments: runner, arg, prep, hot, desc, schedule, regions, resume, what,
+ * meta (type-checked by the caller) */
+void rf_entry_fill(DoorEntry *e, PyObject *const *args)
+{
+    rf_entry_forget(e);
+    e->runner = (Runner *)Py_NewRef(args[0]);
+    e->arg = Py_NewRef(args[1]), e->prep = Py_NewRef(args[2]), e->hot = Py_NewRef(args[3]);
+    e->last_desc = Py_NewRef(args[4]), e->schedule = Py_NewRef(args[5]), e->regions = Py_NewRef(args[6]);
+    e->resume = Py_NewRef(args[7]);
+    e->what = Py_NewRef(args[8]), e->meta = Py_NewRef(args[9]);
+}
+
 int rf_entry_traverse(DoorEntry *e, visitproc visit, void *arg)
 {
     Py_VISIT((PyObject *)e->runner);
@@ -122,12 +134,7 @@ static PyObject *Door_set(Door *d, PyObject *const *args, Py_ssize_t nargs)
         e = &d->e[d->next];
         d->next = (d->next + 1) % DOOR_ENTRIES;
     }
-    rf_entry_forget(e);
-    e->runner = (Runner *)Py_NewRef(r);
-    e->arg = Py_NewRef(args[1]), e->prep = Py_NewRef(args[2]), e->hot = Py_NewRef(args[3]);
-    e->last_desc = Py_NewRef(args[4]), e->schedule = Py_NewRef(args[5]), e->regions = Py_NewRef(args[6]);
-    e->resume = Py_NewRef(args[7]);
-    e->what = Py_NewRef(args[8]), e->meta = Py_NewRef(args[9]);
+    rf_entry_fill(e, args);
     Py_RETURN_NONE;
 }
 

@@ -50,6 +50,13 @@ PyObject *rf_set_spin_yield(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* a wait that began at `start` ended: counted in this thread's wait statistics */
+static void count_wait(double start)
+{
+    rf_n_waits++;
+    rf_wait_ns += (unsigned long long)((rf_now_s() - start) * 1e9);
+}
+
 /* Waits without burning a core: spin (hot: without yielding), then sleep once on this lane's doorbell. */
 static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, double deadline)
 {
@@ -90,8 +97,7 @@ static int wait_some(HotPlan *p, int s, int bell, double hot_s, double spin_s, d
         if (!p->ops[k].done)
             rf_set_waiting(&p->ops[k], 0);
 done:
-    rf_n_waits++;
-    rf_wait_ns += (unsigned long long)((rf_now_s() - start) * 1e9);
+    count_wait(start);
     return woke;
 }
 
@@ -135,8 +141,7 @@ static int run_locals(HotPlan *p, int s, int early)
 static void count_poll(double *start)
 {
     if (*start > 0) {
-        rf_n_waits++;
-        rf_wait_ns += (unsigned long long)((rf_now_s() - *start) * 1e9);
+        count_wait(*start);
         *start = 0;
     }
 }

@@ -145,12 +145,7 @@ PyObject *rf_door_set_shape(Door *d, PyObject *const *args, Py_ssize_t nargs)
         d->next_shape = (d->next_shape + 1) % SHAPE_ENTRIES;
     }
     rf_shape_forget(s);
-    DoorEntry *e = &s->c;
-    e->runner = (Runner *)Py_NewRef(args[0]);
-    e->arg = Py_NewRef(args[1]), e->prep = Py_NewRef(args[2]), e->hot = Py_NewRef(args[3]);
-    e->last_desc = Py_NewRef(args[4]), e->schedule = Py_NewRef(args[5]), e->regions = Py_NewRef(args[6]);
-    e->resume = Py_NewRef(args[7]);
-    e->what = Py_NewRef(args[8]), e->meta = Py_NewRef(args[9]);
+    rf_entry_fill(&s->c, args);
     s->type = Py_NewRef(type), s->xdescr = Py_NewRef(xdescr), s->odescr = odescr ? Py_NewRef(odescr) : NULL;
     s->xnd = xnd, s->ond = ond, s->out = mode;
     memcpy(s->xdims, xdims, sizeof xdims);
