@@ -68,9 +68,7 @@ def stream_key(key: str, j: int) -> str:
 GOODBYE_GRACE_S = 0.25  # a departed peer's last data may trail its goodbye on another socket by this much
 # Small messages on shared memory with a core per rank spin this long without yielding before they sleep, as long
 # as bulk waits (the doorbell's spin budget): a peer bound to another core that is not there yet was preempted for a
-# moment by another process, and a sleeper pays a wake-up (tens of us on a VM) after that moment ends. 2 ranks on a
-# busy 2-vCPU VM, 8-byte all-reduce / broadcast, median over 16 jobs of each job's median time per call: 8.6 / 12.4
-# us with a 50 us spin, 3.0 / 2.7 us with 1 ms
+# moment by another process, and a sleeper pays a wake-up (tens of us on a VM) after that moment ends
 HOT_SPIN_S = 1e-3
 SOCKET_HOT_S = 50e-6  # a socket-only wait polls this long before each further poll yields the core
 # Socket-only waits with a core per rank poll this long before sleeping: a peer that finished its call first
