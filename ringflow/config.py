@@ -38,6 +38,13 @@ def _str(text: str) -> str:
     return text
 
 
+def _check_rounds(text: str) -> str:
+    t = text.strip().lower()
+    if t not in ("auto", "pairs", "log"):
+        raise ValueError(f"not a check pattern: {text!r} (use auto, pairs or log)")
+    return t
+
+
 @dataclass(frozen=True)
 class Knob:
     """One RINGFLOW_* knob: its name, default, parser and meaning."""
@@ -91,6 +98,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in [
     Knob("RECEIVER_CHECK", True, _bool, "1 checks a call's arguments on its first step's messages, adding "
          "zero-byte messages where that step lacks a pair (no separate exchange before the data); 0 opens such "
          "calls with a CHECK exchange. The same on every rank.", "runtime"),
+    Knob("CHECK_ROUNDS", "auto", _check_rounds, "How a communicator of 3 or more ranks checks a call's arguments "
+         "across ranks: `pairs` (every rank hears from every peer in one step), `log` (ceil(log2 n) dissemination "
+         "rounds, which small calls' own messages carry), or `auto` (the one the communicator's cost model prices "
+         "lower, `algorithms.check_rounds`). The same on every rank.", "runtime"),
     Knob("TCP_CONGESTION", "auto", _str, "TCP congestion control of data sockets: `auto` (same-host peers "
          "use cubic or reno, since BBR paces even loopback: +40 us per 64 KiB message after a bulk "
          "transfer; other peers keep the system's), `system`, or a name the kernel offers.", "runtime"),

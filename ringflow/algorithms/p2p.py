@@ -1,19 +1,15 @@
-"""Point-to-point send/recv and the barrier, as schedules.
+"""Point-to-point send/recv as a schedule.
 
 ``p2p`` (sendrecv): rank ``root`` (the sender, default 0) sends its IN to rank ``peer``
 (default root+1), which receives it into OUT; one step, S bytes.
-
-``dissemination`` (barrier, Hensgen/Finkel/Manber): in round k rank r sends a zero-byte
-token to (r+2^k)%n and receives one from (r-2^k)%n. After ceil(log2 n) rounds every rank has
-heard, transitively, from every other rank, for any n.
 """
 from __future__ import annotations
 
 from ..errors import InvalidArgument
-from ._common import blk, ceil_log2, need_root, new_builder, std_layouts
-from .schedule import Buffer, BufferLayout, ChunkRef, Collective, Schedule
+from ._common import blk, need_root, new_builder, std_layouts
+from .schedule import Buffer, Collective, Schedule
 
-IN, OUT, SCR = Buffer.IN, Buffer.OUT, Buffer.SCRATCH
+IN, OUT = Buffer.IN, Buffer.OUT
 
 
 def build_p2p(collective: Collective | str, nranks: int, *, root: int | None = None, peer: int | None = None,
@@ -32,18 +28,3 @@ def build_p2p(collective: Collective | str, nranks: int, *, root: int | None = N
     else:
         b.transfer(0, src, dst, blk(IN, lay[IN], 0), blk(OUT, lay[OUT], 0))
     return b.build()
-
-
-def build_dissemination(collective: Collective | str, nranks: int, **_: object) -> Schedule:
-    """Dissemination barrier: ceil(log2 n) rounds of zero-byte tokens."""
-    c = Collective.parse(collective)
-    n = nranks
-    lay = {IN: BufferLayout(1), OUT: BufferLayout(1), SCR: BufferLayout(1, like=IN)}
-    b = new_builder(c, n, "dissemination", lay, None)
-    token_in, token_scr = ChunkRef(IN, 0), ChunkRef(SCR, 0)
-    for k in range(ceil_log2(n)):
-        d = 1 << k
-        for r in range(n):
-            b.transfer(k, r, (r + d) % n, token_in, token_scr)
-    return b.build()
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import InvalidArgument
+from . import check_rounds
 from .layout import CallShape, buffer_elements, chunk_bounds, ref_bounds
 from .schedule import Buffer, ChunkRef, Op, OpKind, Schedule, is_self_checking
 from .verify_messages import missing, verifiable
@@ -64,15 +65,18 @@ class Plan:
     self_checking: bool
     peers: tuple[int, ...] = field(default=())
     max_xfer_bytes: int = 0
+    # leading steps that are the log-depth check's rounds (`check_rounds`: a disseminating schedule under that
+    # pattern, its rounds completed by zero-byte fillers); 0 otherwise
+    check_rounds: int = 0
 
 
-_PLANS: dict[tuple[int, CallShape, int, bool, bool], tuple[Schedule, Plan]] = {}
+_PLANS: dict[tuple[int, CallShape, int, bool, bool, bool], tuple[Schedule, Plan]] = {}
 _PLANS_MAX = 1024
 
 
 def compile_plan(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:
     """One rank's compiled program for this call shape (cached per schedule object and shape)."""
-    key = (id(schedule), shape, rank, inplace, verifiable(schedule))
+    key = (id(schedule), shape, rank, inplace, verifiable(schedule), check_rounds.log_depth(schedule.nranks))
     hit = _PLANS.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
@@ -185,15 +189,29 @@ class _Compiler:
         extra += [Xfer(OpKind.RECV, p, "c0", Buffer.OUT, 0, 0) for p in frm]
         return StepPlan(step.xfers + tuple(extra), step.locals)
 
+    def fill_rounds(self, steps: list[StepPlan]) -> None:
+        """The zero-byte fillers that complete this rank's log-depth check rounds (`check_rounds.fillers`)."""
+        to, frm = check_rounds.fillers(self.schedule, self.rank)
+        for k, p in to:
+            steps[k] = StepPlan(steps[k].xfers + (Xfer(OpKind.SEND, p, "c0", Buffer.IN, 0, 0),), steps[k].locals)
+        for k, p in frm:
+            steps[k] = StepPlan(steps[k].xfers + (Xfer(OpKind.RECV, p, "c0", Buffer.OUT, 0, 0),), steps[k].locals)
+        self.peers.update(p for _, p in to + frm)
+
     def plan(self) -> Plan:
         steps = [self.step(si, list(ops)) for si, ops in enumerate(self.schedule.steps(self.rank))]
         sch = self.schedule
         verified = verifiable(sch)
         if verified:
             steps[0] = self.verify_messages(steps[0])
+        rounds = 0
+        if check_rounds.log_depth(sch.nranks) and check_rounds.disseminates(sch):
+            self.fill_rounds(steps)
+            rounds = check_rounds.rounds(sch.nranks)
         scratch = buffer_elements(self.shape, sch, Buffer.SCRATCH, self.rank) if Buffer.SCRATCH in sch.layouts else 0
         biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
-        return Plan(tuple(steps), scratch, verified or is_self_checking(sch), tuple(sorted(self.peers)), biggest)
+        checks = rounds > 0 or (verified or is_self_checking(sch)) and not check_rounds.log_depth(sch.nranks)
+        return Plan(tuple(steps), scratch, checks, tuple(sorted(self.peers)), biggest, rounds)
 
 
 def _compile(schedule: Schedule, shape: CallShape, rank: int, inplace: bool) -> Plan:

@@ -20,7 +20,20 @@ from typing import Any
 
 from .. import config
 from ..errors import InvalidArgument, UnknownAlgorithm
-from . import bruck, hierarchical, nccl_collnet, nccl_nvls, nccl_pat, nccl_pxn, p2p, pairwise, param_server, ring, tree
+from . import (
+    bruck,
+    dissemination,
+    hierarchical,
+    nccl_collnet,
+    nccl_nvls,
+    nccl_pat,
+    nccl_pxn,
+    p2p,
+    pairwise,
+    param_server,
+    ring,
+    tree,
+)
 from . import halving_doubling as hd
 from ._common import ceil_log2, pow2_floor
 from .schedule import Collective, Schedule
@@ -269,9 +282,15 @@ _ALGOS: list[AlgorithmInfo] = [
         "p2p", "p2p", "one message from root to peer", p2p.build_p2p, {C.SENDRECV: "steps: 1; bytes per rank: S"},
         {C.SENDRECV: lambda n, s, ch: _cf(1 if n > 1 else 0, 1 if n > 1 else 0)}),
     AlgorithmInfo(
-        "dissemination", "p2p", "dissemination barrier: round k, r signals r+2^k", p2p.build_dissemination,
-        {C.BARRIER: "steps: K; bytes per rank: 0"},
-        {C.BARRIER: lambda n, s, ch: _cf(ceil_log2(n), 0)}),
+        "dissemination", "p2p", "dissemination: round k, r sends to r+2^k (barrier; all-reduce of whole vectors "
+        "summed in rank order; broadcast by binomial doubling), nothing in OUT before the last round",
+        dissemination.build,
+        {C.BARRIER: "steps: K; bytes per rank: 0",
+         C.ALL_REDUCE: "steps: K; bytes per rank: (n-1) S",
+         C.BROADCAST: "steps: K; bytes per rank: K S (the root sends K times)"},
+        {C.BARRIER: lambda n, s, ch: _cf(ceil_log2(n), 0),
+         C.ALL_REDUCE: lambda n, s, ch: _cf(ceil_log2(n), n - 1),
+         C.BROADCAST: lambda n, s, ch: _cf(ceil_log2(n), ceil_log2(n))}),
 ]
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in _ALGOS}

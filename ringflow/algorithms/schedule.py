@@ -28,10 +28,12 @@ Glossary (these words mean exactly this everywhere in ringflow):
 from __future__ import annotations
 
 import enum
+import functools
 import json
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import InvalidArgument, InvalidUsage
 
@@ -388,6 +390,32 @@ class ScheduleBuilder:
                         self.root, self.nchannels, dict(self.params), self.nswitches)
 
 
+T = TypeVar("T")
+MEMO_MAX = 4096   # schedules remembered per memoised property
+
+
+def per_schedule(fn: Callable[[Schedule], T]) -> Callable[[Schedule], T]:
+    """Memoise a property of a schedule's structure per schedule object (schedules are frozen: the same object
+    always gives the same answer; a new object at a freed one's id is told apart by identity)."""
+    memo: dict[int, tuple[Schedule, T]] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def wrapper(schedule: Schedule) -> T:
+        with lock:
+            hit = memo.get(id(schedule))
+        if hit is not None and hit[0] is schedule:
+            return hit[1]
+        value = fn(schedule)
+        with lock:
+            if len(memo) >= MEMO_MAX:
+                memo.clear()
+            memo[id(schedule)] = (schedule, value)
+        return value
+    return wrapper
+
+
+@per_schedule
 def is_self_checking(schedule: Schedule) -> bool:
     """True if step 0 moves exactly one channel-0 message each way between every pair of ranks: the
     runtime then checks the call's arguments on those messages instead of a CHECK exchange first."""

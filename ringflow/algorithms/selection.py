@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from .. import config
 from ..errors import InvalidArgument
-from . import registry, staging, tuner
+from . import check_rounds, registry, staging, tuner
 from .cost import DEFAULT_ALPHA_US, DEFAULT_BETA_GBPS, DEFAULT_MSG_US, schedule_cost, traffic
 from .layout import CallShape
 from .plan import compile_plan
@@ -42,7 +42,7 @@ class CostModel(Protocol):
         ...
 
 
-_LOCAL_BYTES: dict[tuple[int, CallShape, bool, bool], tuple[Schedule, int]] = {}
+_LOCAL_BYTES: dict[tuple[int, CallShape, bool, bool, bool], tuple[Schedule, int]] = {}
 _LOCAL_BYTES_MAX = 4096
 
 
@@ -51,7 +51,7 @@ def local_copy_bytes(schedule: Schedule, shape: CallShape, inplace: bool = False
     (a reduce counted 1.5x: 2 reads, 1 write) and the snapshot copies of sends whose source a receive of
     the same step overwrites (in-place calls). Cached per schedule object, shape, in-place-ness and
     RINGFLOW_RECEIVER_CHECK (which decides the verify messages the plans carry)."""
-    key = (id(schedule), shape, inplace, bool(config.get("RECEIVER_CHECK")))
+    key = (id(schedule), shape, inplace, bool(config.get("RECEIVER_CHECK")), check_rounds.log_depth(schedule.nranks))
     hit = _LOCAL_BYTES.get(key)
     if hit is not None and hit[0] is schedule:
         return hit[1]
@@ -99,11 +99,13 @@ def variants(schedule: Schedule) -> list[Schedule]:
 
 
 def check_messages(schedule: Schedule) -> tuple[int, int]:
-    """(steps, messages) the argument check adds to a call of `schedule`: the CHECK exchange (one step in which
-    every rank sends to and receives from every peer), or the verify messages completing its first step (the
-    most messages any rank then handles in that step, less the most before; a step if that one moved no data);
-    (0, 0) for a self-checking one."""
+    """(steps, messages) the argument check adds to a call of `schedule`: under the log-depth pattern its rounds
+    (`check_rounds.check_cost`); else the CHECK exchange (one step in which every rank sends to and receives from
+    every peer), or the verify messages completing its first step (the most messages any rank then handles in
+    that step, less the most before; a step if that one moved no data); (0, 0) for a self-checking one."""
     n = schedule.nranks
+    if check_rounds.log_depth(n):
+        return check_rounds.check_cost(schedule)
     if opens_with_check(schedule):
         return 1, 2 * (n - 1)
     if not verifiable(schedule):
@@ -242,7 +244,8 @@ def model_decision(coll: Collective, nbytes: int, nranks: int, root: int | None,
                  for v in variants(candidate_schedule(choice, c, coll, nranks, root))]
         pool, scheds = [c for c, _ in pairs], [v for _, v in pairs]
         return decide(flat, pool, scheds, call_shape(coll, nranks, nbytes, dtype_size), inplace, model)
-    return _cached(model, (coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes), price)
+    return _cached(model, (coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, check_rounds.current()),
+                   price)
 
 
 def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
@@ -258,3 +261,61 @@ def pick_schedule(coll: Collective, nbytes: int, nranks: int, root: int | None, 
         return model_decision(coll, nbytes, nranks, root, dtype_size, inplace, single_ring_bytes, model).chosen
     return flat_choice(choice, coll, nranks, root, nbytes, dtype_size, single_channel=nbytes < single_ring_bytes,
                        inplace=inplace)
+
+
+# the calls whose time the argument check's pattern sets: one element (per rank block) of each collective
+PATTERN_CALLS = (Collective.ALL_REDUCE, Collective.BROADCAST, Collective.ALL_GATHER, Collective.REDUCE_SCATTER,
+                 Collective.ALL_TO_ALL)
+
+
+def _smallest_call_us(coll: Collective, nranks: int, model: CostModel | None) -> float:
+    """The predicted time of the smallest call of `coll` on `nranks` ranks as the best of the tuner's RERANK_TOP
+    candidates (each as written and staged, `variants`) prices under the current check pattern: by `model`, or
+    without one at the flat tuner's figures and check price (`check_price_s`; one element's local copies are
+    nothing to price)."""
+    root = 0 if coll.has_root else None
+    nbytes = 4 if coll in (Collective.ALL_REDUCE, Collective.BROADCAST) else 4 * nranks
+    choice = tuner.choose(coll, nbytes, nranks, dtype_size=4, root=root)
+    shape = call_shape(coll, nranks, nbytes, 4)
+    best = float("inf")
+    for c in sorted(candidate_pool(choice, True), key=lambda c: c.time_s)[:RERANK_TOP]:
+        for s in variants(candidate_schedule(choice, c, coll, nranks, root)):
+            t = model.predict_us(s, shape, False) if model is not None else (c.time_s + check_price_s(s)) * 1e6
+            best = min(best, t)
+    return best
+
+
+def pattern_prices_us(nranks: int, model: CostModel | None = None) -> dict[str, float]:
+    """Per check pattern (`check_rounds.PATTERNS`), the summed predicted time of the smallest call of each of
+    PATTERN_CALLS on `nranks` ranks (`_smallest_call_us`)."""
+    out: dict[str, float] = {}
+    for pattern in check_rounds.PATTERNS:
+        with check_rounds.using(pattern):
+            out[pattern] = sum(_smallest_call_us(coll, nranks, model) for coll in PATTERN_CALLS)
+    return out
+
+
+_PATTERNS: dict[tuple[object, ...], tuple[CostModel | None, str]] = {}
+
+
+def pattern_for(nranks: int, model: CostModel | None = None, knob: str | None = None) -> str:
+    """The argument check's pattern for a communicator of `nranks` ranks (`check_rounds`): `knob` (default
+    RINGFLOW_CHECK_ROUNDS) where it names one, else the one `pattern_prices_us` prices lower (ties: pairs;
+    remembered per rank count and model). Every rank computes the same answer from the same model."""
+    if nranks < check_rounds.MIN_RANKS or config.get("CHECKS_DISABLE"):
+        return "pairs"
+    forced = str(config.get("CHECK_ROUNDS") if knob is None else knob)
+    if forced != "auto":
+        return forced
+    key = (nranks, id(model), bool(config.get("RECEIVER_CHECK")), config.get("ALGO"))
+    with _DECISIONS_LOCK:
+        hit = _PATTERNS.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    prices = pattern_prices_us(nranks, model)
+    pattern = "log" if prices["log"] < prices["pairs"] else "pairs"
+    with _DECISIONS_LOCK:
+        if len(_PATTERNS) >= MAX_DECISIONS:
+            _PATTERNS.clear()
+        _PATTERNS[key] = (model, pattern)
+    return pattern

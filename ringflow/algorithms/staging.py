@@ -15,6 +15,7 @@ import threading
 from dataclasses import replace
 
 from .. import config
+from . import check_rounds
 from .schedule import Buffer, BufferLayout, ChunkRef, Op, OpKind, Schedule, Step, is_self_checking
 from .verify_messages import first_step_pairs_complete, verifiable
 
@@ -111,7 +112,7 @@ def staged(schedule: Schedule) -> Schedule | None:
     keeps data undelivered on a mismatch (module docstring); None where it does not apply or is not needed
     (2 ranks, a schedule that checks itself or is verifiable already, RINGFLOW_RECEIVER_CHECK=0). The same
     object for the same schedule."""
-    if not config.get("RECEIVER_CHECK"):
+    if not config.get("RECEIVER_CHECK") or check_rounds.log_depth(schedule.nranks):
         return None
     with _LOCK:
         hit = _CACHE.get(id(schedule))

@@ -12,12 +12,14 @@ That keeps the guarantee "on a mismatch no data is delivered" only where no rank
 peer before another peer's message shows the mismatch: 2 ranks (each hears from one peer), or no first-step
 receive that lands in the user's arrays (IN or OUT); `staging.staged` rewrites a schedule so that its first
 step's receives land in scratch. Other schedules keep the CHECK exchange.
-RINGFLOW_RECEIVER_CHECK=0 turns verify messages off (every rank must use the same setting).
+RINGFLOW_RECEIVER_CHECK=0 turns verify messages off (every rank must use the same setting). Under the log-depth
+check (`check_rounds`) there are no verify messages: calls open with its rounds unless their schedule carries them.
 """
 from __future__ import annotations
 
 from .. import config
-from .schedule import Buffer, OpKind, Schedule, Step, is_self_checking
+from . import check_rounds
+from .schedule import Buffer, OpKind, Schedule, Step, is_self_checking, per_schedule
 
 
 def _pairs(step: Step, kind_is_send: bool) -> list[tuple[int, int]]:
@@ -25,6 +27,7 @@ def _pairs(step: Step, kind_is_send: bool) -> list[tuple[int, int]]:
             and (op.kind == OpKind.SEND if kind_is_send else op.kind.is_recv)]
 
 
+@per_schedule
 def first_step_pairs_complete(schedule: Schedule) -> bool:
     """True if verify messages can complete every rank's first step: it moves at most one message each way per
     peer, all on channel 0 (more, or another channel, is more than verify messages can match)."""
@@ -43,19 +46,28 @@ def verifiable(schedule: Schedule) -> bool:
     """True if this schedule's first step, completed by verify messages, checks every pair of ranks and no rank
     can take data into IN or OUT from one peer before a mismatch with another shows (the module docstring)."""
     n = schedule.nranks
-    if n < 2 or schedule.nswitches or not config.get("RECEIVER_CHECK") or is_self_checking(schedule):
+    if n < 2 or schedule.nswitches or not config.get("RECEIVER_CHECK") or is_self_checking(schedule) or \
+            check_rounds.log_depth(n):
         return False
-    if not first_step_pairs_complete(schedule):
-        return False
-    return n == 2 or not any(op.kind.is_recv and op.dst is not None and op.dst.buffer != Buffer.SCRATCH
-                             for r in range(n) for op in schedule.steps(r)[0])
+    return first_step_pairs_complete(schedule) and (n == 2 or not _first_step_fills_user_arrays(schedule))
+
+
+@per_schedule
+def _first_step_fills_user_arrays(schedule: Schedule) -> bool:
+    return any(op.kind.is_recv and op.dst is not None and op.dst.buffer != Buffer.SCRATCH
+               for r in range(schedule.nranks) for op in schedule.steps(r)[0])
 
 
 def opens_with_check(schedule: Schedule) -> bool:
-    """True if a call of `schedule` opens with the CHECK exchange: its first step neither checks every pair
-    (`schedule.is_self_checking`) nor does once completed by verify messages (argument checks on)."""
-    return schedule.nranks > 1 and not config.get("CHECKS_DISABLE") and not (
-        is_self_checking(schedule) or verifiable(schedule))
+    """True if a call of `schedule` opens with the CHECK exchange (argument checks on): under the pairs pattern
+    where its first step neither checks every pair (`schedule.is_self_checking`) nor does once completed by verify
+    messages, under the log-depth one where its own steps do not carry the rounds (`check_rounds.disseminates`)."""
+    n = schedule.nranks
+    if n < 2 or config.get("CHECKS_DISABLE"):
+        return False
+    if check_rounds.log_depth(n):
+        return not check_rounds.disseminates(schedule)
+    return not (is_self_checking(schedule) or verifiable(schedule))
 
 
 def missing(schedule: Schedule, rank: int) -> tuple[list[int], list[int]]:

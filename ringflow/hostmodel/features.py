@@ -13,7 +13,7 @@ copied): shared-memory messages from the single-copy size up are read by the rec
 `process_vm_readv` (`protocol.CMA_COPY_MIN_BYTES` where the receiver copies a source the sender has not just
 written, `protocol.CMA_MIN_BYTES` otherwise); TCP messages from `executor.STRIPE_MIN_BYTES` up are striped over
 the communicator's streams; a schedule that does not check itself (or that may stripe) runs a check
-exchange with every peer before its data moves.
+exchange with every peer before its data moves, or under the log-depth pattern (`check_rounds`) its rounds.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..algorithms import check_rounds
 from ..algorithms.layout import CallShape
 from ..algorithms.plan import Plan, compile_plan
 from ..algorithms.schedule import Buffer, OpKind, Schedule
@@ -170,12 +171,13 @@ def call_features(schedule: Schedule, shape: CallShape, inplace: bool, transport
     nsteps = max((len(p.steps) for p in plans), default=0)
     striped = transport == "tcp" and tcp_streams() > 1 and max(p.max_xfer_bytes for p in plans) >= STRIPE_MIN_BYTES
     checked = n > 1 and not (plans[0].self_checking and not striped)   # as executor.needs_check
-    off = 1 if checked else 0
+    log = check_rounds.log_depth(n)
+    off = (check_rounds.rounds(n) if log else 1) if checked else 0
     out = np.zeros((nsteps + off, n, len(FEATURES)))
-    if checked:
-        out[0, :, F_STEP] = 1.0
-        out[0, :, F_MSGS] = 2.0 * (n - 1)
-        out[0, :, F_PEERS] = n - 1
+    if checked:   # the check's rounds (one send and one receive each) or its exchange with every peer
+        out[:off, :, F_STEP] = 1.0
+        out[:off, :, F_MSGS] = 2.0 if log else 2.0 * (n - 1)
+        out[:off, :, F_PEERS] = [[len(set(check_rounds.round_peers(n, 0, k)))] for k in range(off)] if log else n - 1
     spare = n <= cores
     streams = tcp_streams()
     isz = shape.itemsize

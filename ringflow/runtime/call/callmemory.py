@@ -124,10 +124,11 @@ class CallMemory:
     """Everything one communicator remembers about calls: the tuner's cost model and choices, compiled plans,
     identity entries, call-shape entries, and the objects called once (weakly)."""
 
-    __slots__ = ("model", "schedules", "prepared", "by_object", "by_shape", "seen", "doors")
+    __slots__ = ("model", "pattern", "rounds", "schedules", "prepared", "by_object", "by_shape", "seen", "doors")
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
+        self.pattern, self.rounds = "pairs", 0   # the argument check's pattern and its rounds (`check_rounds`)
         self.schedules: dict[tuple, Any] = {}
         self.prepared: dict[tuple, Any] = {}
         self.by_object: dict[tuple, IdentityEntry] = {}
@@ -135,9 +136,10 @@ class CallMemory:
         self.seen: dict[tuple, weakref.ref | None] = {}
         self.doors: dict[str, Any] = {}   # collective name -> its Door (fastcall.py): the call remembered last for it
 
-    def reset(self, model: Any = None) -> None:
-        """Forget every remembered choice, plan and entry, and pick with `model` from now on."""
-        self.model = model
+    def reset(self, model: Any = None, pattern: str = "pairs", rounds: int = 0) -> None:
+        """Forget every remembered choice, plan and entry; pick with `model` and check arguments in `pattern`
+        (`rounds` log-depth rounds, 0 for pairs) from now on."""
+        self.model, self.pattern, self.rounds = model, pattern, rounds
         for d in (self.schedules, self.prepared, self.by_object, self.by_shape, self.seen):
             d.clear()
         for door in self.doors.values():

@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from ... import config
+from ...algorithms import check_rounds
 from ...algorithms.layout import CallShape, partitioned
 from ...algorithms.plan import compile_plan
 from ...algorithms.schedule import Buffer, Collective, Schedule
-from ...algorithms.selection import CostModel, pick_schedule
+from ...algorithms.selection import CostModel, pattern_for, pick_schedule
 from ...errors import Aborted, InvalidArgument, InvalidUsage, RemoteError, RingflowError, RingflowSystemError, Timeout
 from .. import native
 from ..job.plugins import load_cost_model
@@ -101,6 +102,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._fast_doors()
         # knobs are read once, when the communicator is created (as NCCL does)
         self._checks = not config.get("CHECKS_DISABLE")
+        self._check_knob = str(config.get("CHECK_ROUNDS"))
         self._algo_knob, self._nch_knob = config.get("ALGO"), config.get("NCHANNELS")
         self._streams = int(self._nch_knob) if int(self._nch_knob) > 0 else TCP_STREAMS
         self._ll_bytes = int(config.get("LL_THRESHOLD"))
@@ -128,7 +130,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             self._transport = Transport(job=shared.job, uid=self.uid, rank=rank, cards=cards,
                                         secret=shared.secret, tos=shared.tos, listener=self._listener,
                                         shm_disabled=bool(config.get("SHM_DISABLE")), buffsize=buffsize())
-            self._mem.reset(self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards))
+            self._reset_memory(self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards))
         except BaseException:
             self._teardown()
             raise
@@ -182,7 +184,13 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if model is not None and not model.supports(self.size):
             raise InvalidArgument(f"the cost model was not calibrated for {self.size} ranks",
                                   "calibrate with the communicator's size among --ranks")
-        self._mem.reset(model)
+        self._reset_memory(model)
+
+    def _reset_memory(self, model: CostModel | None) -> None:
+        """Forget every remembered call; pick with `model` from now on, and check arguments in the pattern that
+        model prices lower (`selection.pattern_for`; RINGFLOW_CHECK_ROUNDS, read at creation, may force one)."""
+        pattern = pattern_for(self.size, model, self._check_knob) if self._checks else "pairs"
+        self._mem.reset(model, pattern, check_rounds.rounds(self.size) if pattern == "log" else 0)
 
     def bind_thread(self) -> None:
         """Make the calling thread the one that makes this communicator's calls from now on (a communicator serves
@@ -300,6 +308,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             raise err from None
         except InvalidArgument as exc:
             d = exc.detail
+            if lane == LANE_COLL and d is not None and "relayed_to" in d:
+                self._watchdog.tell_call(*self._last_call)   # the rank that found it may wait for this rank's call
             if lane != LANE_COLL or d is None or d.get("reason") != "mismatch" or "rank" in d:
                 raise
             from .calltext import both_calls
@@ -369,7 +379,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if s is not None:
             return s
         from ... import config as _cfg
-        with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob):
+        with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob), check_rounds.using(mem.pattern):
             s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes,
                               mem.model)
         if len(mem.schedules) >= MAX_SCHEDULES:
@@ -387,7 +397,8 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
     def _prepare(self, schedule: Schedule, coll: Collective, count: int, dtype: np.dtype, opname: str | None,
                  root: int | None, inplace: bool, splits: tuple[tuple[int, ...], ...] | None) -> _Prepared:
         shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
-        plan = compile_plan(schedule, shape, self.rank, inplace)
+        with check_rounds.using(self._mem.pattern):
+            plan = compile_plan(schedule, shape, self.rank, inplace)
         sig = call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels)
         desc = describe(coll.value, count, dtype, opname, root, schedule.algorithm)
         return _Prepared(schedule, plan, sig, desc, UFUNCS.get(opname or "sum", np.add),
@@ -416,7 +427,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._op_seq += 1
         self._last_call, self._in_call = (seq, prep.desc), True
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
-                          self.rank, self._checks, self._streams)
+                          self.rank, self._checks, self._streams, self._mem.rounds)
         small = ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes
         if self._native:
             hot = prep.hot
@@ -494,7 +505,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if self._failure is None or not isinstance(self._failure, Aborted):
             self._failure = Aborted(f"communicator aborted by rank {self.rank}",
                                     "create a new communicator (or shrink) to continue")
-        self._mem.reset(self._mem.model)
+        self._mem.reset(self._mem.model, self._mem.pattern, self._mem.rounds)
         for b in self._bells:
             doorbell.ring(b.address)
         self._watchdog.broadcast(Kind.ABORT)

@@ -14,7 +14,8 @@ compiler completes with zero-byte verify messages (algorithms.verify_messages: a
 receiver answers its root in the same step). Other plans open with a CHECK exchange of the call
 description. Either way every rank hears from every peer before data reaches the user's arrays, so
 disagreeing ranks all raise InvalidArgument, and every message posted is consumed: the communicator
-stays usable.
+stays usable. Under the log-depth pattern (`algorithms.check_rounds`, `checkrounds`) the same holds after
+ceil(log2 n) rounds of one message each way, which a disseminating plan's own first steps carry.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from ..native import copy_into
 from ..transport import doorbell
 from ..transport.base import Mismatch, Sink, XferOp
 from ..transport.frames import Kind
+from . import checkrounds
 from .calltext import hint
 
 if TYPE_CHECKING:
@@ -227,19 +229,24 @@ class CallContext:
     """What a run needs besides the plan."""
 
     __slots__ = ("transport", "waiter", "sig", "op_seq", "description", "deadline", "nranks", "rank", "checks",
-                 "streams", "ll")
+                 "streams", "ll", "check_rounds")
 
     def __init__(self, transport: Transport, waiter: Waiter, sig: int, op_seq: int, description: str, deadline: float,
-                 nranks: int, rank: int, checks: bool, streams: int = 1) -> None:
+                 nranks: int, rank: int, checks: bool, streams: int = 1, check_rounds: int = 0) -> None:
         self.transport, self.waiter, self.sig, self.op_seq = transport, waiter, sig, op_seq
         self.description, self.deadline, self.nranks, self.rank, self.checks = \
             description, deadline, nranks, rank, checks
         self.streams = streams
         self.ll = True  # latency mode (set per call from RINGFLOW_LL_THRESHOLD)
+        self.check_rounds = check_rounds  # K under the log-depth check pattern (`algorithms.check_rounds`), else 0
 
 
 def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
-    """Send this call's description to every peer and compare theirs (CHECK frames on channel 0)."""
+    """Send this call's description to every peer and compare theirs (CHECK frames on channel 0); under the log-depth
+    pattern, to one peer a round (`checkrounds`)."""
+    if ctx.check_rounds:
+        checkrounds.run_rounds(ctx, 0, None)
+        return
     t = ctx.transport
     payload = np.frombuffer(ctx.description.encode(), dtype=np.uint8)
     ops: list[XferOp] = []
@@ -340,6 +347,8 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
             drive(ops + rops if ops else rops, ctx.waiter, ctx.deadline, "collective step", ctx.ll)
             for op in rops:
                 if op.mismatch is not None:
+                    if si < plan.check_rounds:
+                        raise checkrounds.after_mismatch(ctx, si, op.mismatch)
                     raise step_mismatch(op.mismatch, ctx, si, check)
         for is_copy, dst, src in locs:
             if is_copy:

@@ -17,15 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from ...algorithms.check_rounds import round_peers
 from ...algorithms.plan import Plan, StepPlan
 from ...algorithms.schedule import Buffer, OpKind
-from ...errors import ProtocolError
+from ...errors import InvalidArgument, ProtocolError
 from .. import native
 from ..transport import cma
 from ..transport.base import Mismatch
 from ..transport.frames import Kind
 from ..transport.protocol import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID
 from ..transport.shm import ShmIn, ShmOut
+from . import checkrounds
 from .executor import GOODBYE_GRACE_S, CallContext, departed, needs_check, step_mismatch, timed_out
 from .ops import BFLOAT16
 
@@ -179,33 +181,39 @@ def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: 
     return r.plan(dtype, opname, conns)
 
 
-def build_check(transport: Any, peers: list[int], description: str, deadline: float) -> NativePlan | bool | None:
-    """The argument check as a native plan: this call's description to every peer, theirs compared."""
+def build_check(transport: Any, steps: list[tuple[Any, Any]], description: str,
+                deadline: float) -> NativePlan | bool | None:
+    """The argument check as a native plan: per step (peers or a peer to send to, peers or a peer to receive from:
+    all in one step, or one per log-depth round) this call's description sent, theirs compared."""
     if not native.hot_available():
         return UNSUITED
-    outs = [transport.out(p, "c0", deadline) for p in peers]
-    ins = [transport.inn(p, "c0") for p in peers]
-    ready = _drivable(outs + ins)
-    if ready is not True:
-        return ready
     r = _Rows()
+    conns: list[Any] = []
     payload = np.frombuffer(description.encode(), dtype=np.uint8).copy()
-    for c in outs:
-        r.add(T_SEND, kind=int(Kind.CHECK), peer=c.peer, conn=c, dst=(OWN, 0), nbytes=payload.size,
-              cma_min=CMA_MIN_BYTES)
-    for c in ins:
-        r.add(T_RECV, kind=int(Kind.CHECK), peer=c.peer, conn=c, want=-1)
-    r.end_step()
-    return r.plan(np.dtype(np.uint8), None, outs + ins, own=payload)
+    for to, frm in steps:
+        outs = [transport.out(p, "c0", deadline) for p in (to if isinstance(to, list) else [to])]
+        ins = [transport.inn(p, "c0") for p in (frm if isinstance(frm, list) else [frm])]
+        ready = _drivable(outs + ins)
+        if ready is not True:
+            return ready
+        conns += outs + ins
+        for c in outs:
+            r.add(T_SEND, kind=int(Kind.CHECK), peer=c.peer, conn=c, dst=(OWN, 0), nbytes=payload.size,
+                  cma_min=CMA_MIN_BYTES)
+        for c in ins:
+            r.add(T_RECV, kind=int(Kind.CHECK), peer=c.peer, conn=c, want=-1)
+        r.end_step()
+    return r.plan(np.dtype(np.uint8), None, conns, own=payload)
 
 
 class Prepared:
-    """The native plans of one call shape: the steps, and the argument check where the steps do not check."""
+    """The native plans of one call shape: the steps, and the argument check where the steps do not check;
+    `rounds`: the steps' leading log-depth check rounds (`Plan.check_rounds`)."""
 
-    __slots__ = ("steps", "check")
+    __slots__ = ("steps", "check", "rounds")
 
-    def __init__(self, steps: NativePlan, check: NativePlan | None) -> None:
-        self.steps, self.check = steps, check
+    def __init__(self, steps: NativePlan, check: NativePlan | None, rounds: int = 0) -> None:
+        self.steps, self.check, self.rounds = steps, check, rounds
 
 
 def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None,
@@ -216,11 +224,20 @@ def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None,
         return steps
     check = None
     if needs_check(plan, ctx):
-        c = build_check(ctx.transport, [p for p in range(ctx.nranks) if p != ctx.rank], ctx.description, ctx.deadline)
+        rounds = [round_peers(ctx.nranks, ctx.rank, k) for k in range(ctx.check_rounds)]
+        c = build_check(ctx.transport, rounds or [([p for p in range(ctx.nranks) if p != ctx.rank],) * 2],
+                        ctx.description, ctx.deadline)
         if not isinstance(c, NativePlan):
             return c
         check = c
-    return Prepared(steps, check)
+    return Prepared(steps, check, plan.check_rounds)
+
+
+def check_failed(ctx: CallContext, bad: list[tuple[int, Mismatch]]) -> InvalidArgument:
+    """The error of an argument check that found a message of another call (in its round `bad[0][0]` under the
+    log-depth pattern, whose later rounds relay it first)."""
+    si, mismatch = bad[0]
+    return checkrounds.after_mismatch(ctx, si, mismatch) if ctx.check_rounds else mismatch.error(ctx.description)
 
 
 def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes) -> None:
@@ -228,7 +245,7 @@ def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans
     if prep.check is not None:
         bad = run(prep.check, ctx, bases, spans)
         if bad:
-            raise bad[0][1].error(ctx.description)
+            raise check_failed(ctx, bad)
     prep.steps.hp.reset()
     resume(prep, ctx, bases, spans, None)
 
@@ -239,6 +256,8 @@ def resume(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans:
     bad = _drive(prep.steps, ctx, bases, spans, rc)
     if bad:
         si, mismatch = bad[0]
+        if si < prep.rounds:
+            raise checkrounds.after_mismatch(ctx, si, mismatch)
         raise step_mismatch(mismatch, ctx, si, prep.check is not None)
 
 
@@ -287,7 +306,7 @@ def resume_call(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], s
         assert prep.check is not None   # only a runner with a check exchange returns these
         bad = _drive(prep.check, ctx, bases, spans, rc - CHECK_RC)
         if bad:
-            raise bad[0][1].error(ctx.description)
+            raise check_failed(ctx, bad)
         prep.steps.hp.reset()
         steps_rc = None
     resume(prep, ctx, bases, spans, steps_rc)

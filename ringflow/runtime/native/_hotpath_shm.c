@@ -253,7 +253,8 @@ int rf_recv_progress(HotPlan *p, hop_t *o, uint64_t sig)
             n = o->slice;
         const char *slot = o->slots + (h % o->nslots) * o->slot_bytes;
         if (o->drain) {
-            if ((b[5] & 0xFFFFFFFFull) == KIND_CHECK && o->detail_len < DETAIL_MAX) {
+            uint64_t kind = b[5] & 0xFFFFFFFFull;   /* a peer's call or a relayed finding: kept as the detail */
+            if ((kind == KIND_CHECK || kind == KIND_RELAY) && o->detail_len < DETAIL_MAX) {
                 int64_t k = DETAIL_MAX - o->detail_len < n ? DETAIL_MAX - o->detail_len : n;
                 memcpy(o->detail + o->detail_len, slot, (size_t)k);
                 o->detail_len += k;

@@ -22,6 +22,7 @@
 #define RF_REF_CMA 4294967295ull
 #define RF_KIND_DATA 1ull
 #define RF_KIND_CHECK 2ull
+#define RF_KIND_RELAY 11ull
 #define RF_DETAIL_MAX 4096ull
 #define RF_ZERO_COPY_MIN_BYTES 65536ull
 #define RF_CMA_MIN_BYTES 2097152ull
@@ -55,6 +56,7 @@
     X(REF_CMA) \
     X(KIND_DATA) \
     X(KIND_CHECK) \
+    X(KIND_RELAY) \
     X(DETAIL_MAX) \
     X(ZERO_COPY_MIN_BYTES) \
     X(CMA_MIN_BYTES) \

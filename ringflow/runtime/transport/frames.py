@@ -44,6 +44,7 @@ class Kind(enum.IntEnum):
     ERROR = 8
     STATUS_QUERY = 9  # a rank whose call timed out asks every peer what it is doing
     STATUS = 10       # the answer: the peer's last collective (JSON: op_seq, call, in_call)
+    RELAY = 11        # a mismatch relayed in the log-depth argument check's rounds (JSON: who found what)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ H_FLAG, H_SEQ, H_TOTAL, H_OFF, H_SIG, H_KIND, H_OP_SEQ, H_TAG = range(HDR_WORDS)
 DATA_OFF = 4096
 MAX_SLOTS = (DATA_OFF - SLOT_HDR_WORD * 8) // (HDR_WORDS * 8)
 REF_CMA = 0xFFFFFFFF  # the region field (id + 1) of a message sent by address (single copy)
-KIND_DATA, KIND_CHECK = 1, 2  # transport.frames.Kind's values the shared-memory path carries
+KIND_DATA, KIND_CHECK, KIND_RELAY = 1, 2, 11  # transport.frames.Kind's values the shared-memory path carries
 DETAIL_MAX = 4096  # bytes of a mismatched argument-check message a receiver keeps (the peer's call, in words)
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # smaller messages are cheaper to copy than to hand over by reference
@@ -62,9 +62,9 @@ CMA_CHUNK_BYTES, CMA_LARGE_CHUNK_BYTES, CMA_LARGE_CHUNK_FROM_BYTES = 512 * 1024,
 # the names the C header defines (RF_<name>), in order
 C_NAMES = ("MAGIC_WORD", "W_MAGIC", "W_NSLOTS", "W_SLOTB", "W_ADDR", "W_PID", "W_TAIL", "W_SWAIT", "W_RWAIT",
            "W_CMA", "W_SHEAD", "W_SSEQ", "W_RSEQ", "SLOT_HDR_WORD", "HDR_WORDS", "DATA_OFF", "MAX_SLOTS",
-           "REF_CMA", "KIND_DATA", "KIND_CHECK", "DETAIL_MAX", "ZERO_COPY_MIN_BYTES", "CMA_MIN_BYTES",
-           "CMA_COPY_MIN_BYTES", "PIPELINE_MIN_BYTES", "MIN_SLICE_BYTES", "SLICES_PER_SLOT_MESSAGE", "CMA_CHUNK_BYTES",
-           "CMA_LARGE_CHUNK_BYTES", "CMA_LARGE_CHUNK_FROM_BYTES")
+           "REF_CMA", "KIND_DATA", "KIND_CHECK", "KIND_RELAY", "DETAIL_MAX", "ZERO_COPY_MIN_BYTES",
+           "CMA_MIN_BYTES", "CMA_COPY_MIN_BYTES", "PIPELINE_MIN_BYTES", "MIN_SLICE_BYTES", "SLICES_PER_SLOT_MESSAGE",
+           "CMA_CHUNK_BYTES", "CMA_LARGE_CHUNK_BYTES", "CMA_LARGE_CHUNK_FROM_BYTES")
 HEADER_PATH = "ringflow/runtime/native/_protocol.h"  # relative to the repository root
 
 

@@ -460,7 +460,7 @@ class ShmRecv(XferOp):
                                 "a peer process is corrupt or from another ringflow version")
         n = min(self.slice, total - off)
         if self.drain:
-            if c[b + 5] & 0xFFFFFFFF == Kind.CHECK and len(self.detail) < DETAIL_MAX:
+            if c[b + 5] & 0xFFFFFFFF in (Kind.CHECK, Kind.RELAY) and len(self.detail) < DETAIL_MAX:
                 self.detail += slot[:min(n, DETAIL_MAX - len(self.detail))].tobytes()
         elif n:
             assert self.sink is not None  # _first drains when there is no sink
