@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...algorithms.check_rounds import round_peers
 from ...algorithms.plan import Plan
 from ...algorithms.schedule import Buffer, OpKind
-from ...errors import RemoteError, RingflowError, Timeout
+from ...errors import InvalidArgument, RemoteError, RingflowError, Timeout
 from .. import native
 from ..logs import trace_step, tracing
 from ..native import copy_into
@@ -245,7 +246,7 @@ def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
     """Send this call's description to every peer and compare theirs (CHECK frames on channel 0); under the log-depth
     pattern, to one peer a round (`checkrounds`)."""
     if ctx.check_rounds:
-        checkrounds.run_rounds(ctx, 0, None)
+        check_rounds_from(ctx, 0, None)
         return
     t = ctx.transport
     payload = np.frombuffer(ctx.description.encode(), dtype=np.uint8)
@@ -256,6 +257,35 @@ def check_exchange(ctx: CallContext, peers: range | list[int]) -> None:
                            for p in peers]
     drive(ops + recvs, ctx.waiter, ctx.deadline, "argument check", ctx.ll)
     _raise_mismatch(recvs, ctx)
+
+
+def check_rounds_from(ctx: CallContext, start: int, finding: checkrounds.Finding | None) -> None:
+    """Rounds `start` .. K-1 of the log-depth check on the Python transport (`checkrounds`): this call's
+    description to (r+2^k)%n, or RELAY frames once a round found a mismatch (`finding`), the message from
+    (r-2^k)%n compared; the finding's error, on every rank, after the last round."""
+    t = ctx.transport
+    desc = np.frombuffer(ctx.description.encode(), dtype=np.uint8)
+    for k in range(start, ctx.check_rounds):
+        to, frm = round_peers(ctx.nranks, ctx.rank, k)
+        out = t.out(to, "c0", ctx.deadline)
+        send = out.send(desc, Kind.CHECK, ctx.sig, ctx.op_seq, 0) if finding is None else \
+            out.send(finding.payload(), Kind.RELAY, ctx.sig, ctx.op_seq, 0)
+        recv = t.inn(frm, "c0").recv(None, -1, ctx.sig, check=True, op_seq=ctx.op_seq, tag=0)
+        drive([send, recv], ctx.waiter, ctx.deadline, "argument check", ctx.ll)
+        if recv.mismatch is not None and finding is None:
+            finding = checkrounds.finding_of(recv.mismatch, ctx)
+    if finding is not None:
+        raise finding.error(ctx)
+
+
+def after_mismatch(ctx: CallContext, step: int, mismatch: Mismatch) -> InvalidArgument:
+    """The error of a call whose log-depth check round `step` received `mismatch`: the later rounds relay the
+    finding first (`check_rounds_from`), so every rank raises it."""
+    try:
+        check_rounds_from(ctx, step + 1, checkrounds.finding_of(mismatch, ctx))
+    except InvalidArgument as exc:
+        return exc
+    raise AssertionError("check_rounds_from returns only without a finding")   # pragma: no cover
 
 
 def _raise_mismatch(recvs: list[XferOp], ctx: CallContext) -> None:
@@ -348,7 +378,7 @@ def run_bound(bound: Bound, ctx: CallContext, ufunc: Callable) -> None:
             for op in rops:
                 if op.mismatch is not None:
                     if si < plan.check_rounds:
-                        raise checkrounds.after_mismatch(ctx, si, op.mismatch)
+                        raise after_mismatch(ctx, si, op.mismatch)
                     raise step_mismatch(op.mismatch, ctx, si, check)
         for is_copy, dst, src in locs:
             if is_copy:

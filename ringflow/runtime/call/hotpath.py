@@ -27,8 +27,7 @@ from ..transport.base import Mismatch
 from ..transport.frames import Kind
 from ..transport.protocol import CMA_COPY_MIN_BYTES, CMA_MIN_BYTES, W_PID
 from ..transport.shm import ShmIn, ShmOut
-from . import checkrounds
-from .executor import GOODBYE_GRACE_S, CallContext, departed, needs_check, step_mismatch, timed_out
+from .executor import GOODBYE_GRACE_S, CallContext, after_mismatch, departed, needs_check, step_mismatch, timed_out
 from .ops import BFLOAT16
 
 T_SEND, T_RECV, T_RECV_REDUCE, T_COPY, T_REDUCE = range(5)
@@ -237,7 +236,7 @@ def check_failed(ctx: CallContext, bad: list[tuple[int, Mismatch]]) -> InvalidAr
     """The error of an argument check that found a message of another call (in its round `bad[0][0]` under the
     log-depth pattern, whose later rounds relay it first)."""
     si, mismatch = bad[0]
-    return checkrounds.after_mismatch(ctx, si, mismatch) if ctx.check_rounds else mismatch.error(ctx.description)
+    return after_mismatch(ctx, si, mismatch) if ctx.check_rounds else mismatch.error(ctx.description)
 
 
 def execute(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans: bytes) -> None:
@@ -257,7 +256,7 @@ def resume(prep: Prepared, ctx: CallContext, bases: tuple[int, int, int], spans:
     if bad:
         si, mismatch = bad[0]
         if si < prep.rounds:
-            raise checkrounds.after_mismatch(ctx, si, mismatch)
+            raise after_mismatch(ctx, si, mismatch)
         raise step_mismatch(mismatch, ctx, si, prep.check is not None)
 
 
