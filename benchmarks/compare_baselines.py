@@ -257,13 +257,17 @@ def run_mpi(spec: dict, n: int, tcp: bool, timeout_s: float) -> list[dict]:
 
 
 # ------------------------------------------------------------------ ringflow
-def run_ringflow(spec: dict, n: int, tcp: bool, timeout_s: float) -> list[dict]:
-    """ringflow's own benchmark on n ranks (shared memory, or TCP over loopback only)."""
+def run_ringflow(spec: dict, n: int, tcp: bool, timeout_s: float, log_rounds: bool = False) -> list[dict]:
+    """ringflow's own benchmark on n ranks (shared memory, or TCP over loopback only; `log_rounds`: under the
+    log-depth argument check, RINGFLOW_CHECK_ROUNDS=log)."""
     from ringflow.runtime.bench import launch
     extra = {"RINGFLOW_SHM_DISABLE": "1", "RINGFLOW_SOCKET_IFNAME": "=lo"} if tcp else {}
+    if log_rounds:
+        extra["RINGFLOW_CHECK_ROUNDS"] = "log"
     got = launch(",".join(spec["collectives"]), n, 0, 0, sizes=spec["sizes"], iters=4 if spec["quick"] else 0,
                  timeout_s=timeout_s, extra_env=extra, algo=spec.get("algo"))
-    return [_row("ringflow-tcp" if tcp else "ringflow", r["collective"], n, r["size_bytes"], r["time_us"] / 1e6)
+    lib = "ringflow-tcp" if tcp else "ringflow-log" if log_rounds else "ringflow"
+    return [_row(lib, r["collective"], n, r["size_bytes"], r["time_us"] / 1e6)
             | {"algorithm": r.get("algorithm")} for r in got]
 
 
@@ -361,7 +365,7 @@ def median_rounds(rows: list[dict]) -> list[dict]:
 
 def print_table(rows: list[dict], bounds: dict) -> None:
     """One table: time / busbw per library, ratios of ringflow to each baseline."""
-    libs = ["ringflow", "openmpi", "gloo", "ringflow-tcp", "openmpi-tcp"]
+    libs = ["ringflow", "ringflow-log", "openmpi", "gloo", "ringflow-tcp", "openmpi-tcp"]
     key = {}
     for r in rows:
         if "error" not in r:
@@ -370,7 +374,7 @@ def print_table(rows: list[dict], bounds: dict) -> None:
                     key=lambda c: (c[1], COLLS.index(c[0]) if c[0] in COLLS else 9, c[2]))
     present = [lib for lib in libs if any(k[3] == lib for k in key)]
     head = f"{'collective':<15}{'n':>2} {'size':>7} " + "".join(f"{lib + ' us':>17}{'busbw':>8}" for lib in present)
-    head += f"{'rf/mpi':>8}{'rf/gloo':>8}{'tcp/mpi':>8}"
+    head += f"{'rf/mpi':>8}{'log/mpi':>8}{'rf/gloo':>8}{'tcp/mpi':>8}"
     print(head)
     print("-" * len(head))
     for coll, n, size in combos:
@@ -382,7 +386,8 @@ def print_table(rows: list[dict], bounds: dict) -> None:
         def ratio(a: str, b: str, coll: str = coll, n: int = n, size: int = size) -> str:
             ra, rb = key.get((coll, n, size, a)), key.get((coll, n, size, b))
             return f"{rb['time_us'] / ra['time_us']:>8.2f}" if ra and rb else f"{'':>8}"
-        line += ratio("ringflow", "openmpi") + ratio("ringflow", "gloo") + ratio("ringflow-tcp", "openmpi-tcp")
+        line += ratio("ringflow", "openmpi") + ratio("ringflow-log", "openmpi") + ratio("ringflow", "gloo") + \
+            ratio("ringflow-tcp", "openmpi-tcp")
         print(line)
     print("ratios are speed-ups (baseline time / ringflow time; > 1 means ringflow is faster)")
     print(f"copy rate of one core: {bounds['copy_GBps']:.2f} GB/s; cores: {bounds['cores']}")
@@ -490,6 +495,8 @@ def main() -> int:
     ap.add_argument("--no-tcp", action="store_true", help="skip the TCP-only comparison")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--algo", default=None, help="RINGFLOW_ALGO for ringflow")
+    ap.add_argument("--log-rounds", action="store_true",
+                    help="also time ringflow under the log-depth argument check (RINGFLOW_CHECK_ROUNDS=log)")
     ap.add_argument("--json", default=None, help="write rows, bounds and targets here")
     ap.add_argument("--plot", default=None, help="write time vs size per collective (PNG) here")
     ap.add_argument("--timeout", type=float, default=900.0)
@@ -515,6 +522,9 @@ def main() -> int:
             tag = f" (round {k + 1}/{rounds})"
             print(f"== {n} ranks: ringflow{tag}", file=sys.stderr)
             rows += run_ringflow(spec, n, False, args.timeout)
+            if args.log_rounds and n >= 3:
+                print(f"== {n} ranks: ringflow, log-depth check{tag}", file=sys.stderr)
+                rows += run_ringflow(spec, n, False, args.timeout, log_rounds=True)
             if have_mpi:
                 print(f"== {n} ranks: Open MPI (vader){tag}", file=sys.stderr)
                 rows += run_mpi(spec, n, False, args.timeout)

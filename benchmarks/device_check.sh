@@ -22,6 +22,9 @@ if [ "$what" = runtime ] || [ "$what" = all ]; then
         timeout 150 python3 benchmarks/compare_baselines.py --nranks "$n" --sizes 8B,64KiB,1MiB,64MiB --rounds 3 \
             --no-gloo $tcp --json "$out/runtime-$n.json" --plot "$out/runtime-$n.png" 2>&1 | tee "$out/runtime-$n.txt"
     done
+    # small calls under both argument-check patterns (pairs: the default; log: RINGFLOW_CHECK_ROUNDS=log)
+    timeout 150 python3 benchmarks/compare_baselines.py --nranks 4,8,16 --sizes 8B,64KiB --rounds 3 --log-rounds \
+        --no-gloo --no-tcp --json "$out/runtime-log.json" 2>&1 | tee "$out/runtime-log.txt"
     RINGFLOW_FLIGHT_RECORDER=0 timeout 60 python3 benchmarks/call_overhead.py --nranks 2,4,8,16 --parts \
         --json "$out/overhead.json" 2>&1 | tee "$out/overhead.txt"
     timeout 30 python3 benchmarks/torch_backend.py --per-call --breakdown -o "$out/torch_per_call.json" 2>&1 \
