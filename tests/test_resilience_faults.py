@@ -26,10 +26,15 @@ def _segments(job_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("transport,n,victims", [("shm", 3, [1]), pytest.param("tcp", 3, [1], marks=pytest.mark.long),
-                                                  pytest.param("shm", 4, [0, 2], marks=pytest.mark.long)])
+                                                  pytest.param("shm", 4, [0, 2], marks=pytest.mark.long),
+                                                  pytest.param("shm-log", 4, [2], marks=pytest.mark.long)])
 def test_killed_ranks_are_named_by_every_survivor_who_then_shrink_and_continue(tmp_path: Path, transport: str,
                                                                                n: int, victims: list[int]) -> None:
-    env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else {}
+    # shm-log: every call checks its arguments in log-depth rounds (RINGFLOW_CHECK_ROUNDS=log), the shrunk
+    # communicator too
+    env = {"RINGFLOW_SHM_DISABLE": "1"} if transport == "tcp" else \
+        {"RINGFLOW_CHECK_ROUNDS": "log"} if transport == "shm-log" else {}
+    transport = transport.removesuffix("-log")
     survivors = [r for r in range(n) if r not in victims]
     orphan = transport == "shm" and victims == [1]  # rank 1 leaves a segment rank 0 never maps
     alloc = len(victims) > 1  # buffers from comm.alloc: zero-copy sends, and named regions the victims leave
