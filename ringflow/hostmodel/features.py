@@ -170,7 +170,7 @@ def call_features(schedule: Schedule, shape: CallShape, inplace: bool, transport
     plans = [compile_plan(schedule, shape, r, inplace) for r in range(n)]
     nsteps = max((len(p.steps) for p in plans), default=0)
     striped = transport == "tcp" and tcp_streams() > 1 and max(p.max_xfer_bytes for p in plans) >= STRIPE_MIN_BYTES
-    checked = n > 1 and not (plans[0].self_checking and not striped)   # as executor.needs_check
+    checked = n > 1 and not (plans[0].self_checking and (plans[0].check_rounds or not striped))   # as needs_check
     log = check_rounds.log_depth(n)
     off = (check_rounds.rounds(n) if log else 1) if checked else 0
     out = np.zeros((nsteps + off, n, len(FEATURES)))

@@ -315,10 +315,12 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
     dtype = arrays[Buffer.OUT].dtype if Buffer.OUT in arrays else arrays[Buffer.IN].dtype
     isz = dtype.itemsize
     steps = []
-    for step in plan.steps:
+    for si, step in enumerate(plan.steps):
         sends, recvs, locs = [], [], []
         for x in step.xfers:
-            parts = stripes(x.nbytes, isz, ctx.streams) if t.kind(x.peer) == "tcp" else ((0, x.nbytes),)
+            # a check round's message is one frame: its receiver checks the header before any byte lands
+            tcp = t.kind(x.peer) == "tcp" and si >= plan.check_rounds
+            parts = stripes(x.nbytes, isz, ctx.streams) if tcp else ((0, x.nbytes),)
             for j, (po, pn) in enumerate(parts):
                 key = x.key if j == 0 else stream_key(x.key, j)
                 if x.kind == OpKind.SEND:
@@ -344,8 +346,12 @@ def bind(plan: Plan, ctx: CallContext, arrays: dict[Buffer, np.ndarray], ufunc: 
 
 def needs_check(plan: Plan, ctx: CallContext) -> bool:
     """True if the call opens with the CHECK exchange: its plan's first step does not check every pair of ranks,
-    or may stripe a transfer over several TCP streams (safe only once every rank agreed on the sizes)."""
+    or may stripe a transfer over several TCP streams (safe only once every rank agreed on the sizes). A plan
+    whose first steps are the log-depth check's rounds never opens with it (nothing in them is striped, and
+    every rank, whatever its peers' transports, must run the same rounds)."""
     if not ctx.checks or ctx.nranks < 2:
+        return False
+    if plan.check_rounds:
         return False
     if not plan.self_checking:
         return True
