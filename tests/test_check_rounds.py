@@ -112,6 +112,24 @@ def test_the_check_pattern_is_the_one_the_cost_model_prices_lower(n: int) -> Non
         assert s.algorithm == "dissemination" and check_messages(s) == (0, 0)
 
 
+def test_algo_choose_calibrated_names_the_pattern_the_host_model_picks(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    from ringflow.cli import main
+    from ringflow.hostmodel.features import cache_sizes
+    from ringflow.hostmodel.model import HostCostModel, HostParams
+    for name, params, want, algo in (
+            ("steps", HostParams(call_us=2.0, step_us=10.0, msg_us=0.16), "pairs", "one_shot"),
+            ("msgs", HostParams(call_us=2.0, step_us=1.0, msg_us=1.2, peer_us=0.3), "log", "dissemination")):
+        path = tmp_path / f"{name}.json"
+        HostCostModel("shm", params, 16, (2, 4, 8, 16), cache_sizes(), 1.1).save(str(path))
+        with pytest.raises(SystemExit) as exc:
+            main(["algo", "choose", "all_reduce", "--size", "8", "-n", "16", "--calibrated", str(path), "--json"])
+        assert exc.value.code == 0
+        got = json.loads(capsys.readouterr().out)
+        prices = got["check_pattern_prices_us"]
+        assert got["check_pattern"] == want == min(prices, key=prices.get) and got["chosen"]["algorithm"] == algo
+
+
 def test_two_ranks_keep_the_pairs_pattern() -> None:
     assert pattern_for(2, FlatCostModel(alpha_us=0.0, msg_us=100.0), "log") == "pairs"
     with check_rounds.using("log"):

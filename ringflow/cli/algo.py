@@ -184,10 +184,12 @@ def choose_cmd(collective: str = typer.Argument(..., help="e.g. all_reduce"),
 def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: int, path: str, transport: str,
                        in_place: bool | None, json_out: bool) -> None:
     """The runtime's flat choice, every candidate priced on the host model, and what the runtime runs with
-    RINGFLOW_TUNER_MODEL=`path` (`algorithms.selection.model_decision`)."""
+    RINGFLOW_TUNER_MODEL=`path` (`algorithms.selection.model_decision`, under the argument check's pattern the
+    model picks for that many ranks, `selection.pattern_for`)."""
     from .. import config
+    from ..algorithms import check_rounds
     from ..algorithms.schedule import Collective, Schedule
-    from ..algorithms.selection import model_decision
+    from ..algorithms.selection import model_decision, pattern_for, pattern_prices_us
     from ..errors import InvalidArgument
     from ..hostmodel import load_cost_model
     from ..runtime.bench import IN_PLACE
@@ -197,8 +199,11 @@ def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: in
     if not model.supports(nranks):
         raise InvalidArgument(f"{path} was not calibrated for {nranks} ranks", "calibrate with --ranks including it")
     inplace = in_place if in_place is not None else c.value in IN_PLACE
-    d = model_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
-                       int(config.get("SINGLE_RING_THRESHOLD")), model)
+    pattern = pattern_for(nranks, model)
+    prices = pattern_prices_us(nranks, model) if nranks >= check_rounds.MIN_RANKS else {}
+    with check_rounds.using(pattern):
+        d = model_decision(c, nbytes, nranks, 0 if c.has_root else None, dtype_size, inplace,
+                           int(config.get("SINGLE_RING_THRESHOLD")), model)
     flat, chosen, t_flat = d.flat, d.chosen, d.flat_us
 
     def name(s: Schedule) -> tuple[str, int, int]:
@@ -213,13 +218,17 @@ def _calibrated_choice(collective: str, nbytes: int, nranks: int, dtype_size: in
                     "flat": dict(zip(("algorithm", "nsegs", "nchannels"), name(flat), strict=True)),
                     "flat_calibrated_us": t_flat,
                     "chosen": dict(zip(("algorithm", "nsegs", "nchannels"), name(chosen), strict=True)),
-                    "margin": model.margin, "candidates": rows})
+                    "margin": model.margin, "check_pattern": pattern, "check_pattern_prices_us": prices,
+                    "candidates": rows})
         return
     console.print(f"{c.value} of {format_size(nbytes)} on {nranks} ranks over {transport}, host model {path}: "
                   f"flat tuner runs [bold]{flat.algorithm}[/] ({t_flat:.1f} us predicted here); with the model the "
                   f"runtime runs [bold]{chosen.algorithm}[/] (segments {name(chosen)[1]}, channels {chosen.nchannels}; "
                   f"it switches only for a predicted speed-up over {model.margin:.2f}x, the model's error)",
                   highlight=False)
+    if prices:
+        console.print(f"argument check: [bold]{pattern}[/] (the smallest call of each collective, summed: "
+                      f"pairs {prices['pairs']:.1f} us, log-depth rounds {prices['log']:.1f} us)", highlight=False)
     print_table(None, ["algorithm", "segs", "chans", "flat model (us)", "host model (us)", ""],
                 [(r["algorithm"], r["nsegs"], r["nchannels"], f"{r['flat_model_us']:.1f}", f"{r['calibrated_us']:.1f}",
                   " ".join(m for m, on in (("flat", r["flat_choice"]), ("model", r["calibrated_choice"])) if on))
