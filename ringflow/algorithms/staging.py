@@ -11,20 +11,16 @@ exchange before the data: which one a call pays is the cost model's to say (`sel
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 
 from .. import config
 from . import check_rounds
-from .schedule import Buffer, BufferLayout, ChunkRef, Op, OpKind, Schedule, Step, is_self_checking
+from .schedule import Buffer, BufferLayout, ChunkRef, Op, OpKind, Schedule, Step, is_self_checking, per_schedule
 from .verify_messages import first_step_pairs_complete, verifiable
 
 USER = (Buffer.IN, Buffer.OUT)
 STAGED_PARAM = "staged_check"   # Schedule.params key marking a staged schedule
 
-_CACHE: dict[int, tuple[Schedule, Schedule | None]] = {}
-_CACHE_MAX = 1024
-_LOCK = threading.Lock()
 
 
 def _user_receives(schedule: Schedule) -> list[Op]:
@@ -65,6 +61,7 @@ def _stageable(schedule: Schedule, target: Buffer) -> bool:
     return True
 
 
+@per_schedule
 def _build(schedule: Schedule) -> Schedule | None:
     n = schedule.nranks
     if n < 3 or schedule.nswitches or schedule.nsteps == 0 or is_self_checking(schedule) or verifiable(schedule):
@@ -114,16 +111,7 @@ def staged(schedule: Schedule) -> Schedule | None:
     object for the same schedule."""
     if not config.get("RECEIVER_CHECK") or check_rounds.log_depth(schedule.nranks):
         return None
-    with _LOCK:
-        hit = _CACHE.get(id(schedule))
-    if hit is not None and hit[0] is schedule:
-        return hit[1]
-    out = _build(schedule)
-    with _LOCK:
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-        _CACHE[id(schedule)] = (schedule, out)
-    return out
+    return _build(schedule)
 
 
 def is_staged(schedule: Schedule) -> bool:
