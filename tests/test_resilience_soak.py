@@ -1,6 +1,7 @@
 """Soak: 100,000 back-to-back mixed small collectives, then 1,000 communicator create/destroy cycles
-(split, new_group, split + shrink, full init) on 2 real ranks, every result checked, with resident
-memory, open file descriptors and threads measured from /proc and asserted flat."""
+(split, new_group, split + shrink, full init) on 2 real ranks (a quarter of that on 3 ranks under the log-depth
+argument check), every result checked, with resident memory, open file descriptors and threads measured from
+/proc and asserted flat."""
 from __future__ import annotations
 
 import glob
@@ -29,15 +30,19 @@ def _flat(points: list[dict], what: str) -> dict:
 
 
 @pytest.mark.long
-def test_soak_collectives_and_communicator_cycles_keep_memory_and_fds_flat(tmp_path: Path) -> None:
-    with Job(2, "soak", tmp_path, ["--ops", str(OPS), "--cycles", str(CYCLES), "--timeout", "60"]) as job:
-        assert job.wait(240) == [0, 0], job.logs()
-        for r in range(2):
+@pytest.mark.parametrize("n,ops,cycles,env", [
+    (2, OPS, CYCLES, {}), (3, OPS // 4, CYCLES // 4, {"RINGFLOW_CHECK_ROUNDS": "log"})],
+    ids=["2-ranks", "3-ranks-log-depth-check"])
+def test_soak_collectives_and_communicator_cycles_keep_memory_and_fds_flat(tmp_path: Path, n: int, ops: int,
+                                                                           cycles: int, env: dict[str, str]) -> None:
+    with Job(n, "soak", tmp_path, ["--ops", str(ops), "--cycles", str(cycles), "--timeout", "60"], env=env) as job:
+        assert job.wait(240) == [0] * n, job.logs()
+        for r in range(n):
             res = job.result(r)
             assert res["wrong"] == 0
-            assert res["made"] >= CYCLES  # split + shrink cycles make two communicators
-            assert len(res["ops"]) == 11 and res["ops"][-1]["i"] == OPS
-            assert len(res["cycles"]) == 11 and res["cycles"][-1]["i"] == CYCLES
+            assert res["made"] >= cycles  # split + shrink cycles make two communicators
+            assert len(res["ops"]) == 11 and res["ops"][-1]["i"] == ops
+            assert len(res["cycles"]) == 11 and res["cycles"][-1]["i"] == cycles
             _flat(res["ops"], f"rank {r} collectives")
             _flat(res["cycles"], f"rank {r} create/destroy cycles")
         assert glob.glob(f"/dev/shm/ringflow-{job.job_id}-*") == []
