@@ -145,6 +145,16 @@ def _run(script: str, n: int, tmp: Path, env: dict[str, str], *args: str) -> Non
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
+def test_tune_with_moves_a_communicator_between_patterns_by_its_model(tmp_path: Path) -> None:
+    _run(str(ROOT / "tests" / "check_rounds_ranks.py"), 4, tmp_path, {"RINGFLOW_CHECK_ROUNDS": "auto"},
+         str(tmp_path))
+    for r in range(4):
+        phases = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert [p["pattern"] for p in phases] == ["pairs", "log", "pairs"]
+        assert [p["algorithm"] for p in phases] == ["one_shot", "dissemination", "one_shot"]
+        assert all(p["exact"] and p["mismatch"] == "InvalidArgument" and p["untouched"] for p in phases), phases
+
+
 @pytest.mark.parametrize("n,env", [
     (3, {}),
     pytest.param(4, {"RINGFLOW_NATIVE": "0"}, marks=pytest.mark.long),
