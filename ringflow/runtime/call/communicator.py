@@ -178,9 +178,10 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
 
     def tune_with(self, model: CostModel | None) -> None:
         """Pick this communicator's algorithms with a cost model (`algorithms.selection.CostModel`, e.g. a
-        `ringflow.hostmodel.HostCostModel`; None: the flat tuner again). Every rank must call it with the same
-        model before its next collective, as RINGFLOW_TUNER_MODEL does at creation: ranks that chose
-        differently fail the argument check."""
+        `ringflow.hostmodel.HostCostModel`; None: the flat tuner again), and check arguments in the pattern that
+        model prices lower (`selection.pattern_for`). Every rank must call it with the same model before its next
+        collective, as RINGFLOW_TUNER_MODEL does at creation: ranks that chose differently fail the argument
+        check, or, where their check patterns differ, time out."""
         if model is not None and not model.supports(self.size):
             raise InvalidArgument(f"the cost model was not calibrated for {self.size} ranks",
                                   "calibrate with the communicator's size among --ranks")
