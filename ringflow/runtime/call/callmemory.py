@@ -128,7 +128,9 @@ class CallMemory:
 
     def __init__(self, model: Any = None) -> None:
         self.model = model
-        self.pattern, self.rounds = "pairs", 0   # the argument check's pattern and its rounds (`check_rounds`)
+        # the argument check's pattern and its rounds (`check_rounds`); None: not priced yet (on first use)
+        self.pattern: str | None = None
+        self.rounds = 0
         self.schedules: dict[tuple, Any] = {}
         self.prepared: dict[tuple, Any] = {}
         self.by_object: dict[tuple, IdentityEntry] = {}
@@ -136,9 +138,9 @@ class CallMemory:
         self.seen: dict[tuple, weakref.ref | None] = {}
         self.doors: dict[str, Any] = {}   # collective name -> its Door (fastcall.py): the call remembered last for it
 
-    def reset(self, model: Any = None, pattern: str = "pairs", rounds: int = 0) -> None:
+    def reset(self, model: Any = None, pattern: str | None = None, rounds: int = 0) -> None:
         """Forget every remembered choice, plan and entry; pick with `model` and check arguments in `pattern`
-        (`rounds` log-depth rounds, 0 for pairs) from now on."""
+        (`rounds` log-depth rounds, 0 for pairs; None: priced on first use) from now on."""
         self.model, self.pattern, self.rounds = model, pattern, rounds
         for d in (self.schedules, self.prepared, self.by_object, self.by_shape, self.seen):
             d.clear()

@@ -47,7 +47,7 @@ class CollectiveCalls(FastCalls):
         _door_all_gather: Any
         _door_reduce_scatter: Any
         _door_all_to_all: Any
-        _mem: Any
+        _pattern: Callable[[], tuple[str, int]]
 
     def _coll(self, coll: Collective, x: Buf, out: Buf, count: int, opname: str | None, root: int | None,
               async_op: bool, timeout: float | None, result: Any,
@@ -356,6 +356,6 @@ class CollectiveCalls(FastCalls):
             self._last_call, self._in_call = (seq, "barrier"), True
             ctx = CallContext(self._transport, self._waiters[LANE_COLL], call_signature("barrier"), seq,
                               describe("barrier", 0, np.dtype("uint8"), None, None, "check"), deadline, self.size,
-                              self.rank, True, check_rounds=self._mem.rounds)
+                              self.rank, True, check_rounds=self._pattern()[1])
             check_exchange(ctx, [p for p in range(self.size) if p != self.rank])
         self._run(LANE_COLL, fn, False, timeout, "barrier", None, meta=("barrier", None, 0, None, None))

@@ -189,9 +189,18 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
 
     def _reset_memory(self, model: CostModel | None) -> None:
         """Forget every remembered call; pick with `model` from now on, and check arguments in the pattern that
-        model prices lower (`selection.pattern_for`; RINGFLOW_CHECK_ROUNDS, read at creation, may force one)."""
-        pattern = pattern_for(self.size, model, self._check_knob) if self._checks else "pairs"
-        self._mem.reset(model, pattern, check_rounds.rounds(self.size) if pattern == "log" else 0)
+        model prices lower (`_pattern`)."""
+        self._mem.reset(model)
+
+    def _pattern(self) -> tuple[str, int]:
+        """The argument check's pattern and its log-depth rounds (0 for pairs): the one the communicator's model
+        prices lower (`selection.pattern_for`; RINGFLOW_CHECK_ROUNDS, read at creation, may force one), priced on
+        the first call that needs it (a communicator that never runs a collective never prices it)."""
+        mem = self._mem
+        if mem.pattern is None:
+            pattern = pattern_for(self.size, mem.model, self._check_knob) if self._checks else "pairs"
+            mem.pattern, mem.rounds = pattern, (check_rounds.rounds(self.size) if pattern == "log" else 0)
+        return mem.pattern, mem.rounds
 
     def bind_thread(self) -> None:
         """Make the calling thread the one that makes this communicator's calls from now on (a communicator serves
@@ -380,7 +389,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if s is not None:
             return s
         from ... import config as _cfg
-        with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob), check_rounds.using(mem.pattern):
+        with _cfg.override(ALGO=self._algo_knob, NCHANNELS=self._nch_knob), check_rounds.using(self._pattern()[0]):
             s = pick_schedule(coll, nbytes, self.size, root, dtype_size, inplace, self._single_ring_bytes,
                               mem.model)
         if len(mem.schedules) >= MAX_SCHEDULES:
@@ -398,7 +407,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
     def _prepare(self, schedule: Schedule, coll: Collective, count: int, dtype: np.dtype, opname: str | None,
                  root: int | None, inplace: bool, splits: tuple[tuple[int, ...], ...] | None) -> _Prepared:
         shape = CallShape(coll, self.size, count, dtype.itemsize, splits)
-        with check_rounds.using(self._mem.pattern):
+        with check_rounds.using(self._pattern()[0]):
             plan = compile_plan(schedule, shape, self.rank, inplace)
         sig = call_signature(coll.value, count, dtype, opname, root, schedule.algorithm, schedule.nchannels)
         desc = describe(coll.value, count, dtype, opname, root, schedule.algorithm)
@@ -428,7 +437,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         self._op_seq += 1
         self._last_call, self._in_call = (seq, prep.desc), True
         ctx = CallContext(self._transport, self._waiters[LANE_COLL], prep.sig, seq, prep.desc, deadline, self.size,
-                          self.rank, self._checks, self._streams, self._mem.rounds)
+                          self.rank, self._checks, self._streams, self._pattern()[1])
         small = ctx.ll = prep.plan.max_xfer_bytes < self._ll_bytes
         if self._native:
             hot = prep.hot
