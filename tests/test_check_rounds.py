@@ -100,9 +100,9 @@ def test_under_the_log_pattern_every_rank_moves_one_message_each_way_per_round_w
 def test_the_check_pattern_is_the_one_the_cost_model_prices_lower(n: int) -> None:
     steps_dear = FlatCostModel()                            # the flat tuner's 10 us per step, 0.16 us per message
     msgs_dear = FlatCostModel(alpha_us=1.0, msg_us=1.0)     # messages as dear as steps
-    for model in (None, steps_dear, msgs_dear):
-        prices = pattern_prices_us(n, model)
-        best = "log" if prices["log"] < prices["pairs"] else "pairs"
+    for model in (None, steps_dear, msgs_dear, FlatCostModel(alpha_us=1.0, msg_us=1.0, margin=1.5)):
+        prices = pattern_prices_us(n, model)   # log must win by more than the model's own error
+        best = "log" if prices["log"] * (model.margin if model else 1.0) < prices["pairs"] else "pairs"
         assert pattern_for(n, model, "auto") == best
     assert pattern_for(n, steps_dear, "auto") == "pairs"
     assert pattern_for(n, msgs_dear, "auto") == ("log" if n >= 4 else "pairs")

@@ -300,8 +300,9 @@ _PATTERNS: dict[tuple[object, ...], tuple[CostModel | None, str]] = {}
 
 def pattern_for(nranks: int, model: CostModel | None = None, knob: str | None = None) -> str:
     """The argument check's pattern for a communicator of `nranks` ranks (`check_rounds`): `knob` (default
-    RINGFLOW_CHECK_ROUNDS) where it names one, else the one `pattern_prices_us` prices lower (ties: pairs;
-    remembered per rank count and model). Every rank computes the same answer from the same model."""
+    RINGFLOW_CHECK_ROUNDS) where it names one, else pairs unless `pattern_prices_us` prices the log-depth rounds
+    faster by more than the model's `margin` (its own error, as `decide` asks of a schedule; 1 for the flat
+    pricing), remembered per rank count and model. Every rank computes the same answer from the same model."""
     if nranks < check_rounds.MIN_RANKS or config.get("CHECKS_DISABLE"):
         return "pairs"
     forced = str(config.get("CHECK_ROUNDS") if knob is None else knob)
@@ -313,7 +314,8 @@ def pattern_for(nranks: int, model: CostModel | None = None, knob: str | None = 
     if hit is not None and hit[0] is model:
         return hit[1]
     prices = pattern_prices_us(nranks, model)
-    pattern = "log" if prices["log"] < prices["pairs"] else "pairs"
+    margin = max(1.0, model.margin) if model is not None else 1.0
+    pattern = "log" if prices["log"] * margin < prices["pairs"] else "pairs"
     with _DECISIONS_LOCK:
         if len(_PATTERNS) >= MAX_DECISIONS:
             _PATTERNS.clear()
