@@ -1,4 +1,4 @@
-"""Remembered calls never give a wrong value: a stateful property test over a real 2-rank job.
+"""Remembered calls never give a wrong value: a stateful property test over a real job of 2 ranks (or more).
 
 The driver (this process) sends both ranks the same steps: collectives on buffers held in slots, interleaved
 with mutations of those buffers after the communicator remembered them (dtype reassignment, torch resize_,
@@ -7,6 +7,9 @@ kept output buffers, tune_with, a new communicator), and calls on fresh arrays m
 another dtype, strided, 2-D, read-only, unaligned; fresh, kept or overlapping out=), which the call shapes the
 doors remember must tell apart. Each collective's result is checked against NumPy on both ranks; the only
 allowed outcomes are the exact result on every rank or a typed error on every rank.
+
+REMEMBERED_NRANKS=4 runs the same test on 4 ranks, where `RINGFLOW_CHECK_ROUNDS=log` puts every call on the
+log-depth argument check (`algorithms.check_rounds`); 2 ranks have a single exchange either way.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ except ImportError:  # pragma: no cover
     HAVE_TORCH = False
 
 ROOT = Path(__file__).resolve().parents[1]
-NRANKS = 2
+NRANKS = int(os.environ.get("REMEMBERED_NRANKS", "2"))   # ranks of the job (module docstring)
 SLOTS = st.integers(0, 3)
 SIZES = st.sampled_from([2, 8, 64, 1000, 6000])   # 6000 x 8 bytes: past the low-latency threshold
 DTYPES = st.sampled_from(["float32", "float64", "int32", "int64"])
