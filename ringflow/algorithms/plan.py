@@ -181,9 +181,9 @@ class _Compiler:
             xf[0] = replace(xf[0], lone=True)
         return StepPlan(tuple(xf), tuple(loc))
 
-    def verify_messages(self, step: StepPlan) -> StepPlan:
-        """Step 0 with the zero-byte verify messages that make it check every pair (algorithms.verify_messages)."""
-        to, frm = missing(self.schedule, self.rank)
+    def zero_byte(self, step: StepPlan, to: list[int], frm: list[int]) -> StepPlan:
+        """`step` with zero-byte channel-0 messages added: one sent to each of `to`, one received from each of
+        `frm` (verify messages, the log-depth rounds' fillers)."""
         self.peers.update(to + frm)
         extra = [Xfer(OpKind.SEND, p, "c0", Buffer.IN, 0, 0) for p in to]
         extra += [Xfer(OpKind.RECV, p, "c0", Buffer.OUT, 0, 0) for p in frm]
@@ -192,25 +192,23 @@ class _Compiler:
     def fill_rounds(self, steps: list[StepPlan]) -> None:
         """The zero-byte fillers that complete this rank's log-depth check rounds (`check_rounds.fillers`)."""
         to, frm = check_rounds.fillers(self.schedule, self.rank)
-        for k, p in to:
-            steps[k] = StepPlan(steps[k].xfers + (Xfer(OpKind.SEND, p, "c0", Buffer.IN, 0, 0),), steps[k].locals)
-        for k, p in frm:
-            steps[k] = StepPlan(steps[k].xfers + (Xfer(OpKind.RECV, p, "c0", Buffer.OUT, 0, 0),), steps[k].locals)
-        self.peers.update(p for _, p in to + frm)
+        for k in range(check_rounds.rounds(self.schedule.nranks)):
+            steps[k] = self.zero_byte(steps[k], [p for j, p in to if j == k], [p for j, p in frm if j == k])
 
     def plan(self) -> Plan:
         steps = [self.step(si, list(ops)) for si, ops in enumerate(self.schedule.steps(self.rank))]
         sch = self.schedule
         verified = verifiable(sch)
         if verified:
-            steps[0] = self.verify_messages(steps[0])
+            steps[0] = self.zero_byte(steps[0], *missing(sch, self.rank))
+        log = check_rounds.log_depth(sch.nranks)
         rounds = 0
-        if check_rounds.log_depth(sch.nranks) and check_rounds.disseminates(sch):
+        if log and check_rounds.disseminates(sch):
             self.fill_rounds(steps)
             rounds = check_rounds.rounds(sch.nranks)
         scratch = buffer_elements(self.shape, sch, Buffer.SCRATCH, self.rank) if Buffer.SCRATCH in sch.layouts else 0
         biggest = max((x.nbytes for st in steps for x in st.xfers), default=0)
-        checks = rounds > 0 or (verified or is_self_checking(sch)) and not check_rounds.log_depth(sch.nranks)
+        checks = rounds > 0 or (verified or is_self_checking(sch)) and not log
         return Plan(tuple(steps), scratch, checks, tuple(sorted(self.peers)), biggest, rounds)
 
 
