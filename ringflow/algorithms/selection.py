@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, cast, runtime_checkable
 
 from .. import config
 from ..errors import InvalidArgument
@@ -211,12 +211,14 @@ def decide(flat: Schedule, pool: Sequence[tuner.Candidate], schedules: Sequence[
 
 
 MAX_DECISIONS = 4096  # priced call shapes kept per cost model (each prices a dozen candidates)
-_DECISIONS: dict[int, tuple[CostModel, dict[tuple[object, ...], ModelDecision]]] = {}
+_DECISIONS: dict[int, tuple[CostModel | None, dict[tuple[object, ...], object]]] = {}
 _DECISIONS_LOCK = threading.Lock()
+V = TypeVar("V")
 
 
-def _cached(model: CostModel, key: tuple[object, ...], make: Callable[[], ModelDecision]) -> ModelDecision:
-    """The decision for `key` on `model`, computed once (groups of a job sharing one model price a call once)."""
+def _cached(model: CostModel | None, key: tuple[object, ...], make: Callable[[], V]) -> V:
+    """The decision for `key` on `model` (None: the flat pricing), computed once (groups of a job sharing one model
+    price a call once)."""
     with _DECISIONS_LOCK:
         entry = _DECISIONS.get(id(model))
         if entry is None or entry[0] is not model:
@@ -229,7 +231,7 @@ def _cached(model: CostModel, key: tuple[object, ...], make: Callable[[], ModelD
             if len(entry[1]) >= MAX_DECISIONS:
                 entry[1].clear()
             entry[1][key] = hit
-    return hit
+    return cast(V, hit)
 
 
 def model_decision(coll: Collective, nbytes: int, nranks: int, root: int | None, dtype_size: int, inplace: bool,
@@ -295,9 +297,6 @@ def pattern_prices_us(nranks: int, model: CostModel | None = None) -> dict[str, 
     return out
 
 
-_PATTERNS: dict[tuple[object, ...], tuple[CostModel | None, str]] = {}
-
-
 def pattern_for(nranks: int, model: CostModel | None = None, knob: str | None = None) -> str:
     """The argument check's pattern for a communicator of `nranks` ranks (`check_rounds`): `knob` (default
     RINGFLOW_CHECK_ROUNDS) where it names one, else pairs unless `pattern_prices_us` prices the log-depth rounds
@@ -308,16 +307,9 @@ def pattern_for(nranks: int, model: CostModel | None = None, knob: str | None = 
     forced = str(config.get("CHECK_ROUNDS") if knob is None else knob)
     if forced != "auto":
         return forced
-    key = (nranks, id(model), bool(config.get("RECEIVER_CHECK")), config.get("ALGO"))
-    with _DECISIONS_LOCK:
-        hit = _PATTERNS.get(key)
-    if hit is not None and hit[0] is model:
-        return hit[1]
-    prices = pattern_prices_us(nranks, model)
-    margin = max(1.0, model.margin) if model is not None else 1.0
-    pattern = "log" if prices["log"] * margin < prices["pairs"] else "pairs"
-    with _DECISIONS_LOCK:
-        if len(_PATTERNS) >= MAX_DECISIONS:
-            _PATTERNS.clear()
-        _PATTERNS[key] = (model, pattern)
-    return pattern
+
+    def price() -> str:
+        prices = pattern_prices_us(nranks, model)
+        margin = max(1.0, model.margin) if model is not None else 1.0
+        return "log" if prices["log"] * margin < prices["pairs"] else "pairs"
+    return _cached(model, ("check pattern", nranks, bool(config.get("RECEIVER_CHECK")), config.get("ALGO")), price)
