@@ -180,18 +180,18 @@ def build(plan: Plan, transport: Any, deadline: float, dtype: np.dtype, opname: 
     return r.plan(dtype, opname, conns)
 
 
-def build_check(transport: Any, steps: list[tuple[Any, Any]], description: str,
+def build_check(transport: Any, steps: list[tuple[list[int], list[int]]], description: str,
                 deadline: float) -> NativePlan | bool | None:
-    """The argument check as a native plan: per step (peers or a peer to send to, peers or a peer to receive from:
-    all in one step, or one per log-depth round) this call's description sent, theirs compared."""
+    """The argument check as a native plan: per step (the peers to send to, the peers to receive from: every peer
+    in one step, or one each way per log-depth round) this call's description sent, theirs compared."""
     if not native.hot_available():
         return UNSUITED
     r = _Rows()
     conns: list[Any] = []
     payload = np.frombuffer(description.encode(), dtype=np.uint8).copy()
     for to, frm in steps:
-        outs = [transport.out(p, "c0", deadline) for p in (to if isinstance(to, list) else [to])]
-        ins = [transport.inn(p, "c0") for p in (frm if isinstance(frm, list) else [frm])]
+        outs = [transport.out(p, "c0", deadline) for p in to]
+        ins = [transport.inn(p, "c0") for p in frm]
         ready = _drivable(outs + ins)
         if ready is not True:
             return ready
@@ -223,9 +223,9 @@ def prepare(plan: Plan, ctx: CallContext, dtype: np.dtype, opname: str | None,
         return steps
     check = None
     if needs_check(plan, ctx):
-        rounds = [round_peers(ctx.nranks, ctx.rank, k) for k in range(ctx.check_rounds)]
-        c = build_check(ctx.transport, rounds or [([p for p in range(ctx.nranks) if p != ctx.rank],) * 2],
-                        ctx.description, ctx.deadline)
+        peers = [p for p in range(ctx.nranks) if p != ctx.rank]
+        rounds = [([to], [frm]) for to, frm in (round_peers(ctx.nranks, ctx.rank, k) for k in range(ctx.check_rounds))]
+        c = build_check(ctx.transport, rounds or [(peers, peers)], ctx.description, ctx.deadline)
         if not isinstance(c, NativePlan):
             return c
         check = c
