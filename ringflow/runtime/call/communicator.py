@@ -130,7 +130,7 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
             self._transport = Transport(job=shared.job, uid=self.uid, rank=rank, cards=cards,
                                         secret=shared.secret, tos=shared.tos, listener=self._listener,
                                         shm_disabled=bool(config.get("SHM_DISABLE")), buffsize=buffsize())
-            self._reset_memory(self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards))
+            self._mem.reset(self._load_host_model(str(config.get("TUNER_MODEL") or ""), cards))
         except BaseException:
             self._teardown()
             raise
@@ -185,11 +185,6 @@ class Communicator(CollectiveCalls, ObjectCalls, PointToPoint, Groups):
         if model is not None and not model.supports(self.size):
             raise InvalidArgument(f"the cost model was not calibrated for {self.size} ranks",
                                   "calibrate with the communicator's size among --ranks")
-        self._reset_memory(model)
-
-    def _reset_memory(self, model: CostModel | None) -> None:
-        """Forget every remembered call; pick with `model` from now on, and check arguments in the pattern that
-        model prices lower (`_pattern`)."""
         self._mem.reset(model)
 
     def _pattern(self) -> tuple[str, int]:
