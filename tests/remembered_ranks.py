@@ -132,6 +132,8 @@ class Rank:
         return np.empty_like(x)   # copy, readonly
 
     def collective(self, op: str, x: Any, st: dict[str, Any], c: Any) -> Any:
+        if op == "pattern":   # the argument check's log-depth rounds (0: the pairs pattern)
+            return np.array([c._pattern()[1]])
         if op == "doors":   # how many call shapes the communicator's doors hold
             return np.array([sum(getattr(c, "_door_" + d).shapes() for d in
                                  ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))])
