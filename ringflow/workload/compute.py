@@ -49,6 +49,10 @@ Model (all constants below are settable through `EfficiencyModel`):
   through tensor-core-bound work: its tensor peaks and exponential rate, and so every GEMM, attention and softmax
   time above, scale by the sustained clock there over the clock at the default limit the tables were measured at
   (``hardware.gpus``, measured per limit where a source gives it); the memory-bound terms keep HBM bandwidth.
+- Through a training run a GPU's tensor cores hold a lower SM clock than its datasheet peaks and the tables
+  (timed in short bursts) assume, by a figure fitted per GPU model on published runs (`GpuSpec.at_clock`,
+  ``sustained`` in ``ringflow/data/fitted.json``, `published` module docstring); the published validation applies
+  it, and a measured sustained clock would replace it.
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 - ``kernels`` names the framework's memory-bound kernel profile (`kernels.PROFILES`): the stored-activation term
@@ -121,9 +125,18 @@ class GpuSpec:
         if model is None:
             raise InvalidArgument(f"{self.name} at a {watts!r} W power limit: not a catalog GPU",
                                   f"use one of {', '.join(GPU_MODELS)}")
-        r = model.clock_ratio(watts, self.power_limit_W or None)
-        return replace(self, bf16_flops=self.bf16_flops * r, fp8_flops=self.fp8_flops * r,
-                       exp_per_s=self.exp_per_s * r, power_limit_W=float(watts))
+        return replace(self.at_clock(model.clock_ratio(watts, self.power_limit_W or None)),
+                       power_limit_W=float(watts))
+
+    def at_clock(self, ratio: float) -> GpuSpec:
+        """This GPU with its SM clock at `ratio` times the one its rates hold at: tensor peaks and exponential rate
+        scaled, HBM bandwidth and capacity unchanged (the memory clock does not follow the SM clock)."""
+        if not (isinstance(ratio, (int, float)) and 0 < ratio <= 2):
+            raise InvalidArgument(f"{self.name}: SM clock ratio {ratio!r}", "give a ratio in (0, 2]")
+        if ratio == 1:
+            return self
+        return replace(self, bf16_flops=self.bf16_flops * ratio, fp8_flops=self.fp8_flops * ratio,
+                       exp_per_s=self.exp_per_s * ratio)
 
 
 def _from_catalog() -> dict[str, GpuSpec]:

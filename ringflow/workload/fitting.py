@@ -9,7 +9,9 @@
   median published / predicted of 1, ``d_half`` and ``n_half`` are searched over a grid (least squares of the log
   ratio); a shape parameter with too few fitting cases to be fitted takes its neutral value 0; every refit
   starts from the same point (`START`), so refitting unchanged cases gives the same constants;
-- one per-stack ``software_factor`` per other software era, on that era's fitting cases.
+- per GPU model, the SM clock its tensor cores sustain through training over the clock its rates assume
+  (``sustained``), on the dense fitting runs on that GPU of every stack the compute model describes by its kernels;
+- one per-stack ``software_factor`` per software era it has no kernel profile of, on that era's fitting cases.
 
 It writes ``ringflow/data/fitted.json``: the values, the case ids each was fitted on (``fitted_on``), the split
 rule and a digest of every fitting case. `compute.EfficiencyModel` takes its curve from that file, and

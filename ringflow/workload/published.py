@@ -16,9 +16,15 @@ not move a constant every other case shares):
 - ``nvls_reduce_gflops``: the in-switch reduction rate of one NVSwitch chip (simulator ``nvls_reduce_gflops``),
   from the NVLS collectives that rate bounds (NVSwitch gen 4, whose rate is not published); the nvlink_eff fit
   leaves those cases out, since the links do not pace them;
-- ``software[era]``: the framework's GEMM-efficiency multiplier (`EfficiencyModel.software_factor`) per training
-  software era, from that era's training cases; a case that names its memory-bound kernel profile (``kernels``,
-  `kernels.PROFILES`, with its source) is predicted by that profile and neither sets nor takes a factor.
+- ``sustained[gpu]``: per GPU model, the SM clock its tensor cores hold through a training run over the clock the
+  compute model's rates assume (datasheet peaks, tables timed in short bursts at the default power limit):
+  `compute.GpuSpec.at_clock` scales its tensor peaks and exponential rate, HBM bandwidth unchanged. Fitted on the
+  dense training runs on that GPU of every stack the compute model describes by its kernels (a case naming its
+  kernel profile, and the `REFERENCE_KERNEL_ERAS` whose kernels are the reference profile's), so one figure per
+  GPU serves every such stack; a measured sustained clock would replace it;
+- ``software[era]``: a GEMM-efficiency multiplier (`EfficiencyModel.software_factor`) for a training software era
+  the compute model has no kernel profile of (`stack_factor_era`), from that era's training cases, on top of its
+  GPU's ``sustained`` figure.
 
 A case the model cannot express (a missing preset, model or layout feature) gets status "not expressible: ..."
 and stays in the report.
@@ -44,7 +50,10 @@ METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_pe
 CHOOSERS = ("sim", "nccl")
 SWITCH_ALGORITHMS = ("nvls_tree", "collnet_direct", "collnet_chain")
 COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
-TRAINING_ROUNDS = 5     # refinement steps of each era's software factor (its effect on throughput is sublinear)
+TRAINING_ROUNDS = 5     # refinement steps of each GPU's and era's factor (its effect on throughput is sublinear)
+# software eras whose kernels are the compute model's reference profile (kernels.REFERENCE, Megatron-Core with
+# Transformer Engine): described by that profile, they take no per-stack factor
+REFERENCE_KERNEL_ERAS = ("megatron-core-2025",)
 
 
 @dataclass
@@ -62,6 +71,7 @@ class Constants:
     n_half: float = field(default_factory=lambda: _library_curve()["n_half"])
     dispatch_eps: dict[str, float] = field(default_factory=dict)   # MoE dispatcher kind -> routed elements/s
     dispatch_host_s: dict[str, float] = field(default_factory=dict)   # ... -> host s per MoE layer forward
+    sustained: dict[str, float] = field(default_factory=dict)   # GPU model -> sustained SM clock ratio in training
 
     @classmethod
     def defaults(cls, chooser: str = "sim") -> Constants:
@@ -85,7 +95,7 @@ class Constants:
                 "nvls_reduce_gflops": self.nvls_reduce_gflops, "eff_max": self.eff_max, "d_half": self.d_half,
                 "n_half": self.n_half, "fitted_on": {k: list(v) for k, v in self.fitted_on.items()},
                 "chooser": self.chooser, "dispatch_eps": dict(self.dispatch_eps),
-                "dispatch_host_s": dict(self.dispatch_host_s)}
+                "dispatch_host_s": dict(self.dispatch_host_s), "sustained": dict(self.sustained)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Constants:
@@ -93,7 +103,7 @@ class Constants:
         return cls(d["nvlink_eff"], d["net_eff"], dict(d.get("software") or {}), d.get("nvls_reduce_gflops", 0.0),
                    {k: list(v) for k, v in (d.get("fitted_on") or {}).items()}, d.get("chooser", "sim"),
                    d["eff_max"], d["d_half"], d["n_half"], dict(d.get("dispatch_eps") or {}),
-                   dict(d.get("dispatch_host_s") or {}))
+                   dict(d.get("dispatch_host_s") or {}), dict(d.get("sustained") or {}))
 
 
 def _library_curve() -> dict[str, float]:
@@ -286,8 +296,9 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     except TypeError as exc:
         raise NotExpressible(f"layout field not supported ({exc})") from None
     topo, note = build_topology(case["topology"], gpus)
+    era = stack_factor_era(case)
     eff = replace(EfficiencyModel(), eff_max=consts.eff_max, d_half=consts.d_half, n_half=consts.n_half,
-                  software_factor=1.0 if case.get("kernels") else consts.software.get(case["era"], 1.0),
+                  software_factor=consts.software.get(era, 1.0) if era else 1.0,
                   kernels=case.get("kernels") or EfficiencyModel().kernels,
                   fp8_recipe=case.get("fp8_recipe") or EfficiencyModel().fp8_recipe,
                   alltoall_dispatch_eps=consts.dispatch_eps.get("alltoall", 0.0),
@@ -295,6 +306,7 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
                   alltoall_host_s=consts.dispatch_host_s.get("alltoall", 0.0),
                   flex_host_s=consts.dispatch_host_s.get("flex", 0.0))
     gpu = case_gpu(case, gpu_of_topology(topo))
+    gpu = gpu.at_clock(consts.sustained.get(gpu.name, 1.0))
     r = step_time(model, layout, topo, gpu=gpu, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()),
                   eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
@@ -348,23 +360,51 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
                                                                 + used["nvls_reduce"]))
     from .fitting import REFERENCE_ERA, fit_compute_curve
     fit_compute_curve(fit_cases, consts, predictor)
-    eras = sorted({c["era"] for c in fit_cases if c["kind"] == "training"} - {REFERENCE_ERA})
-    for era in eras:
-        # dense runs set the stack's factor; MoE runs set the dispatcher rates below (their own mechanism); a
-        # case naming its kernel profile is predicted by that profile's mechanisms, never by a fitted factor
-        ours = [c for c in fit_cases if c["kind"] == "training" and c["era"] == era and not c.get("kernels")]
-        mine = [c for c in ours if not is_moe_case(c)] or ours
-        for _ in range(TRAINING_ROUNDS):
-            got = [(c, predictor(c, consts)) for c in mine]
-            ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]
-            if not ok:
-                break
-            k = consts.software.get(era, 1.0) * _centre([c["value"] / pr.value for c, pr in ok])
-            consts.software[era] = min(k, 1.0 / consts.eff_max)
-            consts.fitted_on[f"software[{era}]"] = [c["id"] for c, _ in ok]
+    # dense runs set the GPUs' and stacks' factors; MoE runs set the dispatcher rates below (their own mechanism)
+    training = [c for c in fit_cases if c["kind"] == "training" and c["era"] != REFERENCE_ERA]
+    described = [c for c in training if not stack_factor_era(c) and not is_moe_case(c)]
+    gpus = sorted({_case_gpu_name(c) for c in described})
+    for gpu in gpus:
+        mine = [c for c in described if _case_gpu_name(c) == gpu]
+        _refine(consts.sustained, gpu, mine, consts, predictor, f"sustained[{gpu}]", 1.0)
+    for era in sorted({e for c in training if (e := stack_factor_era(c))}):
+        ours = [c for c in training if stack_factor_era(c) == era]
+        _refine(consts.software, era, [c for c in ours if not is_moe_case(c)] or ours, consts, predictor,
+                f"software[{era}]", 1.0 / consts.eff_max)
     from .moe_fit import fit_dispatchers
     fit_dispatchers(fit_cases, consts, predictor)
     return consts
+
+
+def _refine(table: dict[str, float], key: str, cases: list[dict[str, Any]], consts: Constants, predictor: Predictor,
+            name: str, most: float) -> None:
+    """Move table[key] (a multiplier, 1 when absent) toward a median published / predicted of 1 over `cases`,
+    in TRAINING_ROUNDS steps capped at `most`; record the cases it used as `name`."""
+    for _ in range(TRAINING_ROUNDS):
+        got = [(c, predictor(c, consts)) for c in cases]
+        ok = [(c, pr) for c, pr in got if pr.value is not None and pr.value > 0]
+        if not ok:
+            return
+        table[key] = min(table.get(key, 1.0) * _centre([c["value"] / pr.value for c, pr in ok]), most)
+        consts.fitted_on[name] = [c["id"] for c, _ in ok]
+
+
+def stack_factor_era(case: dict[str, Any]) -> str | None:
+    """The software era whose fitted factor a training case takes, or None: the compute model describes its
+    stack's kernels (the case names its kernel profile, or its era's kernels are the reference profile's) or it
+    belongs to the reference era of the compute curve."""
+    from .fitting import REFERENCE_ERA
+    era = case.get("era")
+    if case.get("kernels") or era in REFERENCE_KERNEL_ERAS or era == REFERENCE_ERA:
+        return None
+    return era
+
+
+def _case_gpu_name(case: dict[str, Any]) -> str:
+    """The catalog name of the GPU a training case ran on (its topology preset's)."""
+    from .compute import gpu_of_topology
+    topo, _ = build_topology(case["topology"], int(case["gpus"]))
+    return gpu_of_topology(topo).name
 
 
 def is_moe_case(case: dict[str, Any]) -> bool:

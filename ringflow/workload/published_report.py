@@ -78,12 +78,20 @@ def constant_rows(result: dict[str, Any]) -> list[list[str]]:
         rows.append([f"compute {name} ({what})", f"{c[name]:.4g}", f"{lib[name]:.4g}" if name in lib else "-",
                      ", ".join(ids) if ids else f"not fitted: too few {REFERENCE_ERA} fitting cases "
                      "(neutral value 0)"])
+    for gpu, k in sorted((c.get("sustained") or {}).items()):
+        rows.append([f"sustained SM clock in training ({gpu}, of the clock its rates assume)", f"{k:.3f}", "1",
+                     ", ".join(fitted.get(f"sustained[{gpu}]", []))])
+    from .published import REFERENCE_KERNEL_ERAS
     eras = sorted({r["era"] for r in result["rows"] if r["era"]})
     for era in eras:
         k = c["software"].get(era)
         if era == REFERENCE_ERA:
             rows.append([f"software_factor ({era})", "1", "1", "the reference era of the compute curve: 1 by "
                          "definition"])
+            continue
+        if era in REFERENCE_KERNEL_ERAS:
+            rows.append([f"software_factor ({era})", "none", "1", "its kernels are the compute model's reference "
+                         "profile (kernels.REFERENCE), no factor"])
             continue
         if k is None and all(r.get("kernels") for r in result["rows"] if r["era"] == era):
             rows.append([f"software_factor ({era})", "none", "1", "its cases are predicted by their kernel "
@@ -209,10 +217,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "the NVSwitch chip's in-switch reduction rate (NVLS collectives that rate bounds), each by a few "
              "multiplicative steps toward a median published / predicted of 1; the compute curve of "
              "`compute.EfficiencyModel` (eff_max, d_half, n_half) on the reference era's fitting cases, which "
-             "`train` and `plan` use too; one per-stack software factor per other software era, on that era's "
-             "dense runs; the token dispatcher's rate per dispatcher kind (alltoall, flex: DeepEP / HybridEP) on "
-             "the MoE runs (`moe_fit`, bisection to a median published / predicted of 1). Held-out values "
-             "are never read by a fit.",
+             "`train` and `plan` use too; per GPU model the SM clock its tensor cores sustain through training "
+             "over the clock its rates assume (`compute.GpuSpec.at_clock`), on the dense runs on that GPU of every "
+             "stack the compute model describes by its kernels; one software factor per era it has no kernel "
+             "profile of, on that era's dense runs; the token dispatcher's rate per dispatcher kind (alltoall, "
+             "flex: DeepEP / HybridEP) on the MoE runs (`moe_fit`, bisection to a median published / predicted "
+             "of 1). Held-out values are never read by a fit.",
              "- MoE layers (`workload/moe.py`): expert GEMMs as grouped GEMMs on the dense curve (a grouped GEMM "
              "of Qwen3-30B-A3B's experts measured 648-714 TFLOP/s on one H200), router and token "
              "permute/unpermute memory-bound (an indexing permute at 0.95 TB/s measured on one H200, a fused one "
@@ -232,8 +242,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "## Fitted constants", "", *_md_table(CONST_HEADER, constant_rows(result)),
              "## Targets", "", *_md_table(["target", "this run", "status", "cases missing it"], target_rows(result)),
              "## Fitted constants against the simulator's defaults", "",
-             "The same predictions with the simulator's default link efficiencies and no per-stack factor (the "
-             "compute curve as fitted in both).", "", *_md_table(COMPARE_HEADER, compare_rows(result)),
+             "The same predictions with the simulator's default link efficiencies, no sustained-clock and no "
+             "per-stack factor (the compute curve as fitted in both).", "",
+             *_md_table(COMPARE_HEADER, compare_rows(result)),
              "## Summary per GPU generation", "", *_md_table(GROUP_HEADER, group_rows(result)),
              "## Errors by GPU generation, framework and scale", "",
              "Framework: the training software era, or nccl for collectives. Scale: the GPUs a case runs on.", "",
