@@ -73,3 +73,22 @@ def test_the_fit_reads_no_held_out_value(cases: list[dict]) -> None:
         if c["id"] == fitting:
             c["value"] *= 0.5
     assert fit(moved).sustained["GB200"] < first.sustained["GB200"]
+
+
+def test_train_runs_the_topologys_gpu_at_its_sustained_clock_and_reports_mfu_against_the_datasheet() -> None:
+    from ringflow.workload.commmodel import AlphaBetaModel
+    from ringflow.workload.compute import in_training
+    from ringflow.workload.layout import Layout
+    from ringflow.workload.models import load_model
+    from ringflow.workload.steptime import step_time
+    from ringflow.workload.validation import cluster_for
+    model, topo = load_model("llama3-8b"), cluster_for("dgx-h100", 1)
+    lay = Layout(dp=8, micro_batch=1, global_batch=8, seq_len=4096)
+    h100 = gpu_spec("H100")
+    k = in_training(h100).clock
+    assert 0 < k < 1 and k == stored_constants(load_cases()).sustained["H100"]
+    sustained = step_time(model, lay, topo, comm=AlphaBetaModel())
+    at_peak = step_time(model, lay, topo, comm=AlphaBetaModel(), gpu=h100)
+    assert sustained.breakdown["compute"] > at_peak.breakdown["compute"] * (1 + (1 - k) / 2)
+    assert sustained.peak_tflops == at_peak.peak_tflops == pytest.approx(h100.bf16_flops / 1e12)
+    assert sustained.mfu < at_peak.mfu

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from ringflow.errors import ConfigError
-from ringflow.workload.compute import EfficiencyModel, gpu_spec, microbatch_times
+from ringflow.workload.compute import EfficiencyModel, gpu_spec, in_training, microbatch_times
 from ringflow.workload.layercomm import stage_calls
 from ringflow.workload.layout import Layout
 from ringflow.workload.models import load_model
@@ -207,7 +207,7 @@ def test_the_step_breakdown_shows_the_moe_dispatch_apart_and_still_sums_to_the_s
     eff = replace(EfficiencyModel(), alltoall_dispatch_eps=1e10, alltoall_host_s=0.05)
     lay = _layout()
     r = step_time(model, lay, topo, comm=AlphaBetaModel(), eff=eff)
-    mb = microbatch_times(model, lay, gpu_spec("H100"), eff)
+    mb = microbatch_times(model, lay, in_training(gpu_spec("H100")), eff)
     assert r.breakdown["moe_dispatch"] == pytest.approx(lay.microbatches * mb.moe_s)
     assert mb.moe_s > 48 * 0.05   # the host wait of every layer and the dispatcher of both passes
     assert r.step_time_s == pytest.approx(sum(r.breakdown.values()))

@@ -24,14 +24,14 @@ def test_bubble(p, m, v, want):
 
 
 def test_step_bubble_share_is_p_minus_1_over_m_plus_p_minus_1():
-    from ringflow.workload.compute import gpu_spec, microbatch_times
+    from ringflow.workload.compute import gpu_spec, in_training, microbatch_times
     topo = cluster_for("dgx-h100", 4)
     m8 = load_model("llama3-8b")
     for v in (1, 2):
         lay = Layout(tp=8, pp=4, dp=1, micro_batch=1, global_batch=12, seq_len=2048, recompute="selective",
                      sequence_parallel=True, interleave=v)
         r = step_time(m8, lay, topo, comm=AlphaBetaModel())
-        mb = microbatch_times(m8, lay, gpu_spec("H100"), stage="last")
+        mb = microbatch_times(m8, lay, in_training(gpu_spec("H100")), stage="last")
         assert r.bubble_fraction == pytest.approx(3 / (12 * v + 3))
         # the bubble is (p-1)/v idle micro-batch slots of the slowest stage
         assert r.breakdown["bubble"] == pytest.approx(3 / v * mb.total_s)
@@ -210,3 +210,4 @@ def test_contention_all_groups_at_once():
     tree = build_cluster("dgx-h100", 4, fabric="fat-tree", oversubscription=4.0)
     slow = step_time(m, lay, tree, comm=AlphaBetaModel(), contention=True)
     assert slow.step_time_s >= step_time(m, lay, tree, comm=AlphaBetaModel()).step_time_s
+

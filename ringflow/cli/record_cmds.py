@@ -229,7 +229,7 @@ def _print_replay(res: dict[str, Any], title: str) -> None:
 def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, software: str | None,
                 step_site: str | None, compute_scale: float) -> tuple[dict[int, list[float]], dict[str, Any]]:
     """`replay --compute-model`: the trace's compute gaps rescaled per step to the model's compute on topo's GPU."""
-    from ..workload.compute import gpu_of_topology
+    from ..workload.compute import gpu_of_topology, in_training
     from ..workload.models import load_model
     from ..workload.replay import nranks_of
     from ..workload.replay_compute import model_gaps, model_step_compute_s, parse_layout
@@ -238,7 +238,7 @@ def _model_gaps(trace: dict, topo: Any, model_name: str, layout_text: str, softw
                               "give one of them")
     lay = parse_layout(layout_text, nranks_of(trace))
     model = load_model(model_name)
-    step_s = model_step_compute_s(model, lay, gpu_of_topology(topo), software)
+    step_s = model_step_compute_s(model, lay, in_training(gpu_of_topology(topo)), software)
     gaps, factors = model_gaps(trace, step_s, step_site)
     return gaps, {"model": model.name, "layout": lay.to_dict(), "step_compute_s": step_s,
                   "step_factors": factors}

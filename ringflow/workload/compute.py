@@ -50,9 +50,10 @@ Model (all constants below are settable through `EfficiencyModel`):
   time above, scale by the sustained clock there over the clock at the default limit the tables were measured at
   (``hardware.gpus``, measured per limit where a source gives it); the memory-bound terms keep HBM bandwidth.
 - Through a training run a GPU's tensor cores hold a lower SM clock than its datasheet peaks and the tables
-  (timed in short bursts) assume, by a figure fitted per GPU model on published runs (`GpuSpec.at_clock`,
-  ``sustained`` in ``ringflow/data/fitted.json``, `published` module docstring); the published validation applies
-  it, and a measured sustained clock would replace it.
+  (timed in short bursts) assume, by a figure fitted per GPU model on published runs (`in_training`,
+  `GpuSpec.at_clock`, ``sustained`` in ``ringflow/data/fitted.json``, `published` module docstring); `step_time`
+  and the planner apply it to the topology's GPU, MFU stays against the datasheet peak, and a measured sustained
+  clock would replace the fit.
 - ``software_factor`` multiplies the GEMM efficiency: the framework's share (kernels, fusion, launch gaps)
   beside the hardware. Named profiles (`SOFTWARE_PROFILES`) give its default per framework generation.
 - ``kernels`` names the framework's memory-bound kernel profile (`kernels.PROFILES`): the stored-activation term
@@ -69,7 +70,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument
 from .attention_tables import measured_flops
@@ -109,10 +110,15 @@ class GpuSpec:
     async_mma: bool = False     # asynchronous tensor cores (Hopper and later): softmax can overlap the GEMMs
     nccl_sm_share: float = 0.0  # share of the SMs a running NCCL collective holds (hardware.gpus); 0: not known
     power_limit_W: float = 0.0  # the board power limit the rates above hold at (hardware.gpus); 0: not known
+    clock: float = 1.0          # the SM clock the rates above hold at, over the clock of the datasheet's peaks
 
     def peak_flops(self, dtype: str) -> float:
-        """Dense peak FLOP/s in `dtype` ('fp8', else the BF16/FP16 peak)."""
+        """Dense peak FLOP/s in `dtype` ('fp8', else the BF16/FP16 peak) at the clock this spec holds."""
         return self.fp8_flops if dtype == "fp8" else self.bf16_flops
+
+    def datasheet_flops(self, dtype: str) -> float:
+        """The datasheet's dense peak FLOP/s in `dtype` (what MFU is measured against, whatever the clock)."""
+        return self.peak_flops(dtype) / self.clock
 
     def at_power_limit(self, watts: float) -> GpuSpec:
         """This GPU under a `watts` board power limit: its tensor peaks and exponential rate (what the compute-bound
@@ -136,7 +142,7 @@ class GpuSpec:
         if ratio == 1:
             return self
         return replace(self, bf16_flops=self.bf16_flops * ratio, fp8_flops=self.fp8_flops * ratio,
-                       exp_per_s=self.exp_per_s * ratio)
+                       exp_per_s=self.exp_per_s * ratio, clock=self.clock * ratio)
 
 
 def _from_catalog() -> dict[str, GpuSpec]:
@@ -171,11 +177,21 @@ def gpu_of_topology(topo: Topology) -> GpuSpec:
     return gpu_spec(str(model))
 
 
+def in_training(gpu: GpuSpec) -> GpuSpec:
+    """`gpu` at the SM clock its tensor cores sustain through a training run: the ``sustained`` figure fitted for
+    its model (``ringflow/data/fitted.json``, `published` module docstring); a model without one keeps its rates."""
+    return gpu.at_clock(_SUSTAINED.get(gpu.name, 1.0))
+
+
+def _fitted_constants() -> dict[str, Any]:
+    """The constants `ringflow.workload.fitting.refit` wrote (fitting half only)."""
+    return dict(json.loads((Path(__file__).resolve().parents[1] / "data" / "fitted.json").read_text())["constants"])
+
+
 def _fitted_curve() -> dict[str, float]:
-    """eff_max, d_half, n_half and the MoE dispatchers' rates as `ringflow.workload.fitting.refit` wrote them
-    (fitting half only; a dispatcher without a fitted rate gets 0, the term left out)."""
-    path = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
-    c = json.loads(path.read_text())["constants"]
+    """eff_max, d_half, n_half and the MoE dispatchers' rates as fitted (a dispatcher without a fitted rate gets 0,
+    the term left out)."""
+    c = _fitted_constants()
     out = {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
     rates, hosts = c.get("dispatch_eps") or {}, c.get("dispatch_host_s") or {}
     out.update({f"{k}_dispatch_eps": float(rates.get(k, 0.0)) for k in ("alltoall", "flex")})
@@ -184,6 +200,7 @@ def _fitted_curve() -> dict[str, float]:
 
 
 _CURVE = _fitted_curve()
+_SUSTAINED: dict[str, float] = {k: float(v) for k, v in (_fitted_constants().get("sustained") or {}).items()}
 # One H200 (issue 58): FP8 per-tensor _scaled_mm 1,230-1,440 TFLOP/s, BF16 GEMMs 640-820, same layer shapes.
 FP8_GEMM_FACTOR = (1230 + 1440) / 2 / ((640 + 820) / 2) / 2
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import InvalidArgument, RingflowError
 from .commmodel import AlphaBetaModel, BudgetSpent, CommModel, DeadlineModel, default_comm_model
-from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, microbatch_times
+from .compute import EfficiencyModel, GpuSpec, gpu_of_topology, in_training, microbatch_times
 from .layout import Layout
 from .memory import memory_per_gpu, stage_memory
 from .models import ModelSpec
@@ -104,7 +104,7 @@ def plan(model: ModelSpec, topo: Any, gpus: int, global_batch: int, seq_len: int
     if keep is not None and keep < 1:
         raise InvalidArgument(f"keep={keep}", "keep at least one layout (the --top count), or None for all")
     seq = seq_len or model.seq_len
-    gpu = gpu or gpu_of_topology(topo)
+    gpu = gpu or in_training(gpu_of_topology(topo))
     memo = _Memo(comm or AlphaBetaModel())
     eff = eff or EfficiencyModel()
     if refine == "auto":

@@ -41,7 +41,15 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .commmodel import AlphaBetaModel, CommModel
-from .compute import EfficiencyModel, GpuSpec, MicrobatchTimes, efficiency_for, gpu_of_topology, microbatch_times
+from .compute import (
+    EfficiencyModel,
+    GpuSpec,
+    MicrobatchTimes,
+    efficiency_for,
+    gpu_of_topology,
+    in_training,
+    microbatch_times,
+)
 from .context_parallel import stage_calls_for, stage_ring_exposed_s, uses_torch_ring
 from .kernels import kernel_profile
 from .layercomm import CommCall
@@ -311,7 +319,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     layout.check_model(model)
     if mfu_peak not in MFU_PEAKS:
         raise InvalidArgument(f"mfu_peak={mfu_peak!r}", f"use one of {', '.join(MFU_PEAKS)}")
-    gpu = gpu or gpu_of_topology(topo)
+    gpu = gpu or in_training(gpu_of_topology(topo))
     comm = comm or AlphaBetaModel()
     if eff is None:
         eff = efficiency_for(software) if software else EfficiencyModel()
@@ -344,7 +352,7 @@ def step_time(model: ModelSpec, layout: Layout, topo: Any, *, gpu: GpuSpec | Non
     net = sum(breakdown[k] for k in ("tp_exposed", "cp_exposed", "ep_exposed", "pp_p2p", "dp_exposed"))
     mem = memory_per_gpu(model, L, gpu.memory_bytes, **({} if reserve_bytes is None else
                                                           {"reserve_bytes": reserve_bytes}))
-    peak = gpu.peak_flops(mfu_peak)
+    peak = gpu.datasheet_flops(mfu_peak)
     wire: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0, "pp": 0.0}
     for call in S.calls:
         wire["ep" if call.dim == "etp" else call.dim] += m * call.wire_bytes
