@@ -211,3 +211,24 @@ def test_contention_all_groups_at_once():
     slow = step_time(m, lay, tree, comm=AlphaBetaModel(), contention=True)
     assert slow.step_time_s >= step_time(m, lay, tree, comm=AlphaBetaModel()).step_time_s
 
+
+def test_contention_of_in_switch_all_reduces_keeps_each_ranks_leg_to_its_switch():
+    from ringflow.algorithms.schedule import Collective
+    from ringflow.sim.api import simulate_table, table_for
+    from ringflow.workload.contention import dimension_factor, merge_tables
+    topo = cluster_for("dgx-h100", 2)
+    eps = topo.endpoints()
+    # TP 8 picks NVLS: each server's group runs on its own NVSwitch, so the groups share nothing
+    tp = dimension_factor(topo, "all_reduce", 1e8, [eps[0:8], eps[8:16]])
+    assert tp["algorithm"] == "nvls" and tp["factor"] == pytest.approx(1.0)
+    r = step_time(load_model("llama3-70b"), Layout(tp=8, dp=2, global_batch=2, seq_len=2048, sequence_parallel=True),
+                  topo, comm=AlphaBetaModel(), contention=True)
+    assert r.contention["tp"] == pytest.approx(1.0)
+    # two NVLS groups on one switch: their rank-to-switch rows stay in-switch rows, and the pair is no faster
+    coll = Collective.parse("all_reduce")
+    tabs = [table_for(topo, coll, 4, "nvls", endpoints=g) for g in (eps[0:4], eps[4:8])]
+    merged = merge_tables(tabs)
+    assert merged.in_switch is not None and merged.in_switch.size == sum(t.ntransfers for t in tabs)
+    one = simulate_table(topo, tabs[0], 1 << 26, engine="flow", dtype="bfloat16", endpoints=eps[0:4]).time_us
+    both = simulate_table(topo, merged, 2 << 26, engine="flow", dtype="bfloat16", endpoints=eps[0:8]).time_us
+    assert both >= one * 0.999

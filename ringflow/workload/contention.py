@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.schedule import Collective
+from ..errors import InvalidArgument
 
 _PARTITIONED = (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_TO_ALL, Collective.GATHER,
                 Collective.SCATTER)
@@ -42,9 +43,15 @@ def merge_tables(tabs: Sequence[Any]) -> Any:
         parts["nserial"].append(t.serial())
         off += t.nranks
     t0 = tabs[0]
+    # in-switch rows (NVLS: a rank's own leg to and from its NVSwitch) stay marked, or they would route as
+    # messages from a rank to itself
+    switched = [t.in_switch for t in tabs if t.in_switch is not None]
+    if switched and len(switched) != len(tabs):
+        raise InvalidArgument("tables with and without in-switch rows", "merge tables of one algorithm")
     return TransferTable(t0.collective, t0.algorithm, off, max(t.nsteps for t in tabs),
                          **{k: np.concatenate(v) for k, v in parts.items()},
-                         coarsened=max(t.coarsened for t in tabs))
+                         coarsened=max(t.coarsened for t in tabs),
+                         in_switch=np.concatenate(switched) if switched else None)
 
 
 def dimension_factor(topo: Any, collective: str, nbytes: float, groups: Sequence[Sequence[str]],
@@ -61,6 +68,10 @@ def dimension_factor(topo: Any, collective: str, nbytes: float, groups: Sequence
     n = len(groups[0])
     size = max(int(nbytes), 2 * n)
     algo = choose_algorithm(topo, coll, n, size, "bfloat16")
+    if algo == "nvls":   # in-switch traffic never leaves its NVSwitch: only groups on the first one's compete
+        from ..sim.nvls import nvls_switch
+        home = nvls_switch(topo, groups[0])
+        groups = [g for g in groups if nvls_switch(topo, g) == home]
     tabs = [table_for(topo, coll, n, algo, endpoints=g) for g in groups]
     one = simulate_table(topo, tabs[0], size, engine="flow", dtype="bfloat16", endpoints=groups[0]).time_us
     merged = merge_tables(tabs)
