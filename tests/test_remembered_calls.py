@@ -9,8 +9,7 @@ doors remember must tell apart. Each collective's result is checked against NumP
 allowed outcomes are the exact result on every rank or a typed error on every rank.
 
 It runs on 2 ranks with the flight recorder on and off, and on 4 ranks with every call on the log-depth argument
-check (`RINGFLOW_CHECK_ROUNDS=log`, `algorithms.check_rounds`; 2 ranks have a single exchange either way), fewer
-steps there (4 ranks on the 2 cores CI has are slow).
+check (`RINGFLOW_CHECK_ROUNDS=log`, `algorithms.check_rounds`; 2 ranks have a single exchange either way).
 """
 from __future__ import annotations
 
@@ -51,15 +50,15 @@ SLOTS = st.integers(0, 3)
 SIZES = st.sampled_from([2, 8, 64, 1000, 6000])   # 6000 x 8 bytes: past the low-latency threshold
 DTYPES = st.sampled_from(["float32", "float64", "int32", "int64"])
 KINDS = st.sampled_from(["numpy", "torch"] if HAVE_TORCH else ["numpy"])
+EXAMPLES = 25   # runs of the state machine per job
 TALLY: Counter[str] = Counter()   # steps run, by kind: the test's size, printed at the end
 
 
 class Job:
-    """`nranks` rank processes under `ringflow run`, each connected to this driver; `examples`: how many runs of the
-    state machine the test makes on them."""
+    """`nranks` rank processes under `ringflow run`, each connected to this driver."""
 
-    def __init__(self, env: dict[str, str], nranks: int, examples: int) -> None:
-        self.env, self.nranks, self.examples = env, nranks, examples
+    def __init__(self, env: dict[str, str], nranks: int) -> None:
+        self.env, self.nranks = env, nranks
         key = secrets.token_bytes(16)
         self.listener = Listener(("127.0.0.1", 0), authkey=key)
         host, port = self.listener.address
@@ -96,8 +95,8 @@ class Job:
 
 # with the flight recorder off, a remembered call on NumPy arrays runs as one C call (hotpath.call_runner); with it
 # on, through the recorder in Python
-JOBS = {"recorder on": ({}, 2, 25), "recorder off": ({"RINGFLOW_FLIGHT_RECORDER": "0"}, 2, 25),
-        "4 ranks, log-depth check": ({"RINGFLOW_FLIGHT_RECORDER": "0", "RINGFLOW_CHECK_ROUNDS": "log"}, 4, 12)}
+JOBS = {"recorder on": ({}, 2), "recorder off": ({"RINGFLOW_FLIGHT_RECORDER": "0"}, 2),
+        "4 ranks, log-depth check": ({"RINGFLOW_FLIGHT_RECORDER": "0", "RINGFLOW_CHECK_ROUNDS": "log"}, 4)}
 
 
 @pytest.fixture(scope="module", params=list(JOBS))
@@ -327,13 +326,13 @@ def test_remembered_calls_give_the_exact_result_or_a_typed_error_on_every_rank(j
     RememberedCalls.job = job
     TALLY.clear()
     run_state_machine_as_test(RememberedCalls, settings=settings(
-        max_examples=job.examples, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck),
+        max_examples=EXAMPLES, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck),
         phases=(Phase.explicit, Phase.reuse, Phase.generate)))   # no shrinking: the ranks' state is not replayable
     calls = sum(TALLY[k] for k in ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"))
     mutations = sum(TALLY[k] for k in ("x.dtype =", "flags.writeable =", "tensor resize", "tensor set_", "tensor data",
                                        "resize_ on one rank", "drop and reallocate", "view at an offset"))
     # the run exercised enough to mean something
-    assert calls >= 6 * job.examples and mutations >= job.examples, TALLY
+    assert calls >= 6 * EXAMPLES and mutations >= EXAMPLES, TALLY
     assert TALLY["door call shapes, most"] > 0, TALLY   # calls on fresh arrays ran through call shapes in the doors
     if job.env.get("RINGFLOW_CHECK_ROUNDS") == "log":   # every call checked its arguments in log-depth rounds
         assert {int(a[1][0]) for a in job.step({"op": "pattern"})} == {math.ceil(math.log2(job.nranks))}
