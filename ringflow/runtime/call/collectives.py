@@ -19,7 +19,7 @@ from ..transport.frames import call_signature
 from ..transport.manager import LANE_COLL, Transport
 from .executor import CallContext, Waiter, check_exchange, describe
 from .fastcall import MISS, FastCalls
-from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op, unaliased
+from .ops import Buf, averages_here, check_op, empty_like_input, finish_avg, parse_op, tensor_views, unaliased
 from .work import Work
 
 if TYPE_CHECKING:
@@ -94,6 +94,19 @@ class CollectiveCalls(FastCalls):
                                   "use the same dtype for both")
 
     # typed call shapes: a NumPy array or CPU tensor in; the result array (sync) or a Work (async_op=True)
+    @staticmethod
+    def _on_views(call: Callable[..., Any], x: Any, out: Any, need_out: bool, *args: Any,
+                  timeout: float | None) -> Any:
+        """MISS, or `call` run on NumPy views of tensors x and out (`ops.tensor_views`), returning x or out: a
+        synchronous call on plain CPU tensors then takes the paths a call on arrays takes."""
+        if type(x) is np.ndarray or (tv := tensor_views(x, out, need_out)) is None:
+            return MISS
+        if tv[1] is None:
+            call(tv[0], *args, timeout=timeout)
+            return x
+        call(tv[0], *args, out=tv[1], timeout=timeout)
+        return out
+
     @overload
     def all_reduce(self, x: ArrayT, op: OpLike = ..., *, out: None = ..., async_op: Literal[False] = ...,
                    timeout: float | None = ...) -> ArrayT: ...
@@ -106,6 +119,9 @@ class CollectiveCalls(FastCalls):
     def all_reduce(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Reduce x across ranks; the result lands in x (or `out`) on every rank."""
+        if type(x) is not np.ndarray and not async_op and \
+                (r := self._on_views(self.all_reduce, x, out, False, op, timeout=timeout)) is not MISS:
+            return r
         if (r := self._door_all_reduce.call(x, out, op, async_op, timeout)) is not MISS:
             return r
         fk = ("all_reduce", id(x), id(out), op) if type(op) is str and not async_op else None
@@ -128,6 +144,9 @@ class CollectiveCalls(FastCalls):
     def broadcast(self, x: Any, root: int, *, async_op: Literal[True], timeout: float | None = ...) -> Work: ...
     def broadcast(self, x: Any, root: int, *, async_op: bool = False, timeout: float | None = None) -> Any:
         """Copy root's x into x on every rank."""
+        if type(x) is not np.ndarray and not async_op and \
+                (r := self._on_views(self.broadcast, x, None, False, root, timeout=timeout)) is not MISS:
+            return r
         if (r := self._door_broadcast.call(x, None, root, async_op, timeout)) is not MISS:
             return r
         fk = ("broadcast", id(x), root) if type(root) is int and not async_op else None
@@ -184,6 +203,9 @@ class CollectiveCalls(FastCalls):
               timeout: float | None = ...) -> Work: ...
     def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: float | None = None) -> Any:
         """Concatenate every rank's x on axis 0, on every rank."""
+        if type(x) is not np.ndarray and not async_op and \
+                (r := self._on_views(self.all_gather, x, out, True, timeout=timeout)) is not MISS:
+            return r
         if (r := self._door_all_gather.call(x, out, None, async_op, timeout)) is not MISS:
             return r
         fk = ("all_gather", id(x), id(out), None) if out is not None and not async_op else None
@@ -240,6 +262,9 @@ class CollectiveCalls(FastCalls):
     def reduce_scatter(self, x: Any, op: Any = "sum", *, out: Any = None, async_op: bool = False,
                        timeout: float | None = None) -> Any:
         """Reduce x across ranks and give rank r the r-th 1/n of the result (rows of axis 0)."""
+        if type(x) is not np.ndarray and not async_op and \
+                (r := self._on_views(self.reduce_scatter, x, out, True, op, timeout=timeout)) is not MISS:
+            return r
         if (r := self._door_reduce_scatter.call(x, out, op, async_op, timeout)) is not MISS:
             return r
         fk = ("reduce_scatter", id(x), id(out), op) \
@@ -288,7 +313,8 @@ class CollectiveCalls(FastCalls):
                    timeout: float | None = None) -> Any:
         """Rank r sends its j-th part of x to rank j; equal parts, or counts (rows of axis 0) per rank."""
         even = send_counts is None and recv_counts is None and not async_op
-        if even and (r := self._door_all_to_all.call(x, out, None, async_op, timeout)) is not MISS:
+        if even and ((r := self._on_views(self.all_to_all, x, out, True, timeout=timeout)) is not MISS
+                     or (r := self._door_all_to_all.call(x, out, None, async_op, timeout)) is not MISS):
             return r
         fk = ("all_to_all", id(x), id(out), None) if out is not None and even else None
         r, sk = self._fast_paths(fk, "all_to_all", x, out, None, timeout) if even else (MISS, None)

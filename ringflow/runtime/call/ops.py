@@ -118,6 +118,32 @@ def empty_like_input(x: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     return np.empty(shape, dtype=dtype)
 
 
+def tensor_view(obj: Any) -> np.ndarray | None:
+    """A C-contiguous NumPy view of a plain CPU torch tensor NumPy can alias as it is (no grad, conjugate or negative
+    bits, not bfloat16), or None. The collectives run such a tensor as this view, so a tensor made fresh for each call
+    takes the remembered call-shape path a fresh array takes (`fastcall`), and the tensor holds the result."""
+    if type(obj).__name__ != "Tensor" or type(obj).__module__ != "torch":
+        return None
+    try:
+        a = obj.numpy()   # refuses another device, grad, conjugate or negative bits, and dtypes NumPy lacks
+    except (RuntimeError, TypeError):
+        return None
+    return a if a.flags.c_contiguous else None
+
+
+def tensor_views(x: Any, out: Any, need_out: bool) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """(view of x, view of out or None) when x, and out where given, are tensors `tensor_view` takes, else None;
+    `need_out`: the call allocates its output when out is None (it must then run on the tensor itself, so that the
+    output is a tensor too)."""
+    v = tensor_view(x)
+    if v is None:
+        return None
+    if out is None:
+        return None if need_out else (v, None)
+    w = tensor_view(out)
+    return None if w is None else (v, w)
+
+
 def as_numpy(obj: Any, what: str = "buffer") -> np.ndarray:
     """A NumPy view of an ndarray or a CPU torch tensor (bfloat16 through an int16 view)."""
     if isinstance(obj, np.ndarray):
