@@ -188,10 +188,9 @@ def _fitted_constants() -> dict[str, Any]:
     return dict(json.loads((Path(__file__).resolve().parents[1] / "data" / "fitted.json").read_text())["constants"])
 
 
-def _fitted_curve() -> dict[str, float]:
-    """eff_max, d_half, n_half and the MoE dispatchers' rates as fitted (a dispatcher without a fitted rate gets 0,
-    the term left out)."""
-    c = _fitted_constants()
+def _fitted_curve(c: dict[str, Any]) -> dict[str, float]:
+    """eff_max, d_half, n_half and the MoE dispatchers' rates of the fitted constants `c` (a dispatcher without a
+    fitted rate gets 0, the term left out)."""
     out = {k: float(c[k]) for k in ("eff_max", "d_half", "n_half")}
     rates, hosts = c.get("dispatch_eps") or {}, c.get("dispatch_host_s") or {}
     out.update({f"{k}_dispatch_eps": float(rates.get(k, 0.0)) for k in ("alltoall", "flex")})
@@ -199,8 +198,9 @@ def _fitted_curve() -> dict[str, float]:
     return out
 
 
-_CURVE = _fitted_curve()
-_SUSTAINED: dict[str, float] = {k: float(v) for k, v in (_fitted_constants().get("sustained") or {}).items()}
+_FITTED = _fitted_constants()
+_CURVE = _fitted_curve(_FITTED)
+_SUSTAINED: dict[str, float] = {k: float(v) for k, v in (_FITTED.get("sustained") or {}).items()}
 # One H200 (issue 58): FP8 per-tensor _scaled_mm 1,230-1,440 TFLOP/s, BF16 GEMMs 640-820, same layer shapes.
 FP8_GEMM_FACTOR = (1230 + 1440) / 2 / ((640 + 820) / 2) / 2
 
