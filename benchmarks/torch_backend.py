@@ -307,7 +307,7 @@ def breakdown(rounds: int) -> list[tuple[str, float]]:
     import torch.distributed as dist
 
     import ringflow.torch_backend  # noqa: F401 - registers backend "ringflow"
-    from ringflow.torch_backend.convert import direct
+    from ringflow.runtime.call.ops import tensor_view
     from ringflow.torch_backend.work import Succeeded, finished
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -324,8 +324,8 @@ def breakdown(rounds: int) -> list[tuple[str, float]]:
             "backend, no-op call into ringflow, fresh": (lambda t: dist.all_reduce(t, group=rf), True),
             "  read op + timeout + asyncOp": (lambda t: (hash(opts.reduceOp), opts.timeout.total_seconds(),
                                                          opts.asyncOp), False),
-            "  tensor -> array (NumPy view), repeated": (direct, False),
-            "  tensor -> array (NumPy view), fresh": (direct, True),
+            "  tensor -> array (NumPy view), repeated": (tensor_view, False),
+            "  tensor -> array (NumPy view), fresh": (tensor_view, True),
             "  finished Work, new": (lambda t: finished("allreduce", outs), False),
             "  finished Work, re-used (repeated call)": (lambda t: ok("allreduce", outs), False)}
         per: dict[str, list[float]] = {p: [] for p in parts}

@@ -34,28 +34,29 @@ STORAGES = ["base", "base", "set_", "fresh", "freed", "pool"]
 def test_a_tensor_goes_as_a_view_of_its_memory_only_where_ringflow_can_take_it_as_it_is() -> None:
     import torch
 
-    from ringflow.torch_backend.convert import direct
+    from ringflow.runtime.call.ops import tensor_view
     buf = torch.zeros(64, dtype=torch.uint8)
     plain = buf[:16].view(torch.float32)
-    first, second = direct(plain), direct(buf[:16].view(torch.float32))   # two tensor objects, the same memory
+    # two tensor objects, the same memory
+    first, second = tensor_view(plain), tensor_view(buf[:16].view(torch.float32))
     assert first is not None and second is not None and second.ctypes.data == plain.data_ptr()
     second[:] = 7.0
     assert plain.tolist() == [7.0] * 4   # the view is that memory
     square = buf[:16].view(torch.float32).view(2, 2)
-    sq = direct(square)
+    sq = tensor_view(square)
     assert sq is not None and sq.shape == (2, 2)
-    assert direct(square.t()) is None   # same address and shape, not contiguous: staged
-    retyped = direct(buf[:16].view(torch.int32))
+    assert tensor_view(square.t()) is None   # same address and shape, not contiguous: staged
+    retyped = tensor_view(buf[:16].view(torch.int32))
     assert retyped is not None and retyped.dtype == "int32"   # same address, another dtype: its own view
     z = buf[:8].view(torch.complex64)
     imag = buf[4:8].view(torch.float32)
-    assert direct(imag) is not None
+    assert tensor_view(imag) is not None
     neg = z.conj().imag   # the same address, dtype and shape as `imag`, holding the negated values
     assert neg.data_ptr() == imag.data_ptr() and neg.is_contiguous() and neg.is_neg()
-    assert direct(neg) is None
-    assert direct(torch.nn.Parameter(torch.ones(2))) is None   # subclasses are staged
-    assert direct(torch.ones(2, requires_grad=True)) is None   # so are tensors requiring grad
-    assert direct(torch.ones(4, dtype=torch.bfloat16)) is None   # no NumPy dtype
+    assert tensor_view(neg) is None
+    assert tensor_view(torch.nn.Parameter(torch.ones(2))) is None   # subclasses are staged
+    assert tensor_view(torch.ones(2, requires_grad=True)) is None   # so are tensors requiring grad
+    assert tensor_view(torch.ones(4, dtype=torch.bfloat16)) is None   # no NumPy dtype
 
 
 def test_a_finished_work_is_reused_only_for_a_repeated_call_while_no_one_holds_it() -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import InvalidArgument
@@ -49,20 +48,6 @@ def work_view(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu":
         raise InvalidArgument(f"tensor on {t.device}", "the ringflow backend moves CPU tensors; use .cpu()")
     return t
-
-
-def direct(t: torch.Tensor) -> np.ndarray | None:
-    """A NumPy view of t's memory for ringflow to take as it is (a plain, contiguous CPU tensor of a dtype NumPy and
-    ringflow share, without grad, conjugate or negative bits), or None (stage it). A view is made per call: ringflow
-    runs the plan its collective's door remembered for the call's shape at the view's address, in one C call, so a
-    fresh tensor costs what a repeated one does."""
-    if type(t) is not torch.Tensor:
-        return None
-    try:
-        a = t.numpy()   # refuses what NumPy cannot alias (another device, grad, conjugate or negative bits, bfloat16)
-    except (RuntimeError, TypeError):
-        return None
-    return a if a.flags.c_contiguous else None
 
 
 class Staged:

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument, InvalidUsage
-from .convert import NATIVE, NUMPY_OF, Staged, direct, op_of, pack, same_dtype, unpack, work_view
+from ..runtime.call.ops import tensor_view
+from .convert import NATIVE, NUMPY_OF, Staged, op_of, pack, same_dtype, unpack, work_view
 from .store import communicator_from_store, group_timeout_s
 from .work import Lane, RingflowWork, finished
 
@@ -123,7 +124,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
         if opts is not None and len(tensors) == 1 and _HASH_IS_KIND:
             # the common case: ringflow reduces a NumPy view of the user's memory itself (no staging, no extra
             # frames); a fresh tensor and a repeated one both run through the door's remembered call shape
-            a = direct(tensors[0])
+            a = tensor_view(tensors[0])
             if a is not None and (name := self._direct_ops.get((hash(opts.reduceOp), a.dtype))) is not None:
                 tm = opts.timeout   # _timeout, inlined
                 t = tm.total_seconds() if type(tm) is datetime.timedelta and tm > _NO_TIME else self._timeout_s
@@ -203,8 +204,8 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Reduce-scatter one flat input into output (reduce_scatter_tensor)."""
         name, factor = self._ops(opts, [output])[0]
-        if opts is not None and factor is None and input.dim() == 1 and (o := direct(output)) is not None \
-                and (i := direct(input)) is not None:
+        if opts is not None and factor is None and input.dim() == 1 and (o := tensor_view(output)) is not None \
+                and (i := tensor_view(input)) is not None:
             return self._now("reduce_scatter_tensor",
                              lambda t: self.comm.reduce_scatter(i, name, out=o, timeout=t), [output], opts)
         return self._submit(COLL, "reduce_scatter_tensor",
@@ -235,7 +236,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> RingflowWork:
         """Copy the root's tensors into every rank's."""
         root = int(opts.rootRank)
-        if len(tensors) == 1 and (a := direct(tensors[0])) is not None:
+        if len(tensors) == 1 and (a := tensor_view(tensors[0])) is not None:
             return self._now("broadcast", lambda t: self.comm.broadcast(a, root, timeout=t), tensors, opts)
 
         def body(t: float) -> None:
@@ -283,7 +284,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> RingflowWork:
         """Gather every rank's input into one flat output (all_gather_into_tensor)."""
-        if opts is not None and (o := direct(output)) is not None and (i := direct(input)) is not None:
+        if opts is not None and (o := tensor_view(output)) is not None and (i := tensor_view(input)) is not None:
             return self._now("all_gather_into_tensor", lambda t: self.comm.all_gather(i, out=o, timeout=t),
                              [output], opts)
         return self._submit(COLL, "all_gather_into_tensor", lambda t: self._ag(output, input, t), [output], opts)
@@ -347,7 +348,7 @@ class ProcessGroupRingflow(dist.ProcessGroup):
                           input_split_sizes: list[int], opts: Any = None) -> RingflowWork:
         """all_to_all_single: rows of dim 0, equal or by split sizes."""
         if opts is not None and not output_split_sizes and not input_split_sizes \
-                and (o := direct(output)) is not None and (i := direct(input)) is not None:
+                and (o := tensor_view(output)) is not None and (i := tensor_view(input)) is not None:
             return self._now("all_to_all_single", lambda t: self.comm.all_to_all(i, out=o, timeout=t), [output],
                              opts)
 
