@@ -363,9 +363,10 @@ def fit(cases: list[dict[str, Any]], predictor: Predictor = predict, chooser: st
     # dense runs set the GPUs' and stacks' factors; MoE runs set the dispatcher rates below (their own mechanism)
     training = [c for c in fit_cases if c["kind"] == "training" and c["era"] != REFERENCE_ERA]
     described = [c for c in training if not stack_factor_era(c) and not is_moe_case(c)]
-    gpus = sorted({_case_gpu_name(c) for c in described})
-    for gpu in gpus:
-        mine = [c for c in described if _case_gpu_name(c) == gpu]
+    on: dict[str, list[dict[str, Any]]] = {}
+    for c in described:
+        on.setdefault(_case_gpu_name(c), []).append(c)
+    for gpu, mine in sorted(on.items()):
         _refine(consts.sustained, gpu, mine, consts, predictor, f"sustained[{gpu}]", 1.0)
     for era in sorted({e for c in training if (e := stack_factor_era(c))}):
         ours = [c for c in training if stack_factor_era(c) == era]
