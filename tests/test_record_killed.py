@@ -95,8 +95,11 @@ def test_a_sleeping_rank_is_named_after_sigterm_to_the_launcher(tmp_path: Path, 
     assert report["records"]["job"] == {"ended": "SIGTERM to the launcher", "exit_code": 143}
     head = "record file without calls (they are written every 1,024 calls and at exit); " if record else ""
     for e in report["records"]["ranks"]:   # every ring marked ended by the forwarded SIGTERM (C recorder)
-        assert e["records"] == f"{head}ring only of world, all {AT + 1 if e['rank'] < 2 else AT} calls (ended by " \
-                               "signal 15)", text
+        ring = f"{head}ring only of world, all {AT + 1 if e['rank'] < 2 else AT} calls (ended by signal 15)"
+        # a waiting rank may see a peer the signal reached first leave, and record that RemoteError before its own
+        # signal arrives
+        late = (f"{ring}; flight record (RemoteError)",) if e["rank"] < 2 else ()
+        assert e["records"] in (ring, *late), text
         assert e["end"] == "killed by SIGTERM (SIGTERM from the launcher)", text
     print(text)
 
