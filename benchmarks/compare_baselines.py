@@ -19,7 +19,8 @@ Bounds printed beside the table (derived here, from measurements taken in the sa
 * loopback-TCP limit for a ring: n processes each stream the bytes a ring all-reduce moves per
   rank (2(n-1)/n x size) to the next rank over loopback sockets while receiving the same from the
   previous (no reduction; 1, 2 or 4 streams per neighbour; 20 messages streamed back to back after a
-  warm-up one by one thread per rank on non-blocking sockets, time per message; the best of 3 runs):
+  warm-up one by one thread per rank on non-blocking sockets set up as ringflow's (buffers, the
+  congestion control it picks for same-host peers), time per message; the best of 3 runs):
   ``busbw = bytes per rank / time``.
   Bounds use best-of timings (optimistic limits, strict targets); library rows use medians.
 
@@ -303,16 +304,14 @@ def _tcp_ring_rank(rank: int, n: int, port_base: int, nbytes: int, iters: int, s
     time.sleep(0.3)
     outs = [socket.create_connection(("127.0.0.1", port_base + (rank + 1) % n)) for _ in range(streams)]
     inns = [srv.accept()[0] for _ in range(streams)]
-    for s in outs + inns:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
-    part = nbytes // streams
+    from ringflow.runtime.transport.tcp import tune_socket
+    for s in outs + inns:   # as ringflow's own sockets: buffers, no Nagle, a congestion control that does not pace
+        tune_socket(s, None, "127.0.0.1")
+    part = max(1, nbytes // streams)   # a receive of 0 bytes would wait for a readable socket forever
     src = np.ones(part * streams, np.uint8)
     dst = np.empty(part * streams, np.uint8)
     for sock in outs + inns:
         sock.setblocking(False)
-    chunk = min(part, 1 << 20)
 
     def stream(messages: int) -> None:
         """Send `messages` x part bytes on every outgoing stream while receiving as many on every incoming one,
@@ -332,14 +331,14 @@ def _tcp_ring_rank(rank: int, n: int, port_base: int, nbytes: int, iters: int, s
                 if side == "out":
                     at = sent[j] % part
                     try:
-                        sent[j] += sock.send(memoryview(src)[j * part + at:j * part + min(part, at + chunk)])
+                        sent[j] += sock.send(memoryview(src)[j * part + at:(j + 1) * part])   # what the kernel takes
                     except BlockingIOError:
                         continue
                     done = sent[j] >= total
                 else:
                     at = got[j] % part
                     try:
-                        got[j] += sock.recv_into(memoryview(dst)[j * part + at:j * part + min(part, at + chunk)])
+                        got[j] += sock.recv_into(memoryview(dst)[j * part + at:(j + 1) * part])
                     except BlockingIOError:
                         continue
                     done = got[j] >= total
