@@ -27,6 +27,8 @@ if [ "$what" = runtime ] || [ "$what" = all ]; then
         --no-gloo --no-tcp --json "$out/runtime-log.json" 2>&1 | tee "$out/runtime-log.txt"
     RINGFLOW_FLIGHT_RECORDER=0 timeout 60 python3 benchmarks/call_overhead.py --nranks 2,4,8,16 --parts \
         --json "$out/overhead.json" 2>&1 | tee "$out/overhead.txt"
-    timeout 30 python3 benchmarks/torch_backend.py --per-call --breakdown -o "$out/torch_per_call.json" 2>&1 \
+    # two runs: --breakdown alone returns before the per-call table
+    timeout 40 python3 benchmarks/torch_backend.py --per-call -o "$out/torch_per_call.json" 2>&1 \
         | tee "$out/torch_per_call.txt"
+    timeout 20 python3 benchmarks/torch_backend.py --breakdown 2>&1 | tee "$out/torch_breakdown.txt"
 fi
