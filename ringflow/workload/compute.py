@@ -68,6 +68,7 @@ is the fraction of HBM bandwidth elementwise kernels reach.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,10 +178,11 @@ def gpu_of_topology(topo: Topology) -> GpuSpec:
     return gpu_spec(str(model))
 
 
-def in_training(gpu: GpuSpec) -> GpuSpec:
-    """`gpu` at the SM clock its tensor cores sustain through a training run: the ``sustained`` figure fitted for
-    its model (``ringflow/data/fitted.json``, `published` module docstring); a model without one keeps its rates."""
-    return gpu.at_clock(_SUSTAINED.get(gpu.name, 1.0))
+def in_training(gpu: GpuSpec, sustained: Mapping[str, float] | None = None) -> GpuSpec:
+    """`gpu` at the SM clock its tensor cores sustain through a training run: the figure `sustained` (default: the
+    ``sustained`` figures fitted in ``ringflow/data/fitted.json``, `published` module docstring) holds for its model;
+    a model without one keeps its rates."""
+    return gpu.at_clock((_SUSTAINED if sustained is None else sustained).get(gpu.name, 1.0))
 
 
 def _fitted_constants() -> dict[str, Any]:

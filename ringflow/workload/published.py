@@ -278,7 +278,7 @@ def _nccl_busbw(topo: Any, c: dict[str, Any], eps: list[str] | None, consts: Con
 
 def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
     from .commmodel import AlphaBetaModel
-    from .compute import EfficiencyModel, gpu_of_topology
+    from .compute import EfficiencyModel, gpu_of_topology, in_training
     from .layout import Layout
     from .memory_cases import case_gpu
     from .models import load_model
@@ -305,8 +305,7 @@ def _predict_training(case: dict[str, Any], consts: Constants) -> Prediction:
                   flex_dispatch_eps=consts.dispatch_eps.get("flex", 0.0),
                   alltoall_host_s=consts.dispatch_host_s.get("alltoall", 0.0),
                   flex_host_s=consts.dispatch_host_s.get("flex", 0.0))
-    gpu = case_gpu(case, gpu_of_topology(topo))
-    gpu = gpu.at_clock(consts.sustained.get(gpu.name, 1.0))
+    gpu = in_training(case_gpu(case, gpu_of_topology(topo)), consts.sustained)
     r = step_time(model, layout, topo, gpu=gpu, comm=AlphaBetaModel(sim_overrides=consts.sim_overrides()),
                   eff=eff)
     values = {"tokens_per_s_per_gpu": r.tokens_per_s / gpus, "tflops_per_gpu": r.tflops_per_gpu,
