@@ -100,7 +100,8 @@ def test_nccl_tree_is_bounded_by_the_nics_and_beats_the_flat_tree(three_partitio
     topo = three_partitions
     size = GiB
     res = simulate_nccl_tree(topo, 24, size)
-    flat = simulate(topo, "all_reduce", size, algorithm="tree")
+    # the registry's flat double binary tree over all 24 ranks (2 channels), at its fastest segment count
+    flat = simulate(topo, "all_reduce", size, algorithm="tree", nchannels=2)
     assert res.busbw_GBps > flat.busbw_GBps
     # over 3 servers the busiest chain head moves 3 tree shares (S / 16 each) per direction on its NIC (a parent
     # and a child in one tree, a parent in the other; double_binary_tree(3)), so algbw <= 2 / 3 x the NICs' rate
@@ -132,3 +133,9 @@ def test_nccl_choice_of_tree_across_servers_is_simulated_as_nccl_tree() -> None:
     assert row["algorithm"] == "tree"   # NCCL's own tuning picks its tree at 1 MiB on 3 servers
     want = simulate_nccl_tree(topo, 24, 2**20, protocol=row["protocol"]).time_us
     assert row["sim_time_us"] == pytest.approx(want, rel=1e-4)
+
+
+def test_the_tree_across_servers_is_nccls_tree(three_partitions) -> None:
+    res = simulate(three_partitions, "all_reduce", GiB, algorithm="tree")
+    assert res.time_us == simulate_nccl_tree(three_partitions, 24, GiB).time_us
+    assert any("nccl tree" in n for n in res.notes)

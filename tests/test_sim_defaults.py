@@ -118,7 +118,7 @@ def test_default_collectives_on_one_nvl72_rack_pick_nvls_with_a_chunk_count() ->
     for coll in ("all_reduce", "reduce_scatter", "all_gather"):
         res = simulate(topo, coll, 1 << 24, progress=lambda f: None)   # as `ringflow sim` calls it, 72 ranks
         assert res.nranks == 72 and res.algorithm == "nvls" and res.protocol == "simple", coll
-        assert any("pipeline chunks" in n for n in res.notes), res.notes
+        assert any("pipeline segments" in n for n in res.notes), res.notes
         assert 0 < res.busbw_GBps < 900, (coll, res.busbw_GBps)   # under NVLink5's 900 GB/s per direction
 
 
@@ -148,3 +148,16 @@ def test_nvls_model_from_its_few_step_template_equals_the_full_table(coll: str) 
         assert np.array_equal(fast.flows.p_link, full.flows.p_link)   # routed on first use
     odd = nvls_table(8, 3, Collective.parse(coll))                    # not a power of two: built in full
     assert template(odd) is None
+
+
+@pytest.mark.parametrize("coll,algo", [("broadcast", "ring"), ("broadcast", "tree"), ("reduce", "ring"),
+                                       ("all_reduce", "tree")])
+def test_a_pipelined_algorithm_is_priced_at_its_fastest_segment_count(coll: str, algo: str) -> None:
+    topo = load_topology("dgx-h100")
+    size = 1 << 30
+    res = simulate(topo, coll, size, algorithm=algo)
+    fixed = {s: simulate(topo, coll, size, algorithm=algo, nsegs=s).time_us for s in (1, 2, 4, 8, 16, 32, 64)}
+    assert res.time_us == min(fixed.values())
+    assert any(f"{algo}: {min(fixed, key=fixed.__getitem__)} pipeline segments" in n for n in res.notes), res.notes
+    # store-and-forward (one segment) pays the chain's or tree's depth in whole-buffer hops
+    assert res.time_us < fixed[1] / 2

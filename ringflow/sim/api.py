@@ -348,16 +348,15 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
         return _uniform_all_to_allv(topo, size_bytes, algorithm, n, engine=engine, dtype=dtype, params=prm,
                                     timeline=timeline, progress=progress, endpoints=endpoints)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
-    if algo == "nvls" and nsegs is None:   # the pipeline's chunk count, chosen per call like a protocol
-        from .nvls import NVLS_CHUNKS
-        runs = {c: simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype,
-                            nsegs=c, params=prm, endpoints=endpoints) for c in NVLS_CHUNKS}
-        best = min(runs, key=lambda c: runs[c].time_us)
-        res = runs[best] if not (timeline or progress) else \
-            simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, engine=engine, dtype=dtype, nsegs=best,
-                     params=prm, timeline=timeline, progress=progress, endpoints=endpoints)
-        res.notes.append(f"nvls: {best} pipeline chunks (fastest of {len(NVLS_CHUNKS)})")
-        return res
+    if nsegs is None and algo not in SWITCH_ALGORITHMS and _pipelines(algo, collective):
+        if algo == "tree" and nchannels is None and _across_servers(topo, endpoints, n):
+            if Collective.parse(collective) == Collective.ALL_REDUCE:   # NCCL's tree: chains, trees of servers
+                from .nccl_tree import simulate_nccl_tree
+                return simulate_nccl_tree(topo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
+                                          dtype=dtype)
+        return _fastest_segments(topo, collective, size_bytes, algo, n, engine=engine, dtype=dtype, root=root,
+                                 nchannels=nchannels, params=prm, timeline=timeline, progress=progress,
+                                 endpoints=endpoints)
     if algo in SWITCH_ALGORITHMS:   # switches take part in the schedule: placed on the topology's switches
         from ..errors import InvalidArgument
         from .nvls import simulate_switch_algorithm
@@ -380,6 +379,36 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
         proto = proto if proto in {p.name for p in prm.protocols} else None
     return simulate_table(topo, tab, size_bytes, engine=engine, dtype=dtype, params=prm,
                           timeline=timeline, progress=progress, endpoints=endpoints, protocol=proto)
+
+
+def _pipelines(algo: str, collective: Collective | str) -> bool:
+    """True where `algo` pipelines `collective` in segments (the registry's `pipelined`)."""
+    from ..algorithms import registry
+    a = registry.ALGORITHMS.get(algo) or registry.NCCL_ALGORITHMS.get(algo)
+    return a is not None and Collective.parse(collective) in a.pipelined
+
+
+def _across_servers(topo: Any, endpoints: Sequence[str] | None, n: int) -> bool:
+    eps = list(endpoints) if endpoints is not None else endpoints_of(topo)
+    return hasattr(topo, "host_groups") and len(topo.host_groups(eps[:n])) > 1
+
+
+def _fastest_segments(topo: Any, collective: Collective | str, size_bytes: int, algo: str, n: int, *,
+                      timeline: bool, progress: Callable[[float], None] | None, **kw: Any) -> SimResult:
+    """A pipelined algorithm at the segment count that is fastest for this call, chosen like a protocol: NCCL
+    cuts every call into chunks, so one unsegmented pass (the schedule's default) would price a ring
+    broadcast or a tree as store-and-forward. Counts whose segments fall under the tuner's `MIN_SEG_BYTES` are not
+    tried (they only add steps, as the runtime's tuner rules)."""
+    from ..algorithms.tuner import MIN_SEG_BYTES
+    from .nvls import NVLS_CHUNKS
+    counts = [c for c in NVLS_CHUNKS if c == 1 or size_bytes // c >= MIN_SEG_BYTES]
+    runs = {c: simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, nsegs=c, **kw) for c in counts}
+    best = min(runs, key=lambda c: runs[c].time_us)
+    res = runs[best] if not (timeline or progress) else \
+        simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, nsegs=best, timeline=timeline,
+                 progress=progress, **kw)
+    res.notes.append(f"{algo}: {best} pipeline segments (fastest of {len(counts)})")
+    return res
 
 
 def _uniform_all_to_allv(topo: Any, size_bytes: int, algorithm: str | None, n: int, **kw: Any) -> SimResult:

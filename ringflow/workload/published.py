@@ -48,7 +48,6 @@ KINDS = ("collective", "training")
 SETS = ("fit", "held_out")
 METRICS = ("busbw_GBps", "tokens_per_s_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu")
 CHOOSERS = ("sim", "nccl")
-SWITCH_ALGORITHMS = ("nvls_tree", "collnet_direct", "collnet_chain")
 COLLECTIVE_ROUNDS = 3   # refinement steps of the link efficiencies
 TRAINING_ROUNDS = 5     # refinement steps of each GPU's and era's factor (its effect on throughput is sublinear)
 # software eras whose kernels are the compute model's reference profile (kernels.REFERENCE, Megatron-Core with
@@ -230,25 +229,11 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
         busbw, algo = _nccl_busbw(topo, c, eps, consts)
         return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note,
                                         "gpus": _collective_gpus(topo, c, eps)})
-    if c.get("algorithm") == "tree" and len(topo.hosts()) > 1:   # NCCL_ALGO=Tree across servers: NCCL's trees
-        from ..sim.nccl_tree import simulate_nccl_tree
-        from ..sim.params import params_for
-        if c["collective"] != "all_reduce":
-            raise NotExpressible("NCCL's tree runs all_reduce only")
-        n = c.get("nranks") or (len(eps) if eps else len(topo.endpoints()))
-        res = simulate_nccl_tree(topo, n, int(c["size_bytes"]), endpoints=eps,
-                                 params=params_for(topo, consts.sim_overrides()))
-    elif c.get("algorithm") in SWITCH_ALGORITHMS:   # NCCL's switch schedules run through sim.nvls
-        from ..sim.nvls import simulate_switch_algorithm
-        from ..sim.params import params_for
-        if c["collective"] != "all_reduce":
-            raise NotExpressible(f"{c['algorithm']} is simulated for all_reduce only")
-        n = c.get("nranks") or (len(eps) if eps else len(topo.endpoints()))
-        res = simulate_switch_algorithm(topo, c["algorithm"], n, int(c["size_bytes"]), endpoints=eps,
-                                        params=params_for(topo, consts.sim_overrides()))
-    else:
-        res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
-                       nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
+    if c.get("algorithm") == "tree" and len(topo.hosts()) > 1 and c["collective"] != "all_reduce":
+        raise NotExpressible("NCCL's tree runs all_reduce only")
+    # NCCL_ALGO=Tree across servers runs NCCL's trees and the switch algorithms their tables (sim.simulate)
+    res = simulate(topo, c["collective"], int(c["size_bytes"]), algorithm=c.get("algorithm"),
+                   nranks=c.get("nranks"), endpoints=eps, params=consts.sim_overrides())
     if res.bound == "nvls_reduce":
         link = res.bound
     return Prediction(float(res.busbw_GBps), "ok", {"algorithm": f"{res.algorithm}/{res.protocol}",
