@@ -229,6 +229,14 @@ def test_nccl_chooser_takes_nccls_choice_for_default_cases(cases: list[dict]) ->
         fit(cases, chooser="fastest")
 
 
+def test_nccl_chooser_runs_all_to_all_as_nccls_grouped_sends(cases: list[dict]) -> None:
+    a2a = [c for c in cases if c["id"] in ("h100-2node-alltoall", "p5-4node-alltoall-efa")]
+    consts = Constants.defaults("nccl")
+    for c in a2a:   # NCCL has no tuned all-to-all: its PXN sends, as the simulator's default runs them
+        p = predict(c, consts)
+        assert p.status == "ok" and p.info["algorithm"] == "pxn/simple", (c["id"], p.status)
+
+
 def test_no_stored_constant_was_fitted_on_a_held_out_case(cases: list[dict]) -> None:
     doc = load_fitted()
     sets = {c["id"]: c["set"] for c in cases}

@@ -225,7 +225,8 @@ def _predict_collective(case: dict[str, Any], consts: Constants) -> Prediction:
     link = "nvlink" if len(topo.hosts()) == 1 else "net"
     if c["collective"] == "all_to_all":   # point-to-point sends, no ring: predicted from the links, not fitted on
         link = "all_to_all"
-    if c.get("algorithm") is None and consts.chooser == "nccl":
+    # NCCL tunes no all-to-all (it runs grouped sends, PXN across servers): the simulator's default is that path
+    if c.get("algorithm") is None and consts.chooser == "nccl" and c["collective"] != "all_to_all":
         busbw, algo = _nccl_busbw(topo, c, eps, consts)
         return Prediction(busbw, "ok", {"algorithm": algo, "link_class": link, "note": note,
                                         "gpus": _collective_gpus(topo, c, eps)})
