@@ -348,7 +348,7 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
         return _uniform_all_to_allv(topo, size_bytes, algorithm, n, engine=engine, dtype=dtype, params=prm,
                                     timeline=timeline, progress=progress, endpoints=endpoints)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
-    if nsegs is None and algo not in SWITCH_ALGORITHMS and _pipelines(algo, collective):
+    if nsegs is None and algo not in SWITCH_ALGORITHMS and pipelines(algo, collective):
         if algo == "tree" and nchannels is None and _across_servers(topo, endpoints, n):
             if Collective.parse(collective) == Collective.ALL_REDUCE:   # NCCL's tree: chains, trees of servers
                 from .nccl_tree import simulate_nccl_tree
@@ -381,11 +381,19 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
                           timeline=timeline, progress=progress, endpoints=endpoints, protocol=proto)
 
 
-def _pipelines(algo: str, collective: Collective | str) -> bool:
+def pipelines(algo: str, collective: Collective | str) -> bool:
     """True where `algo` pipelines `collective` in segments (the registry's `pipelined`)."""
     from ..algorithms import registry
     a = registry.ALGORITHMS.get(algo) or registry.NCCL_ALGORITHMS.get(algo)
     return a is not None and Collective.parse(collective) in a.pipelined
+
+
+def segment_counts(size_bytes: int) -> list[int]:
+    """The pipeline segment counts a call of `size_bytes` is tried at: 1-64, none under the runtime tuner's
+    `MIN_SEG_BYTES` (smaller segments only add steps)."""
+    from ..algorithms.tuner import MIN_SEG_BYTES
+    from .nvls import NVLS_CHUNKS
+    return [c for c in NVLS_CHUNKS if c == 1 or size_bytes // c >= MIN_SEG_BYTES]
 
 
 def _across_servers(topo: Any, endpoints: Sequence[str] | None, n: int) -> bool:
@@ -397,11 +405,8 @@ def _fastest_segments(topo: Any, collective: Collective | str, size_bytes: int, 
                       timeline: bool, progress: Callable[[float], None] | None, **kw: Any) -> SimResult:
     """A pipelined algorithm at the segment count that is fastest for this call, chosen like a protocol: NCCL
     cuts every call into chunks, so one unsegmented pass (the schedule's default) would price a ring
-    broadcast or a tree as store-and-forward. Counts whose segments fall under the tuner's `MIN_SEG_BYTES` are not
-    tried (they only add steps, as the runtime's tuner rules)."""
-    from ..algorithms.tuner import MIN_SEG_BYTES
-    from .nvls import NVLS_CHUNKS
-    counts = [c for c in NVLS_CHUNKS if c == 1 or size_bytes // c >= MIN_SEG_BYTES]
+    broadcast or a tree as store-and-forward (`segment_counts`)."""
+    counts = segment_counts(size_bytes)
     runs = {c: simulate(topo, collective, size_bytes, algorithm=algo, nranks=n, nsegs=c, **kw) for c in counts}
     best = min(runs, key=lambda c: runs[c].time_us)
     res = runs[best] if not (timeline or progress) else \

@@ -345,7 +345,7 @@ SIMULATED = ("ring", "tree", "nvls", "pat", "nvls_tree", "collnet_direct", "coll
 def _simulated_us(topo: Any, coll: Collective, ch: NcclChoice, sys_: NcclSystem, size: int, nranks: int,
                   endpoints: Sequence[str] | None, params: Any, engine: str, dtype: str) -> float | None:
     """ringflow's simulation of NCCL's choice; None where the simulator does not run it (NVLS across servers)."""
-    from .api import simulate, simulate_table, table_for
+    from .api import pipelines, segment_counts, simulate, simulate_table, table_for
     if ch.algorithm not in SIMULATED or nranks < 2:
         return None
     try:
@@ -360,10 +360,11 @@ def _simulated_us(topo: Any, coll: Collective, ch: NcclChoice, sys_: NcclSystem,
         if ch.algorithm == "nvls":
             return simulate(topo, coll, size, algorithm="nvls", nranks=nranks, engine=engine, dtype=dtype,
                             params=params, endpoints=endpoints).time_us
-        tab = table_for(topo, coll, nranks, ch.algorithm, endpoints=endpoints,
-                        nchannels=sys_.run_channels() if ch.algorithm == "ring" else None)
-        return simulate_table(topo, tab, size, engine=engine, dtype=dtype, params=params, protocol=ch.protocol,
-                              endpoints=endpoints).time_us
+        nch = sys_.run_channels() if ch.algorithm == "ring" else None
+        counts: list[int | None] = list(segment_counts(size)) if pipelines(ch.algorithm, coll) else [None]
+        return min(simulate_table(topo, table_for(topo, coll, nranks, ch.algorithm, endpoints=endpoints, nchannels=nch,
+                                                  nsegs=c), size, engine=engine, dtype=dtype, params=params,
+                                  protocol=ch.protocol, endpoints=endpoints).time_us for c in counts)
     except InvalidArgument:
         return None
 
