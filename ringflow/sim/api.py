@@ -349,11 +349,11 @@ def simulate(topo: Any, collective: Collective | str, size_bytes: int, *, algori
                                     timeline=timeline, progress=progress, endpoints=endpoints)
     algo = algorithm or choose_algorithm(topo, collective, n, size_bytes, dtype, prm, endpoints)
     if nsegs is None and algo not in SWITCH_ALGORITHMS and pipelines(algo, collective):
-        if algo == "tree" and nchannels is None and _across_servers(topo, endpoints, n):
-            if Collective.parse(collective) == Collective.ALL_REDUCE:   # NCCL's tree: chains, trees of servers
-                from .nccl_tree import simulate_nccl_tree
-                return simulate_nccl_tree(topo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
-                                          dtype=dtype)
+        if algo == "tree" and Collective.parse(collective) == Collective.ALL_REDUCE and nchannels is None \
+                and _across_servers(topo, endpoints, n):   # NCCL's tree: chains in servers, trees of servers
+            from .nccl_tree import simulate_nccl_tree
+            return simulate_nccl_tree(topo, n, size_bytes, endpoints=endpoints, params=prm, engine=engine,
+                                      dtype=dtype)
         return _fastest_segments(topo, collective, size_bytes, algo, n, engine=engine, dtype=dtype, root=root,
                                  nchannels=nchannels, params=prm, timeline=timeline, progress=progress,
                                  endpoints=endpoints)
